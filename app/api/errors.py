@@ -1,0 +1,116 @@
+"""One JSON error shape for every failure: {"error": {"code", "message", "details"}}."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+from sqlalchemy.exc import DataError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from app.services.errors import Conflict, Invalid, NotFound, ServiceError
+
+log = logging.getLogger(__name__)
+
+
+class ErrorBody(BaseModel):
+    code: str = Field(description="Stable, machine-readable error code.")
+    message: str = Field(description="What went wrong, for people.")
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody
+
+
+_DESCRIPTIONS = {
+    400: "Malformed request (e.g. the body is not valid JSON).",
+    401: "Missing or unknown API key.",
+    404: "No such resource for this tenant.",
+    409: "Conflicts with the current state (e.g. a stale expected_rev).",
+    413: "The request body is larger than the configured limit.",
+    422: "Well-formed, but a value is invalid; details name the offending path.",
+    503: "Not ready.",
+}
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI documentation of the error responses a route can give."""
+    return {s: {"model": ErrorResponse, "description": _DESCRIPTIONS[s]} for s in statuses}
+
+
+_STATUS_OF: list[tuple[type[ServiceError], int]] = [
+    (NotFound, 404),
+    (Conflict, 409),
+    (Invalid, 422),
+]
+
+_HTTP_CODES = {
+    401: "unauthorized",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "request_too_large",
+}
+
+
+def error_json(
+    status: int,
+    code: str,
+    message: str,
+    details: dict[str, Any] | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    body = {"error": {"code": code, "message": message, "details": details or {}}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+async def _service_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ServiceError)
+    status = next(s for cls, s in _STATUS_OF if isinstance(exc, cls))
+    return error_json(status, exc.code, exc.message, exc.details)
+
+
+async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = [
+        {"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type"))}
+        for e in exc.errors()
+    ]
+    if any(e["type"] == "json_invalid" for e in errors):
+        return error_json(
+            400, "invalid_json", "the request body is not valid JSON", {"errors": errors}
+        )
+    where = ".".join(str(p) for p in errors[0]["loc"]) if errors else "request"
+    message = f"invalid request at {where}: {errors[0]['msg']}" if errors else "invalid request"
+    return error_json(422, "validation_error", message, {"errors": errors})
+
+
+async def _http_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    code = _HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}")
+    headers = dict(exc.headers) if exc.headers else None
+    return error_json(exc.status_code, code, str(exc.detail), headers=headers)
+
+
+async def _data_error(_: Request, exc: Exception) -> JSONResponse:
+    # Values the schema let through but Postgres cannot store (e.g. a NUL character in text):
+    # the transaction was rolled back, so nothing was written.
+    orig = getattr(exc, "orig", exc)
+    return error_json(422, "invalid_value", f"a value cannot be stored: {orig}".splitlines()[0])
+
+
+async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+    log.exception("unhandled error", exc_info=exc)
+    return error_json(500, "internal_error", "an internal error occurred")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(ServiceError, _service_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(DataError, _data_error)
+    app.add_exception_handler(Exception, _unexpected)

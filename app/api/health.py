@@ -1,0 +1,41 @@
+"""Liveness and readiness probes."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+from sqlalchemy.exc import SQLAlchemyError
+
+from app.api.deps import Engine
+from app.api.errors import error_json, error_responses
+from app.api.schemas import Health
+from app.db.migrate import current_revision, head_revision
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz", operation_id="healthz")
+async def healthz() -> Health:
+    """The process is up."""
+    return Health(status="ok")
+
+
+@router.get("/readyz", operation_id="readyz", response_model=Health, responses=error_responses(503))
+async def readyz(engine: Engine) -> Health | JSONResponse:
+    """The database answers and its schema is at the migrations' head."""
+    try:
+        async with engine.connect() as conn:
+            revision = await current_revision(conn)
+    except (SQLAlchemyError, OSError) as exc:
+        return error_json(
+            503, "database_unavailable", f"database unreachable: {type(exc).__name__}"
+        )
+    head = head_revision()
+    if revision != head:
+        return error_json(
+            503,
+            "migrations_pending",
+            "the database schema is not at the migrations' head",
+            {"current": revision, "head": head},
+        )
+    return Health(status="ready", database="ok", revision=revision)

@@ -1,0 +1,233 @@
+"""Request and response bodies of the HTTP API (what the OpenAPI document describes)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from sqlalchemy import RowMapping
+
+from app.core import metadata as metadata_rules
+from app.core.entries import (
+    MessagePayload,
+    RollbackPayload,
+    SummaryPayload,
+    ToolCallPayload,
+    ToolResultPayload,
+)
+
+# Postgres integers are 64-bit; anything larger is a mistake, not a seq.
+MAX_SEQ = 2**62
+
+Seq = Annotated[int, Field(ge=0, le=MAX_SEQ)]
+MetadataKey = Annotated[
+    str, StringConstraints(min_length=1, max_length=metadata_rules.MAX_KEY_LENGTH)
+]
+MetadataValue = Annotated[str, StringConstraints(max_length=metadata_rules.MAX_VALUE_LENGTH)]
+Metadata = Annotated[
+    dict[MetadataKey, MetadataValue],
+    Field(
+        max_length=metadata_rules.MAX_KEYS,
+        description=f"Up to {metadata_rules.MAX_KEYS} string key/value pairs, filterable in lists.",
+    ),
+]
+MetadataPatch = Annotated[
+    dict[MetadataKey, MetadataValue | None],
+    Field(description="Merge patch: a null value removes the key."),
+]
+Title = Annotated[str, StringConstraints(max_length=512)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ToolDefinition(Strict):
+    name: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+    description: Annotated[str, StringConstraints(max_length=4096)] = ""
+    parameters: dict[str, Any] = Field(
+        default_factory=lambda: {"type": "object", "properties": {}},
+        description="JSON Schema of the arguments.",
+    )
+    kind: Literal["builtin", "webhook", "client"] = "client"
+    url: Annotated[str, StringConstraints(pattern=r"^https?://", max_length=2048)] | None = Field(
+        default=None, description="Where a webhook tool is POSTed."
+    )
+    timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = 30.0
+
+
+class SessionConfig(Strict):
+    model: (
+        Annotated[
+            str,
+            StringConstraints(pattern=r"^(openai|anthropic|compat|local):\S+$", max_length=256),
+        ]
+        | None
+    ) = Field(default=None, description="provider:model, e.g. openai:gpt-4o-mini.")
+    system_prompt: Annotated[str, StringConstraints(max_length=200_000)] | None = None
+    context_policy: dict[str, Any] | None = Field(
+        default=None, description="How the context is projected from the journal."
+    )
+    tools: Annotated[list[ToolDefinition], Field(max_length=128)] | None = None
+
+
+class SessionCreate(Strict):
+    title: Title | None = None
+    metadata: Metadata = Field(default_factory=dict)
+    config: SessionConfig = Field(default_factory=SessionConfig)
+
+
+class SessionPatch(Strict):
+    title: Title | None = None
+    metadata: MetadataPatch | None = None
+    config: SessionConfig | None = Field(
+        default=None, description="Merged field by field; a null field is reset to its default."
+    )
+
+
+class ForkRequest(Strict):
+    at_seq: Seq | None = Field(
+        default=None, description="Share entries 1..at_seq with the parent; default: its rev."
+    )
+    title: Title | None = Field(default=None, description="Default: the parent's title.")
+    metadata: Metadata | None = Field(default=None, description="Default: the parent's metadata.")
+
+
+class Usage(BaseModel):
+    input_tokens: int
+    output_tokens: int
+    cached_tokens: int
+    cost_usd: float
+
+
+class Session(BaseModel):
+    id: str
+    title: str | None
+    metadata: dict[str, str]
+    config: dict[str, Any]
+    status: str
+    rev: int = Field(description="The last seq of the session's thread.")
+    usage: Usage
+    parent_id: str | None = Field(description="The session this one was forked from.")
+    fork_seq: int | None = Field(description="The last seq shared with the parent.")
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def from_row(cls, row: RowMapping) -> Session:
+        return cls(
+            id=str(row["id"]),
+            title=row["title"],
+            metadata=row["metadata"],
+            config=row["config"],
+            status=row["status"],
+            rev=row["rev"],
+            usage=Usage(
+                input_tokens=row["input_tokens"],
+                output_tokens=row["output_tokens"],
+                cached_tokens=row["cached_tokens"],
+                cost_usd=float(row["cost_usd"]),
+            ),
+            parent_id=str(row["parent_id"]) if row["parent_id"] else None,
+            fork_seq=row["fork_seq"],
+            created_at=row["created_at"],
+            updated_at=row["updated_at"],
+        )
+
+
+class SessionList(BaseModel):
+    data: list[Session]
+    has_more: bool
+    next_cursor: str | None = Field(description="Pass as `cursor` for the next (older) page.")
+
+
+EntryId = Annotated[
+    str,
+    StringConstraints(min_length=1, max_length=128, pattern=r"^[\x21-\x7e]+$"),
+    Field(description="Client-chosen id; re-sending it makes the append an idempotent replay."),
+]
+Refs = Annotated[dict[str, Any], Field(description="run_id, request_id, call_id, tool_call_id…")]
+
+
+class _EntryIn(Strict):
+    id: EntryId | None = None
+    refs: Refs = Field(default_factory=dict)
+
+
+class MessageEntryIn(_EntryIn):
+    kind: Literal["message"]
+    payload: MessagePayload
+
+
+class ToolCallEntryIn(_EntryIn):
+    kind: Literal["tool_call"]
+    payload: ToolCallPayload
+
+
+class ToolResultEntryIn(_EntryIn):
+    kind: Literal["tool_result"]
+    payload: ToolResultPayload
+
+
+class SummaryEntryIn(_EntryIn):
+    kind: Literal["summary"]
+    payload: SummaryPayload
+
+
+class RollbackEntryIn(_EntryIn):
+    kind: Literal["rollback"]
+    payload: RollbackPayload
+
+
+EntryIn = Annotated[
+    MessageEntryIn | ToolCallEntryIn | ToolResultEntryIn | SummaryEntryIn | RollbackEntryIn,
+    Field(discriminator="kind"),
+]
+
+
+class AppendRequest(Strict):
+    expected_rev: Seq | None = Field(
+        default=None, description="Append only if the session is still at this rev (else 409)."
+    )
+    entries: Annotated[list[EntryIn], Field(min_length=1)]
+
+
+class Entry(BaseModel):
+    id: str
+    seq: int
+    kind: str
+    payload: dict[str, Any]
+    refs: dict[str, Any]
+    token_count: int
+    created_at: datetime
+
+    @classmethod
+    def from_row(cls, row: RowMapping) -> Entry:
+        return cls(
+            id=row["id"],
+            seq=row["seq"],
+            kind=row["kind"],
+            payload=row["payload"],
+            refs=row["refs"],
+            token_count=row["token_count"],
+            created_at=row["created_at"],
+        )
+
+
+class AppendResponse(BaseModel):
+    entries: list[Entry]
+    rev: int
+    replayed: bool = Field(description="True: the ids were already there; nothing was written.")
+
+
+class EntryPage(BaseModel):
+    data: list[Entry]
+    has_more: bool
+    rev: int
+
+
+class Health(BaseModel):
+    status: Literal["ok", "ready"]
+    database: str | None = None
+    revision: str | None = None

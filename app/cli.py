@@ -1,0 +1,135 @@
+"""The `threadline` command: serve, migrate, keys, openapi."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from app.config import Settings
+
+
+@contextmanager
+def database(settings: Settings, *, own_cluster: bool) -> Iterator[Settings]:
+    """Settings with a database URL: the configured one, or the embedded cluster's.
+
+    With `own_cluster`, the embedded cluster is stopped on exit even if it was already running
+    (serve owns it); otherwise only if this call started it.
+    """
+    if settings.database_url is not None:
+        yield settings
+        return
+    from app.db.embedded import EmbeddedPostgres
+
+    cluster = EmbeddedPostgres(settings.data_dir)
+    url = cluster.start()
+    try:
+        yield settings.model_copy(update={"database_url": url})
+    finally:
+        if own_cluster or cluster.started_here:
+            cluster.stop()
+
+
+def serve(settings: Settings) -> None:
+    import uvicorn
+
+    from app.db.engine import create_engine
+    from app.db.migrate import upgrade_to_head
+    from app.main import create_app
+    from app.services.keys import ensure_dev_key
+
+    # uvicorn re-raises SIGTERM after its graceful shutdown; as an exception it unwinds through
+    # the `finally` below and the embedded cluster is stopped instead of orphaned.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    embedded = settings.database_url is None
+    with database(settings, own_cluster=True) as ready:
+        assert ready.database_url is not None
+        upgrade_to_head(ready.database_url)
+        if embedded and ready.dev_key:
+            key_file = ready.data_dir / "dev-key"
+            kept = key_file.read_text().strip() if key_file.exists() else None
+
+            async def dev_key() -> str:
+                engine = create_engine(ready)
+                try:
+                    return await ensure_dev_key(engine, kept)
+                finally:
+                    await engine.dispose()
+
+            key = asyncio.run(dev_key())
+            if key != kept:
+                key_file.touch(mode=0o600)
+                key_file.write_text(key + "\n")
+            print(f"Development API key: {key}", flush=True)
+        print(f"Threadline serving on http://{ready.host}:{ready.port}", flush=True)
+        uvicorn.run(create_app(ready), host=ready.host, port=ready.port, log_level=ready.log_level)
+
+
+def migrate(settings: Settings) -> None:
+    from app.db.migrate import upgrade_to_head
+
+    with database(settings, own_cluster=False) as ready:
+        assert ready.database_url is not None
+        upgrade_to_head(ready.database_url)
+        print("database at head", flush=True)
+
+
+def create_key(settings: Settings, tenant: str, name: str | None) -> None:
+    from app.db.engine import create_engine
+    from app.db.migrate import upgrade_to_head
+    from app.services.keys import create_key as issue
+
+    with database(settings, own_cluster=False) as ready:
+        assert ready.database_url is not None
+        upgrade_to_head(ready.database_url)
+
+        async def run() -> str:
+            engine = create_engine(ready)
+            try:
+                return await issue(engine, tenant, name)
+            finally:
+                await engine.dispose()
+
+        print(asyncio.run(run()), flush=True)
+
+
+def print_openapi() -> None:
+    from app.main import create_app
+
+    print(json.dumps(create_app(Settings()).openapi(), indent=2, sort_keys=True))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="threadline", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve_cmd = commands.add_parser("serve", help="run the API (embedded Postgres by default)")
+    serve_cmd.add_argument("--host")
+    serve_cmd.add_argument("--port", type=int)
+    commands.add_parser("migrate", help="apply database migrations")
+    keys = commands.add_parser("keys", help="manage API keys").add_subparsers(
+        dest="keys_command", required=True
+    )
+    create = keys.add_parser("create", help="print a new API key for a tenant")
+    create.add_argument("--tenant", required=True)
+    create.add_argument("--name")
+    commands.add_parser("openapi", help="print the OpenAPI document")
+    args = parser.parse_args(argv)
+
+    settings = Settings()
+    if args.command == "serve":
+        overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+        serve(settings.model_copy(update=overrides))
+    elif args.command == "migrate":
+        migrate(settings)
+    elif args.command == "keys":
+        create_key(settings, args.tenant, args.name)
+    elif args.command == "openapi":
+        print_openapi()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,202 @@
+"""Entry kinds and their payload types: what a journal record may hold."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+
+
+class EntryKind(StrEnum):
+    MESSAGE = "message"
+    TOOL_CALL = "tool_call"
+    TOOL_RESULT = "tool_result"
+    SUMMARY = "summary"
+    RUN_START = "run_start"
+    RUN_END = "run_end"
+    USAGE = "usage"
+    ERROR = "error"
+    POLICY_VIOLATION = "policy_violation"
+    ROLLBACK = "rollback"
+
+
+# Kinds a client may append directly (imports, notes, edits by rollback). The rest record what
+# the service itself did during a run, so accepting them from outside would let a client forge
+# run history.
+CLIENT_APPENDABLE_KINDS: frozenset[EntryKind] = frozenset(
+    {
+        EntryKind.MESSAGE,
+        EntryKind.TOOL_CALL,
+        EntryKind.TOOL_RESULT,
+        EntryKind.SUMMARY,
+        EntryKind.ROLLBACK,
+    }
+)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class _Open(BaseModel):
+    """Service-written records: known fields are typed, extra detail is kept."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ImagePart(_Strict):
+    type: Literal["image_url"]
+    url: Annotated[str, Field(min_length=1, max_length=2_000_000)]
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+ContentPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
+
+
+class MessagePayload(_Strict):
+    role: Literal["system", "user", "assistant"]
+    content: str | list[ContentPart]
+    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")] | None = (
+        None
+    )
+    # "incomplete" marks assistant text committed when a run was cancelled mid-stream.
+    status: Literal["complete", "incomplete"] | None = None
+
+
+class ToolCallPayload(_Strict):
+    name: Annotated[str, Field(min_length=1, max_length=128)]
+    arguments: dict[str, Any]
+
+
+class ToolResultPayload(_Strict):
+    name: Annotated[str, Field(min_length=1, max_length=128)] | None = None
+    content: Any
+    is_error: bool = False
+
+
+class SummaryPayload(_Strict):
+    from_seq: Annotated[int, Field(ge=0)]
+    to_seq: Annotated[int, Field(ge=0)]
+    content: str
+    model: str | None = None
+    focus: str | None = None
+
+    @model_validator(mode="after")
+    def _ordered(self) -> SummaryPayload:
+        if self.to_seq < self.from_seq:
+            raise ValueError("to_seq must be >= from_seq")
+        return self
+
+
+class RollbackPayload(_Strict):
+    from_seq: Annotated[int, Field(ge=1)]
+    to_seq: Annotated[int, Field(ge=1)]
+    reason: str | None = None
+
+    @model_validator(mode="after")
+    def _ordered(self) -> RollbackPayload:
+        if self.to_seq < self.from_seq:
+            raise ValueError("to_seq must be >= from_seq")
+        return self
+
+
+class RunStartPayload(_Open):
+    run_id: str
+
+
+class RunEndPayload(_Open):
+    run_id: str
+    status: str
+
+
+class UsagePayload(_Open):
+    input_tokens: Annotated[int, Field(ge=0)] = 0
+    output_tokens: Annotated[int, Field(ge=0)] = 0
+
+
+class ErrorPayload(_Open):
+    code: str
+    message: str
+
+
+class PolicyViolationPayload(_Open):
+    rule: str
+    message: str
+
+
+PAYLOAD_TYPES: dict[EntryKind, type[BaseModel]] = {
+    EntryKind.MESSAGE: MessagePayload,
+    EntryKind.TOOL_CALL: ToolCallPayload,
+    EntryKind.TOOL_RESULT: ToolResultPayload,
+    EntryKind.SUMMARY: SummaryPayload,
+    EntryKind.ROLLBACK: RollbackPayload,
+    EntryKind.RUN_START: RunStartPayload,
+    EntryKind.RUN_END: RunEndPayload,
+    EntryKind.USAGE: UsagePayload,
+    EntryKind.ERROR: ErrorPayload,
+    EntryKind.POLICY_VIOLATION: PolicyViolationPayload,
+}
+
+
+class Refs(_Strict):
+    run_id: Annotated[str, Field(max_length=128)] | None = None
+    request_id: Annotated[str, Field(max_length=128)] | None = None
+    call_id: Annotated[str, Field(max_length=128)] | None = None
+    tool_call_id: Annotated[str, Field(min_length=1, max_length=128)] | None = None
+    iteration: Annotated[int, Field(ge=0)] | None = None
+    parent_call_id: Annotated[str, Field(max_length=128)] | None = None
+
+
+_REFS = TypeAdapter(Refs)
+
+
+class PayloadError(ValueError):
+    """A payload or refs that do not fit their kind; `errors` are pydantic-style dicts."""
+
+    def __init__(self, errors: list[dict[str, Any]]) -> None:
+        super().__init__("invalid entry")
+        self.errors = errors
+
+
+def normalize_entry(
+    kind: EntryKind, payload: dict[str, Any], refs: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Validate payload and refs for `kind` and return their canonical JSON forms.
+
+    Canonical means: defaults filled in, unset optionals left out, so equal entries compare equal
+    (idempotent retries rely on that).
+    """
+    errors: list[dict[str, Any]] = []
+    canonical_payload: dict[str, Any] = {}
+    canonical_refs: dict[str, Any] = {}
+    try:
+        model = PAYLOAD_TYPES[kind].model_validate(payload)
+        canonical_payload = model.model_dump(mode="json", exclude_none=True)
+    except ValidationError as exc:
+        errors += _located(exc, "payload")
+    try:
+        canonical_refs = _REFS.validate_python(refs).model_dump(mode="json", exclude_none=True)
+    except ValidationError as exc:
+        errors += _located(exc, "refs")
+    needs_call_id = kind in (EntryKind.TOOL_CALL, EntryKind.TOOL_RESULT)
+    if not errors and needs_call_id and "tool_call_id" not in canonical_refs:
+        errors.append(
+            {
+                "loc": ["refs", "tool_call_id"],
+                "msg": f"{kind} entries need refs.tool_call_id",
+                "type": "missing",
+            }
+        )
+    if errors:
+        raise PayloadError(errors)
+    return canonical_payload, canonical_refs
+
+
+def _located(exc: ValidationError, prefix: str) -> list[dict[str, Any]]:
+    return [{"loc": [prefix, *e["loc"]], "msg": e["msg"], "type": e["type"]} for e in exc.errors()]

@@ -1,0 +1,1 @@
+"""Database access: tables, engine, repositories, the embedded cluster and migrations."""

@@ -1,0 +1,112 @@
+"""Entry queries across a thread's storage segments (a fork reads its ancestors' ranges)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import RowMapping, and_, literal, select, union_all
+from sqlalchemy.dialects.postgresql import UUID
+from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.sql import Select
+
+from app.core.lineage import Segment
+from app.db.tables import entries
+
+ENTRY_COLUMNS = (
+    entries.c.seq,
+    entries.c.id,
+    entries.c.kind,
+    entries.c.payload,
+    entries.c.refs,
+    entries.c.token_count,
+    entries.c.created_at,
+)
+
+
+def _in_segment(segment: Segment, after_seq: int | None, before_seq: int | None) -> Any:
+    low = max(segment.after_seq, after_seq) if after_seq is not None else segment.after_seq
+    conditions = [entries.c.session_id == segment.session_id, entries.c.seq > low]
+    if segment.upto_seq is not None:
+        conditions.append(entries.c.seq <= segment.upto_seq)
+    if before_seq is not None:
+        conditions.append(entries.c.seq < before_seq)
+    return and_(*conditions)
+
+
+def _overlaps(segment: Segment, after_seq: int | None, before_seq: int | None) -> bool:
+    if after_seq is not None and segment.upto_seq is not None and segment.upto_seq <= after_seq:
+        return False
+    return before_seq is None or before_seq > segment.after_seq + 1
+
+
+async def read_entries(
+    conn: AsyncConnection,
+    segments: Sequence[Segment],
+    *,
+    after_seq: int | None = None,
+    before_seq: int | None = None,
+    kinds: Sequence[str] | None = None,
+    descending: bool = False,
+    limit: int,
+) -> list[RowMapping]:
+    """A page of a thread in seq order.
+
+    One index-ordered, limited scan per segment, merged by Postgres (Merge Append): reading the
+    newest page costs the same whatever the thread's length.
+    """
+    parts: list[Select[Any]] = []
+    for segment in segments:
+        if not _overlaps(segment, after_seq, before_seq):
+            continue
+        part = select(*ENTRY_COLUMNS).where(_in_segment(segment, after_seq, before_seq))
+        if kinds:
+            part = part.where(entries.c.kind.in_(kinds))
+        order = entries.c.seq.desc() if descending else entries.c.seq.asc()
+        parts.append(part.order_by(order).limit(limit))
+    if not parts:
+        return []
+    if len(parts) == 1:
+        query = parts[0]
+        return list((await conn.execute(query)).mappings())
+    merged = union_all(*(p.subquery().select() for p in parts)).subquery()
+    order = merged.c.seq.desc() if descending else merged.c.seq.asc()
+    query = select(merged).order_by(order).limit(limit)
+    return list((await conn.execute(query)).mappings())
+
+
+async def find_by_entry_ids(
+    conn: AsyncConnection, segments: Sequence[Segment], entry_ids: Sequence[str]
+) -> list[RowMapping]:
+    """Entries of this thread whose client ids are among `entry_ids`."""
+    parts = [
+        select(*ENTRY_COLUMNS).where(_in_segment(s, None, None), entries.c.id.in_(entry_ids))
+        for s in segments
+    ]
+    query = parts[0] if len(parts) == 1 else union_all(*parts)
+    return list((await conn.execute(query)).mappings())
+
+
+async def insert_entries(
+    conn: AsyncConnection, session_id: str, rows: Sequence[dict[str, Any]]
+) -> list[RowMapping]:
+    """Insert rows that already carry their seq; returns them as stored."""
+    query = entries.insert().returning(*ENTRY_COLUMNS)
+    stored = (await conn.execute(query, [{**r, "session_id": session_id} for r in rows])).mappings()
+    return sorted(stored, key=lambda r: int(r["seq"]))
+
+
+async def copy_range(
+    conn: AsyncConnection, source_id: str, target_id: str, after_seq: int, upto_seq: int
+) -> None:
+    """Materialize source's entries in (after_seq, upto_seq] under target, seqs unchanged."""
+    columns = ["seq", "id", "kind", "payload", "refs", "token_count", "created_at"]
+    source = select(
+        literal(target_id, type_=UUID(as_uuid=False)).label("session_id"),
+        *(entries.c[c] for c in columns),
+    ).where(
+        entries.c.session_id == source_id,
+        entries.c.seq > after_seq,
+        entries.c.seq <= upto_seq,
+    )
+    await conn.execute(entries.insert().from_select(["session_id", *columns], source))

@@ -1,0 +1,108 @@
+"""Session row queries, always scoped by tenant where a caller names a session."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import RowMapping, func, select, tuple_, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.db.tables import sessions
+
+
+async def insert_session(conn: AsyncConnection, **values: Any) -> RowMapping:
+    result = await conn.execute(sessions.insert().values(**values).returning(sessions))
+    row: RowMapping = result.mappings().one()
+    return row
+
+
+async def get_session(
+    conn: AsyncConnection, tenant_id: str, session_id: str, *, lock: str | None = None
+) -> RowMapping | None:
+    """One session of this tenant; `lock` is "update" or "share" to lock the row too."""
+    query = select(sessions).where(sessions.c.id == session_id, sessions.c.tenant_id == tenant_id)
+    if lock == "update":
+        query = query.with_for_update()
+    elif lock == "share":
+        query = query.with_for_update(read=True)
+    return (await conn.execute(query)).mappings().one_or_none()
+
+
+async def list_sessions(
+    conn: AsyncConnection,
+    tenant_id: str,
+    *,
+    limit: int,
+    before: tuple[datetime, str] | None,
+    metadata: dict[str, str],
+) -> list[RowMapping]:
+    """Newest first; `before` is the (created_at, id) keyset cursor of the previous page."""
+    query = select(sessions).where(sessions.c.tenant_id == tenant_id)
+    if metadata:
+        query = query.where(sessions.c.metadata.contains(metadata))
+    if before is not None:
+        query = query.where(tuple_(sessions.c.created_at, sessions.c.id) < tuple_(*before))
+    query = query.order_by(sessions.c.created_at.desc(), sessions.c.id.desc()).limit(limit)
+    return list((await conn.execute(query)).mappings())
+
+
+async def update_session(
+    conn: AsyncConnection, session_id: str, values: dict[str, Any]
+) -> RowMapping:
+    query = (
+        update(sessions)
+        .where(sessions.c.id == session_id)
+        .values(**values, updated_at=func.now())
+        .returning(sessions)
+    )
+    row: RowMapping = (await conn.execute(query)).mappings().one()
+    return row
+
+
+async def delete_session(conn: AsyncConnection, session_id: str) -> None:
+    await conn.execute(sessions.delete().where(sessions.c.id == session_id))
+
+
+async def sessions_reading_from(conn: AsyncConnection, session_id: str) -> list[RowMapping]:
+    """Every session whose thread includes entries stored under `session_id`, locked."""
+    query = (
+        select(sessions.c.id, sessions.c.lineage)
+        .where(sessions.c.lineage.contains([{"session_id": session_id}]))
+        .with_for_update()
+    )
+    return list((await conn.execute(query)).mappings())
+
+
+async def lock_existing(conn: AsyncConnection, session_ids: list[str]) -> int:
+    """Key-share lock these sessions so none is deleted meanwhile; return how many exist."""
+    if not session_ids:
+        return 0
+    query = (
+        select(sessions.c.id)
+        .where(sessions.c.id.in_(session_ids))
+        .with_for_update(key_share=True, read=True)
+    )
+    return len((await conn.execute(query)).all())
+
+
+async def advance_rev(
+    conn: AsyncConnection, session_id: str, count: int, expected_rev: int | None
+) -> int | None:
+    """Reserve `count` seqs by moving rev forward; the row lock serializes appenders.
+
+    Returns the new rev, or None when the session's rev is not `expected_rev` (or the session is
+    gone). The lock is held until the transaction ends, so the seqs stay dense.
+    """
+    query = update(sessions).where(sessions.c.id == session_id)
+    if expected_rev is not None:
+        query = query.where(sessions.c.rev == expected_rev)
+    query = query.values(rev=sessions.c.rev + count, updated_at=func.now()).returning(
+        sessions.c.rev
+    )
+    rev: int | None = (await conn.execute(query)).scalar()
+    return rev
+
+
+async def current_rev(conn: AsyncConnection, session_id: str) -> int | None:
+    return (await conn.execute(select(sessions.c.rev).where(sessions.c.id == session_id))).scalar()

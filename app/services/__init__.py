@@ -1,0 +1,1 @@
+"""Use cases: one async function each, owning its transaction."""

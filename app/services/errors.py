@@ -1,0 +1,29 @@
+"""Domain errors the use cases raise; the API maps each family to an HTTP status."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ServiceError(Exception):
+    def __init__(self, code: str, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.details = details or {}
+
+
+class NotFound(ServiceError):
+    """The thing does not exist, or belongs to another tenant (indistinguishable on purpose)."""
+
+
+class Conflict(ServiceError):
+    """The request is well-formed but the current state refuses it (stale rev, reused id)."""
+
+
+class Invalid(ServiceError):
+    """The request is well-formed JSON but its values do not make sense here."""
+
+
+def session_not_found(session_id: str) -> NotFound:
+    return NotFound("session_not_found", f"no session {session_id}", {"session_id": session_id})

@@ -1,0 +1,176 @@
+"""Journal use cases: append entries (optimistic rev, idempotent ids) and read history pages."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from sqlalchemy import RowMapping
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.core.entries import EntryKind, PayloadError, normalize_entry
+from app.core.lineage import lineage_from_json, segments
+from app.core.tokens import count_entry_tokens
+from app.db import journal as journal_db
+from app.db import sessions as sessions_db
+from app.services.errors import Conflict, Invalid, session_not_found
+
+# A concurrent append of the same entry id loses the unique-index race at most once; the retry
+# then finds the id and answers with the original seq.
+_APPEND_ATTEMPTS = 3
+
+
+@dataclass(frozen=True)
+class NewEntry:
+    kind: EntryKind
+    payload: dict[str, Any]
+    refs: dict[str, Any]
+    id: str | None = None
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    entries: list[RowMapping]
+    rev: int
+    replayed: bool  # True: every id was already in the thread, nothing was written
+
+
+@dataclass(frozen=True)
+class HistoryPage:
+    entries: list[RowMapping]
+    has_more: bool
+    rev: int
+
+
+async def append_entries(
+    engine: AsyncEngine,
+    tenant_id: str,
+    session_id: str,
+    new_entries: Sequence[NewEntry],
+    *,
+    expected_rev: int | None,
+) -> AppendResult:
+    """Append entries atomically at rev+1.., or not at all.
+
+    With `expected_rev`, the append happens only if the session is still at that rev (409 with
+    the current rev otherwise). Entries whose client ids are already in the thread make the call
+    a replay: nothing is written and the original seqs come back.
+    """
+    rows = _prepare(new_entries)
+    client_ids = [e.id for e in new_entries if e.id is not None]
+    for _ in range(_APPEND_ATTEMPTS):
+        try:
+            async with engine.begin() as conn:
+                session = await sessions_db.get_session(conn, tenant_id, session_id)
+                if session is None:
+                    raise session_not_found(session_id)
+                if client_ids:
+                    thread = segments(session_id, lineage_from_json(session["lineage"]))
+                    existing = await journal_db.find_by_entry_ids(conn, thread, client_ids)
+                    if existing:
+                        return _replay(rows, existing, int(session["rev"]))
+                rev = await sessions_db.advance_rev(conn, session_id, len(rows), expected_rev)
+                if rev is None:
+                    current = await sessions_db.current_rev(conn, session_id)
+                    if current is None:
+                        raise session_not_found(session_id)
+                    raise Conflict(
+                        "rev_conflict",
+                        f"the session is at rev {current}, not {expected_rev}",
+                        {"current_rev": current, "expected_rev": expected_rev},
+                    )
+                first = rev - len(rows) + 1
+                stored = await journal_db.insert_entries(
+                    conn, session_id, [{**r, "seq": first + i} for i, r in enumerate(rows)]
+                )
+                return AppendResult(stored, rev, replayed=False)
+        except IntegrityError as exc:
+            if "entries_session_entry_id" not in str(exc.orig):
+                raise
+    raise Conflict("append_conflict", "concurrent appends kept colliding; retry", {})
+
+
+async def read_history(
+    engine: AsyncEngine,
+    tenant_id: str,
+    session_id: str,
+    *,
+    after_seq: int | None,
+    before_seq: int | None,
+    limit: int,
+    kinds: Sequence[str] | None,
+    order: Literal["asc", "desc"],
+) -> HistoryPage:
+    # One snapshot for the lineage and the entries, so a concurrent delete of an ancestor (which
+    # moves its range into a fork) can never be seen half-done.
+    async with engine.connect() as conn:
+        await conn.execution_options(isolation_level="REPEATABLE READ")
+        async with conn.begin():
+            session = await sessions_db.get_session(conn, tenant_id, session_id)
+            if session is None:
+                raise session_not_found(session_id)
+            thread = segments(session_id, lineage_from_json(session["lineage"]))
+            found = await journal_db.read_entries(
+                conn,
+                thread,
+                after_seq=after_seq,
+                before_seq=before_seq,
+                kinds=kinds,
+                descending=order == "desc",
+                limit=limit + 1,
+            )
+    return HistoryPage(found[:limit], len(found) > limit, int(session["rev"]))
+
+
+def _prepare(new_entries: Sequence[NewEntry]) -> list[dict[str, Any]]:
+    """Validate and canonicalize a batch; count tokens once, here, for the entry's lifetime."""
+    errors: list[dict[str, Any]] = []
+    rows: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for index, entry in enumerate(new_entries):
+        if entry.id is not None:
+            if entry.id in seen:
+                errors.append(
+                    {
+                        "loc": ["entries", index, "id"],
+                        "msg": "duplicate id in batch",
+                        "type": "duplicate",
+                    }
+                )
+            seen.add(entry.id)
+        try:
+            payload, refs = normalize_entry(entry.kind, entry.payload, entry.refs)
+        except PayloadError as exc:
+            errors += [{**e, "loc": ["entries", index, *e["loc"]]} for e in exc.errors]
+            continue
+        rows.append(
+            {
+                "id": entry.id or str(uuid.uuid4()),
+                "kind": str(entry.kind),
+                "payload": payload,
+                "refs": refs,
+                "token_count": count_entry_tokens(entry.kind, payload),
+            }
+        )
+    if errors:
+        raise Invalid("invalid_entries", "some entries do not fit their kind", {"errors": errors})
+    return rows
+
+
+def _replay(rows: list[dict[str, Any]], existing: list[RowMapping], rev: int) -> AppendResult:
+    by_id = {str(e["id"]): e for e in existing}
+    same = len(by_id) == len(rows) and all(
+        (found := by_id.get(r["id"])) is not None
+        and (found["kind"], found["payload"], found["refs"]) == (r["kind"], r["payload"], r["refs"])
+        for r in rows
+    )
+    if not same:
+        raise Conflict(
+            "entry_id_conflict",
+            "entry ids already in the session were sent with other content or with new entries",
+            {"existing": {i: int(e["seq"]) for i, e in by_id.items()}},
+        )
+    return AppendResult(sorted(existing, key=lambda e: int(e["seq"])), rev, replayed=True)

@@ -1,0 +1,198 @@
+"""Session use cases: create, read, list, update, delete (keeping forks whole), fork."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import RowMapping
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.core.lineage import (
+    fork_lineage,
+    inherited_range,
+    is_direct_heir,
+    lineage_from_json,
+    lineage_to_json,
+    without,
+)
+from app.core.metadata import MetadataError, merge_patch
+from app.db import journal as journal_db
+from app.db import sessions as sessions_db
+from app.services.errors import Conflict, Invalid, session_not_found
+
+# A fork retries when a session in its lineage is deleted under it (the lineage is then rewritten).
+_FORK_ATTEMPTS = 5
+
+
+@dataclass(frozen=True)
+class SessionPage:
+    items: list[RowMapping]
+    next_cursor: str | None
+
+
+async def create_session(
+    engine: AsyncEngine,
+    tenant_id: str,
+    *,
+    title: str | None,
+    metadata: dict[str, str],
+    config: dict[str, Any],
+) -> RowMapping:
+    async with engine.begin() as conn:
+        return await sessions_db.insert_session(
+            conn, tenant_id=tenant_id, title=title, metadata=metadata, config=config
+        )
+
+
+async def get_session(engine: AsyncEngine, tenant_id: str, session_id: str) -> RowMapping:
+    async with engine.connect() as conn:
+        row = await sessions_db.get_session(conn, tenant_id, session_id)
+    if row is None:
+        raise session_not_found(session_id)
+    return row
+
+
+async def list_sessions(
+    engine: AsyncEngine,
+    tenant_id: str,
+    *,
+    limit: int,
+    cursor: str | None,
+    metadata: dict[str, str],
+) -> SessionPage:
+    before = _decode_cursor(cursor) if cursor else None
+    async with engine.connect() as conn:
+        rows = await sessions_db.list_sessions(
+            conn, tenant_id, limit=limit + 1, before=before, metadata=metadata
+        )
+    more = len(rows) > limit
+    rows = rows[:limit]
+    next_cursor = _encode_cursor(rows[-1]["created_at"], rows[-1]["id"]) if more else None
+    return SessionPage(rows, next_cursor)
+
+
+async def update_session(
+    engine: AsyncEngine, tenant_id: str, session_id: str, changes: dict[str, Any]
+) -> RowMapping:
+    """Apply a patch: `title` replaces, `metadata` and `config` merge (a null removes a key)."""
+    async with engine.begin() as conn:
+        row = await sessions_db.get_session(conn, tenant_id, session_id, lock="update")
+        if row is None:
+            raise session_not_found(session_id)
+        values: dict[str, Any] = {}
+        if "title" in changes:
+            values["title"] = changes["title"]
+        if "metadata" in changes:
+            try:
+                values["metadata"] = merge_patch(row["metadata"], changes["metadata"])
+            except MetadataError as exc:
+                raise Invalid("invalid_metadata", str(exc), {"loc": ["body", "metadata"]}) from exc
+        if "config" in changes:
+            config = dict(row["config"])
+            for key, value in changes["config"].items():
+                if value is None:
+                    config.pop(key, None)
+                else:
+                    config[key] = value
+            values["config"] = config
+        return await sessions_db.update_session(conn, session_id, values)
+
+
+async def delete_session(engine: AsyncEngine, tenant_id: str, session_id: str) -> None:
+    """Delete a session and every entry stored under it, without breaking its forks.
+
+    The rule: before the entries go, each fork that read a range of them directly gets its own
+    copy of that range (same seqs, ids and timestamps), and every descendant's lineage drops the
+    deleted session. Deeper descendants then read the range through that fork. Delete is O(shared
+    prefix); fork and read stay O(1).
+    """
+    async with engine.begin() as conn:
+        row = await sessions_db.get_session(conn, tenant_id, session_id, lock="update")
+        if row is None:
+            raise session_not_found(session_id)
+        for reader in await sessions_db.sessions_reading_from(conn, session_id):
+            lineage = lineage_from_json(reader["lineage"])
+            if is_direct_heir(lineage, session_id):
+                shared = inherited_range(lineage, session_id)
+                assert shared is not None
+                await journal_db.copy_range(conn, session_id, str(reader["id"]), *shared)
+            await sessions_db.update_session(
+                conn, str(reader["id"]), {"lineage": lineage_to_json(without(lineage, session_id))}
+            )
+        await sessions_db.delete_session(conn, session_id)
+
+
+async def fork_session(
+    engine: AsyncEngine,
+    tenant_id: str,
+    session_id: str,
+    *,
+    at_seq: int | None,
+    title: str | None,
+    metadata: dict[str, str] | None,
+) -> RowMapping:
+    """A child sharing the parent's thread up to `at_seq` (default: its rev); no entry is copied."""
+    for _ in range(_FORK_ATTEMPTS):
+        try:
+            async with engine.begin() as conn:
+                parent = await sessions_db.get_session(conn, tenant_id, session_id, lock="share")
+                if parent is None:
+                    raise session_not_found(session_id)
+                fork_seq = parent["rev"] if at_seq is None else at_seq
+                if fork_seq > parent["rev"]:
+                    raise Invalid(
+                        "fork_seq_out_of_range",
+                        f"at_seq {fork_seq} is beyond the session's rev {parent['rev']}",
+                        {"at_seq": fork_seq, "rev": parent["rev"]},
+                    )
+                lineage = fork_lineage(session_id, lineage_from_json(parent["lineage"]), fork_seq)
+                # Hold every session the child will read from, so none is deleted (and its
+                # range moved) before the child is committed; a deletion that won the race
+                # shows up as a missing row, and the fork starts over from the new lineage.
+                readable = [a.session_id for a in lineage]
+                if await sessions_db.lock_existing(conn, readable) != len(readable):
+                    continue
+                return await sessions_db.insert_session(
+                    conn,
+                    tenant_id=tenant_id,
+                    title=parent["title"] if title is None else title,
+                    metadata=parent["metadata"] if metadata is None else metadata,
+                    config=parent["config"],
+                    parent_id=session_id,
+                    fork_seq=fork_seq,
+                    lineage=lineage_to_json(lineage),
+                    rev=fork_seq,
+                )
+        except IntegrityError:
+            continue  # the parent was deleted between our read and the insert
+    raise Conflict(
+        "fork_conflict",
+        "the session's lineage kept changing while forking; retry",
+        {"session_id": session_id},
+    )
+
+
+def _encode_cursor(created_at: datetime, session_id: Any) -> str:
+    raw = json.dumps([created_at.isoformat(), str(session_id)]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> tuple[datetime, str]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        created_at, session_id = json.loads(raw)
+        moment = datetime.fromisoformat(created_at)
+        if moment.tzinfo is None:
+            raise ValueError("naive timestamp")
+        return moment, str(uuid.UUID(session_id))
+    except (binascii.Error, ValueError, TypeError, AttributeError) as exc:
+        raise Invalid(
+            "invalid_cursor", "the cursor is not one this API returned", {"cursor": cursor}
+        ) from exc

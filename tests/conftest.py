@@ -1,0 +1,155 @@
+"""Shared fixtures: a real Postgres (throwaway cluster, or TEST_DATABASE_URL), the app, tenants."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+from fastapi import FastAPI
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.config import Settings
+from app.db.embedded import EmbeddedPostgres
+from app.db.migrate import upgrade_to_head
+from app.main import create_app
+from app.services.keys import create_key
+
+
+@pytest.fixture(scope="session")
+def database_url() -> Iterator[str]:
+    """TEST_DATABASE_URL if set, else a throwaway cluster that lives for the test session."""
+    configured = os.environ.get("TEST_DATABASE_URL")
+    if configured:
+        upgrade_to_head(configured)
+        yield configured
+        return
+    root = Path(tempfile.mkdtemp(prefix="threadline-test-"))
+    root.chmod(0o755)  # the postgres user must be able to enter it when we run as root
+    cluster = EmbeddedPostgres(
+        root / "data",
+        # Durability buys nothing in a throwaway cluster; speed does.
+        server_settings={
+            "fsync": "off",
+            "synchronous_commit": "off",
+            "full_page_writes": "off",
+            "max_connections": "300",
+        },
+    )
+    url = cluster.start()
+    try:
+        upgrade_to_head(url)
+        yield url
+    finally:
+        cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def settings(database_url: str) -> Settings:
+    return Settings(database_url=database_url, db_pool_size=20)
+
+
+@pytest.fixture(scope="session")
+async def app(settings: Settings) -> AsyncIterator[FastAPI]:
+    application = create_app(settings)
+    async with application.router.lifespan_context(application):
+        yield application
+
+
+@pytest.fixture(scope="session")
+def engine(app: FastAPI) -> AsyncEngine:
+    engine: AsyncEngine = app.state.engine
+    return engine
+
+
+ClientFactory = Callable[[str | None], httpx.AsyncClient]
+
+
+@pytest.fixture
+async def make_client(app: FastAPI) -> AsyncIterator[ClientFactory]:
+    """Clients of the in-process app; pass an API key, or None for an anonymous one."""
+    clients: list[httpx.AsyncClient] = []
+
+    def make(key: str | None) -> httpx.AsyncClient:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        client = httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://test", headers=headers
+        )
+        clients.append(client)
+        return client
+
+    yield make
+    for client in clients:
+        await client.aclose()
+
+
+@pytest.fixture
+def new_key(engine: AsyncEngine) -> Callable[[], Awaitable[str]]:
+    """A key of a brand-new tenant: tests never see each other's data."""
+
+    async def issue() -> str:
+        return await create_key(engine, f"tenant-{uuid.uuid4()}")
+
+    return issue
+
+
+@pytest.fixture
+async def client(make_client: ClientFactory, new_key: Callable[[], Awaitable[str]]) -> httpx.AsyncClient:
+    """A client authenticated as a fresh tenant."""
+    return make_client(await new_key())
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass
+class LiveServer:
+    url: str
+    key: str
+
+
+@pytest.fixture(scope="session")
+def live_server(settings: Settings) -> Iterator[LiveServer]:
+    """The app under a real uvicorn on 127.0.0.1, in a thread with its own event loop."""
+    import asyncio
+
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.05)
+
+    async def issue() -> str:
+        from app.db.engine import create_engine
+
+        engine = create_engine(settings)
+        try:
+            return await create_key(engine, f"live-{uuid.uuid4()}")
+        finally:
+            await engine.dispose()
+
+    key = asyncio.run(issue())
+    yield LiveServer(f"http://127.0.0.1:{port}", key)
+    server.should_exit = True
+    thread.join(timeout=10)
