@@ -105,7 +105,9 @@ def new_key(engine: AsyncEngine) -> Callable[[], Awaitable[str]]:
 
 
 @pytest.fixture
-async def client(make_client: ClientFactory, new_key: Callable[[], Awaitable[str]]) -> httpx.AsyncClient:
+async def client(
+    make_client: ClientFactory, new_key: Callable[[], Awaitable[str]]
+) -> httpx.AsyncClient:
     """A client authenticated as a fresh tenant."""
     return make_client(await new_key())
 

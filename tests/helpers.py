@@ -22,7 +22,10 @@ async def new_session(client: httpx.AsyncClient, **body: Any) -> dict[str, Any]:
 
 
 async def append(
-    client: httpx.AsyncClient, session_id: str, *entries: dict[str, Any], expected_rev: int | None = None
+    client: httpx.AsyncClient,
+    session_id: str,
+    *entries: dict[str, Any],
+    expected_rev: int | None = None,
 ) -> httpx.Response:
     body: dict[str, Any] = {"entries": list(entries)}
     if expected_rev is not None:
@@ -36,7 +39,9 @@ async def append_texts(client: httpx.AsyncClient, session_id: str, *texts: str) 
     return [e["seq"] for e in response.json()["entries"]]
 
 
-async def history(client: httpx.AsyncClient, session_id: str, **params: Any) -> list[dict[str, Any]]:
+async def history(
+    client: httpx.AsyncClient, session_id: str, **params: Any
+) -> list[dict[str, Any]]:
     """Every entry of the thread, following pages."""
     out: list[dict[str, Any]] = []
     after = params.pop("after_seq", None)

@@ -9,7 +9,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
-from sqlalchemy.exc import DataError
+from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.services.errors import Conflict, Invalid, NotFound, ServiceError
@@ -96,11 +96,14 @@ async def _http_error(_: Request, exc: Exception) -> JSONResponse:
     return error_json(exc.status_code, code, str(exc.detail), headers=headers)
 
 
-async def _data_error(_: Request, exc: Exception) -> JSONResponse:
-    # Values the schema let through but Postgres cannot store (e.g. a NUL character in text):
-    # the transaction was rolled back, so nothing was written.
-    orig = getattr(exc, "orig", exc)
-    return error_json(422, "invalid_value", f"a value cannot be stored: {orig}".splitlines()[0])
+async def _database_error(request: Request, exc: Exception) -> JSONResponse:
+    # SQLSTATE class 22 ("data exception"): a value the schema let through but Postgres cannot
+    # store, e.g. a NUL character in text. The transaction was rolled back: nothing was written.
+    sqlstate = str(getattr(getattr(exc, "orig", None), "sqlstate", "") or "")
+    if sqlstate.startswith("22"):
+        reason = str(getattr(exc, "orig", exc)).splitlines()[0]
+        return error_json(422, "invalid_value", f"a value cannot be stored: {reason}")
+    return await _unexpected(request, exc)
 
 
 async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
@@ -112,5 +115,5 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ServiceError, _service_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
-    app.add_exception_handler(DataError, _data_error)
+    app.add_exception_handler(DBAPIError, _database_error)
     app.add_exception_handler(Exception, _unexpected)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import RowMapping, func, select, tuple_, update
+from sqlalchemy import RowMapping, func, literal, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.db.tables import sessions
@@ -42,7 +42,11 @@ async def list_sessions(
     if metadata:
         query = query.where(sessions.c.metadata.contains(metadata))
     if before is not None:
-        query = query.where(tuple_(sessions.c.created_at, sessions.c.id) < tuple_(*before))
+        created_at, session_id = before
+        cursor = tuple_(
+            literal(created_at, sessions.c.created_at.type), literal(session_id, sessions.c.id.type)
+        )
+        query = query.where(tuple_(sessions.c.created_at, sessions.c.id) < cursor)
     query = query.order_by(sessions.c.created_at.desc(), sessions.c.id.desc()).limit(limit)
     return list((await conn.execute(query)).mappings())
 

@@ -1,0 +1,137 @@
+"""Sessions API: create, read, list (cursor pages, metadata filter), patch, delete."""
+
+from __future__ import annotations
+
+import httpx
+
+from tests.helpers import append_texts, new_session
+
+
+async def test_create_and_read(client: httpx.AsyncClient) -> None:
+    config = {
+        "model": "anthropic:claude-haiku-4-5",
+        "system_prompt": "Be brief.",
+        "context_policy": {"max_input_tokens": 8000},
+        "tools": [{"name": "get_weather", "parameters": {"type": "object"}}],
+    }
+    created = await new_session(client, title="t", metadata={"user": "42"}, config=config)
+    fetched = (await client.get(f"/v1/sessions/{created['id']}")).json()
+    assert fetched == created
+    assert fetched["status"] == "idle" and fetched["rev"] == 0
+    assert fetched["usage"] == {
+        "input_tokens": 0,
+        "output_tokens": 0,
+        "cached_tokens": 0,
+        "cost_usd": 0.0,
+    }
+    assert fetched["config"]["tools"][0]["kind"] == "client"  # defaults are filled in
+    assert (fetched["parent_id"], fetched["fork_seq"]) == (None, None)
+
+
+async def test_list_is_newest_first_with_cursor_pages(client: httpx.AsyncClient) -> None:
+    ids = [(await new_session(client, title=str(i)))["id"] for i in range(7)]
+    seen: list[str] = []
+    cursor = None
+    while True:
+        params: dict[str, str | int] = {"limit": 3}
+        if cursor:
+            params["cursor"] = cursor
+        page = (await client.get("/v1/sessions", params=params)).json()
+        seen += [s["id"] for s in page["data"]]
+        cursor = page["next_cursor"]
+        assert page["has_more"] == (cursor is not None)
+        if not cursor:
+            break
+    assert seen == list(reversed(ids))
+
+
+async def test_list_filters_by_metadata(client: httpx.AsyncClient) -> None:
+    a = await new_session(client, metadata={"user": "1", "plan": "pro"})
+    await new_session(client, metadata={"user": "2", "plan": "pro"})
+    await new_session(client, metadata={"user": "1"})
+    response = await client.get(
+        "/v1/sessions", params=[("metadata", "user:1"), ("metadata", "plan:pro")]
+    )
+    assert [s["id"] for s in response.json()["data"]] == [a["id"]]
+    bad = await client.get("/v1/sessions", params={"metadata": "no-colon"})
+    assert bad.status_code == 422 and bad.json()["error"]["code"] == "invalid_metadata_filter"
+
+
+async def test_patch_merges_metadata_and_config(client: httpx.AsyncClient) -> None:
+    session = await new_session(
+        client,
+        title="old",
+        metadata={"a": "1", "b": "2"},
+        config={"model": "openai:gpt-4o", "system_prompt": "x"},
+    )
+    response = await client.patch(
+        f"/v1/sessions/{session['id']}",
+        json={
+            "title": "new",
+            "metadata": {"a": None, "c": "3"},
+            "config": {"system_prompt": None, "model": "openai:o3"},
+        },
+    )
+    assert response.status_code == 200, response.text
+    patched = response.json()
+    assert patched["title"] == "new"
+    assert patched["metadata"] == {"b": "2", "c": "3"}
+    assert patched["config"] == {"model": "openai:o3"}
+    assert patched["updated_at"] > session["updated_at"]
+    untouched = (await client.patch(f"/v1/sessions/{session['id']}", json={})).json()
+    assert (untouched["title"], untouched["metadata"]) == ("new", {"b": "2", "c": "3"})
+
+
+async def test_patch_cannot_exceed_metadata_limit(client: httpx.AsyncClient) -> None:
+    session = await new_session(client, metadata={f"k{i}": "v" for i in range(16)})
+    response = await client.patch(
+        f"/v1/sessions/{session['id']}", json={"metadata": {"one-more": "v"}}
+    )
+    assert response.status_code == 422
+    assert response.json()["error"]["code"] == "invalid_metadata"
+
+
+async def test_delete(client: httpx.AsyncClient) -> None:
+    session = await new_session(client)
+    await append_texts(client, session["id"], "x")
+    assert (await client.delete(f"/v1/sessions/{session['id']}")).status_code == 204
+    assert (await client.get(f"/v1/sessions/{session['id']}")).status_code == 404
+    assert (await client.delete(f"/v1/sessions/{session['id']}")).status_code == 404
+    assert (await client.get(f"/v1/sessions/{session['id']}/entries")).status_code == 404
+
+
+async def test_entries_filter_by_kind(client: httpx.AsyncClient) -> None:
+    session = await new_session(client)
+    sid = session["id"]
+    body = {
+        "entries": [
+            {"kind": "message", "payload": {"role": "user", "content": "weather?"}},
+            {
+                "kind": "tool_call",
+                "payload": {"name": "w", "arguments": {"city": "Oslo"}},
+                "refs": {"tool_call_id": "t1"},
+            },
+            {
+                "kind": "tool_result",
+                "payload": {"name": "w", "content": {"temp": 3}},
+                "refs": {"tool_call_id": "t1"},
+            },
+            {"kind": "message", "payload": {"role": "assistant", "content": "3 degrees"}},
+        ]
+    }
+    assert (await client.post(f"/v1/sessions/{sid}/entries", json=body)).status_code == 201
+    page = (
+        await client.get(
+            f"/v1/sessions/{sid}/entries", params=[("kinds", "tool_call"), ("kinds", "tool_result")]
+        )
+    ).json()
+    assert [(e["seq"], e["kind"]) for e in page["data"]] == [(2, "tool_call"), (3, "tool_result")]
+    assert page["data"][0]["refs"] == {"tool_call_id": "t1"}
+    assert page["rev"] == 4
+
+
+async def test_service_written_kinds_cannot_be_appended(client: httpx.AsyncClient) -> None:
+    session = await new_session(client)
+    forged = {"entries": [{"kind": "run_end", "payload": {"run_id": "r", "status": "completed"}}]}
+    response = await client.post(f"/v1/sessions/{session['id']}/entries", json=forged)
+    assert response.status_code == 422

@@ -1,0 +1,144 @@
+"""`threadline serve` with zero configuration: embedded Postgres, dev key, data kept across
+restarts, and no Postgres left behind after a stop."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import free_port
+
+THREADLINE = str(Path(sys.executable).parent / "threadline")
+
+
+@pytest.fixture
+def workdir() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="threadline-serve-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+class Served:
+    def __init__(self, workdir: Path) -> None:
+        self.port = free_port()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("THREADLINE_")}
+        self.process = subprocess.Popen(
+            [THREADLINE, "serve", "--port", str(self.port)],
+            cwd=workdir,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.output: list[str] = []
+        try:
+            self.key = self._read_key()
+            # Keep draining the log so a full pipe never blocks the server.
+            threading.Thread(target=self._drain, daemon=True).start()
+            self.url = f"http://127.0.0.1:{self.port}"
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _drain(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.output.append(line)
+
+    def _read_key(self) -> str:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.output.append(line)
+            if line.startswith("Development API key: "):
+                return line.split(": ", 1)[1].strip()
+        raise AssertionError("serve exited without printing a key:\n" + "".join(self.output))
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{self.url}/readyz").status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError("serve never became ready")
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=60)
+
+
+def postgres_processes(data_dir: Path) -> list[str]:
+    """Command lines of running postgres processes serving a cluster under `data_dir`."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue  # the process ended while we looked
+        if "postgres" in args and str(data_dir) in args:
+            found.append(args)
+    return found
+
+
+@pytest.mark.slow
+def test_serve_with_zero_configuration(workdir: Path) -> None:
+    data_dir = workdir / ".threadline"
+    first = Served(workdir)
+    try:
+        auth = {"Authorization": f"Bearer {first.key}"}
+        created = httpx.post(f"{first.url}/v1/sessions", json={"title": "kept"}, headers=auth)
+        assert created.status_code == 201
+        assert postgres_processes(data_dir), "the embedded cluster should run under the workdir"
+    finally:
+        assert first.stop() == 0
+    assert postgres_processes(data_dir) == []
+    assert not (data_dir / "pg" / "postmaster.pid").exists()
+
+    second = Served(workdir)
+    try:
+        assert second.key == first.key  # the same dev key is printed again
+        again = httpx.get(f"{second.url}/v1/sessions/{created.json()['id']}", headers=auth)
+        assert again.status_code == 200 and again.json()["title"] == "kept"
+    finally:
+        assert second.stop() == 0
+    assert postgres_processes(data_dir) == []
+
+
+@pytest.mark.slow
+def test_keys_create_prints_a_working_key(workdir: Path) -> None:
+    served = Served(workdir)
+    try:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("THREADLINE_")}
+        result = subprocess.run(
+            [THREADLINE, "keys", "create", "--tenant", "acme"],
+            cwd=workdir,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        key = result.stdout.strip().splitlines()[-1]
+        assert key.startswith("tl_")
+        response = httpx.get(
+            f"{served.url}/v1/sessions", headers={"Authorization": f"Bearer {key}"}
+        )
+        assert response.status_code == 200 and response.json()["data"] == []  # a new tenant
+    finally:
+        served.stop()
+    assert postgres_processes(workdir / ".threadline") == []
