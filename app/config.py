@@ -38,7 +38,9 @@ class Settings(BaseSettings):
         default=1000, ge=1, description="Most entries one append request may carry."
     )
     max_page_size: int = Field(default=500, ge=1, description="Largest `limit` a list accepts.")
-    db_pool_size: int = Field(default=10, ge=1, description="Connections per process in the pool.")
+    db_pool_size: int = Field(
+        default=20, ge=1, description="Pooled connections per process (as many again overflow)."
+    )
     log_level: str = Field(default="info", description="uvicorn/app log level.")
 
     @property

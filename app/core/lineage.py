@@ -41,15 +41,20 @@ def lineage_to_json(lineage: Lineage) -> list[dict[str, Any]]:
     return [{"session_id": a.session_id, "upto_seq": a.upto_seq} for a in lineage]
 
 
-def segments(session_id: str, lineage: Lineage) -> list[Segment]:
-    """The thread's storage ranges, oldest first, empty ranges left out."""
+def segments(session_id: str, lineage: Lineage, rev: int | None = None) -> list[Segment]:
+    """The thread's storage ranges, oldest first, empty ranges left out.
+
+    With the session's `rev`, its own range is left out too while it holds nothing yet (a fresh
+    fork), which spares a query.
+    """
     out: list[Segment] = []
     after = 0
     for ancestor in lineage:
         if ancestor.upto_seq > after:
             out.append(Segment(ancestor.session_id, after, ancestor.upto_seq))
             after = ancestor.upto_seq
-    out.append(Segment(session_id, after, None))
+    if rev is None or rev > after:
+        out.append(Segment(session_id, after, None))
     return out
 
 

@@ -18,14 +18,12 @@ async def insert_session(conn: AsyncConnection, **values: Any) -> RowMapping:
 
 
 async def get_session(
-    conn: AsyncConnection, tenant_id: str, session_id: str, *, lock: str | None = None
+    conn: AsyncConnection, tenant_id: str, session_id: str, *, lock: bool = False
 ) -> RowMapping | None:
-    """One session of this tenant; `lock` is "update" or "share" to lock the row too."""
+    """One session of this tenant; with `lock`, its row is locked for update too."""
     query = select(sessions).where(sessions.c.id == session_id, sessions.c.tenant_id == tenant_id)
-    if lock == "update":
+    if lock:
         query = query.with_for_update()
-    elif lock == "share":
-        query = query.with_for_update(read=True)
     return (await conn.execute(query)).mappings().one_or_none()
 
 
@@ -68,11 +66,17 @@ async def delete_session(conn: AsyncConnection, session_id: str) -> None:
     await conn.execute(sessions.delete().where(sessions.c.id == session_id))
 
 
+# Every transaction that locks several sessions takes the locks in this one order, so forks and
+# deletes of related sessions can never deadlock. (A parent sorts before its forks.)
+LOCK_ORDER = (sessions.c.created_at, sessions.c.id)
+
+
 async def sessions_reading_from(conn: AsyncConnection, session_id: str) -> list[RowMapping]:
     """Every session whose thread includes entries stored under `session_id`, locked."""
     query = (
         select(sessions.c.id, sessions.c.lineage)
         .where(sessions.c.lineage.contains([{"session_id": session_id}]))
+        .order_by(*LOCK_ORDER)
         .with_for_update()
     )
     return list((await conn.execute(query)).mappings())
@@ -85,20 +89,21 @@ async def lock_existing(conn: AsyncConnection, session_ids: list[str]) -> int:
     query = (
         select(sessions.c.id)
         .where(sessions.c.id.in_(session_ids))
+        .order_by(*LOCK_ORDER)
         .with_for_update(key_share=True, read=True)
     )
     return len((await conn.execute(query)).all())
 
 
 async def advance_rev(
-    conn: AsyncConnection, session_id: str, count: int, expected_rev: int | None
+    conn: AsyncConnection, tenant_id: str, session_id: str, count: int, expected_rev: int | None
 ) -> int | None:
     """Reserve `count` seqs by moving rev forward; the row lock serializes appenders.
 
-    Returns the new rev, or None when the session's rev is not `expected_rev` (or the session is
-    gone). The lock is held until the transaction ends, so the seqs stay dense.
+    Returns the new rev, or None when the session's rev is not `expected_rev` (or the tenant has
+    no such session). The lock is held until the transaction ends, so the seqs stay dense.
     """
-    query = update(sessions).where(sessions.c.id == session_id)
+    query = update(sessions).where(sessions.c.id == session_id, sessions.c.tenant_id == tenant_id)
     if expected_rev is not None:
         query = query.where(sessions.c.rev == expected_rev)
     query = query.values(rev=sessions.c.rev + count, updated_at=func.now()).returning(
@@ -108,5 +113,9 @@ async def advance_rev(
     return rev
 
 
-async def current_rev(conn: AsyncConnection, session_id: str) -> int | None:
-    return (await conn.execute(select(sessions.c.rev).where(sessions.c.id == session_id))).scalar()
+async def current_rev(conn: AsyncConnection, tenant_id: str, session_id: str) -> int | None:
+    query = select(sessions.c.rev).where(
+        sessions.c.id == session_id, sessions.c.tenant_id == tenant_id
+    )
+    rev: int | None = (await conn.execute(query)).scalar()
+    return rev

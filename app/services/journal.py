@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from sqlalchemy import RowMapping
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.core.entries import EntryKind, PayloadError, normalize_entry
 from app.core.lineage import lineage_from_json, segments
@@ -64,17 +64,16 @@ async def append_entries(
     for _ in range(_APPEND_ATTEMPTS):
         try:
             async with engine.begin() as conn:
-                session = await sessions_db.get_session(conn, tenant_id, session_id)
-                if session is None:
-                    raise session_not_found(session_id)
                 if client_ids:
-                    thread = segments(session_id, lineage_from_json(session["lineage"]))
-                    existing = await journal_db.find_by_entry_ids(conn, thread, client_ids)
-                    if existing:
-                        return _replay(rows, existing, int(session["rev"]))
-                rev = await sessions_db.advance_rev(conn, session_id, len(rows), expected_rev)
+                    replay = await _find_replay(conn, tenant_id, session_id, rows, client_ids)
+                    if replay is not None:
+                        return replay
+                # Without client ids the common path is this one statement: reserve the seqs.
+                rev = await sessions_db.advance_rev(
+                    conn, tenant_id, session_id, len(rows), expected_rev
+                )
                 if rev is None:
-                    current = await sessions_db.current_rev(conn, session_id)
+                    current = await sessions_db.current_rev(conn, tenant_id, session_id)
                     if current is None:
                         raise session_not_found(session_id)
                     raise Conflict(
@@ -112,7 +111,8 @@ async def read_history(
             session = await sessions_db.get_session(conn, tenant_id, session_id)
             if session is None:
                 raise session_not_found(session_id)
-            thread = segments(session_id, lineage_from_json(session["lineage"]))
+            lineage = lineage_from_json(session["lineage"])
+            thread = segments(session_id, lineage, int(session["rev"]))
             found = await journal_db.read_entries(
                 conn,
                 thread,
@@ -158,6 +158,22 @@ def _prepare(new_entries: Sequence[NewEntry]) -> list[dict[str, Any]]:
     if errors:
         raise Invalid("invalid_entries", "some entries do not fit their kind", {"errors": errors})
     return rows
+
+
+async def _find_replay(
+    conn: AsyncConnection,
+    tenant_id: str,
+    session_id: str,
+    rows: list[dict[str, Any]],
+    client_ids: list[str],
+) -> AppendResult | None:
+    """The original result if these client ids are already in the thread, else None."""
+    session = await sessions_db.get_session(conn, tenant_id, session_id)
+    if session is None:
+        raise session_not_found(session_id)
+    thread = segments(session_id, lineage_from_json(session["lineage"]))
+    existing = await journal_db.find_by_entry_ids(conn, thread, client_ids)
+    return _replay(rows, existing, int(session["rev"])) if existing else None
 
 
 def _replay(rows: list[dict[str, Any]], existing: list[RowMapping], rev: int) -> AppendResult:

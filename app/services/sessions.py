@@ -83,7 +83,7 @@ async def update_session(
 ) -> RowMapping:
     """Apply a patch: `title` replaces, `metadata` and `config` merge (a null removes a key)."""
     async with engine.begin() as conn:
-        row = await sessions_db.get_session(conn, tenant_id, session_id, lock="update")
+        row = await sessions_db.get_session(conn, tenant_id, session_id, lock=True)
         if row is None:
             raise session_not_found(session_id)
         values: dict[str, Any] = {}
@@ -114,7 +114,7 @@ async def delete_session(engine: AsyncEngine, tenant_id: str, session_id: str) -
     prefix); fork and read stay O(1).
     """
     async with engine.begin() as conn:
-        row = await sessions_db.get_session(conn, tenant_id, session_id, lock="update")
+        row = await sessions_db.get_session(conn, tenant_id, session_id, lock=True)
         if row is None:
             raise session_not_found(session_id)
         for reader in await sessions_db.sessions_reading_from(conn, session_id):
@@ -142,7 +142,7 @@ async def fork_session(
     for _ in range(_FORK_ATTEMPTS):
         try:
             async with engine.begin() as conn:
-                parent = await sessions_db.get_session(conn, tenant_id, session_id, lock="share")
+                parent = await sessions_db.get_session(conn, tenant_id, session_id)
                 if parent is None:
                     raise session_not_found(session_id)
                 fork_seq = parent["rev"] if at_seq is None else at_seq
@@ -156,6 +156,7 @@ async def fork_session(
                 # Hold every session the child will read from, so none is deleted (and its
                 # range moved) before the child is committed; a deletion that won the race
                 # shows up as a missing row, and the fork starts over from the new lineage.
+                # Entries up to the parent's rev are committed and immutable: no parent lock.
                 readable = [a.session_id for a in lineage]
                 if await sessions_db.lock_existing(conn, readable) != len(readable):
                     continue

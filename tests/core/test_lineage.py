@@ -26,6 +26,13 @@ def test_segments_skip_empty_ranges() -> None:
     assert segments("d", lineage) == [Segment("a", 0, 3), Segment("c", 3, 7), Segment("d", 7, None)]
 
 
+def test_an_empty_own_range_is_left_out_when_rev_is_known() -> None:
+    lineage = (Ancestor("a", 3),)
+    assert segments("d", lineage, rev=3) == [Segment("a", 0, 3)]
+    assert segments("d", lineage, rev=4) == [Segment("a", 0, 3), Segment("d", 3, None)]
+    assert segments("d", (), rev=0) == []
+
+
 def test_fork_lineage_truncates_at_the_fork_point() -> None:
     parent = (Ancestor("a", 3), Ancestor("b", 7))
     assert fork_lineage("p", parent, 5) == (Ancestor("a", 3), Ancestor("b", 5))
@@ -46,9 +53,14 @@ class World:
     stored: dict[str, dict[int, str]] = field(default_factory=dict)  # session -> own seqs
     model: dict[str, list[str]] = field(default_factory=dict)  # session -> whole thread
     counter: int = 0
+    sessions_made: int = 0
+
+    def new_name(self) -> str:
+        self.sessions_made += 1
+        return f"s{self.sessions_made}"
 
     def create(self) -> None:
-        name = f"s{len(self.lineage)}"
+        name = self.new_name()
         self.lineage[name], self.stored[name], self.model[name] = (), {}, []
 
     def append(self, sid: str) -> None:
@@ -58,7 +70,7 @@ class World:
         self.stored[sid][len(self.model[sid])] = text
 
     def fork(self, sid: str, at: int) -> None:
-        child = f"s{len(self.lineage)}"
+        child = self.new_name()
         self.lineage[child] = fork_lineage(sid, self.lineage[sid], at)
         self.stored[child] = {}
         self.model[child] = self.model[sid][:at]
