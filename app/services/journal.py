@@ -167,26 +167,37 @@ async def _find_replay(
     rows: list[dict[str, Any]],
     client_ids: list[str],
 ) -> AppendResult | None:
-    """The original result if these client ids are already in the thread, else None."""
+    """The original result if this batch was appended before, None if it is new.
+
+    A batch is appended atomically at consecutive seqs, so the stored entries of the client ids
+    locate the whole original batch; it is a replay only if every entry there (with or without
+    an id) matches what was sent now. Anything else reusing those ids is a conflict.
+    """
     session = await sessions_db.get_session(conn, tenant_id, session_id)
     if session is None:
         raise session_not_found(session_id)
     thread = segments(session_id, lineage_from_json(session["lineage"]))
     existing = await journal_db.find_by_entry_ids(conn, thread, client_ids)
-    return _replay(rows, existing, int(session["rev"])) if existing else None
-
-
-def _replay(rows: list[dict[str, Any]], existing: list[RowMapping], rev: int) -> AppendResult:
-    by_id = {str(e["id"]): e for e in existing}
-    same = len(by_id) == len(rows) and all(
-        (found := by_id.get(r["id"])) is not None
-        and (found["kind"], found["payload"], found["refs"]) == (r["kind"], r["payload"], r["refs"])
-        for r in rows
+    if not existing:
+        return None
+    position = {r["id"]: i for i, r in enumerate(rows)}
+    starts = {int(e["seq"]) - position[str(e["id"])] for e in existing}
+    original: list[RowMapping] = []
+    if len(existing) == len(client_ids) and len(starts) == 1:
+        first = starts.pop()
+        original = await journal_db.read_entries(
+            conn, thread, after_seq=first - 1, before_seq=first + len(rows), limit=len(rows)
+        )
+    client_id_set = set(client_ids)
+    same = len(original) == len(rows) and all(
+        (o["kind"], o["payload"], o["refs"]) == (r["kind"], r["payload"], r["refs"])
+        and (r["id"] not in client_id_set or o["id"] == r["id"])
+        for o, r in zip(original, rows, strict=False)
     )
     if not same:
         raise Conflict(
             "entry_id_conflict",
-            "entry ids already in the session were sent with other content or with new entries",
-            {"existing": {i: int(e["seq"]) for i, e in by_id.items()}},
+            "entry ids already in the session were sent in a batch that differs from theirs",
+            {"existing": {str(e["id"]): int(e["seq"]) for e in existing}},
         )
-    return AppendResult(sorted(existing, key=lambda e: int(e["seq"])), rev, replayed=True)
+    return AppendResult(original, int(session["rev"]), replayed=True)

@@ -90,6 +90,22 @@ async def test_retry_with_same_entry_id_returns_original_seq_and_writes_nothing(
     assert [e["id"] for e in stored[:1]] == ["m-1"] and len(stored) == 2
 
 
+async def test_retry_of_a_batch_where_only_some_entries_have_ids(client: httpx.AsyncClient) -> None:
+    sid = (await new_session(client))["id"]
+    await append_texts(client, sid, "before")
+    batch = [message("q", entry_id="q-1"), message("a", role="assistant"), message("b")]
+    first = await append(client, sid, *batch)
+    assert first.status_code == 201
+    retry = await append(client, sid, *batch)
+    assert retry.status_code == 200 and retry.json()["replayed"] is True
+    assert retry.json()["entries"] == first.json()["entries"]
+    # Same ids, but the batch around them differs: not a replay.
+    changed = await append(client, sid, batch[0], message("a", role="assistant"), message("c"))
+    assert changed.status_code == 409
+    assert changed.json()["error"]["code"] == "entry_id_conflict"
+    assert texts(await history(client, sid)) == ["before", "q", "a", "b"]
+
+
 async def test_concurrent_retries_of_one_entry_id_store_it_once(client: httpx.AsyncClient) -> None:
     sid = (await new_session(client))["id"]
     responses = await asyncio.gather(
