@@ -8,20 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import statistics
-import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import Settings
 from app.core.entries import EntryKind
-from app.db.embedded import EmbeddedPostgres
+from app.db.embedded import throwaway_cluster
 from app.db.engine import create_engine
 from app.db.migrate import upgrade_to_head
 from app.services.journal import NewEntry, append_entries, read_history
@@ -51,16 +48,9 @@ def database() -> Iterator[tuple[str, str]]:
         upgrade_to_head(configured)
         yield configured, "THREADLINE_DATABASE_URL"
         return
-    root = Path(tempfile.mkdtemp(prefix="threadline-bench-"))
-    root.chmod(0o755)  # the postgres user must be able to enter it when we run as root
-    cluster = EmbeddedPostgres(root / "data")  # no server_settings: durability stays on
-    try:
-        url = cluster.start()
-        upgrade_to_head(url)
+    # No server settings: durability stays on, so append figures are honest.
+    with throwaway_cluster("threadline-bench-") as url:
         yield url, "throwaway embedded cluster, server defaults"
-    finally:
-        cluster.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def messages(count: int, first: int = 0) -> list[NewEntry]:

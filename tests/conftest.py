@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import os
-import shutil
 import socket
-import tempfile
 import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 import pytest
@@ -20,7 +17,7 @@ from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import Settings
-from app.db.embedded import EmbeddedPostgres
+from app.db.embedded import throwaway_cluster
 from app.db.migrate import upgrade_to_head
 from app.main import create_app
 from app.services.keys import create_key
@@ -34,25 +31,10 @@ def database_url() -> Iterator[str]:
         upgrade_to_head(configured)
         yield configured
         return
-    root = Path(tempfile.mkdtemp(prefix="threadline-test-"))
-    root.chmod(0o755)  # the postgres user must be able to enter it when we run as root
-    cluster = EmbeddedPostgres(
-        root / "data",
-        # Durability buys nothing in a throwaway cluster; speed does.
-        server_settings={
-            "fsync": "off",
-            "synchronous_commit": "off",
-            "full_page_writes": "off",
-            "max_connections": "300",
-        },
-    )
-    url = cluster.start()
-    try:
-        upgrade_to_head(url)
+    # Durability buys nothing in a throwaway cluster; speed does.
+    fast = {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
+    with throwaway_cluster("threadline-test-", {**fast, "max_connections": "300"}) as url:
         yield url
-    finally:
-        cluster.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -16,6 +16,7 @@ import stat
 import subprocess
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
@@ -200,3 +201,23 @@ class EmbeddedPostgres:
                     f"the {SERVER_USER} user cannot enter {parent}: run `chmod o+x {parent}` "
                     "or set THREADLINE_DATA_DIR to a directory it can reach"
                 )
+
+
+@contextmanager
+def throwaway_cluster(prefix: str, server_settings: dict[str, str] | None = None) -> Iterator[str]:
+    """A migrated cluster in a fresh temporary directory, removed on exit; yields its URL.
+
+    For tests and benchmarks, which must never touch a real data directory.
+    """
+    from app.db.migrate import upgrade_to_head
+
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    root.chmod(0o755)  # the postgres user must be able to enter it when we run as root
+    cluster = EmbeddedPostgres(root / "data", server_settings=server_settings or {})
+    try:
+        url = cluster.start()
+        upgrade_to_head(url)
+        yield url
+    finally:
+        cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)
