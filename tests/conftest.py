@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import tempfile
 import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
@@ -35,6 +38,15 @@ def database_url() -> Iterator[str]:
     fast = {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
     with throwaway_cluster("threadline-test-", {**fast, "max_connections": "300"}) as url:
         yield url
+
+
+@pytest.fixture
+def workdir() -> Iterator[Path]:
+    """A fresh directory the postgres user can enter (pytest's tmp_path is 0700)."""
+    path = Path(tempfile.mkdtemp(prefix="threadline-work-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

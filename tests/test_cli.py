@@ -4,14 +4,11 @@ restarts, and no Postgres left behind after a stop."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -20,14 +17,6 @@ import pytest
 from tests.conftest import free_port
 
 THREADLINE = str(Path(sys.executable).parent / "threadline")
-
-
-@pytest.fixture
-def workdir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="threadline-serve-"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 class Served:

@@ -4,22 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import asyncpg
 import pytest
 
 from app.db.embedded import EmbeddedPostgres, EmbeddedPostgresError, _pgserver_bindir, find_bindir
-
-
-@pytest.fixture
-def root() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="threadline-embedded-"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def test_system_binaries_are_preferred() -> None:
@@ -30,8 +20,8 @@ def test_system_binaries_are_preferred() -> None:
 
 
 @pytest.mark.slow
-def test_pgserver_binaries_run_a_cluster_that_stops_cleanly(root: Path) -> None:
-    cluster = EmbeddedPostgres(root / "data", bindir=next(_pgserver_bindir()))
+def test_pgserver_binaries_run_a_cluster_that_stops_cleanly(workdir: Path) -> None:
+    cluster = EmbeddedPostgres(workdir / "data", bindir=next(_pgserver_bindir()))
     try:
         url = cluster.start()
         assert cluster.started_here and cluster.running()
@@ -50,20 +40,20 @@ def test_pgserver_binaries_run_a_cluster_that_stops_cleanly(root: Path) -> None:
     finally:
         cluster.stop()
     assert not cluster.running()
-    assert not (root / "data" / "pg" / "postmaster.pid").exists()
+    assert not (workdir / "data" / "pg" / "postmaster.pid").exists()
 
 
-def test_unreachable_data_dir_is_a_clear_error(root: Path) -> None:
+def test_unreachable_data_dir_is_a_clear_error(workdir: Path) -> None:
     # Checked before starting as root: the postgres user could not walk down to the data.
-    locked = root / "locked"
+    locked = workdir / "locked"
     locked.mkdir(mode=0o700)
     with pytest.raises(EmbeddedPostgresError, match=f"cannot enter {locked}"):
         EmbeddedPostgres._check_reachable(locked / "data")
-    EmbeddedPostgres._check_reachable(root / "data")  # a 0755 path is fine
+    EmbeddedPostgres._check_reachable(workdir / "data")  # a 0755 path is fine
 
 
-def test_long_paths_get_a_short_socket_dir(root: Path) -> None:
-    deep = root / ("x" * 120) / "data"
+def test_long_paths_get_a_short_socket_dir(workdir: Path) -> None:
+    deep = workdir / ("x" * 120) / "data"
     cluster = EmbeddedPostgres(deep)
     assert len(str(cluster.socket_dir)) < 90
     assert cluster.socket_dir == EmbeddedPostgres(deep).socket_dir  # stable across restarts
