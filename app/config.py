@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -30,6 +31,14 @@ class Settings(BaseSettings):
             "With the embedded database, create a development tenant and API key on first start "
             "and print it on every start."
         ),
+    )
+    default_model: str = Field(
+        default="local:gemma-3-270m",
+        description="The model of sessions that name none (provider:name).",
+    )
+    context_policy: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Server-wide context policy fields (JSON), under each session's and ask's.",
     )
     max_request_bytes: int = Field(
         default=1_048_576, ge=1024, description="Request bodies above this size answer 413."

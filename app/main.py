@@ -7,7 +7,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from app.api import entries, health, sessions
+from app.api import entries, health, projection, sessions
 from app.api.errors import install_error_handlers
 from app.api.limits import BodySizeLimit
 from app.config import Settings
@@ -41,5 +41,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
     app.include_router(sessions.router)
     app.include_router(entries.router)
+    app.include_router(projection.router)
     app.include_router(health.router)
     return app

@@ -16,6 +16,7 @@ from app.core.entries import (
     ToolCallPayload,
     ToolResultPayload,
 )
+from app.core.policy import ContextPolicyPatch
 
 # Postgres integers are 64-bit; anything larger is a mistake, not a seq.
 MAX_SEQ = 2**62
@@ -57,16 +58,17 @@ class ToolDefinition(Strict):
     timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = 30.0
 
 
+ModelName = Annotated[
+    str,
+    StringConstraints(pattern=r"^(openai|anthropic|compat|local):\S+$", max_length=256),
+    Field(description="provider:model, e.g. openai:gpt-4o-mini."),
+]
+
+
 class SessionConfig(Strict):
-    model: (
-        Annotated[
-            str,
-            StringConstraints(pattern=r"^(openai|anthropic|compat|local):\S+$", max_length=256),
-        ]
-        | None
-    ) = Field(default=None, description="provider:model, e.g. openai:gpt-4o-mini.")
+    model: ModelName | None = None
     system_prompt: Annotated[str, StringConstraints(max_length=200_000)] | None = None
-    context_policy: dict[str, Any] | None = Field(
+    context_policy: ContextPolicyPatch | None = Field(
         default=None, description="How the context is projected from the journal."
     )
     tools: Annotated[list[ToolDefinition], Field(max_length=128)] | None = None
@@ -231,3 +233,71 @@ class Health(BaseModel):
     status: Literal["ok", "ready"]
     database: str | None = None
     revision: str | None = None
+
+
+PendingEntryIn = Annotated[
+    MessageEntryIn | ToolCallEntryIn | ToolResultEntryIn, Field(discriminator="kind")
+]
+
+
+class ProjectionRequest(Strict):
+    pending: Annotated[list[PendingEntryIn], Field(max_length=1000)] = Field(
+        default_factory=list, description="Entries not yet committed, e.g. the next user message."
+    )
+    policy: ContextPolicyPatch | None = Field(
+        default=None, description="Per-request policy fields, over the session's."
+    )
+    model: ModelName | None = None
+    format: Literal["neutral", "openai", "anthropic"] = "neutral"
+
+
+class ProjectionMeta(BaseModel):
+    basis_rev: int
+    basis_last_seq: int
+    pending_count: int
+    truncated: bool
+    estimated_tokens: int
+    budget: int
+    summary_used: bool
+    summary_seq: int | None
+    entries_included: int
+    entries_total: int
+    needs_summary: bool
+    window_start_seq: int | None
+    system_tokens: int
+    summary_tokens: int
+    tools_tokens: int
+    history_tokens: int
+    pending_tokens: int
+
+
+class ProjectionResponse(BaseModel):
+    model: str
+    format: Literal["neutral", "openai", "anthropic"]
+    context_window: int
+    policy: dict[str, Any] = Field(description="The resolved policy (every field).")
+    meta: ProjectionMeta
+    request: dict[str, Any] = Field(
+        description="What would be sent: messages (and tools; `system` for Anthropic)."
+    )
+
+
+class ContextUsage(BaseModel):
+    model: str
+    context_window: int
+    budget: int = Field(description="Tokens the prompt may use: window - reserve_output_tokens.")
+    reserve_output_tokens: int
+    tokens: int = Field(description="Tokens of the prompt an ask would send now.")
+    percent_of_window: float
+    threshold: float = Field(description="compress_threshold: share of the budget.")
+    threshold_tokens: int
+    messages: int
+    entries_included: int
+    entries_total: int
+    summaries: int = Field(description="Summary checkpoints (compactions) in the thread.")
+    summary_used: bool
+    truncated: bool
+    needs_summary: bool
+    breakdown: dict[str, int] = Field(
+        description="Tokens by segment: system, summary, tools, history."
+    )

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from sqlalchemy import RowMapping, and_, literal, select, union_all
+from sqlalchemy import RowMapping, and_, func, literal, or_, select, union_all
 from sqlalchemy.dialects.postgresql import UUID
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql import Select
@@ -110,3 +110,38 @@ async def copy_range(
         entries.c.seq <= upto_seq,
     )
     await conn.execute(entries.insert().from_select(["session_id", *columns], source))
+
+
+async def read_tail(
+    conn: AsyncConnection,
+    segments: Sequence[Segment],
+    suffices: Callable[[list[RowMapping]], bool],
+    *,
+    first_page: int = 64,
+    max_page: int = 1024,
+) -> tuple[list[RowMapping], bool]:
+    """The newest entries of a thread, ascending, read backwards in keyset pages until
+    `suffices(tail)` says older ones cannot matter; then one page more (the projector's chunk
+    anchors look just past the budget). Returns (tail, complete): complete when it reaches the
+    thread's first entry. Pages grow, so a long walk stays a few round trips.
+    """
+    tail: list[RowMapping] = []
+    page = first_page
+    extra_page = False
+    while True:
+        before = int(tail[0]["seq"]) if tail else None
+        rows = await read_entries(conn, segments, before_seq=before, descending=True, limit=page)
+        tail[:0] = reversed(rows)
+        if len(rows) < page:
+            return tail, True
+        if extra_page:
+            return tail, False
+        extra_page = suffices(tail)
+        page = min(page * 2, max_page)
+
+
+async def count_kind(conn: AsyncConnection, segments: Sequence[Segment], kind: str) -> int:
+    """How many entries of `kind` the thread holds; meant for rare, indexed kinds (summaries)."""
+    in_thread = or_(*(_in_segment(s, None, None) for s in segments))
+    query = select(func.count()).select_from(entries).where(in_thread, entries.c.kind == kind)
+    return int((await conn.execute(query)).scalar_one())

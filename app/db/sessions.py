@@ -96,7 +96,12 @@ async def lock_existing(conn: AsyncConnection, session_ids: list[str]) -> int:
 
 
 async def advance_rev(
-    conn: AsyncConnection, tenant_id: str, session_id: str, count: int, expected_rev: int | None
+    conn: AsyncConnection,
+    tenant_id: str,
+    session_id: str,
+    count: int,
+    tokens: int,
+    expected_rev: int | None,
 ) -> int | None:
     """Reserve `count` seqs by moving rev forward; the row lock serializes appenders.
 
@@ -106,9 +111,11 @@ async def advance_rev(
     query = update(sessions).where(sessions.c.id == session_id, sessions.c.tenant_id == tenant_id)
     if expected_rev is not None:
         query = query.where(sessions.c.rev == expected_rev)
-    query = query.values(rev=sessions.c.rev + count, updated_at=func.now()).returning(
-        sessions.c.rev
-    )
+    query = query.values(
+        rev=sessions.c.rev + count,
+        token_total=sessions.c.token_total + tokens,
+        updated_at=func.now(),
+    ).returning(sessions.c.rev)
     rev: int | None = (await conn.execute(query)).scalar()
     return rev
 

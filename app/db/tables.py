@@ -70,6 +70,8 @@ sessions = Table(
     Column("fork_seq", BigInteger),
     # [{"session_id", "upto_seq"}...], oldest ancestor first: see app.core.lineage.
     Column("lineage", JSONB, nullable=False, server_default=text("'[]'::jsonb")),
+    # Running sum of the thread's token counts: the coordinate of chunked windowing.
+    Column("token_total", BigInteger, nullable=False, server_default=text("0")),
     Column("input_tokens", BigInteger, nullable=False, server_default=text("0")),
     Column("output_tokens", BigInteger, nullable=False, server_default=text("0")),
     Column("cached_tokens", BigInteger, nullable=False, server_default=text("0")),
@@ -119,4 +121,10 @@ entries = Table(
     CheckConstraint("seq > 0", name="entries_seq_positive"),
     CheckConstraint(f"kind IN ({ENTRY_KINDS_SQL})", name="entries_kind_known"),
     CheckConstraint("token_count >= 0", name="entries_token_count_nonnegative"),
+    Index(
+        "entries_summaries",
+        "session_id",
+        "seq",
+        postgresql_where=text("kind = 'summary'"),
+    ),
 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -13,9 +14,10 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.core.entries import EntryKind, PayloadError, normalize_entry
 from app.core.lineage import lineage_from_json, segments
-from app.core.tokens import count_entry_tokens
+from app.core.tokens import entry_tokens
 from app.db import journal as journal_db
 from app.db import sessions as sessions_db
+from app.llm.tokenizers import stored_counter
 from app.services.errors import Conflict, Invalid, session_not_found
 
 # A concurrent append of the same entry id loses the unique-index race at most once; the retry
@@ -59,7 +61,11 @@ async def append_entries(
     the current rev otherwise). Entries whose client ids are already in the thread make the call
     a replay: nothing is written and the original seqs come back.
     """
-    rows = _prepare(new_entries)
+    # Tokenizing is CPU work: a large batch goes to a thread rather than stall the event loop.
+    size = sum(len(str(e.payload)) for e in new_entries)
+    rows = (
+        await asyncio.to_thread(_prepare, new_entries) if size > 65_536 else _prepare(new_entries)
+    )
     client_ids = [e.id for e in new_entries if e.id is not None]
     for _ in range(_APPEND_ATTEMPTS):
         try:
@@ -69,8 +75,9 @@ async def append_entries(
                     if replay is not None:
                         return replay
                 # Without client ids the common path is this one statement: reserve the seqs.
+                tokens = sum(r["token_count"] for r in rows)
                 rev = await sessions_db.advance_rev(
-                    conn, tenant_id, session_id, len(rows), expected_rev
+                    conn, tenant_id, session_id, len(rows), tokens, expected_rev
                 )
                 if rev is None:
                     current = await sessions_db.current_rev(conn, tenant_id, session_id)
@@ -130,6 +137,7 @@ def _prepare(new_entries: Sequence[NewEntry]) -> list[dict[str, Any]]:
     errors: list[dict[str, Any]] = []
     rows: list[dict[str, Any]] = []
     seen: set[str] = set()
+    counter = stored_counter()
     for index, entry in enumerate(new_entries):
         if entry.id is not None:
             if entry.id in seen:
@@ -152,7 +160,7 @@ def _prepare(new_entries: Sequence[NewEntry]) -> list[dict[str, Any]]:
                 "kind": str(entry.kind),
                 "payload": payload,
                 "refs": refs,
-                "token_count": count_entry_tokens(entry.kind, payload),
+                "token_count": entry_tokens(entry.kind, payload, refs, counter),
             }
         )
     if errors:

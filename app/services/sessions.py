@@ -170,6 +170,8 @@ async def fork_session(
                     fork_seq=fork_seq,
                     lineage=lineage_to_json(lineage),
                     rev=fork_seq,
+                    # Only the chunk anchors' coordinate: a phase shift for early forks is fine.
+                    token_total=parent["token_total"],
                 )
         except IntegrityError:
             continue  # the parent was deleted between our read and the insert

@@ -19,6 +19,8 @@ SESSION_ROUTES: dict[tuple[str, str], dict[str, Any] | None] = {
     ("POST", "/v1/sessions/{session_id}/fork"): {},
     ("GET", "/v1/sessions/{session_id}/entries"): None,
     ("POST", "/v1/sessions/{session_id}/entries"): {"entries": [message("injected")]},
+    ("POST", "/v1/sessions/{session_id}/projection"): {},
+    ("GET", "/v1/sessions/{session_id}/context"): None,
 }
 
 

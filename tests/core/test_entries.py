@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from app.core.entries import EntryKind, PayloadError, normalize_entry
-from app.core.tokens import count_entry_tokens
+from app.core.tokens import HeuristicCounter, entry_tokens
 
 
 def test_canonical_form_drops_unset_optionals() -> None:
@@ -38,6 +38,9 @@ def test_service_kinds_keep_extra_detail() -> None:
 
 
 def test_token_count_heuristic() -> None:
+    def count_entry_tokens(kind: EntryKind, payload: dict[str, object]) -> int:
+        return entry_tokens(kind, payload, {}, HeuristicCounter())
+
     assert count_entry_tokens(EntryKind.MESSAGE, {"role": "user", "content": "abcdefgh"}) == 2
     parts = {
         "role": "user",

@@ -175,6 +175,11 @@ async def test_deleting_a_session_deletes_its_entries(
 
 
 async def test_token_count_is_stored_at_write(client: httpx.AsyncClient) -> None:
+    from app.llm.tokenizers import stored_counter
+
     sid = (await new_session(client))["id"]
-    response = await append(client, sid, message("x" * 400))
-    assert response.json()["entries"][0]["token_count"] == 100
+    response = await append(client, sid, message("x" * 400), message("y" * 40))
+    counts = [e["token_count"] for e in response.json()["entries"]]
+    assert counts == [stored_counter().count("x" * 400), stored_counter().count("y" * 40)]
+    session = (await client.get(f"/v1/sessions/{sid}")).json()
+    assert session["rev"] == 2

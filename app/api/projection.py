@@ -1,0 +1,81 @@
+"""Routes that inspect the context: the exact projection an ask would send, and its usage."""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from fastapi import APIRouter
+
+from app.api.deps import Config, Engine, Tenant
+from app.api.errors import error_responses
+from app.api.schemas import ContextUsage, ProjectionMeta, ProjectionRequest, ProjectionResponse
+from app.core.formats import to_anthropic, to_neutral, to_openai
+from app.core.projection import PendingEntry
+from app.services.projection import project_session
+
+router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["context"])
+
+_FORMATS = {"neutral": to_neutral, "openai": to_openai, "anthropic": to_anthropic}
+
+
+@router.post(
+    "/projection",
+    operation_id="projectSession",
+    responses=error_responses(400, 401, 404, 413, 422),
+)
+async def projection(
+    session_id: UUID, body: ProjectionRequest, engine: Engine, tenant: Tenant, settings: Config
+) -> ProjectionResponse:
+    """Exactly the messages and meta an ask would send now. Writes nothing."""
+    pending = [
+        PendingEntry(e.kind, e.payload.model_dump(mode="json", exclude_none=True), e.refs)
+        for e in body.pending
+    ]
+    policy: dict[str, Any] | None = (
+        body.policy.model_dump(exclude_none=True) if body.policy is not None else None
+    )
+    result = await project_session(
+        engine, settings, tenant, str(session_id), pending=pending, policy=policy, model=body.model
+    )
+    projected = result.projection
+    return ProjectionResponse(
+        model=result.model,
+        format=body.format,
+        context_window=result.context_window,
+        policy=result.policy.model_dump(mode="json"),
+        meta=ProjectionMeta(**vars(projected.meta)),
+        request=_FORMATS[body.format](projected.messages, projected.tool_spec),
+    )
+
+
+@router.get("/context", operation_id="getContext", responses=error_responses(401, 404, 422))
+async def context(
+    session_id: UUID, engine: Engine, tenant: Tenant, settings: Config
+) -> ContextUsage:
+    """How full the context is, like a /context command."""
+    result = await project_session(engine, settings, tenant, str(session_id))
+    meta, policy = result.projection.meta, result.policy
+    return ContextUsage(
+        model=result.model,
+        context_window=result.context_window,
+        budget=policy.budget,
+        reserve_output_tokens=policy.reserve,
+        tokens=meta.estimated_tokens,
+        percent_of_window=round(100 * meta.estimated_tokens / result.context_window, 2),
+        threshold=policy.compress_threshold,
+        threshold_tokens=int(policy.compress_threshold * policy.budget),
+        messages=len(result.projection.messages),
+        entries_included=meta.entries_included,
+        entries_total=meta.entries_total,
+        summaries=result.summaries,
+        summary_used=meta.summary_used,
+        truncated=meta.truncated,
+        needs_summary=meta.needs_summary,
+        breakdown={
+            "system": meta.system_tokens,
+            "summary": meta.summary_tokens,
+            "tools": meta.tools_tokens,
+            "history": meta.history_tokens,
+        },
+    )

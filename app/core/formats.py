@@ -1,0 +1,523 @@
+"""Provider wire formats (pure): neutral messages -> OpenAI chat completions / Anthropic Messages,
+and validators of each provider's pairing and ordering rules."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.core.messages import Content, Message, ToolCall, ToolSpec, canonical_json, text_of
+from app.core.tokens import (
+    IMAGE_TOKENS,
+    IMAGE_TOKENS_LOW,
+    PER_MESSAGE,
+    PER_NAME,
+    PER_TOOL_CALL,
+    PER_TOOL_DEFINITION,
+    REPLY_PRIMING,
+    TokenCounter,
+)
+
+Json = dict[str, Any]
+
+OPENAI_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+EMPTY_PLACEHOLDER = "(empty)"
+SYSTEM_NOTE_PREFIX = "System note: "
+_DATA_URL = re.compile(r"data:([^;,]+);base64,(.*)", re.DOTALL)
+_ANTHROPIC_TOOL_ID = re.compile(r"[A-Za-z0-9_-]+")
+
+
+# --- Neutral (JSON of the dataclasses) ---------------------------------------------------
+
+
+def to_neutral(messages: Sequence[Message], tools: Sequence[ToolSpec]) -> Json:
+    """The neutral messages as JSON: unset optional fields left out, "tools" only when any."""
+    request: Json = {"messages": [_neutral_message(m) for m in messages]}
+    if tools:
+        request["tools"] = [
+            {"name": t.name, "description": t.description, "parameters": _canonical(t.parameters)}
+            for t in tools
+        ]
+    return request
+
+
+def _neutral_message(message: Message) -> Json:
+    content = message.content
+    wire: Json = {
+        "role": message.role,
+        "content": content if isinstance(content, str) else [dict(p) for p in content],
+    }
+    if message.name is not None:
+        wire["name"] = message.name
+    if message.tool_calls:
+        wire["tool_calls"] = [
+            {"id": c.id, "name": c.name, "arguments": _canonical(c.arguments)}
+            for c in message.tool_calls
+        ]
+    if message.tool_call_id is not None:
+        wire["tool_call_id"] = message.tool_call_id
+    if message.is_error:
+        wire["is_error"] = True
+    return wire
+
+
+# --- OpenAI Chat Completions -------------------------------------------------------------
+
+
+def to_openai(messages: Sequence[Message], tools: Sequence[ToolSpec]) -> Json:
+    request: Json = {"messages": [_openai_message(m) for m in messages]}
+    if tools:
+        request["tools"] = [_openai_tool(t) for t in tools]
+    return request
+
+
+def _openai_message(message: Message) -> Json:
+    if message.role == "tool":
+        # OpenAI tool messages carry no name; neutral tool content is already text.
+        return {
+            "role": "tool",
+            "tool_call_id": message.tool_call_id or "",
+            "content": text_of(message.content),
+        }
+    wire: Json = {"role": message.role, "content": _openai_content(message.content)}
+    if message.name:
+        wire["name"] = message.name
+    if message.tool_calls:
+        wire["content"] = wire["content"] if text_of(message.content) else None
+        wire["tool_calls"] = [_openai_call(c) for c in message.tool_calls]
+    return wire
+
+
+def _openai_content(content: Content) -> str | list[Json]:
+    if isinstance(content, str):
+        return content
+    return [_openai_part(p) for p in content]
+
+
+def _openai_part(part: Json) -> Json:
+    if part.get("type") == "text":
+        return {"type": "text", "text": str(part.get("text", ""))}
+    if part.get("type") == "image_url":
+        image: Json = {"url": part["url"]}
+        if part.get("detail") is not None:
+            image["detail"] = part["detail"]
+        return {"type": "image_url", "image_url": image}
+    raise ValueError(f"unknown content part type: {part.get('type')!r}")
+
+
+def _openai_call(call: ToolCall) -> Json:
+    return {
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": canonical_json(call.arguments)},
+    }
+
+
+def _openai_tool(tool: ToolSpec) -> Json:
+    return {
+        "type": "function",
+        "function": {
+            "name": tool.name,
+            "description": tool.description,
+            "parameters": _canonical(tool.parameters),
+        },
+    }
+
+
+# --- Anthropic Messages ------------------------------------------------------------------
+
+
+CONTINUATION_NOTE = "(conversation continues)"
+
+
+def to_anthropic(messages: Sequence[Message], tools: Sequence[ToolSpec]) -> Json:
+    leading = _leading_system_count(messages)
+    request: Json = {}
+    system = _nonblank([_text_block(text_of(m.content)) for m in messages[:leading]])
+    if system:
+        request["system"] = system
+    turns = [_anthropic_turn(m) for m in messages[leading:]]
+    if turns and turns[0][0] == "assistant":
+        # Anthropic requires a user turn first; a window or import may start with the assistant.
+        turns.insert(0, ("user", [_text_block(CONTINUATION_NOTE)]))
+    request["messages"] = [
+        {"role": role, "content": _finish_blocks(blocks)} for role, blocks in _merge(turns)
+    ]
+    if tools:
+        request["tools"] = [
+            {"name": t.name, "description": t.description, "input_schema": _canonical(t.parameters)}
+            for t in tools
+        ]
+    return request
+
+
+def _leading_system_count(messages: Sequence[Message]) -> int:
+    count = 0
+    while count < len(messages) and messages[count].role == "system":
+        count += 1
+    return count
+
+
+def _anthropic_turn(message: Message) -> tuple[str, list[Json]]:
+    if message.role == "system":
+        # Anthropic has no system role mid-conversation: the note travels as user text.
+        return "user", [_text_block(SYSTEM_NOTE_PREFIX + text_of(message.content))]
+    if message.role == "tool":
+        return "user", [_tool_result_block(message)]
+    blocks = _anthropic_content(message.content)
+    blocks += [
+        {"type": "tool_use", "id": c.id, "name": c.name, "input": _canonical(c.arguments)}
+        for c in message.tool_calls
+    ]
+    return message.role, blocks
+
+
+def _anthropic_content(content: Content) -> list[Json]:
+    if isinstance(content, str):
+        return [_text_block(content)]
+    return [_anthropic_part(p) for p in content]
+
+
+def _anthropic_part(part: Json) -> Json:
+    if part.get("type") == "text":
+        return _text_block(str(part.get("text", "")))
+    if part.get("type") == "image_url":
+        return {"type": "image", "source": _image_source(str(part["url"]))}
+    raise ValueError(f"unknown content part type: {part.get('type')!r}")
+
+
+def _image_source(url: str) -> Json:
+    data = _DATA_URL.fullmatch(url)
+    if data:
+        return {"type": "base64", "media_type": data.group(1), "data": data.group(2)}
+    if url.startswith(("http://", "https://")):
+        return {"type": "url", "url": url}
+    raise ValueError(f"unsupported image url (need http(s) or base64 data:): {url[:40]!r}")
+
+
+def _tool_result_block(message: Message) -> Json:
+    text = text_of(message.content)
+    if message.is_error and not text.strip():
+        text = EMPTY_PLACEHOLDER  # Anthropic rejects an error result without content
+    block: Json = {
+        "type": "tool_result",
+        "tool_use_id": message.tool_call_id or "",
+        "content": text,
+    }
+    if message.is_error:
+        block["is_error"] = True
+    return block
+
+
+def _canonical(value: Json) -> Json:
+    """A sorted-key copy: the same bytes on every send (prompt caches match on exact prefixes,
+    and stored JSON loses key order), and no aliasing of the frozen neutral message."""
+    copy: Json = json.loads(canonical_json(value))
+    return copy
+
+
+def _text_block(text: str) -> Json:
+    return {"type": "text", "text": text}
+
+
+def _merge(turns: Iterable[tuple[str, list[Json]]]) -> list[tuple[str, list[Json]]]:
+    """Consecutive same-role turns become one: Anthropic requires strict alternation."""
+    merged: list[tuple[str, list[Json]]] = []
+    for role, blocks in turns:
+        if merged and merged[-1][0] == role:
+            merged[-1][1].extend(blocks)
+        else:
+            merged.append((role, list(blocks)))
+    return merged
+
+
+def _finish_blocks(blocks: list[Json]) -> list[Json]:
+    kept = _nonblank(blocks)
+    # Results must open the user message that answers the tool_use blocks.
+    results = [b for b in kept if b["type"] == "tool_result"]
+    others = [b for b in kept if b["type"] != "tool_result"]
+    return results + others or [_text_block(EMPTY_PLACEHOLDER)]
+
+
+def _nonblank(blocks: list[Json]) -> list[Json]:
+    # Anthropic rejects text blocks without non-whitespace text, not only empty ones.
+    return [b for b in blocks if b["type"] != "text" or str(b["text"]).strip()]
+
+
+# --- OpenAI validation -------------------------------------------------------------------
+
+
+@dataclass
+class _OpenCalls:
+    """The calls of the last assistant message, while its tool messages are being read."""
+
+    at: int
+    ids: list[str]
+    answered: set[str] = field(default_factory=set)
+
+    def unanswered(self) -> list[str]:
+        return [
+            f"messages[{self.at}]: tool call {i!r} has no tool message answering it"
+            for i in self.ids
+            if i not in self.answered
+        ]
+
+
+def validate_openai(request: Json) -> list[str]:
+    messages = request.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return ["messages must be a non-empty list"]
+    problems: list[str] = []
+    seen_ids: set[str] = set()
+    open_calls: _OpenCalls | None = None
+    for at, message in enumerate(messages):
+        role = message.get("role")
+        if role not in OPENAI_ROLES:
+            problems.append(f"messages[{at}]: unknown role {role!r}")
+        if role == "tool":
+            problems += _openai_tool_problems(at, message, open_calls)
+            continue
+        if open_calls is not None:
+            problems += open_calls.unanswered()
+        open_calls = None
+        problems += _openai_content_problems(at, message)
+        if role == "assistant" and message.get("tool_calls"):
+            problems += _openai_call_problems(at, message["tool_calls"], seen_ids)
+            open_calls = _OpenCalls(at, [str(c.get("id")) for c in message["tool_calls"]])
+    if open_calls is not None:
+        problems += open_calls.unanswered()
+    return problems
+
+
+def _openai_tool_problems(at: int, message: Json, open_calls: _OpenCalls | None) -> list[str]:
+    call_id = message.get("tool_call_id")
+    problems = (
+        []
+        if isinstance(message.get("content"), str | list)
+        else [f"messages[{at}]: tool message without content"]
+    )
+    if open_calls is None:
+        return [*problems, f"messages[{at}]: tool message {call_id!r} follows no tool call"]
+    if call_id not in open_calls.ids:
+        problems.append(
+            f"messages[{at}]: tool message answers {call_id!r}, not a call of messages"
+            f"[{open_calls.at}]"
+        )
+    elif call_id in open_calls.answered:
+        problems.append(f"messages[{at}]: tool call {call_id!r} answered twice")
+    open_calls.answered.add(str(call_id))
+    return problems
+
+
+def _openai_content_problems(at: int, message: Json) -> list[str]:
+    content = message.get("content")
+    if content is None and not (message.get("role") == "assistant" and message.get("tool_calls")):
+        return [f"messages[{at}]: content is missing"]
+    if content is not None and not isinstance(content, str | list):
+        return [f"messages[{at}]: content must be a string or a list of parts"]
+    return []
+
+
+def _openai_call_problems(at: int, calls: Any, seen_ids: set[str]) -> list[str]:
+    if not isinstance(calls, list):
+        return [f"messages[{at}]: tool_calls must be a list"]
+    problems: list[str] = []
+    for call in calls:
+        call_id = call.get("id")
+        if not isinstance(call_id, str) or not call_id:
+            problems.append(f"messages[{at}]: tool call without an id")
+        elif call_id in seen_ids:
+            problems.append(f"messages[{at}]: duplicate tool call id {call_id!r}")
+        seen_ids.add(str(call_id))
+        if call.get("type") != "function":
+            problems.append(f"messages[{at}]: tool call {call_id!r} is not of type function")
+        problems += _openai_function_problems(at, call_id, call.get("function"))
+    return problems
+
+
+def _openai_function_problems(at: int, call_id: Any, function: Any) -> list[str]:
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        return [f"messages[{at}]: tool call {call_id!r} has no function name"]
+    arguments = function.get("arguments")
+    if not isinstance(arguments, str):
+        return [f"messages[{at}]: tool call {call_id!r} arguments must be a JSON string"]
+    try:
+        parsed = json.loads(arguments)
+    except ValueError:
+        return [f"messages[{at}]: tool call {call_id!r} arguments are not valid JSON"]
+    if not isinstance(parsed, dict):
+        return [f"messages[{at}]: tool call {call_id!r} arguments are not a JSON object"]
+    return []
+
+
+# --- Anthropic validation ----------------------------------------------------------------
+
+
+def validate_anthropic(request: Json) -> list[str]:
+    messages = request.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return ["messages must be a non-empty list"]
+    problems: list[str] = []
+    if messages[0].get("role") != "user":
+        problems.append("messages[0]: the first message must have role 'user'")
+    seen_ids: set[str] = set()
+    for at, message in enumerate(messages):
+        problems += _anthropic_role_problems(at, message, messages[at - 1] if at else None)
+        blocks = _blocks_of(message.get("content"))
+        problems += _anthropic_content_problems(at, blocks)
+        problems += _tool_use_problems(at, message, blocks, seen_ids)
+        problems += _tool_result_problems(at, message, blocks, messages[at - 1] if at else None)
+        following = messages[at + 1] if at + 1 < len(messages) else None
+        problems += _unanswered_uses(at, blocks, following)
+    return problems
+
+
+def _anthropic_role_problems(at: int, message: Json, previous: Json | None) -> list[str]:
+    role = message.get("role")
+    if role == "system":
+        return [f"messages[{at}]: role 'system' is not allowed in messages (use the system param)"]
+    if role not in ("user", "assistant"):
+        return [f"messages[{at}]: unknown role {role!r}"]
+    if previous is not None and previous.get("role") == role:
+        return [f"messages[{at}]: two consecutive {role!r} messages (roles must alternate)"]
+    return []
+
+
+def _blocks_of(content: Any) -> list[Json]:
+    if isinstance(content, str):
+        return [_text_block(content)]
+    if isinstance(content, list):
+        return [b for b in content if isinstance(b, dict)]
+    return []
+
+
+def _anthropic_content_problems(at: int, blocks: list[Json]) -> list[str]:
+    if not blocks:
+        return [f"messages[{at}]: content is empty"]
+    problems: list[str] = []
+    for block in blocks:
+        if block.get("type") == "text" and not str(block.get("text", "")).strip():
+            problems.append(f"messages[{at}]: text block without non-whitespace text")
+        is_error_result = block.get("type") == "tool_result" and block.get("is_error")
+        if is_error_result and not _blocks_text(block.get("content")).strip():
+            problems.append(f"messages[{at}]: error tool_result without content")
+    return problems
+
+
+def _blocks_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(str(b.get("text", "")) for b in _blocks_of(content))
+
+
+def _ids_of(blocks: list[Json], kind: str, key: str) -> list[Any]:
+    return [b.get(key) for b in blocks if b.get("type") == kind]
+
+
+def _tool_use_problems(at: int, message: Json, blocks: list[Json], seen: set[str]) -> list[str]:
+    uses = [b for b in blocks if b.get("type") == "tool_use"]
+    problems: list[str] = []
+    if uses and message.get("role") != "assistant":
+        problems.append(f"messages[{at}]: tool_use outside an assistant message")
+    for use in uses:
+        use_id = use.get("id")
+        if not isinstance(use_id, str) or not _ANTHROPIC_TOOL_ID.fullmatch(use_id):
+            problems.append(f"messages[{at}]: tool_use id {use_id!r} is not [A-Za-z0-9_-]+")
+        elif use_id in seen:
+            problems.append(f"messages[{at}]: duplicate tool_use id {use_id!r}")
+        seen.add(str(use_id))
+        if not isinstance(use.get("input"), dict):
+            problems.append(f"messages[{at}]: tool_use {use_id!r} input must be an object")
+    return problems
+
+
+def _tool_result_problems(
+    at: int, message: Json, blocks: list[Json], previous: Json | None
+) -> list[str]:
+    results = _ids_of(blocks, "tool_result", "tool_use_id")
+    if not results:
+        return []
+    if message.get("role") != "user":
+        return [f"messages[{at}]: tool_result outside a user message"]
+    problems: list[str] = []
+    kinds = [b.get("type") == "tool_result" for b in blocks]
+    if kinds != sorted(kinds, reverse=True):
+        problems.append(f"messages[{at}]: tool_result blocks must come before other blocks")
+    issued = []
+    if previous is not None and previous.get("role") == "assistant":
+        issued = _ids_of(_blocks_of(previous.get("content")), "tool_use", "id")
+    for result_id in results:
+        if result_id not in issued:
+            problems.append(
+                f"messages[{at}]: tool_result {result_id!r} answers no tool_use of the "
+                "previous assistant message"
+            )
+    problems += [
+        f"messages[{at}]: tool_use {i!r} answered more than once"
+        for i in sorted({str(i) for i in results if results.count(i) > 1})
+    ]
+    return problems
+
+
+def _unanswered_uses(at: int, blocks: list[Json], following: Json | None) -> list[str]:
+    answered: list[Any] = []
+    if following is not None and following.get("role") == "user":
+        answered = _ids_of(_blocks_of(following.get("content")), "tool_result", "tool_use_id")
+    return [
+        f"messages[{at}]: tool_use {i!r} has no tool_result in the next user message"
+        for i in _ids_of(blocks, "tool_use", "id")
+        if i not in answered
+    ]
+
+
+# --- Token counting from the OpenAI wire ------------------------------------------------
+
+
+def openai_request_tokens(request: Json, counter: TokenCounter) -> int:
+    """Count an OpenAI request as sent, with the same recipe app.core.tokens applies to
+    neutral messages: an independent check that formatting changes nothing counted."""
+    messages = sum(_wire_message_tokens(m, counter) for m in request["messages"])
+    tools = sum(_wire_tool_tokens(t, counter) for t in request.get("tools", []))
+    return REPLY_PRIMING + messages + tools
+
+
+def _wire_message_tokens(message: Json, counter: TokenCounter) -> int:
+    total = PER_MESSAGE + counter.count(message["role"])
+    total += _wire_content_tokens(message.get("content"), counter)
+    if message.get("name"):
+        total += PER_NAME + counter.count(message["name"])
+    for call in message.get("tool_calls", []):
+        function = call["function"]
+        total += PER_TOOL_CALL + counter.count(call["id"])
+        total += counter.count(function["name"]) + counter.count(function["arguments"])
+    if "tool_call_id" in message:
+        total += counter.count(message["tool_call_id"])
+    return total
+
+
+def _wire_content_tokens(content: str | list[Json] | None, counter: TokenCounter) -> int:
+    if content is None:
+        return 0
+    if isinstance(content, str):
+        return counter.count(content)
+    return sum(_wire_part_tokens(p, counter) for p in content)
+
+
+def _wire_part_tokens(part: Json, counter: TokenCounter) -> int:
+    if part["type"] == "text":
+        return counter.count(part["text"])
+    low = part.get("image_url", {}).get("detail") == "low"
+    return IMAGE_TOKENS_LOW if low else IMAGE_TOKENS
+
+
+def _wire_tool_tokens(tool: Json, counter: TokenCounter) -> int:
+    function = tool["function"]
+    spec = {
+        "name": function["name"],
+        "description": function["description"],
+        "parameters": function["parameters"],
+    }
+    return PER_TOOL_DEFINITION + counter.count(canonical_json(spec))

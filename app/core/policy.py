@@ -1,0 +1,140 @@
+"""ContextPolicy: how a journal is projected into a model's context; presets and resolution."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
+
+Kind = Literal["message", "tool_call", "tool_result", "summary"]
+ALL_KINDS: tuple[Kind, ...] = ("message", "tool_call", "tool_result", "summary")
+DEFAULT_CONTEXT_WINDOW = 200_000
+
+
+class ContextPolicy(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_input_tokens: Annotated[int, Field(ge=64, le=10_000_000)] = Field(
+        default=8000, description="The context window the projection must fit, output included."
+    )
+    reserve_output_tokens: Annotated[int, Field(ge=0, le=10_000_000)] | None = Field(
+        default=None,
+        description="Kept free for the answer: budget = max_input - reserve. Default: a quarter "
+        "of max_input_tokens, at most 32,000.",
+    )
+    max_messages: Annotated[int, Field(ge=0, le=1_000_000)] = Field(
+        default=0, description="Most history messages sent (0: no limit)."
+    )
+    keep_last_turns: Annotated[int, Field(ge=0, le=10_000)] = Field(
+        default=3,
+        description=(
+            "The newest turns windowing never drops while they fit, and compaction never "
+            "summarizes."
+        ),
+    )
+    summarization: Literal["none", "use_existing", "auto"] = Field(
+        default="use_existing",
+        description="none: ignore summaries; use_existing: the latest summary is a checkpoint; "
+        "auto: also compact when the context fills up.",
+    )
+    summary_role: Literal["system", "user"] = "system"
+    include_kinds: tuple[Kind, ...] = Field(
+        default=ALL_KINDS, description="Entry kinds the model may see."
+    )
+    system_prompt: str | None = Field(
+        default=None, description="Overrides the session's system prompt when set."
+    )
+    token_estimator: Literal["exact", "heuristic"] = Field(
+        default="exact",
+        description="exact: the model's tokenizer (an estimate with margin for non-OpenAI "
+        "models); heuristic: four characters per token.",
+    )
+    estimate_margin: Annotated[float, Field(ge=0, le=1)] = Field(
+        default=0.1, description="Safety margin on estimated counts (non-OpenAI or heuristic)."
+    )
+    compress_threshold: Annotated[float, Field(gt=0, le=1)] = Field(
+        default=0.9, description="needs_summary once the projection uses this share of budget."
+    )
+    tool_output_eviction_tokens: Annotated[int, Field(ge=1)] = Field(
+        default=20_000, description="Tool results above this are projected as a preview."
+    )
+    window_chunk_tokens: Annotated[int, Field(ge=0)] | None = Field(
+        default=None,
+        description="When history must be dropped, drop it in chunks of about this many tokens "
+        "so consecutive prompts share their prefix (prompt caches). Default: a quarter of the "
+        "budget; 0: slide by one group.",
+    )
+
+    @model_validator(mode="after")
+    def _room_for_input(self) -> ContextPolicy:
+        if self.reserve >= self.max_input_tokens:
+            raise ValueError("reserve_output_tokens must be smaller than max_input_tokens")
+        return self
+
+    @property
+    def reserve(self) -> int:
+        if self.reserve_output_tokens is not None:
+            return self.reserve_output_tokens
+        return min(self.max_input_tokens // 4, 32_000)
+
+    @property
+    def budget(self) -> int:
+        """Tokens the prompt may use."""
+        return self.max_input_tokens - self.reserve
+
+    @property
+    def chunk_tokens(self) -> int:
+        return self.budget // 4 if self.window_chunk_tokens is None else self.window_chunk_tokens
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "short_context": {"max_input_tokens": 6000, "keep_last_turns": 2},
+    "long_context": {"max_input_tokens": 100_000, "keep_last_turns": 10, "max_messages": 0},
+    "tool_focused": {
+        "keep_last_turns": 5,
+        "include_kinds": ("message", "tool_call", "tool_result"),
+        "summarization": "none",
+    },
+}
+
+
+def for_model(context_window: int) -> dict[str, Any]:
+    """Policy fields for a model with this context window (looked up by the caller)."""
+    return {"max_input_tokens": context_window}
+
+
+def _optional(name: str) -> Any:
+    info = ContextPolicy.model_fields[name]
+    annotation: Any = info.annotation
+    constrained = Annotated[(annotation, *info.metadata)] if info.metadata else annotation
+    return (constrained | None, Field(default=None, description=info.description))
+
+
+Preset = Literal["short_context", "long_context", "tool_focused"]
+_patch_fields: dict[str, Any] = {name: _optional(name) for name in ContextPolicy.model_fields}
+_patch_fields["preset"] = (Preset | None, Field(default=None, description="Start from a preset."))
+
+# A partial policy, as sessions and requests give it: every field optional, same constraints,
+# plus a preset to start from.
+ContextPolicyPatch: type[BaseModel] = create_model(
+    "ContextPolicyPatch", __config__=ConfigDict(extra="forbid"), **_patch_fields
+)
+
+
+def resolve(*layers: Mapping[str, Any] | None) -> ContextPolicy:
+    """Merge policy layers, lowest priority first: server default, session, request.
+
+    Each layer is a partial policy; a `preset` key in a layer expands to that preset's fields
+    under the layer's own explicit ones. Raises pydantic.ValidationError naming the field.
+    """
+    merged: dict[str, Any] = {}
+    for layer in layers:
+        if not layer:
+            continue
+        fields = dict(layer)
+        preset = fields.pop("preset", None)
+        if preset is not None:
+            merged.update(PRESETS[preset])
+        merged.update({k: v for k, v in fields.items() if v is not None})
+    return ContextPolicy.model_validate(merged)

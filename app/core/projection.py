@@ -1,0 +1,452 @@
+"""project(input) -> result: the journal's tail, through a policy, into a model's context.
+
+Pure and deterministic. Segments: system ⊕ summary ⊕ history ⊕ pending. History is cut into
+atomic groups (a user message; an assistant turn's tool calls with all their results) that are
+kept or dropped whole, newest first, within the token budget. When older history must go, the
+window starts at chunk anchors (turn starts where the thread crosses a multiple of
+`window_chunk_tokens`) so consecutive prompts share a byte-identical prefix until the next jump.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.core.entries import EntryKind
+from app.core.messages import Message, ToolCall, ToolSpec, result_text
+from app.core.policy import ContextPolicy
+from app.core.tokens import (
+    REPLY_PRIMING,
+    STORED_ENCODING,
+    TokenCounter,
+    entry_tokens,
+    message_overhead,
+    tools_tokens,
+)
+
+SUMMARY_PREFIX = "Summary of the earlier conversation:\n"
+INTERRUPTED_RESULT = "Tool call interrupted: no result was recorded."
+# How much more than the budget a loader reads when entries must be recounted (another
+# encoding, or the heuristic), since stored counts then only approximate the real ones.
+RECOUNT_SLACK = 1.25
+_MODEL_KINDS = frozenset(
+    {EntryKind.MESSAGE, EntryKind.TOOL_CALL, EntryKind.TOOL_RESULT, EntryKind.SUMMARY}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class JournalEntry:
+    """An entry as the projector reads it."""
+
+    seq: int
+    kind: str
+    payload: dict[str, Any]
+    refs: dict[str, Any] = field(default_factory=dict)
+    token_count: int = 0
+    id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PendingEntry:
+    """Not yet committed (a dry run's ask): counted here, not read from the journal."""
+
+    kind: str
+    payload: dict[str, Any]
+    refs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ProjectionInput:
+    entries: Sequence[JournalEntry]  # the tail the loader read, ascending seq, ending at rev
+    complete: bool  # the tail reaches the thread's start or the checkpoint: nothing older needed
+    rev: int
+    token_total: int  # the thread's running token sum: the coordinate chunk anchors use
+    policy: ContextPolicy
+    counter: TokenCounter
+    exact: bool  # counter is the model's own tokenizer (else the policy's margin applies)
+    pending: Sequence[PendingEntry] = ()
+    system_prompt: str | None = None
+    tools: Sequence[ToolSpec] = ()
+
+
+@dataclass(frozen=True)
+class ProjectionMeta:
+    basis_rev: int
+    basis_last_seq: int
+    pending_count: int
+    truncated: bool
+    estimated_tokens: int
+    budget: int
+    summary_used: bool
+    summary_seq: int | None
+    entries_included: int
+    entries_total: int
+    needs_summary: bool
+    window_start_seq: int | None  # the oldest history entry sent
+    # Where the tokens go (before any estimate margin); REPLY_PRIMING makes up the rest.
+    system_tokens: int
+    summary_tokens: int
+    tools_tokens: int
+    history_tokens: int
+    pending_tokens: int
+
+
+@dataclass(frozen=True)
+class Projection:
+    messages: tuple[Message, ...]
+    tool_spec: tuple[ToolSpec, ...]
+    meta: ProjectionMeta
+
+
+class ContextOverflow(ValueError):
+    """Even the newest turn cannot fit: the ask must be refused, not truncated."""
+
+    def __init__(self, details: dict[str, int]) -> None:
+        super().__init__(
+            f"the newest turn needs {details['required_tokens']} tokens and the fixed segments "
+            f"{details['fixed_tokens']}, over the budget of {details['budget']}"
+        )
+        self.details = details
+
+
+@dataclass
+class _Group:
+    messages: list[Message]
+    tokens: int
+    entries: int  # journal entries it represents
+    first_seq: int
+    offset: int  # the thread's token offset at the group's first entry
+    starts_turn: bool  # a user message: windows start only at turn starts
+    pending: bool = False
+
+
+def project(source: ProjectionInput) -> Projection:
+    policy, counter = source.policy, source.counter
+    tokens_of = _entry_counter(counter)
+    kept = _without_rolled_back(source.entries)
+    summary = _checkpoint(kept, policy)
+    history = [
+        e
+        for e in kept
+        if e.kind in _MODEL_KINDS
+        and e.kind != EntryKind.SUMMARY
+        and e.kind in policy.include_kinds
+        and (summary is None or e.seq > summary.payload["to_seq"])
+    ]
+    offsets = _offsets(source.entries, source.token_total)
+    history_groups = _groups(history, tokens_of, counter, offsets)
+    pending_groups = _groups(
+        [JournalEntry(0, p.kind, p.payload, p.refs) for p in source.pending],
+        lambda e: entry_tokens(EntryKind(e.kind), e.payload, e.refs, counter),
+        counter,
+        {},
+    )
+    for group in pending_groups:
+        group.pending = True
+
+    head = _head(source, summary, tokens_of)
+    tool_tokens = tools_tokens(source.tools, counter)
+    fixed = REPLY_PRIMING + tool_tokens + head.system_tokens + head.summary_tokens
+    groups = history_groups + pending_groups
+    newest_turn = max(
+        (i for i, g in enumerate(groups) if g.starts_turn), default=len(history_groups)
+    )
+    newest_turn = min(newest_turn, len(history_groups))
+    older, required = groups[:newest_turn], groups[newest_turn:]
+    required_tokens = sum(g.tokens for g in required)
+    margin = 0.0 if source.exact else policy.estimate_margin
+    budget = math.floor(policy.budget / (1 + margin))
+    if fixed + required_tokens > budget:
+        raise ContextOverflow(
+            {"budget": budget, "fixed_tokens": fixed, "required_tokens": required_tokens}
+        )
+
+    start = _window_start(older, required, budget - fixed - required_tokens, source, policy)
+    window = older[start:] + required
+    raw = fixed + sum(g.tokens for g in window)
+    estimated = math.ceil(raw * (1 + margin))
+    truncated = start > 0 or not source.complete
+    history_in_window = [g for g in window if not g.pending]
+    meta = ProjectionMeta(
+        basis_rev=source.rev,
+        basis_last_seq=source.entries[-1].seq if source.entries else 0,
+        pending_count=len(source.pending),
+        truncated=truncated,
+        estimated_tokens=estimated,
+        budget=policy.budget,
+        summary_used=summary is not None,
+        summary_seq=summary.seq if summary else None,
+        entries_included=sum(g.entries for g in history_in_window) + (1 if summary else 0),
+        entries_total=source.rev,
+        needs_summary=truncated or estimated >= policy.compress_threshold * policy.budget,
+        window_start_seq=history_in_window[0].first_seq if history_in_window else None,
+        system_tokens=head.system_tokens,
+        summary_tokens=head.summary_tokens,
+        tools_tokens=tool_tokens,
+        history_tokens=sum(g.tokens for g in history_in_window),
+        pending_tokens=sum(g.tokens for g in window if g.pending),
+    )
+    messages = head.messages + tuple(m for g in window for m in g.messages)
+    return Projection(messages, tuple(source.tools), meta)
+
+
+def tail_suffices(entries: Sequence[JournalEntry], policy: ContextPolicy, recount: bool) -> bool:
+    """Whether a tail read newest-first already holds all a projection could use.
+
+    True once it contains the checkpoint and everything after it, or once what it holds would
+    overflow the budget (with slack when counts are only approximations), so that nothing older
+    could be sent anyway. A loader reads one page more than this asks, for the chunk anchors.
+    """
+    kept = _without_rolled_back(entries)
+    summary = _checkpoint(kept, policy)
+    if summary is not None and entries and entries[0].seq <= summary.payload["to_seq"] + 1:
+        return True
+    model_entries = [e for e in kept if e.kind in _MODEL_KINDS and e.kind in policy.include_kinds]
+    tokens = sum(e.token_count for e in model_entries)
+    if tokens > policy.budget * (RECOUNT_SLACK if recount else 1):
+        return True
+    messages = sum(1 for e in model_entries if e.kind == EntryKind.MESSAGE)
+    return policy.max_messages > 0 and messages > 2 * policy.max_messages
+
+
+def _entry_counter(counter: TokenCounter) -> Any:
+    if counter.name == STORED_ENCODING:
+        return lambda e: e.token_count  # counted once, at append: read, not recomputed
+    return lambda e: entry_tokens(EntryKind(e.kind), e.payload, e.refs, counter)
+
+
+def _without_rolled_back(entries: Sequence[JournalEntry]) -> list[JournalEntry]:
+    """Drop what rollback entries took back; a rollback inside a newer one's range is void."""
+    removed: list[tuple[int, int]] = []
+    for entry in reversed(entries):
+        if entry.kind != EntryKind.ROLLBACK or _within(entry.seq, removed):
+            continue
+        removed.append((int(entry.payload["from_seq"]), int(entry.payload["to_seq"])))
+    return [e for e in entries if e.kind != EntryKind.ROLLBACK and not _within(e.seq, removed)]
+
+
+def _within(seq: int, ranges: Iterable[tuple[int, int]]) -> bool:
+    return any(low <= seq <= high for low, high in ranges)
+
+
+def _checkpoint(kept: Sequence[JournalEntry], policy: ContextPolicy) -> JournalEntry | None:
+    if policy.summarization == "none" or "summary" not in policy.include_kinds:
+        return None
+    return next((e for e in reversed(kept) if e.kind == EntryKind.SUMMARY), None)
+
+
+def _offsets(entries: Sequence[JournalEntry], token_total: int) -> dict[int, int]:
+    """Each entry's position in the thread's token stream, counted back from the total."""
+    offsets: dict[int, int] = {}
+    position = token_total
+    for entry in reversed(entries):
+        position -= entry.token_count
+        offsets[entry.seq] = position
+    return offsets
+
+
+@dataclass(frozen=True)
+class _Head:
+    """The fixed segments: system prompt, then the summary."""
+
+    messages: tuple[Message, ...]
+    system_tokens: int
+    summary_tokens: int
+
+
+def _head(source: ProjectionInput, summary: JournalEntry | None, tokens_of: Any) -> _Head:
+    counter, policy = source.counter, source.policy
+    messages: list[Message] = []
+    system_tokens = summary_tokens = 0
+    prompt = policy.system_prompt if policy.system_prompt is not None else source.system_prompt
+    if prompt:
+        messages.append(Message("system", prompt))
+        system_tokens = message_overhead("system", counter) + counter.count(prompt)
+    if summary is not None:
+        content = (
+            {"type": "text", "text": SUMMARY_PREFIX},
+            {"type": "text", "text": str(summary.payload["content"])},
+        )
+        messages.append(Message(policy.summary_role, content))
+        summary_tokens = (
+            message_overhead(policy.summary_role, counter)
+            + counter.count(SUMMARY_PREFIX)
+            + tokens_of(summary)
+        )
+    return _Head(tuple(messages), system_tokens, summary_tokens)
+
+
+def _groups(
+    entries: Sequence[JournalEntry],
+    tokens_of: Any,
+    counter: TokenCounter,
+    offsets: dict[int, int],
+) -> list[_Group]:
+    """Atomic groups in order; tool calls gather their results, wherever those were written."""
+    results: dict[str, JournalEntry] = {}
+    for entry in entries:
+        if entry.kind == EntryKind.TOOL_RESULT:
+            results.setdefault(str(entry.refs.get("tool_call_id")), entry)
+    groups: list[_Group] = []
+    seen_calls: set[str] = set()
+    index = 0
+    while index < len(entries):
+        entry = entries[index]
+        if entry.kind == EntryKind.TOOL_RESULT:
+            index += 1  # attached to its call's group, or an orphan: dropped either way
+            continue
+        text: JournalEntry | None = None
+        if entry.kind == EntryKind.MESSAGE and not _opens_tool_turn(entries, index):
+            groups.append(_message_group(entry, tokens_of, counter, offsets))
+            index += 1
+            continue
+        if entry.kind == EntryKind.MESSAGE:
+            text, index = entry, index + 1
+        calls: list[JournalEntry] = []
+        turn = entries[index].refs.get("call_id")
+        while (
+            index < len(entries)
+            and entries[index].kind == EntryKind.TOOL_CALL
+            and entries[index].refs.get("call_id") == turn
+        ):
+            call_id = str(entries[index].refs.get("tool_call_id"))
+            if call_id not in seen_calls:  # a repeated id would be ambiguous: first one wins
+                seen_calls.add(call_id)
+                calls.append(entries[index])
+            index += 1
+        if calls:
+            groups.append(_tool_group(text, calls, results, tokens_of, counter, offsets))
+        elif text is not None:
+            groups.append(_message_group(text, tokens_of, counter, offsets))
+    return groups
+
+
+def _opens_tool_turn(entries: Sequence[JournalEntry], index: int) -> bool:
+    """An assistant message immediately followed by tool calls of the same model turn."""
+    entry = entries[index]
+    if entry.payload.get("role") != "assistant" or index + 1 >= len(entries):
+        return False
+    following = entries[index + 1]
+    return following.kind == EntryKind.TOOL_CALL and following.refs.get(
+        "call_id"
+    ) == entry.refs.get("call_id")
+
+
+def _message_group(
+    entry: JournalEntry, tokens_of: Any, counter: TokenCounter, offsets: dict[int, int]
+) -> _Group:
+    payload = entry.payload
+    content = (
+        payload["content"] if isinstance(payload["content"], str) else tuple(payload["content"])
+    )
+    message = Message(payload["role"], content, name=payload.get("name"))
+    return _Group(
+        messages=[message],
+        tokens=message_overhead(message.role, counter) + tokens_of(entry),
+        entries=1,
+        first_seq=entry.seq,
+        offset=offsets.get(entry.seq, 0),
+        starts_turn=message.role == "user",
+    )
+
+
+def _tool_group(
+    text: JournalEntry | None,
+    calls: list[JournalEntry],
+    results: dict[str, JournalEntry],
+    tokens_of: Any,
+    counter: TokenCounter,
+    offsets: dict[int, int],
+) -> _Group:
+    first = text or calls[0]
+    content = "" if text is None else text.payload["content"]
+    assistant = Message(
+        "assistant",
+        content if isinstance(content, str) else tuple(content),
+        name=None if text is None else text.payload.get("name"),
+        tool_calls=tuple(
+            ToolCall(str(c.refs.get("tool_call_id")), c.payload["name"], c.payload["arguments"])
+            for c in calls
+        ),
+    )
+    tokens = message_overhead("assistant", counter) + sum(tokens_of(e) for e in calls)
+    tokens += tokens_of(text) if text is not None else 0
+    messages = [assistant]
+    entries = len(calls) + (text is not None)
+    for call in assistant.tool_calls:
+        found = results.get(call.id)
+        tokens += message_overhead("tool", counter)
+        if found is None:  # never answered (a crash, a cancel): say so rather than omit it
+            messages.append(
+                Message("tool", INTERRUPTED_RESULT, tool_call_id=call.id, is_error=True)
+            )
+            tokens += counter.count(INTERRUPTED_RESULT) + counter.count(call.id)
+            continue
+        messages.append(
+            Message(
+                "tool",
+                result_text(found.payload.get("content")),
+                tool_call_id=call.id,
+                is_error=bool(found.payload.get("is_error", False)),
+            )
+        )
+        tokens += tokens_of(found)
+        entries += 1
+    return _Group(messages, tokens, entries, first.seq, offsets.get(first.seq, 0), False)
+
+
+def _window_start(
+    older: list[_Group],
+    required: list[_Group],
+    room: int,
+    source: ProjectionInput,
+    policy: ContextPolicy,
+) -> int:
+    """Index of the oldest group to send: newest-first fill, then snapped to a chunk anchor."""
+    cap = policy.max_messages
+    required_messages = sum(len(g.messages) for g in required)
+    start, used, messages = len(older), 0, required_messages
+    for index in range(len(older) - 1, -1, -1):
+        used += older[index].tokens
+        messages += len(older[index].messages)
+        if used > room or (cap and messages > cap):
+            break
+        start = index
+    if start == 0 and source.complete:
+        return 0  # everything fits
+    turn_starts = [i for i, g in enumerate(older) if g.starts_turn and (i > 0 or source.complete)]
+    candidates = [i for i in turn_starts if i >= start]
+    if not candidates:
+        return len(older)
+    chunk = policy.chunk_tokens
+    protected = _protected_start(turn_starts, policy.keep_last_turns)
+    if chunk > 0:
+        anchors = [
+            i
+            for previous, i in zip([None, *turn_starts], turn_starts, strict=False)
+            if i >= start
+            and (
+                (previous is None and source.complete)
+                or (
+                    previous is not None
+                    and older[previous].offset // chunk < older[i].offset // chunk
+                )
+            )
+        ]
+        chosen = anchors[0] if anchors else candidates[0]
+    else:
+        chosen = candidates[0]
+    if protected is not None and protected >= start:
+        chosen = min(chosen, protected)  # never chunk away the turns the policy protects
+    return chosen
+
+
+def _protected_start(turn_starts: list[int], keep_last_turns: int) -> int | None:
+    """The oldest turn start of the protected turns among older history (the newest turn, which
+    is always sent, counts as one of them)."""
+    keep = keep_last_turns - 1
+    if keep <= 0 or not turn_starts:
+        return None
+    return turn_starts[-min(keep, len(turn_starts))]

@@ -1,0 +1,1 @@
+"""Model-facing shell: tokenizers (and, later, provider clients)."""

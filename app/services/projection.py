@@ -1,0 +1,143 @@
+"""Projection use cases: what an ask would send the model now, and how full the context is."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+from sqlalchemy import RowMapping
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from app.config import Settings
+from app.core import policy as policies
+from app.core.lineage import lineage_from_json, segments
+from app.core.messages import ToolSpec
+from app.core.projection import (
+    ContextOverflow,
+    JournalEntry,
+    PendingEntry,
+    Projection,
+    ProjectionInput,
+    project,
+    tail_suffices,
+)
+from app.core.tokens import STORED_ENCODING
+from app.db import journal as journal_db
+from app.db import sessions as sessions_db
+from app.llm.catalog import context_window
+from app.llm.tokenizers import counting_for
+from app.services.errors import Invalid, session_not_found
+
+
+@dataclass(frozen=True)
+class SessionProjection:
+    model: str
+    context_window: int
+    policy: policies.ContextPolicy
+    projection: Projection
+    summaries: int  # summary checkpoints in the whole thread
+
+
+async def project_session(
+    engine: AsyncEngine,
+    settings: Settings,
+    tenant_id: str,
+    session_id: str,
+    *,
+    pending: Sequence[PendingEntry] = (),
+    policy: Mapping[str, Any] | None = None,
+    model: str | None = None,
+) -> SessionProjection:
+    """Exactly what an ask would send now; reads only the tail the budget can use, writes
+    nothing. Raises Invalid (context_overflow, invalid_policy) when there is no valid answer."""
+    async with engine.connect() as conn:
+        # One snapshot: the session's rev and lineage agree with the entries read.
+        await conn.execution_options(isolation_level="REPEATABLE READ")
+        async with conn.begin():
+            session = await sessions_db.get_session(conn, tenant_id, session_id)
+            if session is None:
+                raise session_not_found(session_id)
+            return await _project(conn, settings, session, pending, policy, model)
+
+
+async def _project(
+    conn: AsyncConnection,
+    settings: Settings,
+    session: RowMapping,
+    pending: Sequence[PendingEntry],
+    overrides: Mapping[str, Any] | None,
+    model_override: str | None,
+) -> SessionProjection:
+    config = session["config"]
+    model = model_override or config.get("model") or settings.default_model
+    window = context_window(model)
+    policy = resolve_policy(
+        window, settings.context_policy, config.get("context_policy"), overrides
+    )
+    counting = counting_for(model, policy.token_estimator)
+    recount = counting.counter.name != STORED_ENCODING
+    thread = segments(str(session["id"]), lineage_from_json(session["lineage"]), session["rev"])
+
+    def suffices(rows: list[RowMapping]) -> bool:
+        return tail_suffices([_entry(r) for r in rows], policy, recount)
+
+    rows, complete = await journal_db.read_tail(conn, thread, suffices)
+    source = ProjectionInput(
+        entries=[_entry(r) for r in rows],
+        complete=complete,
+        rev=int(session["rev"]),
+        token_total=int(session["token_total"]),
+        policy=policy,
+        counter=counting.counter,
+        exact=counting.exact,
+        pending=pending,
+        system_prompt=config.get("system_prompt"),
+        tools=tool_specs(config.get("tools") or []),
+    )
+    try:
+        projection = project(source)
+    except ContextOverflow as exc:
+        raise Invalid("context_overflow", str(exc), {**exc.details, "model": model}) from exc
+    summaries = await journal_db.count_kind(conn, thread, "summary")
+    return SessionProjection(model, window, policy, projection, summaries)
+
+
+def resolve_policy(window: int, *layers: Mapping[str, Any] | None) -> policies.ContextPolicy:
+    """Server default for the model < server config < session < request."""
+    try:
+        return policies.resolve(policies.for_model(window), *layers)
+    except ValidationError as exc:
+        errors = [
+            {"loc": ["context_policy", *e["loc"]], "msg": e["msg"], "type": e["type"]}
+            for e in exc.errors()
+        ]
+        field = ".".join(str(p) for p in errors[0]["loc"]) if errors else "context_policy"
+        raise Invalid(
+            "invalid_policy",
+            f"the resolved context policy is invalid at {field}",
+            {"errors": errors},
+        ) from exc
+
+
+def tool_specs(tools: Sequence[Mapping[str, Any]]) -> tuple[ToolSpec, ...]:
+    return tuple(
+        ToolSpec(
+            t["name"],
+            t.get("description", ""),
+            t.get("parameters") or {"type": "object", "properties": {}},
+        )
+        for t in tools
+    )
+
+
+def _entry(row: RowMapping) -> JournalEntry:
+    return JournalEntry(
+        seq=int(row["seq"]),
+        kind=str(row["kind"]),
+        payload=row["payload"],
+        refs=row["refs"],
+        token_count=int(row["token_count"]),
+        id=str(row["id"]),
+    )

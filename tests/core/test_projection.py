@@ -1,0 +1,479 @@
+"""The projector: golden cases from the reference design and properties over generated journals
+(DESIGN invariant 4: pure, paired, within budget, newest user message always in)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from app.core.entries import EntryKind
+from app.core.formats import (
+    openai_request_tokens,
+    to_anthropic,
+    to_openai,
+    validate_anthropic,
+    validate_openai,
+)
+from app.core.messages import Message, ToolSpec
+from app.core.policy import ContextPolicy
+from app.core.projection import (
+    INTERRUPTED_RESULT,
+    ContextOverflow,
+    JournalEntry,
+    PendingEntry,
+    Projection,
+    ProjectionInput,
+    project,
+    tail_suffices,
+)
+from app.core.tokens import HeuristicCounter, TokenCounter, entry_tokens, request_tokens
+from app.llm.tokenizers import stored_counter
+
+O200K = stored_counter()
+
+
+class Journal:
+    """Builds entries the way the service stores them: dense seqs, counts taken at append."""
+
+    def __init__(self, counter: TokenCounter = O200K) -> None:
+        self.entries: list[JournalEntry] = []
+        self.counter = counter
+
+    def add(self, kind: str, payload: dict[str, Any], **refs: Any) -> int:
+        seq = len(self.entries) + 1
+        tokens = entry_tokens(EntryKind(kind), payload, refs, self.counter)
+        self.entries.append(JournalEntry(seq, kind, payload, refs, tokens, f"e{seq}"))
+        return seq
+
+    def user(self, text: str) -> int:
+        return self.add("message", {"role": "user", "content": text})
+
+    def assistant(self, text: str, **refs: Any) -> int:
+        return self.add("message", {"role": "assistant", "content": text}, **refs)
+
+    def call(self, call_id: str, name: str, turn: str = "c1", **arguments: Any) -> int:
+        return self.add(
+            "tool_call", {"name": name, "arguments": arguments}, tool_call_id=call_id, call_id=turn
+        )
+
+    def result(self, call_id: str, content: Any, turn: str = "c1") -> int:
+        return self.add("tool_result", {"content": content}, tool_call_id=call_id, call_id=turn)
+
+    def project(self, **kwargs: Any) -> Projection:
+        policy = kwargs.pop("policy", ContextPolicy())
+        return project(
+            ProjectionInput(
+                entries=kwargs.pop("entries", self.entries),
+                complete=kwargs.pop("complete", True),
+                rev=len(self.entries),
+                token_total=sum(e.token_count for e in self.entries),
+                policy=policy,
+                counter=kwargs.pop("counter", self.counter),
+                exact=kwargs.pop("exact", True),
+                **kwargs,
+            )
+        )
+
+
+def roles(projection: Projection) -> list[str]:
+    return [m.role for m in projection.messages]
+
+
+def texts(projection: Projection) -> list[str]:
+    return [
+        m.content if isinstance(m.content, str) else "|".join(p["text"] for p in m.content)
+        for m in projection.messages
+    ]
+
+
+SYSTEM = "You are a helpful assistant."
+
+
+def test_reference_multi_turn_flow() -> None:
+    """Appendix B / A.3: 2+2, multiply by 3, a calculator call, 12."""
+    j = Journal()
+    j.user("What's 2+2?")
+    assert texts(j.project(system_prompt=SYSTEM)) == [SYSTEM, "What's 2+2?"]
+    j.assistant("4")
+    j.user("Now multiply by 3")
+    assert roles(j.project(system_prompt=SYSTEM)) == ["system", "user", "assistant", "user"]
+    j.call("tc1", "calculator", expression="4 * 3")
+    j.result("tc1", 12)
+    p = j.project(system_prompt=SYSTEM)
+    assert roles(p) == ["system", "user", "assistant", "user", "assistant", "tool"]
+    assert p.messages[4].tool_calls[0].name == "calculator"
+    assert p.messages[5].tool_call_id == "tc1" and p.messages[5].content == "12"
+    j.assistant("The result is 12")
+    final = j.project(system_prompt=SYSTEM)
+    assert texts(final)[-1] == "The result is 12"
+    assert final.meta.entries_included == 6 and final.meta.entries_total == 6
+    assert not final.meta.truncated and not final.meta.summary_used
+
+
+def test_summary_checkpoint_example() -> None:
+    """§8 / A.3 turn 3: a summary of 1..90 replaces them; 91..100 and the new ask stay raw."""
+    j = Journal()
+    for i in range(1, 101):
+        j.user(f"u{i}") if i % 2 else j.assistant(f"a{i}")
+    j.add("summary", {"from_seq": 1, "to_seq": 90, "content": "Earlier: weather talk."})
+    j.user("Remind me what we discussed")
+    p = j.project(system_prompt=SYSTEM)
+    assert p.meta.summary_used and p.meta.summary_seq == 101
+    assert roles(p)[:2] == ["system", "system"]
+    assert texts(p)[1].endswith("Earlier: weather talk.")
+    assert texts(p)[2:] == [f"u{i}" if i % 2 else f"a{i}" for i in range(91, 101)] + [
+        "Remind me what we discussed"
+    ]
+    assert len(p.messages) == 13  # system, summary, 10 raw, the ask: not 102
+    assert p.meta.entries_included == 12
+    # Summaries never replace history when the policy ignores them.
+    ignored = j.project(policy=ContextPolicy(summarization="none", max_input_tokens=100_000))
+    assert len(ignored.messages) == 101 and not ignored.meta.summary_used
+
+
+def test_summary_as_user_role() -> None:
+    j = Journal()
+    j.user("a")
+    j.add("summary", {"from_seq": 1, "to_seq": 1, "content": "S"})
+    j.user("b")
+    p = j.project(policy=ContextPolicy(summary_role="user"))
+    assert roles(p) == ["user", "user"]
+    assert not validate_anthropic(to_anthropic(p.messages, p.tool_spec))
+
+
+def test_rollback_takes_entries_out_of_the_projection() -> None:
+    j = Journal()
+    j.user("keep")
+    j.assistant("kept answer")
+    j.user("oops")
+    j.assistant("wrong turn")
+    j.add("rollback", {"from_seq": 3, "to_seq": 4})
+    j.user("again")
+    assert texts(j.project()) == ["keep", "kept answer", "again"]
+
+
+def test_parallel_calls_are_one_group_with_results_in_call_order() -> None:
+    j = Journal()
+    j.user("weather in Oslo and Rome?")
+    j.assistant("Checking both.", call_id="c1")
+    j.call("t1", "weather", city="Oslo")
+    j.call("t2", "weather", city="Rome")
+    j.result("t2", "sunny")  # results may be written in any order
+    j.result("t1", "rain")
+    p = j.project()
+    assert roles(p) == ["user", "assistant", "tool", "tool"]
+    assert p.messages[1].content == "Checking both."
+    assert [c.id for c in p.messages[1].tool_calls] == ["t1", "t2"]
+    assert [(m.tool_call_id, m.content) for m in p.messages[2:]] == [
+        ("t1", "rain"),
+        ("t2", "sunny"),
+    ]
+
+
+def test_missing_result_is_repaired_and_orphans_are_dropped() -> None:
+    j = Journal()
+    j.user("go")
+    j.call("t1", "slow")
+    j.result("ghost", "no call for me")
+    j.user("still there?")
+    p = j.project()
+    assert roles(p) == ["user", "assistant", "tool", "user"]
+    assert p.messages[2].content == INTERRUPTED_RESULT and p.messages[2].is_error
+    assert not validate_openai(to_openai(p.messages, ()))
+
+
+def test_budget_drops_whole_groups_newest_first() -> None:
+    j = Journal()
+    for i in range(30):
+        j.user(f"question {i} " + "word " * 40)
+        j.call(f"t{i}", "lookup", turn=f"c{i}", q=i)
+        j.result(f"t{i}", "result " * 40, turn=f"c{i}")
+        j.assistant(f"answer {i}")
+    policy = ContextPolicy(max_input_tokens=2000, reserve_output_tokens=200, window_chunk_tokens=0)
+    p = j.project(policy=policy)
+    assert p.meta.truncated and p.meta.estimated_tokens <= policy.budget
+    assert request_tokens(p.messages, (), O200K) == p.meta.estimated_tokens
+    assert p.messages[0].role == "user"  # windows start at a turn
+    calls = {c.id for m in p.messages for c in m.tool_calls}
+    answered = {m.tool_call_id for m in p.messages if m.role == "tool"}
+    assert calls == answered
+    assert texts(p)[-1] == "answer 29"
+
+
+def test_newest_user_message_always_fits_or_overflows() -> None:
+    j = Journal()
+    j.user("hello")
+    j.user("x " * 5000)
+    with pytest.raises(ContextOverflow) as caught:
+        j.project(policy=ContextPolicy(max_input_tokens=1000, reserve_output_tokens=100))
+    assert caught.value.details["budget"] == 900
+    assert caught.value.details["required_tokens"] > 900
+
+
+def test_pending_is_always_included_after_history() -> None:
+    j = Journal()
+    j.user("old")
+    pending = [PendingEntry("message", {"role": "user", "content": "new"})]
+    p = j.project(pending=pending)
+    assert texts(p) == ["old", "new"]
+    assert p.meta.pending_count == 1 and p.meta.pending_tokens > 0
+
+
+def test_max_messages_and_kind_filter() -> None:
+    j = Journal()
+    for i in range(10):
+        j.user(f"u{i}")
+        j.assistant(f"a{i}")
+    p = j.project(policy=ContextPolicy(max_messages=4, window_chunk_tokens=0))
+    assert texts(p) == ["u8", "a8", "u9", "a9"]
+    j.call("t", "f")
+    j.result("t", "r")
+    only_messages = j.project(
+        policy=ContextPolicy(include_kinds=("message",), max_input_tokens=50_000)
+    )
+    assert all(m.role in ("user", "assistant") and not m.tool_calls for m in only_messages.messages)
+
+
+def test_tools_are_counted_and_passed_through() -> None:
+    j = Journal()
+    j.user("hi")
+    tools = (
+        ToolSpec(
+            "weather",
+            "Weather by city",
+            {"type": "object", "properties": {"city": {"type": "string"}}},
+        ),
+    )
+    with_tools = j.project(tools=tools)
+    without = j.project()
+    assert with_tools.tool_spec == tools
+    assert with_tools.meta.tools_tokens > 0
+    assert (
+        with_tools.meta.estimated_tokens
+        == without.meta.estimated_tokens + with_tools.meta.tools_tokens
+    )
+
+
+@pytest.mark.parametrize("counter", [O200K, HeuristicCounter()], ids=["o200k", "heuristic"])
+def test_estimate_equals_the_count_of_the_formatted_request(counter: TokenCounter) -> None:
+    """Stored per-entry counts plus per-message overheads equal counting the wire request."""
+    j = Journal(counter)
+    j.user("Plan a trip to Kyoto 🗾 in spring.")
+    j.assistant("Let me check.", call_id="c1")
+    j.call("call_abc", "weather", city="Kyoto", month="April")
+    j.call("call_def", "flights", **{"from": "OSL", "to": "KIX"})
+    j.result("call_abc", {"temp_c": 18, "rain_mm": 120})
+    j.add(
+        "message",
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "and "}, {"type": "text", "text": "photos"}],
+            "name": "ola",
+        },
+    )
+    tools = (ToolSpec("weather", "w", {"type": "object"}), ToolSpec("flights"))
+    p = j.project(system_prompt=SYSTEM, tools=tools, counter=counter)
+    assert (
+        openai_request_tokens(to_openai(p.messages, p.tool_spec), counter)
+        == p.meta.estimated_tokens
+    )
+    assert request_tokens(p.messages, p.tool_spec, counter) == p.meta.estimated_tokens
+
+
+def test_stored_counts_are_read_not_recomputed() -> None:
+    j = Journal()
+    j.user("hello there")
+    inflated = [
+        JournalEntry(e.seq, e.kind, e.payload, e.refs, e.token_count + 1000) for e in j.entries
+    ]
+    assert (
+        j.project(entries=inflated).meta.estimated_tokens
+        == j.project().meta.estimated_tokens + 1000
+    )
+    # Another encoding (or the heuristic) recounts: stored counts are in o200k_base.
+    assert j.project(entries=inflated, counter=HeuristicCounter()).meta.estimated_tokens < 1000
+
+
+def test_estimates_carry_the_margin() -> None:
+    j = Journal()
+    j.user("hello " * 100)
+    exact = j.project()
+    estimated = j.project(exact=False, policy=ContextPolicy(estimate_margin=0.2))
+    assert estimated.meta.estimated_tokens == -(-exact.meta.estimated_tokens * 12 // 10)
+
+
+def chatty_journal(turns: int, words: int = 60) -> Journal:
+    j = Journal()
+    for i in range(turns):
+        j.user(f"turn {i}: " + "lorem " * words)
+        j.assistant(f"reply {i}: " + "ipsum " * words)
+    return j
+
+
+def prefix_shared(a: Projection, b: Projection) -> int:
+    shared = 0
+    for x, y in zip(a.messages, b.messages, strict=False):
+        if x != y:
+            break
+        shared += 1
+    return shared
+
+
+def test_chunked_windowing_keeps_the_prefix_between_jumps() -> None:
+    policy = ContextPolicy(max_input_tokens=4000, reserve_output_tokens=500, keep_last_turns=1)
+    sliding = policy.model_copy(update={"window_chunk_tokens": 0})
+    j = Journal()
+    stable = {"chunked": 0, "sliding": 0}
+    previous: dict[str, Projection] = {}
+    for i in range(80):
+        j.user(f"turn {i}: " + "lorem " * 60)
+        j.assistant(f"reply {i}: " + "ipsum " * 60)
+        for name, pol in (("chunked", policy), ("sliding", sliding)):
+            p = j.project(system_prompt=SYSTEM, policy=pol)
+            assert p.meta.estimated_tokens <= pol.budget
+            if name in previous and prefix_shared(previous[name], p) == len(
+                previous[name].messages
+            ):
+                stable[name] += 1
+            previous[name] = p
+    # Once the window is full, sliding changes the first history message on every ask.
+    assert stable["chunked"] > 2 * stable["sliding"]
+    assert stable["chunked"] >= 50
+
+
+def test_keep_last_turns_are_never_chunked_away() -> None:
+    protected = ContextPolicy(
+        max_input_tokens=4000,
+        reserve_output_tokens=500,
+        window_chunk_tokens=3000,
+        keep_last_turns=4,
+    )
+    unprotected = protected.model_copy(update={"keep_last_turns": 1})
+    chunked_away = 0
+    for turns in range(20, 60):
+        j = chatty_journal(turns)
+        j.user("now")
+        window = texts(j.project(policy=protected))
+        # The three turns before the newest one always survive a chunk jump.
+        assert [t.split(":")[0] for t in window[-7:-1:2]] == [
+            f"turn {turns - k}" for k in (3, 2, 1)
+        ]
+        if len(texts(j.project(policy=unprotected))) < 7:
+            chunked_away += 1
+    assert chunked_away > 0, "without protection, some jump must drop into the last turns"
+
+
+def test_tail_suffices_stops_at_checkpoint_or_budget() -> None:
+    j = chatty_journal(10)
+    policy = ContextPolicy(max_input_tokens=100_000)
+    assert not tail_suffices(j.entries[-4:], policy, recount=False)
+    j.add("summary", {"from_seq": 1, "to_seq": 16, "content": "s"})
+    j.user("q")
+    assert tail_suffices(j.entries[16:], policy, recount=False)
+    assert not tail_suffices(j.entries[17:], policy, recount=False)
+    small = ContextPolicy(max_input_tokens=300, reserve_output_tokens=10)
+    assert tail_suffices(j.entries[-8:], small, recount=False)
+
+
+# --- properties over generated journals ------------------------------------------------------
+
+
+@st.composite
+def journals(draw: st.DrawFn) -> tuple[Journal, list[PendingEntry]]:
+    j = Journal()
+    call_number = 0
+    for turn in range(draw(st.integers(1, 12))):
+        j.user(draw(st.sampled_from(["hi", "what now?", "tell me more " * 20, "ok"])) + f" #{turn}")
+        for round_ in range(draw(st.integers(0, 2))):
+            turn_id = f"c{turn}.{round_}"
+            if draw(st.booleans()):
+                j.assistant("thinking", call_id=turn_id)
+            ids = []
+            for _ in range(draw(st.integers(1, 3))):
+                call_number += 1
+                ids.append(f"call_{call_number}")
+                j.call(
+                    ids[-1], draw(st.sampled_from(["search", "calc"])), turn=turn_id, q=call_number
+                )
+            for call_id in draw(st.permutations(ids)):
+                fate = draw(st.sampled_from(["ok", "ok", "missing", "huge"]))
+                if fate == "ok":
+                    j.result(call_id, {"value": call_number}, turn=turn_id)
+                elif fate == "huge":
+                    j.result(call_id, "line of tool output\n" * 400, turn=turn_id)
+        if draw(st.booleans()):
+            j.assistant(f"answer {turn}")
+        if draw(st.integers(0, 9)) == 0:
+            j.result("nobody", "orphan")
+        if draw(st.integers(0, 7)) == 0 and len(j.entries) > 2:
+            to_seq = draw(st.integers(1, len(j.entries) - 1))
+            j.add("summary", {"from_seq": 1, "to_seq": to_seq, "content": f"summary to {to_seq}"})
+        if draw(st.integers(0, 9)) == 0 and len(j.entries) > 3:
+            low = draw(st.integers(2, len(j.entries)))
+            j.add("rollback", {"from_seq": low, "to_seq": draw(st.integers(low, len(j.entries)))})
+    pending = (
+        [PendingEntry("message", {"role": "user", "content": "the new ask"})]
+        if draw(st.booleans())
+        else []
+    )
+    return j, pending
+
+
+policies = st.builds(
+    ContextPolicy,
+    max_input_tokens=st.integers(1500, 20_000),
+    reserve_output_tokens=st.integers(0, 1000),
+    keep_last_turns=st.integers(0, 4),
+    max_messages=st.sampled_from([0, 0, 6, 15]),
+    window_chunk_tokens=st.sampled_from([None, 0, 500]),
+    summarization=st.sampled_from(["none", "use_existing"]),
+    summary_role=st.sampled_from(["system", "user"]),
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(journals(), policies, st.booleans())
+def test_every_projection_is_valid_within_budget_and_deterministic(
+    generated: tuple[Journal, list[PendingEntry]], policy: ContextPolicy, with_system: bool
+) -> None:
+    j, pending = generated
+    system = SYSTEM if with_system else None
+    try:
+        p = j.project(policy=policy, pending=pending, system_prompt=system)
+    except ContextOverflow as overflow:
+        assert (
+            overflow.details["fixed_tokens"] + overflow.details["required_tokens"]
+            > overflow.details["budget"]
+        )
+        return
+    # Within budget by the real tokenizer, counted on the request as sent.
+    openai = to_openai(p.messages, p.tool_spec)
+    assert openai_request_tokens(openai, O200K) == p.meta.estimated_tokens <= policy.budget
+    # Valid for both providers: pairs whole, orders right.
+    assert validate_openai(openai) == []
+    assert validate_anthropic(to_anthropic(p.messages, p.tool_spec)) == []
+    # Byte-identical when repeated.
+    assert j.project(policy=policy, pending=pending, system_prompt=system) == p
+    # The newest user message (pending, else the journal's newest not taken back) is in, and
+    # everything after it.
+    newest = _newest_user_text(j, pending, policy)
+    if newest is not None:
+        user_texts = [m.content for m in p.messages if m.role == "user"]
+        assert newest in user_texts
+    if pending:
+        assert p.messages[-1].content == "the new ask"
+
+
+def _newest_user_text(j: Journal, pending: list[PendingEntry], policy: ContextPolicy) -> str | None:
+    if pending:
+        return "the new ask"
+    projected = j.project(
+        policy=ContextPolicy(max_input_tokens=10_000_000, summarization=policy.summarization)
+    )
+    users: list[Message] = [
+        m for m in projected.messages if m.role == "user" and isinstance(m.content, str)
+    ]
+    return str(users[-1].content) if users else None

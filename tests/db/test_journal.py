@@ -1,0 +1,99 @@
+"""The projection loader reads only the tail a budget can use, whatever the thread's length."""
+
+from __future__ import annotations
+
+import uuid
+
+from sqlalchemy import RowMapping, text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.core.entries import EntryKind
+from app.core.lineage import lineage_from_json, segments
+from app.core.policy import ContextPolicy
+from app.core.projection import JournalEntry, tail_suffices
+from app.db.journal import read_tail
+from app.db.sessions import get_session
+from app.services.journal import NewEntry, append_entries
+from app.services.keys import create_key, tenant_for_key
+from app.services.sessions import create_session, fork_session
+
+
+def note(i: int) -> NewEntry:
+    role = "user" if i % 2 == 0 else "assistant"
+    return NewEntry(EntryKind.MESSAGE, {"role": role, "content": f"message {i} " + "w " * 30}, {})
+
+
+async def tenant(engine: AsyncEngine) -> str:
+    found = await tenant_for_key(engine, await create_key(engine, f"t-{uuid.uuid4()}"))
+    assert found is not None
+    return found
+
+
+async def long_session(engine: AsyncEngine, tenant_id: str, entries: int) -> str:
+    sid = str((await create_session(engine, tenant_id, title=None, metadata={}, config={}))["id"])
+    for start in range(0, entries, 1000):
+        batch = [note(i) for i in range(start, min(start + 1000, entries))]
+        await append_entries(engine, tenant_id, sid, batch, expected_rev=None)
+    return sid
+
+
+async def tail(
+    engine: AsyncEngine, tenant_id: str, sid: str, policy: ContextPolicy
+) -> tuple[list[RowMapping], bool]:
+    def suffices(rows: list[RowMapping]) -> bool:
+        entries = [
+            JournalEntry(r["seq"], r["kind"], r["payload"], r["refs"], r["token_count"])
+            for r in rows
+        ]
+        return tail_suffices(entries, policy, recount=False)
+
+    async with engine.connect() as conn:
+        session = await get_session(conn, tenant_id, sid)
+        assert session is not None
+        thread = segments(sid, lineage_from_json(session["lineage"]), session["rev"])
+        return await read_tail(conn, thread, suffices)
+
+
+async def test_the_tail_read_does_not_grow_with_the_thread(engine: AsyncEngine) -> None:
+    tenant_id = await tenant(engine)
+    policy = ContextPolicy(max_input_tokens=2000, reserve_output_tokens=500)
+    sizes = {}
+    for entries in (300, 3000):
+        sid = await long_session(engine, tenant_id, entries)
+        rows, complete = await tail(engine, tenant_id, sid, policy)
+        assert not complete and rows[-1]["seq"] == entries
+        assert [r["seq"] for r in rows] == list(range(entries - len(rows) + 1, entries + 1))
+        sizes[entries] = len(rows)
+    assert sizes[300] == sizes[3000] < 300
+
+
+async def test_the_tail_read_stops_at_the_checkpoint(engine: AsyncEngine) -> None:
+    tenant_id = await tenant(engine)
+    sid = await long_session(engine, tenant_id, 2000)
+    summary = NewEntry(EntryKind.SUMMARY, {"from_seq": 1, "to_seq": 1990, "content": "s"}, {})
+    await append_entries(engine, tenant_id, sid, [summary, note(0)], expected_rev=None)
+    rows, complete = await tail(engine, tenant_id, sid, ContextPolicy(max_input_tokens=1_000_000))
+    assert not complete
+    assert rows[0]["seq"] <= 1991 and len(rows) < 300  # the checkpoint, plus at most a page
+
+
+async def test_short_threads_are_read_whole(engine: AsyncEngine) -> None:
+    tenant_id = await tenant(engine)
+    sid = await long_session(engine, tenant_id, 10)
+    rows, complete = await tail(engine, tenant_id, sid, ContextPolicy())
+    assert complete and len(rows) == 10
+
+
+async def test_token_total_runs_with_appends_and_forks(engine: AsyncEngine) -> None:
+    tenant_id = await tenant(engine)
+    sid = await long_session(engine, tenant_id, 25)
+    child = await fork_session(engine, tenant_id, sid, at_seq=None, title=None, metadata=None)
+    async with engine.connect() as conn:
+        total = await conn.scalar(
+            text("SELECT token_total FROM sessions WHERE id = :id"), {"id": sid}
+        )
+        counted = await conn.scalar(
+            text("SELECT sum(token_count) FROM entries WHERE session_id = :id"), {"id": sid}
+        )
+    assert total == counted > 0
+    assert child["token_total"] == total
