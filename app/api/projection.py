@@ -9,7 +9,7 @@ from fastapi import APIRouter
 
 from app.api.deps import Config, Engine, Tenant
 from app.api.errors import error_responses
-from app.api.schemas import ContextUsage, ProjectionMeta, ProjectionRequest, ProjectionResponse
+from app.api.schemas import ContextUsage, ProjectionRequest, ProjectionResponse
 from app.core.formats import to_anthropic, to_neutral, to_openai
 from app.core.projection import PendingEntry
 from app.services.projection import project_session
@@ -44,7 +44,7 @@ async def projection(
         format=body.format,
         context_window=result.context_window,
         policy=result.policy.model_dump(mode="json"),
-        meta=ProjectionMeta(**vars(projected.meta)),
+        meta=projected.meta,
         request=_FORMATS[body.format](projected.messages, projected.tool_spec),
     )
 

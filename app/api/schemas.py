@@ -17,6 +17,7 @@ from app.core.entries import (
     ToolResultPayload,
 )
 from app.core.policy import ContextPolicyPatch
+from app.core.projection import ProjectionMeta
 
 # Postgres integers are 64-bit; anything larger is a mistake, not a seq.
 MAX_SEQ = 2**62
@@ -249,26 +250,6 @@ class ProjectionRequest(Strict):
     )
     model: ModelName | None = None
     format: Literal["neutral", "openai", "anthropic"] = "neutral"
-
-
-class ProjectionMeta(BaseModel):
-    basis_rev: int
-    basis_last_seq: int
-    pending_count: int
-    truncated: bool
-    estimated_tokens: int
-    budget: int
-    summary_used: bool
-    summary_seq: int | None
-    entries_included: int
-    entries_total: int
-    needs_summary: bool
-    window_start_seq: int | None
-    system_tokens: int
-    summary_tokens: int
-    tools_tokens: int
-    history_tokens: int
-    pending_tokens: int
 
 
 class ProjectionResponse(BaseModel):

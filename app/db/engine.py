@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from app.config import Settings
 
@@ -14,3 +17,13 @@ def create_engine(settings: Settings) -> AsyncEngine:
         max_overflow=settings.db_pool_size,
         pool_recycle=1800,
     )
+
+
+@asynccontextmanager
+async def read_snapshot(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
+    """A read-only transaction on one snapshot: a session row and the entries read after it
+    agree, even while a concurrent delete moves an ancestor's range into a fork."""
+    async with engine.connect() as conn:
+        await conn.execution_options(isolation_level="REPEATABLE READ")
+        async with conn.begin():
+            yield conn

@@ -17,6 +17,7 @@ from app.core.lineage import lineage_from_json, segments
 from app.core.tokens import entry_tokens
 from app.db import journal as journal_db
 from app.db import sessions as sessions_db
+from app.db.engine import read_snapshot
 from app.llm.tokenizers import stored_counter
 from app.services.errors import Conflict, Invalid, session_not_found
 
@@ -110,25 +111,21 @@ async def read_history(
     kinds: Sequence[str] | None,
     order: Literal["asc", "desc"],
 ) -> HistoryPage:
-    # One snapshot for the lineage and the entries, so a concurrent delete of an ancestor (which
-    # moves its range into a fork) can never be seen half-done.
-    async with engine.connect() as conn:
-        await conn.execution_options(isolation_level="REPEATABLE READ")
-        async with conn.begin():
-            session = await sessions_db.get_session(conn, tenant_id, session_id)
-            if session is None:
-                raise session_not_found(session_id)
-            lineage = lineage_from_json(session["lineage"])
-            thread = segments(session_id, lineage, int(session["rev"]))
-            found = await journal_db.read_entries(
-                conn,
-                thread,
-                after_seq=after_seq,
-                before_seq=before_seq,
-                kinds=kinds,
-                descending=order == "desc",
-                limit=limit + 1,
-            )
+    async with read_snapshot(engine) as conn:
+        session = await sessions_db.get_session(conn, tenant_id, session_id)
+        if session is None:
+            raise session_not_found(session_id)
+        lineage = lineage_from_json(session["lineage"])
+        thread = segments(session_id, lineage, int(session["rev"]))
+        found = await journal_db.read_entries(
+            conn,
+            thread,
+            after_seq=after_seq,
+            before_seq=before_seq,
+            kinds=kinds,
+            descending=order == "desc",
+            limit=limit + 1,
+        )
     return HistoryPage(found[:limit], len(found) > limit, int(session["rev"]))
 
 

@@ -26,6 +26,7 @@ from app.core.projection import (
 from app.core.tokens import STORED_ENCODING
 from app.db import journal as journal_db
 from app.db import sessions as sessions_db
+from app.db.engine import read_snapshot
 from app.llm.catalog import context_window
 from app.llm.tokenizers import counting_for
 from app.services.errors import Invalid, session_not_found
@@ -52,14 +53,11 @@ async def project_session(
 ) -> SessionProjection:
     """Exactly what an ask would send now; reads only the tail the budget can use, writes
     nothing. Raises Invalid (context_overflow, invalid_policy) when there is no valid answer."""
-    async with engine.connect() as conn:
-        # One snapshot: the session's rev and lineage agree with the entries read.
-        await conn.execution_options(isolation_level="REPEATABLE READ")
-        async with conn.begin():
-            session = await sessions_db.get_session(conn, tenant_id, session_id)
-            if session is None:
-                raise session_not_found(session_id)
-            return await _project(conn, settings, session, pending, policy, model)
+    async with read_snapshot(engine) as conn:
+        session = await sessions_db.get_session(conn, tenant_id, session_id)
+        if session is None:
+            raise session_not_found(session_id)
+        return await _project(conn, settings, session, pending, policy, model)
 
 
 async def _project(
