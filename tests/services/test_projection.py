@@ -1,0 +1,99 @@
+"""Projection through the database: a fork projects exactly like the same thread unforked."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.config import Settings
+from app.core.entries import EntryKind
+from app.core.formats import to_anthropic, to_openai, validate_anthropic, validate_openai
+from app.services.journal import NewEntry, append_entries
+from app.services.errors import Invalid
+from app.services.keys import create_key, tenant_for_key
+from app.services.projection import project_session
+from app.services.sessions import create_session, fork_session
+
+
+@st.composite
+def threads(draw: st.DrawFn) -> list[NewEntry]:
+    entries: list[NewEntry] = []
+    for turn in range(draw(st.integers(1, 8))):
+        entries.append(
+            NewEntry(
+                EntryKind.MESSAGE,
+                {"role": "user", "content": f"q{turn} " * draw(st.integers(1, 40))},
+                {},
+            )
+        )
+        if draw(st.booleans()):
+            call = f"t{turn}"
+            entries.append(
+                NewEntry(
+                    EntryKind.TOOL_CALL,
+                    {"name": "f", "arguments": {"n": turn}},
+                    {"tool_call_id": call, "call_id": f"c{turn}"},
+                )
+            )
+            if draw(st.booleans()):
+                entries.append(
+                    NewEntry(
+                        EntryKind.TOOL_RESULT,
+                        {"content": "r " * draw(st.integers(1, 200))},
+                        {"tool_call_id": call},
+                    )
+                )
+        entries.append(
+            NewEntry(EntryKind.MESSAGE, {"role": "assistant", "content": f"a{turn}"}, {})
+        )
+    return entries
+
+
+async def _new(engine: AsyncEngine, tenant_id: str, entries: list[NewEntry]) -> str:
+    sid = str(
+        (
+            await create_session(
+                engine, tenant_id, title=None, metadata={}, config={"model": "openai:gpt-4o"}
+            )
+        )["id"]
+    )
+    if entries:
+        await append_entries(engine, tenant_id, sid, entries, expected_rev=None)
+    return sid
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
+@given(thread=threads(), data=st.data())
+async def test_a_fork_projects_like_the_same_thread_unforked(
+    engine: AsyncEngine, settings: Settings, thread: list[NewEntry], data: st.DataObject
+) -> None:
+    tenant_id = await tenant_for_key(engine, await create_key(engine, f"p-{uuid.uuid4()}"))
+    assert tenant_id is not None
+    at = data.draw(st.integers(0, len(thread)))
+    parent = await _new(engine, tenant_id, thread[:at])
+    divergent = NewEntry(EntryKind.MESSAGE, {"role": "user", "content": "parent only"}, {})
+    await append_entries(engine, tenant_id, parent, [divergent], expected_rev=None)
+    child = str(
+        (await fork_session(engine, tenant_id, parent, at_seq=at, title=None, metadata=None))["id"]
+    )
+    if thread[at:]:
+        await append_entries(engine, tenant_id, child, thread[at:], expected_rev=None)
+    reference = await _new(engine, tenant_id, thread)
+
+    roomy: dict[str, Any] = {"max_input_tokens": 100_000}
+    forked = await project_session(engine, settings, tenant_id, child, policy=roomy)
+    plain = await project_session(engine, settings, tenant_id, reference, policy=roomy)
+    assert forked.projection.messages == plain.projection.messages
+    assert forked.projection.meta == plain.projection.meta
+
+    tight = await project_session(
+        engine, settings, tenant_id, child, policy={"max_input_tokens": 900}
+    )
+    p = tight.projection
+    assert p.meta.estimated_tokens <= 900 - 225
+    assert validate_openai(to_openai(p.messages, p.tool_spec)) == []
+    assert validate_anthropic(to_anthropic(p.messages, p.tool_spec)) == []
