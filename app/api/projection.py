@@ -12,7 +12,7 @@ from app.api.errors import error_responses
 from app.api.schemas import ContextUsage, ProjectionRequest, ProjectionResponse
 from app.core.formats import to_anthropic, to_neutral, to_openai
 from app.core.projection import PendingEntry
-from app.services.projection import project_session
+from app.services.projection import project_session, session_context
 
 router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["context"])
 
@@ -54,7 +54,8 @@ async def context(
     session_id: UUID, engine: Engine, tenant: Tenant, settings: Config
 ) -> ContextUsage:
     """How full the context is, like a /context command."""
-    result = await project_session(engine, settings, tenant, str(session_id))
+    usage = await session_context(engine, settings, tenant, str(session_id))
+    result = usage.projected
     meta, policy = result.projection.meta, result.policy
     return ContextUsage(
         model=result.model,
@@ -68,7 +69,7 @@ async def context(
         messages=len(result.projection.messages),
         entries_included=meta.entries_included,
         entries_total=meta.entries_total,
-        summaries=result.summaries,
+        summaries=usage.summaries,
         summary_used=meta.summary_used,
         truncated=meta.truncated,
         needs_summary=meta.needs_summary,

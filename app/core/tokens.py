@@ -66,9 +66,15 @@ def call_tokens(call: ToolCall, counter: TokenCounter) -> int:
     )
 
 
+_ROLE_TOKENS: dict[tuple[str, str], int] = {}
+
+
 def message_overhead(role: str, counter: TokenCounter) -> int:
     """What wrapping content into one message costs, beyond the content itself."""
-    return PER_MESSAGE + counter.count(role)
+    key = (counter.name, role)
+    if key not in _ROLE_TOKENS:  # a handful of roles per encoding: tokenize each once
+        _ROLE_TOKENS[key] = counter.count(role)
+    return PER_MESSAGE + _ROLE_TOKENS[key]
 
 
 def name_tokens(name: str | None, counter: TokenCounter) -> int:

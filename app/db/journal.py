@@ -118,26 +118,29 @@ async def read_tail(
     suffices: Callable[[list[RowMapping]], bool],
     *,
     first_page: int = 64,
-    max_page: int = 1024,
+    max_page: int = 512,
 ) -> tuple[list[RowMapping], bool]:
     """The newest entries of a thread, ascending, read backwards in keyset pages until
-    `suffices(tail)` says older ones cannot matter; then one page more (the projector's chunk
-    anchors look just past the budget). Returns (tail, complete): complete when it reaches the
-    thread's first entry. Pages grow, so a long walk stays a few round trips.
+    `suffices(tail)` says older ones cannot matter; then one small page more (the projector's
+    chunk anchors look a turn past the budget). Returns (tail, complete): complete when it
+    reaches the thread's first entry. Pages double, so a long walk stays a few round trips and
+    reads at most about twice what it needs.
     """
     tail: list[RowMapping] = []
     page = first_page
-    extra_page = False
+    last_page = False
     while True:
         before = int(tail[0]["seq"]) if tail else None
         rows = await read_entries(conn, segments, before_seq=before, descending=True, limit=page)
         tail[:0] = reversed(rows)
         if len(rows) < page:
             return tail, True
-        if extra_page:
+        if last_page:
             return tail, False
-        extra_page = suffices(tail)
-        page = min(page * 2, max_page)
+        if suffices(tail):
+            last_page, page = True, first_page
+        else:
+            page = min(page * 2, max_page)
 
 
 async def count_kind(conn: AsyncConnection, segments: Sequence[Segment], kind: str) -> int:

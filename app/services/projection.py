@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.config import Settings
 from app.core import policy as policies
-from app.core.lineage import lineage_from_json, segments
+from app.core.lineage import Segment, lineage_from_json, segments
 from app.core.messages import ToolSpec
 from app.core.projection import (
     ContextOverflow,
@@ -38,7 +38,12 @@ class SessionProjection:
     context_window: int
     policy: policies.ContextPolicy
     projection: Projection
-    summaries: int  # summary checkpoints in the whole thread
+
+
+@dataclass(frozen=True)
+class SessionContext:
+    projected: SessionProjection
+    summaries: int  # summary checkpoints (compactions) in the whole thread
 
 
 async def project_session(
@@ -57,7 +62,20 @@ async def project_session(
         session = await sessions_db.get_session(conn, tenant_id, session_id)
         if session is None:
             raise session_not_found(session_id)
-        return await _project(conn, settings, session, pending, policy, model)
+        projected, _ = await _project(conn, settings, session, pending, policy, model)
+        return projected
+
+
+async def session_context(
+    engine: AsyncEngine, settings: Settings, tenant_id: str, session_id: str
+) -> SessionContext:
+    """How full the context of the next ask would be, and how often it was compacted."""
+    async with read_snapshot(engine) as conn:
+        session = await sessions_db.get_session(conn, tenant_id, session_id)
+        if session is None:
+            raise session_not_found(session_id)
+        projected, thread = await _project(conn, settings, session, (), None, None)
+        return SessionContext(projected, await journal_db.count_kind(conn, thread, "summary"))
 
 
 async def _project(
@@ -67,7 +85,7 @@ async def _project(
     pending: Sequence[PendingEntry],
     overrides: Mapping[str, Any] | None,
     model_override: str | None,
-) -> SessionProjection:
+) -> tuple[SessionProjection, list[Segment]]:
     config = session["config"]
     model = model_override or config.get("model") or settings.default_model
     window = context_window(model)
@@ -98,8 +116,7 @@ async def _project(
         projection = project(source)
     except ContextOverflow as exc:
         raise Invalid("context_overflow", str(exc), {**exc.details, "model": model}) from exc
-    summaries = await journal_db.count_kind(conn, thread, "summary")
-    return SessionProjection(model, window, policy, projection, summaries)
+    return SessionProjection(model, window, policy, projection), thread
 
 
 def resolve_policy(window: int, *layers: Mapping[str, Any] | None) -> policies.ContextPolicy:
