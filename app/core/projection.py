@@ -149,12 +149,7 @@ def project(source: ProjectionInput) -> Projection:
     head = _head(source, summary, tokens_of)
     tool_tokens = tools_tokens(source.tools, counter)
     fixed = REPLY_PRIMING + tool_tokens + head.system_tokens + head.summary_tokens
-    groups = history_groups + pending_groups
-    newest_turn = max(
-        (i for i, g in enumerate(groups) if g.starts_turn), default=len(history_groups)
-    )
-    newest_turn = min(newest_turn, len(history_groups))
-    older, required = groups[:newest_turn], groups[newest_turn:]
+    older, required = _split_at_newest_turn(history_groups, pending_groups)
     required_tokens = sum(g.tokens for g in required)
     margin = 0.0 if source.exact else policy.estimate_margin
     budget = math.floor(policy.budget / (1 + margin))
@@ -190,6 +185,17 @@ def project(source: ProjectionInput) -> Projection:
     )
     messages = head.messages + tuple(m for g in window for m in g.messages)
     return Projection(messages, tuple(source.tools), meta)
+
+
+def _split_at_newest_turn(
+    history: list[_Group], pending: list[_Group]
+) -> tuple[list[_Group], list[_Group]]:
+    """(older, required): from the newest user message on, and all that is pending, must be
+    sent; older history is what the budget may drop."""
+    groups = history + pending
+    turn_starts = [i for i, g in enumerate(groups) if g.starts_turn]
+    newest = min(turn_starts[-1] if turn_starts else len(groups), len(history))
+    return groups[:newest], groups[newest:]
 
 
 def tail_suffices(entries: Sequence[JournalEntry], policy: ContextPolicy, recount: bool) -> bool:
