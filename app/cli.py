@@ -66,7 +66,30 @@ def serve(settings: Settings) -> None:
                 key_file.write_text(key + "\n")
             print(f"Development API key: {key}", flush=True)
         print(f"Threadline serving on http://{ready.host}:{ready.port}", flush=True)
-        uvicorn.run(create_app(ready), host=ready.host, port=ready.port, log_level=ready.log_level)
+        app = create_app(ready, workers=ready.worker_concurrency)
+        uvicorn.run(app, host=ready.host, port=ready.port, log_level=ready.log_level)
+
+
+def worker(settings: Settings, concurrency: int) -> None:
+    """Run workers alone (no API): more capacity against the same database, on any host."""
+    import logging
+
+    from app.worker.pool import worker_pool
+
+    logging.basicConfig(level=settings.log_level.upper())
+    if settings.database_url is None:
+        raise SystemExit("threadline worker needs THREADLINE_DATABASE_URL (the API's database)")
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        async with worker_pool(settings, concurrency):
+            print(f"Threadline worker running {concurrency} at once", flush=True)
+            await stop.wait()
+
+    asyncio.run(run())
 
 
 def migrate(settings: Settings) -> None:
@@ -109,6 +132,8 @@ def main(argv: list[str] | None = None) -> None:
     serve_cmd = commands.add_parser("serve", help="run the API (embedded Postgres by default)")
     serve_cmd.add_argument("--host")
     serve_cmd.add_argument("--port", type=int)
+    worker_cmd = commands.add_parser("worker", help="run workers only (needs a database URL)")
+    worker_cmd.add_argument("--concurrency", type=int, default=None)
     commands.add_parser("migrate", help="apply database migrations")
     keys = commands.add_parser("keys", help="manage API keys").add_subparsers(
         dest="keys_command", required=True
@@ -123,6 +148,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "serve":
         overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
         serve(settings.model_copy(update=overrides))
+    elif args.command == "worker":
+        worker(settings, args.concurrency or settings.worker_concurrency or 1)
     elif args.command == "migrate":
         migrate(settings)
     elif args.command == "keys":

@@ -40,6 +40,60 @@ class Settings(BaseSettings):
         default_factory=dict,
         description="Server-wide context policy fields (JSON), under each session's and ask's.",
     )
+    openai_api_key: str | None = Field(default=None, description="Key for openai:* models.")
+    openai_base_url: str | None = Field(
+        default=None, description="Override the OpenAI API URL (proxies, tests)."
+    )
+    anthropic_api_key: str | None = Field(default=None, description="Key for anthropic:* models.")
+    anthropic_base_url: str | None = Field(
+        default=None, description="Override the Anthropic API URL (proxies, tests)."
+    )
+    compat_endpoints: dict[str, str] = Field(
+        default_factory=dict,
+        description='OpenAI-compatible servers for compat:<name> models, as JSON: {"name": '
+        '"http://host:port/v1"} (vLLM, Ollama, llama.cpp server). A name may be "name/model" '
+        "to pick a model on that server.",
+    )
+    compat_api_key: str | None = Field(default=None, description="Key sent to compat servers.")
+    llm_max_retries: int = Field(
+        default=3, ge=0, description="Retries of a model call before its first delta (429/5xx)."
+    )
+    llm_retry_base_seconds: float = Field(
+        default=0.5, ge=0, description="First retry delay; doubles each retry, with jitter."
+    )
+    llm_request_timeout_seconds: float = Field(
+        default=120, gt=0, description="A model call that sends nothing for this long fails."
+    )
+    breaker_failures: int = Field(
+        default=5, ge=1, description="Consecutive failures after which a provider is skipped."
+    )
+    breaker_cooldown_seconds: float = Field(
+        default=30, ge=0, description="How long a tripped provider is skipped."
+    )
+    worker_concurrency: int = Field(
+        default=8, ge=0, description="Runs `threadline serve` executes at once (0: API only)."
+    )
+    worker_heartbeat_seconds: float = Field(
+        default=5, gt=0, description="How often a worker tells the queue it is alive."
+    )
+    stalled_after_seconds: float = Field(
+        default=30, gt=0, description="A worker silent this long is dead: its runs are retried."
+    )
+    stall_check_seconds: float = Field(
+        default=10, gt=0, description="How often workers look for stalled runs."
+    )
+    worker_shutdown_seconds: float = Field(
+        default=30, ge=0, description="How long a stopping worker lets its runs finish."
+    )
+    event_tick_seconds: float = Field(
+        default=0.05, gt=0, description="Group-commit interval of run events."
+    )
+    event_retention_seconds: float = Field(
+        default=3600, gt=0, description="Run events are kept this long after a run ends."
+    )
+    sse_heartbeat_seconds: float = Field(
+        default=15, gt=0, description="Comment lines keep idle SSE connections open."
+    )
     max_request_bytes: int = Field(
         default=1_048_576, ge=1024, description="Request bodies above this size answer 413."
     )

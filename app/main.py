@@ -7,24 +7,35 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from app.api import entries, health, projection, sessions
+from app.api import asks, entries, health, projection, runs, sessions
 from app.api.errors import install_error_handlers
+from app.api.hub import EventHub
 from app.api.limits import BodySizeLimit
 from app.config import Settings
 from app.db.engine import create_engine
+from app.worker.pool import libpq_url, worker_pool
 
 API_VERSION = "0.1.0"
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, *, workers: int = 0) -> FastAPI:
+    """The API; with `workers`, also that many run-executing workers in the same process."""
     settings = settings or Settings()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        assert settings.database_url is not None
         app.state.engine = create_engine(settings)
+        app.state.hub = EventHub(app.state.engine, libpq_url(settings.database_url))
+        await app.state.hub.start()
         try:
-            yield
+            if workers:  # `threadline serve`: the worker pool runs in this process too
+                async with worker_pool(settings, workers):
+                    yield
+            else:
+                yield
         finally:
+            await app.state.hub.stop()
             await app.state.engine.dispose()
 
     app = FastAPI(
@@ -42,5 +53,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(sessions.router)
     app.include_router(entries.router)
     app.include_router(projection.router)
+    app.include_router(asks.router)
+    app.include_router(runs.router)
     app.include_router(health.router)
     return app

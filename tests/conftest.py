@@ -25,6 +25,8 @@ from app.db.migrate import upgrade_to_head
 from app.main import create_app
 from app.services.keys import create_key
 
+pytest_plugins = ["tests.e2e"]
+
 
 @pytest.fixture(scope="session")
 def database_url() -> Iterator[str]:
@@ -119,15 +121,10 @@ class LiveServer:
     key: str
 
 
-@pytest.fixture(scope="session")
-def live_server(settings: Settings) -> Iterator[LiveServer]:
-    """The app under a real uvicorn on 127.0.0.1, in a thread with its own event loop."""
-    import asyncio
-
+def serve_in_thread(app: FastAPI) -> tuple[uvicorn.Server, threading.Thread, str]:
+    """A real uvicorn on 127.0.0.1 in a thread with its own event loop (SSE needs real HTTP)."""
     port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning")
-    )
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
@@ -135,17 +132,33 @@ def live_server(settings: Settings) -> Iterator[LiveServer]:
         if time.monotonic() > deadline or not thread.is_alive():
             raise RuntimeError("uvicorn did not start")
         time.sleep(0.05)
+    return server, thread, f"http://127.0.0.1:{port}"
+
+
+def stop_thread_server(server: uvicorn.Server, thread: threading.Thread) -> None:
+    server.should_exit = True
+    thread.join(timeout=30)
+
+
+def issue_key(settings: Settings, tenant: str) -> str:
+    """A key made from outside any running event loop (session fixtures)."""
+    import asyncio
+
+    from app.db.engine import create_engine
 
     async def issue() -> str:
-        from app.db.engine import create_engine
-
         engine = create_engine(settings)
         try:
-            return await create_key(engine, f"live-{uuid.uuid4()}")
+            return await create_key(engine, tenant)
         finally:
             await engine.dispose()
 
-    key = asyncio.run(issue())
-    yield LiveServer(f"http://127.0.0.1:{port}", key)
-    server.should_exit = True
-    thread.join(timeout=10)
+    return asyncio.run(issue())
+
+
+@pytest.fixture(scope="session")
+def live_server(settings: Settings) -> Iterator[LiveServer]:
+    """The API alone (no workers) under a real uvicorn."""
+    server, thread, url = serve_in_thread(create_app(settings))
+    yield LiveServer(url, issue_key(settings, f"live-{uuid.uuid4()}"))
+    stop_thread_server(server, thread)

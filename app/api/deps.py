@@ -8,6 +8,7 @@ from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.api.hub import EventHub
 from app.config import Settings
 from app.services.keys import tenant_for_key
 
@@ -17,6 +18,11 @@ _bearer = HTTPBearer(auto_error=False, description="An API key: `threadline keys
 def get_engine(request: Request) -> AsyncEngine:
     engine: AsyncEngine = request.app.state.engine
     return engine
+
+
+def get_hub(request: Request) -> EventHub:
+    hub: EventHub = request.app.state.hub
+    return hub
 
 
 def get_settings(request: Request) -> Settings:
@@ -41,3 +47,4 @@ async def get_tenant(
 Engine = Annotated[AsyncEngine, Depends(get_engine)]
 Config = Annotated[Settings, Depends(get_settings)]
 Tenant = Annotated[str, Depends(get_tenant)]
+Hub = Annotated[EventHub, Depends(get_hub)]

@@ -10,6 +10,7 @@ from sqlalchemy import RowMapping
 
 from app.core import metadata as metadata_rules
 from app.core.entries import (
+    ContentPart,
     MessagePayload,
     RollbackPayload,
     SummaryPayload,
@@ -282,3 +283,74 @@ class ContextUsage(BaseModel):
     breakdown: dict[str, int] = Field(
         description="Tokens by segment: system, summary, tools, history."
     )
+
+
+class AskRequest(Strict):
+    input: str | Annotated[list[ContentPart], Field(min_length=1)] = Field(
+        description="The user's message: text, or content parts."
+    )
+    model: ModelName | None = Field(default=None, description="Default: the session's model.")
+    context_policy: ContextPolicyPatch | None = None
+    max_output_tokens: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
+    metadata: Metadata = Field(default_factory=dict)
+    stream: bool = Field(default=True, description="true: answer with the run's SSE stream.")
+    multitask_strategy: Literal["reject", "enqueue", "interrupt", "rollback"] = Field(
+        default="reject",
+        description="When a run is in progress: reject (409), enqueue (run after it), "
+        "interrupt (cancel it, then run), rollback (cancel it and take its entries out of "
+        "the context, then run).",
+    )
+    on_disconnect: Literal["continue", "cancel"] = Field(
+        default="continue", description="cancel: a stream client going away cancels the run."
+    )
+
+
+class RunUsage(BaseModel):
+    input_tokens: int
+    output_tokens: int
+    cached_tokens: int
+    cost_usd: float | None
+
+
+class Run(BaseModel):
+    id: str
+    session_id: str
+    status: Literal[
+        "queued", "running", "requires_action", "completed", "failed", "cancelled", "interrupted"
+    ]
+    model: str
+    user_entry_seq: int | None
+    end_entry_seq: int | None
+    result: str | None = Field(description="The final (or partial) assistant text.")
+    error: dict[str, Any] | None
+    usage: RunUsage
+    attempts: int
+    cancel_mode: str | None
+    created_at: datetime
+    started_at: datetime | None
+    ended_at: datetime | None
+
+    @classmethod
+    def from_row(cls, row: RowMapping) -> Run:
+        return cls(
+            id=str(row["id"]),
+            session_id=str(row["session_id"]),
+            status=row["status"],
+            model=row["model"],
+            user_entry_seq=row["user_entry_seq"],
+            end_entry_seq=row["end_entry_seq"],
+            result=row["result"],
+            error=row["error"],
+            usage=RunUsage(
+                input_tokens=row["input_tokens"],
+                output_tokens=row["output_tokens"],
+                cached_tokens=row["cached_tokens"],
+                cost_usd=float(row["cost_usd"]) if row["cost_usd"] is not None else None,
+            ),
+            attempts=row["attempts"],
+            cancel_mode=row["cancel_mode"],
+            created_at=row["created_at"],
+            started_at=row["started_at"],
+            ended_at=row["ended_at"],
+        )

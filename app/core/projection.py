@@ -69,6 +69,7 @@ class ProjectionInput:
     pending: Sequence[PendingEntry] = ()
     system_prompt: str | None = None
     tools: Sequence[ToolSpec] = ()
+    run_id: str | None = None  # projecting for this run: later asks are not its business
 
 
 @dataclass(frozen=True)
@@ -127,14 +128,17 @@ def project(source: ProjectionInput) -> Projection:
     tokens_of = _entry_counter(counter)
     kept = _without_rolled_back(source.entries)
     summary = _checkpoint(kept, policy)
-    history = [
-        e
-        for e in kept
-        if e.kind in _MODEL_KINDS
-        and e.kind != EntryKind.SUMMARY
-        and e.kind in policy.include_kinds
-        and (summary is None or e.seq > summary.payload["to_seq"])
-    ]
+    history = _in_run_order(
+        [
+            e
+            for e in kept
+            if e.kind in _MODEL_KINDS
+            and e.kind != EntryKind.SUMMARY
+            and e.kind in policy.include_kinds
+            and (summary is None or e.seq > summary.payload["to_seq"])
+        ],
+        source.run_id,
+    )
     offsets = _offsets(source.entries, source.token_total)
     history_groups = _groups(history, tokens_of, counter, offsets)
     pending_groups = _groups(
@@ -221,6 +225,28 @@ def _entry_counter(counter: TokenCounter) -> Any:
     if counter.name == STORED_ENCODING:
         return lambda e: e.token_count  # counted once, at append: read, not recomputed
     return lambda e: entry_tokens(EntryKind(e.kind), e.payload, e.refs, counter)
+
+
+def _in_run_order(entries: list[JournalEntry], run_id: str | None) -> list[JournalEntry]:
+    """Each run's entries right after the user message that started it; with `run_id`, without
+    the asks that came after that run's.
+
+    Asks queued behind a running run are committed when they arrive, so seqs interleave: the
+    user's second message can precede the answer to the first. A model must see each answer
+    after its question, and a run must not answer a question asked after it.
+    """
+    inputs = {
+        str(e.refs["run_id"]): e.seq
+        for e in entries
+        if e.kind == EntryKind.MESSAGE and e.payload.get("role") == "user" and "run_id" in e.refs
+    }
+
+    def anchor(entry: JournalEntry) -> int:
+        return inputs.get(str(entry.refs.get("run_id")), entry.seq)
+
+    limit = inputs.get(run_id) if run_id is not None else None
+    ordered = [e for e in entries if limit is None or anchor(e) <= limit]
+    return sorted(ordered, key=lambda e: (anchor(e), e.seq))
 
 
 def _without_rolled_back(entries: Sequence[JournalEntry]) -> list[JournalEntry]:

@@ -128,3 +128,58 @@ entries = Table(
         postgresql_where=text("kind = 'summary'"),
     ),
 )
+
+RUN_ACTIVE = ("queued", "running", "requires_action")
+RUN_TERMINAL = ("completed", "failed", "cancelled", "interrupted")
+
+runs = Table(
+    "runs",
+    metadata,
+    Column("id", UUID(as_uuid=False), primary_key=True, server_default=text("gen_random_uuid()")),
+    Column(
+        "tenant_id",
+        UUID(as_uuid=False),
+        ForeignKey("tenants.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    Column(
+        "session_id",
+        UUID(as_uuid=False),
+        ForeignKey("sessions.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    Column("status", Text, nullable=False, server_default=text("'queued'")),
+    Column("model", Text, nullable=False),
+    # What the ask asked for: max_output_tokens, temperature, context_policy, metadata,
+    # on_disconnect, fallback_model.
+    Column("params", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("idempotency_key", Text),
+    Column("user_entry_seq", BigInteger),
+    Column("end_entry_seq", BigInteger),  # the run_end entry: rollbacks reach up to it
+    Column("attempts", Integer, nullable=False, server_default=text("0")),
+    Column("result", Text),
+    Column("error", JSONB),
+    Column("cancel_mode", Text),  # set when a cancel was requested: cancel | interrupt | rollback
+    Column("job_id", BigInteger),
+    Column("input_tokens", BigInteger, nullable=False, server_default=text("0")),
+    Column("output_tokens", BigInteger, nullable=False, server_default=text("0")),
+    Column("cached_tokens", BigInteger, nullable=False, server_default=text("0")),
+    Column("cost_usd", Numeric(20, 10)),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("started_at", DateTime(timezone=True)),
+    Column("ended_at", DateTime(timezone=True)),
+    UniqueConstraint("session_id", "idempotency_key", name="runs_idempotency_key"),
+)
+
+run_events = Table(
+    "run_events",
+    metadata,
+    Column(
+        "run_id", UUID(as_uuid=False), ForeignKey("runs.id", ondelete="CASCADE"), nullable=False
+    ),
+    Column("seq", Integer, nullable=False),
+    Column("type", Text, nullable=False),
+    Column("data", JSONB, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    PrimaryKeyConstraint("run_id", "seq", name="run_events_pkey"),
+)

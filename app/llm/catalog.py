@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
 from functools import cache
 
 from app.core.policy import DEFAULT_CONTEXT_WINDOW
@@ -33,3 +34,22 @@ def context_window(model: str) -> int:
         if info.context_window:
             return int(info.context_window)
     return DEFAULT_CONTEXT_WINDOW
+
+
+def cost_usd(
+    model: str, input_tokens: int, output_tokens: int, cached_tokens: int
+) -> Decimal | None:
+    """What a call cost, where genai-prices knows the model's price; None elsewhere."""
+    provider, _, name = model.partition(":")
+    if provider not in ("openai", "anthropic"):
+        return None
+    from genai_prices import Usage, calc_price
+
+    # genai-prices counts cache reads inside input_tokens, as both providers report them.
+    usage = Usage(
+        input_tokens=input_tokens, output_tokens=output_tokens, cache_read_tokens=cached_tokens
+    )
+    try:
+        return Decimal(calc_price(usage, model_ref=name, provider_id=provider).total_price)
+    except LookupError:
+        return None

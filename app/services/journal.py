@@ -67,37 +67,62 @@ async def append_entries(
     rows = (
         await asyncio.to_thread(_prepare, new_entries) if size > 65_536 else _prepare(new_entries)
     )
-    client_ids = [e.id for e in new_entries if e.id is not None]
     for _ in range(_APPEND_ATTEMPTS):
         try:
             async with engine.begin() as conn:
-                if client_ids:
-                    replay = await _find_replay(conn, tenant_id, session_id, rows, client_ids)
-                    if replay is not None:
-                        return replay
-                # Without client ids the common path is this one statement: reserve the seqs.
-                tokens = sum(r["token_count"] for r in rows)
-                rev = await sessions_db.advance_rev(
-                    conn, tenant_id, session_id, len(rows), tokens, expected_rev
-                )
-                if rev is None:
-                    current = await sessions_db.current_rev(conn, tenant_id, session_id)
-                    if current is None:
-                        raise session_not_found(session_id)
-                    raise Conflict(
-                        "rev_conflict",
-                        f"the session is at rev {current}, not {expected_rev}",
-                        {"current_rev": current, "expected_rev": expected_rev},
-                    )
-                first = rev - len(rows) + 1
-                stored = await journal_db.insert_entries(
-                    conn, session_id, [{**r, "seq": first + i} for i, r in enumerate(rows)]
-                )
-                return AppendResult(stored, rev, replayed=False)
+                return await _append_rows(conn, tenant_id, session_id, rows, expected_rev)
         except IntegrityError as exc:
             if "entries_session_entry_id" not in str(exc.orig):
                 raise
     raise Conflict("append_conflict", "concurrent appends kept colliding; retry", {})
+
+
+async def append_in(
+    conn: AsyncConnection, tenant_id: str, session_id: str, new_entries: Sequence[NewEntry]
+) -> AppendResult:
+    """Append inside the caller's transaction (a use case writing entries with other rows).
+
+    Entries with ids already in the thread make it a replay, as for append_entries.
+    """
+    return await _append_rows(conn, tenant_id, session_id, _prepare(new_entries), None)
+
+
+async def _append_rows(
+    conn: AsyncConnection,
+    tenant_id: str,
+    session_id: str,
+    rows: list[dict[str, Any]],
+    expected_rev: int | None,
+) -> AppendResult:
+    client_ids = [r["id"] for r in rows if r["client_id"]]
+    if client_ids:
+        replay = await _find_replay(conn, tenant_id, session_id, rows, client_ids)
+        if replay is not None:
+            return replay
+    # Without client ids the common path is this one statement: reserve the seqs.
+    tokens = sum(r["token_count"] for r in rows)
+    rev = await sessions_db.advance_rev(
+        conn, tenant_id, session_id, len(rows), tokens, expected_rev
+    )
+    if rev is None:
+        current = await sessions_db.current_rev(conn, tenant_id, session_id)
+        if current is None:
+            raise session_not_found(session_id)
+        raise Conflict(
+            "rev_conflict",
+            f"the session is at rev {current}, not {expected_rev}",
+            {"current_rev": current, "expected_rev": expected_rev},
+        )
+    first = rev - len(rows) + 1
+    stored = await journal_db.insert_entries(
+        conn,
+        session_id,
+        [
+            {k: v for k, v in r.items() if k != "client_id"} | {"seq": first + i}
+            for i, r in enumerate(rows)
+        ],
+    )
+    return AppendResult(stored, rev, replayed=False)
 
 
 async def read_history(
@@ -154,6 +179,7 @@ def _prepare(new_entries: Sequence[NewEntry]) -> list[dict[str, Any]]:
         rows.append(
             {
                 "id": entry.id or str(uuid.uuid4()),
+                "client_id": entry.id is not None,
                 "kind": str(entry.kind),
                 "payload": payload,
                 "refs": refs,

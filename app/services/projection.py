@@ -55,6 +55,7 @@ async def project_session(
     pending: Sequence[PendingEntry] = (),
     policy: Mapping[str, Any] | None = None,
     model: str | None = None,
+    run_id: str | None = None,
 ) -> SessionProjection:
     """Exactly what an ask would send now; reads only the tail the budget can use, writes
     nothing. Raises Invalid (context_overflow, invalid_policy) when there is no valid answer."""
@@ -62,7 +63,7 @@ async def project_session(
         session = await sessions_db.get_session(conn, tenant_id, session_id)
         if session is None:
             raise session_not_found(session_id)
-        projected, _ = await _project(conn, settings, session, pending, policy, model)
+        projected, _ = await _project(conn, settings, session, pending, policy, model, run_id)
         return projected
 
 
@@ -74,7 +75,7 @@ async def session_context(
         session = await sessions_db.get_session(conn, tenant_id, session_id)
         if session is None:
             raise session_not_found(session_id)
-        projected, thread = await _project(conn, settings, session, (), None, None)
+        projected, thread = await _project(conn, settings, session, (), None, None, None)
         return SessionContext(projected, await journal_db.count_kind(conn, thread, "summary"))
 
 
@@ -85,6 +86,7 @@ async def _project(
     pending: Sequence[PendingEntry],
     overrides: Mapping[str, Any] | None,
     model_override: str | None,
+    run_id: str | None,
 ) -> tuple[SessionProjection, list[Segment]]:
     config = session["config"]
     model = model_override or config.get("model") or settings.default_model
@@ -111,6 +113,7 @@ async def _project(
         pending=pending,
         system_prompt=config.get("system_prompt"),
         tools=tool_specs(config.get("tools") or []),
+        run_id=run_id,
     )
     try:
         projection = project(source)

@@ -477,3 +477,16 @@ def _newest_user_text(j: Journal, pending: list[PendingEntry], policy: ContextPo
         m for m in projected.messages if m.role == "user" and isinstance(m.content, str)
     ]
     return str(users[-1].content) if users else None
+
+
+def test_queued_asks_are_ordered_by_run_and_hidden_from_earlier_runs() -> None:
+    """An ask queued behind a running run is committed before that run's answer."""
+    j = Journal()
+    j.add("message", {"role": "user", "content": "one"}, run_id="r1")
+    j.add("run_start", {"run_id": "r1"}, run_id="r1")
+    j.add("message", {"role": "user", "content": "two"}, run_id="r2")
+    j.add("run_start", {"run_id": "r2"}, run_id="r2")
+    j.add("message", {"role": "assistant", "content": "answer one"}, run_id="r1")
+    assert texts(j.project(run_id="r1")) == ["one", "answer one"]
+    assert texts(j.project(run_id="r2")) == ["one", "answer one", "two"]
+    assert texts(j.project()) == ["one", "answer one", "two"]

@@ -1,0 +1,96 @@
+"""Routes for asking: commit the user's words, run the model, stream the answer."""
+
+from __future__ import annotations
+
+from typing import Annotated
+from uuid import UUID
+
+from fastapi import APIRouter, Header, Response
+from fastapi.responses import JSONResponse
+
+from app.api.deps import Config, Engine, Hub, Tenant
+from app.api.errors import error_responses
+from app.api.schemas import AskRequest, Run
+from app.api.sse import SSE_RESPONSE, event_stream, resume_point
+from app.services import asks as service
+
+router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["runs"])
+
+
+@router.post(
+    "/ask",
+    operation_id="ask",
+    response_model=None,
+    responses={
+        **SSE_RESPONSE,
+        202: {"model": Run, "description": "stream: false: the run, queued."},
+        **error_responses(400, 401, 404, 409, 413, 422),
+    },
+)
+async def ask(
+    session_id: UUID,
+    body: AskRequest,
+    engine: Engine,
+    tenant: Tenant,
+    settings: Config,
+    hub: Hub,
+    idempotency_key: Annotated[
+        str | None,
+        Header(max_length=255, description="A retried ask with the same key returns its run."),
+    ] = None,
+) -> Response:
+    """Commit the user's entry and start a run; stream its events, or answer 202 with it."""
+    content = (
+        body.input
+        if isinstance(body.input, str)
+        else [p.model_dump(mode="json", exclude_none=True) for p in body.input]
+    )
+    params = service.AskParams(
+        content=content,
+        model=body.model,
+        context_policy=body.context_policy.model_dump(exclude_none=True)
+        if body.context_policy is not None
+        else None,
+        max_output_tokens=body.max_output_tokens,
+        temperature=body.temperature,
+        metadata=body.metadata,
+        multitask_strategy=body.multitask_strategy,
+        on_disconnect=body.on_disconnect,
+        idempotency_key=idempotency_key,
+    )
+    result = await service.ask(engine, settings, tenant, str(session_id), params)
+    run_id = str(result.run["id"])
+    if not body.stream:
+        return JSONResponse(Run.from_row(result.run).model_dump(mode="json"), status_code=202)
+
+    async def cancel_run() -> None:
+        await service.cancel_run(engine, tenant, run_id)
+
+    gone = cancel_run if body.on_disconnect == "cancel" else None
+    return event_stream(hub, run_id, 0, settings.sse_heartbeat_seconds, gone)
+
+
+@router.get(
+    "/stream",
+    operation_id="joinSessionStream",
+    response_model=None,
+    responses={
+        **SSE_RESPONSE,
+        204: {"description": "No run is in progress."},
+        **error_responses(401, 404, 422),
+    },
+)
+async def join_stream(
+    session_id: UUID,
+    engine: Engine,
+    tenant: Tenant,
+    settings: Config,
+    hub: Hub,
+    last_event_id: Annotated[str | None, Header(max_length=32)] = None,
+) -> Response:
+    """Reattach to the session's active run (e.g. after a page refresh)."""
+    run = await service.active_run(engine, tenant, str(session_id))
+    if run is None:
+        return Response(status_code=204)
+    after = resume_point(last_event_id, None)
+    return event_stream(hub, str(run["id"]), after, settings.sse_heartbeat_seconds)

@@ -1,0 +1,158 @@
+"""The event hub: one LISTEN connection per API process, fanning run events out to SSE clients.
+
+A worker's tick sends one NOTIFY naming the runs with new events. The hub fetches them for every
+followed run in one query and hands each row to that run's subscribers. A subscriber first
+catches up from the table (replay), then takes live rows, skipping what it has and refilling
+any gap from the table: every event exactly once, in order, on any API instance.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.db import events as events_db
+
+log = logging.getLogger(__name__)
+PAGE = 1000
+
+
+@dataclass
+class _Feed:
+    subscribers: set[asyncio.Queue[dict[str, Any]]] = field(default_factory=set)
+    cursor: int = 0  # the highest seq fetched and handed out for this run
+
+
+class EventHub:
+    def __init__(self, engine: AsyncEngine, libpq_url: str, poll_seconds: float = 2.0) -> None:
+        self._engine = engine
+        self._url = libpq_url
+        self._poll = poll_seconds
+        self._feeds: dict[str, _Feed] = {}
+        self._listener: asyncpg.Connection | None = None
+        self._wanted: dict[str, int] | None = {}  # runs to fetch; None: all of them
+        self._fetch_needed = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._listen(), name="event-hub-listen"),
+            asyncio.create_task(self._fetch_loop(), name="event-hub-fetch"),
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+        if self._listener is not None:
+            with contextlib.suppress(Exception):
+                await self._listener.close()
+
+    async def follow(self, run_id: str, after_seq: int = 0) -> AsyncIterator[dict[str, Any]]:
+        """The run's events after `after_seq`, replayed then live, until its terminal event."""
+        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        feed = self._feeds.setdefault(run_id, _Feed(cursor=after_seq))
+        feed.subscribers.add(queue)  # before the replay: nothing committed later is missed
+        last = after_seq
+        try:
+            while True:
+                rows = await self._read(run_id, last)
+                for row in rows:
+                    yield row
+                    last = row["seq"]
+                    if row["type"] in events_db.TERMINAL_TYPES:
+                        return
+                if len(rows) < PAGE:
+                    break
+            feed.cursor = max(feed.cursor, last)
+            while True:
+                try:
+                    row = await asyncio.wait_for(queue.get(), timeout=self._poll)
+                except TimeoutError:  # a lost notification must not stall a stream
+                    backlog = await self._read(run_id, last)
+                else:
+                    if row["seq"] <= last:
+                        continue
+                    backlog = [row] if row["seq"] == last + 1 else await self._read(run_id, last)
+                for row in backlog:
+                    yield row
+                    last = row["seq"]
+                    if row["type"] in events_db.TERMINAL_TYPES:
+                        return
+        finally:
+            feed.subscribers.discard(queue)
+            if not feed.subscribers and self._feeds.get(run_id) is feed:
+                del self._feeds[run_id]
+
+    async def _read(self, run_id: str, after_seq: int) -> list[dict[str, Any]]:
+        async with self._engine.connect() as conn:
+            return [dict(r) for r in await events_db.read_events(conn, run_id, after_seq, PAGE)]
+
+    def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+        try:
+            message = json.loads(payload)
+        except ValueError:
+            message = {"all": True}
+        if message.get("all") or self._wanted is None:
+            self._wanted = None
+        else:
+            for run, seq in message.get("runs", {}).items():
+                self._wanted[run] = max(seq, self._wanted.get(run, 0))
+        self._fetch_needed.set()
+
+    async def _fetch_loop(self) -> None:
+        while True:
+            await self._fetch_needed.wait()
+            self._fetch_needed.clear()
+            wanted, self._wanted = self._wanted, {}
+            cursors = {
+                run: feed.cursor
+                for run, feed in self._feeds.items()
+                if feed.subscribers and (wanted is None or wanted.get(run, 0) > feed.cursor)
+            }
+            if not cursors:
+                continue
+            try:
+                async with self._engine.connect() as conn:
+                    rows = await events_db.read_events_of_runs(conn, cursors)
+            except Exception:
+                log.exception("fetching run events failed")
+                self._wanted = None  # try everything again on the next wake
+                continue
+            for row in rows:
+                feed = self._feeds.get(str(row["run_id"]))
+                if feed is None or row["seq"] <= feed.cursor:
+                    continue
+                feed.cursor = row["seq"]
+                for queue in feed.subscribers:
+                    queue.put_nowait(dict(row))
+
+    async def _listen(self) -> None:
+        """Keep one LISTEN connection; after any reconnect, fetch everything followed."""
+        while True:
+            try:
+                lost = asyncio.Event()
+                self._listener = await asyncpg.connect(self._url)
+                self._listener.add_termination_listener(lambda _conn, lost=lost: lost.set())
+                await self._listener.add_listener(events_db.CHANNEL, self._on_notify)
+                self._wanted = None
+                self._fetch_needed.set()
+                await lost.wait()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("event hub LISTEN connection failed; reconnecting")
+            finally:
+                if self._listener is not None:
+                    with contextlib.suppress(Exception):
+                        await self._listener.close()
+            await asyncio.sleep(1)

@@ -1,0 +1,71 @@
+"""Routes for runs: status, event stream (replay + live), cancel."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Annotated
+from uuid import UUID
+
+from fastapi import APIRouter, Header, Query, Response
+
+from app.api.deps import Config, Engine, Hub, Tenant
+from app.api.errors import error_responses
+from app.api.schemas import Run
+from app.api.sse import SSE_RESPONSE, event_stream, resume_point
+from app.db.tables import RUN_TERMINAL
+from app.services import asks as service
+
+router = APIRouter(prefix="/v1/runs/{run_id}", tags=["runs"])
+
+
+@router.get("", operation_id="getRun", responses=error_responses(401, 404, 422))
+async def get_run(
+    run_id: UUID,
+    engine: Engine,
+    tenant: Tenant,
+    hub: Hub,
+    wait: Annotated[bool, Query(description="Block until the run has ended.")] = False,
+    wait_seconds: Annotated[
+        float, Query(alias="timeout", gt=0, le=600, description="Most seconds to wait.")
+    ] = 60,
+) -> Run:
+    """Status, usage and result of a run; with `wait=true`, once it has ended (or timed out)."""
+    run = await service.get_run(engine, tenant, str(run_id))
+    if wait and run["status"] not in RUN_TERMINAL:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(_until_ended(hub, str(run_id)), wait_seconds)
+        run = await service.get_run(engine, tenant, str(run_id))
+    return Run.from_row(run)
+
+
+async def _until_ended(hub: Hub, run_id: str) -> None:
+    async for _ in hub.follow(run_id):
+        pass
+
+
+@router.get(
+    "/events",
+    operation_id="streamRunEvents",
+    response_model=None,
+    responses={**SSE_RESPONSE, **error_responses(401, 404, 422)},
+)
+async def run_events(
+    run_id: UUID,
+    engine: Engine,
+    tenant: Tenant,
+    settings: Config,
+    hub: Hub,
+    last_event_id: Annotated[str | None, Header(max_length=32)] = None,
+    starting_after: Annotated[int | None, Query(ge=0, le=2**31)] = None,
+) -> Response:
+    """Every event after Last-Event-ID (or starting_after) exactly once, then live ones."""
+    await service.get_run(engine, tenant, str(run_id))  # 404 for others' runs
+    after = resume_point(last_event_id, starting_after)
+    return event_stream(hub, str(run_id), after, settings.sse_heartbeat_seconds)
+
+
+@router.post("/cancel", operation_id="cancelRun", responses=error_responses(401, 404, 422))
+async def cancel(run_id: UUID, engine: Engine, tenant: Tenant) -> Run:
+    """Stop a run: its partial answer is committed marked incomplete; it ends `cancelled`."""
+    return Run.from_row(await service.cancel_run(engine, tenant, str(run_id)))

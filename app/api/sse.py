@@ -1,0 +1,70 @@
+"""Server-Sent Events of a run: `id:` is the event's seq, `event:` its type, `data:` JSON.
+
+Resuming is exactly-once: a client reconnects with `Last-Event-ID` (or `?starting_after=`) and
+gets every later event once, on any API instance. Comment lines keep idle connections alive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from sse_starlette import EventSourceResponse, ServerSentEvent
+
+from app.api.hub import EventHub
+
+SSE_DESCRIPTION = (
+    "A stream of run events (text/event-stream). Each event has `id:` (the run event's seq, "
+    "for Last-Event-ID), `event:` (its type) and JSON `data:`. Types: `run.created` {run_id, "
+    "session_id, user_entry_seq, model}, `run.started` {attempt}, `message.reset` (a retried "
+    "run starts its answer over), `message.delta` {text}, `context.warning` {level, tokens, "
+    "budget, percent}, `entry.committed` {seq, kind, id}, `usage` {input_tokens, "
+    "output_tokens, cached_tokens, cost_usd}, and exactly one terminal event: `run.completed` "
+    "{text, usage}, `run.failed` {error: {code, message}, partial_text} or `run.cancelled` "
+    "{reason, partial_text}. Lines starting with `:` are heartbeats."
+)
+SSE_RESPONSE: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": SSE_DESCRIPTION,
+        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    }
+}
+
+
+def event_stream(
+    hub: EventHub,
+    run_id: str,
+    after_seq: int,
+    heartbeat_seconds: float,
+    on_client_gone: Callable[[], Awaitable[None]] | None = None,
+) -> EventSourceResponse:
+    async def events() -> AsyncIterator[ServerSentEvent]:
+        finished = False
+        try:
+            async for row in hub.follow(run_id, after_seq):
+                yield ServerSentEvent(
+                    data=json.dumps(row["data"], separators=(",", ":")),
+                    event=row["type"],
+                    id=str(row["seq"]),
+                )
+            finished = True
+        finally:
+            # sse-starlette ends the generator with CancelledError when the client leaves;
+            # that is not a cancel of the run, unless the ask asked for it.
+            if not finished and on_client_gone is not None:
+                await asyncio.shield(on_client_gone())
+
+    return EventSourceResponse(
+        events(),
+        ping=heartbeat_seconds,
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+def resume_point(last_event_id: str | None, starting_after: int | None) -> int:
+    """Where a reconnecting client resumes: after Last-Event-ID, else after starting_after."""
+    if last_event_id is not None and last_event_id.strip().isdigit():
+        return int(last_event_id)
+    return starting_after or 0

@@ -1,0 +1,77 @@
+"""Run event queries: the SSE log of each run, and the notification that new events exist."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import RowMapping, func, select, text
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.db.tables import run_events, runs
+
+CHANNEL = "threadline_run_events"
+# NOTIFY payloads are limited to 8000 bytes; past this a notification just says "look".
+_MAX_PAYLOAD = 7000
+TERMINAL_TYPES = frozenset({"run.completed", "run.failed", "run.cancelled"})
+
+
+async def insert_events(conn: AsyncConnection, rows: Sequence[Mapping[str, Any]]) -> None:
+    """One multi-row INSERT for a whole batch (the group commit)."""
+    if rows:
+        await conn.execute(run_events.insert(), [dict(r) for r in rows])
+
+
+async def notify(conn: AsyncConnection, last_seqs: Mapping[str, int]) -> None:
+    """Tell every API process which runs have events up to which seq (sent on commit)."""
+    payload = json.dumps({"runs": dict(last_seqs)}, separators=(",", ":"))
+    if len(payload) > _MAX_PAYLOAD:
+        payload = '{"all":true}'
+    await conn.execute(
+        text("SELECT pg_notify(:channel, :payload)"), {"channel": CHANNEL, "payload": payload}
+    )
+
+
+async def last_seq(conn: AsyncConnection, run_id: str) -> int:
+    query = select(func.coalesce(func.max(run_events.c.seq), 0)).where(
+        run_events.c.run_id == run_id
+    )
+    return int((await conn.execute(query)).scalar_one())
+
+
+async def read_events(
+    conn: AsyncConnection, run_id: str, after_seq: int, limit: int = 1000
+) -> list[RowMapping]:
+    query = (
+        select(run_events.c.run_id, run_events.c.seq, run_events.c.type, run_events.c.data)
+        .where(run_events.c.run_id == run_id, run_events.c.seq > after_seq)
+        .order_by(run_events.c.seq)
+        .limit(limit)
+    )
+    return list((await conn.execute(query)).mappings())
+
+
+async def read_events_of_runs(
+    conn: AsyncConnection, cursors: Mapping[str, int], limit: int = 5000
+) -> list[RowMapping]:
+    """New events of several runs at once, each after its own cursor."""
+    if not cursors:
+        return []
+    query = text(
+        "SELECT e.run_id, e.seq, e.type, e.data FROM run_events e"
+        " JOIN unnest(CAST(:ids AS uuid[]), CAST(:afters AS int[])) AS c(run_id, after_seq)"
+        " ON e.run_id = c.run_id AND e.seq > c.after_seq"
+        " ORDER BY e.run_id, e.seq LIMIT :limit"
+    ).columns(run_events.c.run_id, run_events.c.seq, run_events.c.type, run_events.c.data)
+    params = {"ids": list(cursors), "afters": list(cursors.values()), "limit": limit}
+    return list((await conn.execute(query, params)).mappings())
+
+
+async def prune(conn: AsyncConnection, retention_seconds: float) -> int:
+    """Drop the events of runs that ended longer ago than the retention; the journal remains."""
+    ended = select(runs.c.id).where(
+        runs.c.ended_at < func.now() - func.make_interval(0, 0, 0, 0, 0, 0, retention_seconds)
+    )
+    result = await conn.execute(run_events.delete().where(run_events.c.run_id.in_(ended)))
+    return int(result.rowcount or 0)

@@ -1,0 +1,85 @@
+"""The provider interface: one streaming call, provider-neutral events, classified errors."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from app.core.messages import Message, ToolSpec
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRequest:
+    model: str  # the provider's own model name (what follows "provider:")
+    messages: Sequence[Message]
+    tools: Sequence[ToolSpec] = ()
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallDelta:
+    """A piece of a streamed tool call; pieces with the same index belong to one call."""
+
+    index: int
+    id: str | None
+    name: str | None
+    arguments: str  # a fragment of the JSON arguments
+
+
+@dataclass(frozen=True, slots=True)
+class UsageReport:
+    input_tokens: int
+    output_tokens: int
+    cached_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    reason: str  # stop | length | tool_calls | content_filter | ... as the provider says
+
+
+StreamEvent = TextDelta | ToolCallDelta | UsageReport | Finish
+
+ErrorKind = Literal[
+    "rate_limited",
+    "overloaded",
+    "server",
+    "timeout",
+    "connection",
+    "bad_request",
+    "auth",
+    "not_found",
+    "unavailable",
+]
+RETRYABLE: frozenset[str] = frozenset(
+    {"rate_limited", "overloaded", "server", "timeout", "connection"}
+)
+
+
+class ProviderError(Exception):
+    """A failed model call, classified so the router knows whether to retry or fall back."""
+
+    def __init__(self, kind: ErrorKind, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.status = status
+
+    @property
+    def retryable(self) -> bool:
+        return self.kind in RETRYABLE
+
+
+class Provider(Protocol):
+    """One provider family (openai, anthropic, compat, local)."""
+
+    def stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
+        """Stream the model's answer; raise ProviderError for any failure."""
+        ...

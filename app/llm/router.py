@@ -1,0 +1,242 @@
+"""Model routing: provider by model string, retries before the first delta, fallback,
+circuit breaker.
+
+A model string is "<prefix>:<rest>": openai:<name>, anthropic:<name>, compat:<endpoint> or
+compat:<endpoint>/<name> (an OpenAI-compatible server from settings.compat_endpoints). Other
+prefixes (local:...) are served by factories registered with `Router.register`.
+
+A call is retried only while nothing has been yielded: once the caller has seen a delta, a
+failure propagates unchanged and the caller keeps what it got as an incomplete answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from dataclasses import dataclass, replace
+
+from app.config import Settings
+from app.llm.anthropic_provider import AnthropicProvider
+from app.llm.base import ModelRequest, Provider, ProviderError, StreamEvent
+from app.llm.openai_provider import OpenAIProvider
+
+MAX_RETRY_DELAY_SECONDS = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Where a model string goes.
+
+    `key` names one provider instance: providers are built once per key and share a circuit
+    breaker. `model` is the provider's own model name; `build` makes the provider on first use.
+    """
+
+    key: str
+    model: str
+    build: Callable[[], Provider]
+
+
+# Receives what follows "<prefix>:" and says where it goes (or raises ProviderError).
+ProviderFactory = Callable[[str], Route]
+
+
+@dataclass(slots=True)
+class _Breaker:
+    failures: int = 0  # consecutive failed calls
+    open_until: float | None = None
+
+
+class Router:
+    def __init__(self, settings: Settings, clock: Callable[[], float] = time.monotonic) -> None:
+        self._settings = settings
+        self._clock = clock
+        self._factories: dict[str, ProviderFactory] = {
+            "openai": self._openai,
+            "anthropic": self._anthropic,
+            "compat": self._compat,
+        }
+        self._providers: dict[str, Provider] = {}
+        self._breakers: dict[str, _Breaker] = {}
+
+    # --- Resolving model strings ---------------------------------------------------------
+
+    def register(self, prefix: str, factory: ProviderFactory) -> None:
+        """Serve "<prefix>:..." models (replacing any factory the prefix had)."""
+        self._factories[prefix] = factory
+
+    def route(self, model: str) -> Route:
+        prefix, colon, rest = model.partition(":")
+        if not colon or not rest:
+            raise ProviderError("unavailable", f"model {model!r} is not <provider>:<name>")
+        factory = self._factories.get(prefix)
+        if factory is None:
+            if prefix == "local":
+                raise ProviderError("unavailable", "local models are not configured")
+            raise ProviderError("unavailable", f"unknown provider {prefix!r} in {model!r}")
+        return factory(rest)
+
+    def provider_for(self, model: str) -> tuple[Provider, str]:
+        """The provider serving `model` and the model's name there."""
+        route = self.route(model)
+        return self._provider(route), route.model
+
+    def _provider(self, route: Route) -> Provider:
+        provider = self._providers.get(route.key)
+        if provider is None:
+            provider = self._providers[route.key] = route.build()
+        return provider
+
+    def _openai(self, name: str) -> Route:
+        settings = self._settings
+        key = _require(settings.openai_api_key, "openai", "THREADLINE_OPENAI_API_KEY")
+        timeout = settings.llm_request_timeout_seconds
+        return Route("openai", name, lambda: OpenAIProvider(key, settings.openai_base_url, timeout))
+
+    def _anthropic(self, name: str) -> Route:
+        settings = self._settings
+        key = _require(settings.anthropic_api_key, "anthropic", "THREADLINE_ANTHROPIC_API_KEY")
+        timeout = settings.llm_request_timeout_seconds
+        return Route(
+            "anthropic", name, lambda: AnthropicProvider(key, settings.anthropic_base_url, timeout)
+        )
+
+    def _compat(self, rest: str) -> Route:
+        endpoints = self._settings.compat_endpoints
+        endpoint, _, name = rest.partition("/")
+        if rest in endpoints:  # an endpoint configured under a name with a slash in it
+            endpoint, name = rest, ""
+        base_url = endpoints.get(endpoint)
+        if base_url is None:
+            known = ", ".join(sorted(endpoints)) or "none"
+            raise ProviderError(
+                "unavailable", f"unknown compat endpoint {endpoint!r} (configured: {known})"
+            )
+        # Local servers mostly ignore the key, but the SDK insists on one.
+        api_key = self._settings.compat_api_key or "unused"
+        timeout = self._settings.llm_request_timeout_seconds
+        return Route(
+            f"compat:{endpoint}",
+            name or endpoint,
+            lambda: OpenAIProvider(api_key, base_url, timeout, legacy_max_tokens=True),
+        )
+
+    # --- Streaming ------------------------------------------------------------------------
+
+    async def stream(
+        self, model: str, request: ModelRequest, fallback: str | None = None
+    ) -> AsyncIterator[tuple[str, StreamEvent]]:
+        """(the model actually used, event) pairs; request.model is replaced by the route's.
+
+        Raises the last ProviderError when neither model produced anything.
+        """
+        candidates = [model] if fallback in (None, model) else [model, fallback]
+        failure: ProviderError | None = None
+        for candidate in candidates:
+            assert candidate is not None
+            produced = False
+            try:
+                async with contextlib.aclosing(self._with_retries(candidate, request)) as events:
+                    async for event in events:
+                        produced = True
+                        yield candidate, event
+                return
+            except ProviderError as error:
+                if produced:
+                    raise
+                failure = error
+        assert failure is not None
+        raise failure
+
+    async def _with_retries(
+        self, model: str, request: ModelRequest
+    ) -> AsyncGenerator[StreamEvent, None]:
+        route = self.route(model)
+        provider = self._provider(route)
+        routed = replace(request, model=route.model)
+        retries = 0
+        while True:
+            self._check_breaker(route.key)
+            produced = False
+            try:
+                async with contextlib.aclosing(self._guarded(provider.stream(routed))) as events:
+                    async for event in events:
+                        produced = True
+                        yield event
+            except ProviderError as error:
+                if error.retryable:
+                    self._record_failure(route.key)
+                if produced or not error.retryable or retries >= self._settings.llm_max_retries:
+                    raise
+                retries += 1
+                await asyncio.sleep(self._retry_delay(retries))
+                continue
+            self._breakers.pop(route.key, None)
+            return
+
+    async def _guarded(
+        self, events: AsyncIterator[StreamEvent]
+    ) -> AsyncGenerator[StreamEvent, None]:
+        """The events, failing with "timeout" when the next one takes too long.
+
+        asyncio.timeout rather than wait_for: the provider's generator must keep running in
+        this task (the HTTP client's cancel scopes are bound to the task that entered them).
+        """
+        seconds = self._settings.llm_request_timeout_seconds
+        try:
+            while True:
+                try:
+                    async with asyncio.timeout(seconds):
+                        event = await anext(events)
+                except StopAsyncIteration:
+                    return
+                except TimeoutError as error:
+                    raise ProviderError("timeout", f"no response for {seconds:g}s") from error
+                yield event
+        finally:
+            close = getattr(events, "aclose", None)
+            if close is not None:
+                await close()
+
+    def _retry_delay(self, retry: int) -> float:
+        delay = self._settings.llm_retry_base_seconds * 2.0 ** (retry - 1)
+        # Jitter spreads out the callers that a shared outage failed at the same moment.
+        return min(delay, MAX_RETRY_DELAY_SECONDS) * random.uniform(0.5, 1.0)
+
+    # --- Circuit breaker ------------------------------------------------------------------
+
+    def circuit_open(self, key: str) -> bool:
+        """Whether the provider `key` (a Route.key, e.g. "openai" or "compat:vllm") is skipped."""
+        breaker = self._breakers.get(key)
+        return bool(
+            breaker and breaker.open_until is not None and self._clock() < breaker.open_until
+        )
+
+    def _check_breaker(self, key: str) -> None:
+        if self.circuit_open(key):
+            raise ProviderError(
+                "unavailable", f"{key}: circuit open after repeated failures, skipped for now"
+            )
+
+    def _record_failure(self, key: str) -> None:
+        breaker = self._breakers.setdefault(key, _Breaker())
+        breaker.failures += 1
+        # Past the cooldown one trial call goes through; failing, it reopens at once.
+        if breaker.failures >= self._settings.breaker_failures:
+            breaker.open_until = self._clock() + self._settings.breaker_cooldown_seconds
+
+    async def aclose(self) -> None:
+        """Close the providers' HTTP clients."""
+        providers, self._providers = list(self._providers.values()), {}
+        for provider in providers:
+            close = getattr(provider, "aclose", None)
+            if close is not None:
+                await close()
+
+
+def _require(value: str | None, provider: str, variable: str) -> str:
+    if not value:
+        raise ProviderError("unavailable", f"{provider}:* models need {variable} to be set")
+    return value

@@ -1,0 +1,243 @@
+"""Asks and cancels: validate, then commit the user's entry, the run and its job at once.
+
+Validate → commit → project: a rejected ask (bad input, policy, busy session, context overflow)
+writes nothing; an accepted one is committed before any model is called, so a failed call still
+leaves the user's words in the journal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from sqlalchemy import RowMapping, func, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from app.config import Settings
+from app.core.entries import EntryKind
+from app.core.projection import PendingEntry
+from app.db import events as events_db
+from app.db import jobs as jobs_db
+from app.db import runs as runs_db
+from app.db import sessions as sessions_db
+from app.db.tables import RUN_TERMINAL, sessions
+from app.services.errors import Conflict, NotFound, session_not_found
+from app.services.journal import NewEntry, append_in
+from app.services.projection import project_session
+from app.services.runs import Outcome, entry_id, event_rows, finish_run
+
+Strategy = Literal["reject", "enqueue", "interrupt", "rollback"]
+# How long a `rollback` ask waits for the run it replaces to stop before giving up (409).
+ROLLBACK_WAIT_SECONDS = 15.0
+
+
+@dataclass(frozen=True)
+class AskParams:
+    content: str | list[dict[str, Any]]
+    model: str | None = None
+    context_policy: dict[str, Any] | None = None
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    metadata: dict[str, str] = field(default_factory=dict)
+    multitask_strategy: Strategy = "reject"
+    on_disconnect: Literal["continue", "cancel"] = "continue"
+    idempotency_key: str | None = None
+
+
+@dataclass(frozen=True)
+class AskResult:
+    run: RowMapping
+    created: bool  # False: an earlier ask with the same Idempotency-Key
+
+
+def run_not_found(run_id: str) -> NotFound:
+    return NotFound("run_not_found", f"no run {run_id}", {"run_id": run_id})
+
+
+async def ask(
+    engine: AsyncEngine, settings: Settings, tenant_id: str, session_id: str, params: AskParams
+) -> AskResult:
+    if params.idempotency_key:
+        earlier = await _by_idempotency_key(engine, tenant_id, session_id, params.idempotency_key)
+        if earlier is not None:
+            return AskResult(earlier, created=False)
+    user_payload = {"role": "user", "content": params.content}
+    # Validation, before anything is written: the policy resolves, and the ask fits.
+    checked = await project_session(
+        engine,
+        settings,
+        tenant_id,
+        session_id,
+        pending=[PendingEntry("message", user_payload)],
+        policy=params.context_policy,
+        model=params.model,
+    )
+    if params.multitask_strategy == "rollback":
+        await _stop_active_runs(engine, tenant_id, session_id, "rollback")
+    try:
+        async with engine.begin() as conn:
+            return AskResult(
+                await _commit(conn, tenant_id, session_id, params, checked.model), True
+            )
+    except IntegrityError as exc:
+        if "runs_idempotency_key" not in str(exc.orig) or not params.idempotency_key:
+            raise
+    # A concurrent ask with the same key won the race: answer with its run.
+    earlier = await _by_idempotency_key(engine, tenant_id, session_id, params.idempotency_key)
+    assert earlier is not None
+    return AskResult(earlier, created=False)
+
+
+async def _commit(
+    conn: AsyncConnection, tenant_id: str, session_id: str, params: AskParams, model: str
+) -> RowMapping:
+    """The user entry, run_start, the run, run.created and the job: one transaction."""
+    session = await sessions_db.get_session(conn, tenant_id, session_id, lock=True)
+    if session is None:
+        raise session_not_found(session_id)
+    active = await runs_db.active_runs(conn, session_id)
+    if active and params.multitask_strategy == "reject":
+        raise Conflict(
+            "session_busy",
+            "the session has a run in progress; cancel it or ask with another multitask_strategy",
+            {"active_run_id": str(active[-1]["id"])},
+        )
+    if params.multitask_strategy == "interrupt":
+        for run in active:
+            await _request_cancel(conn, run, "interrupt")
+    run_id = str(uuid.uuid4())
+    refs = {"run_id": run_id}
+    appended = await append_in(
+        conn,
+        tenant_id,
+        session_id,
+        [
+            NewEntry(
+                EntryKind.MESSAGE,
+                {"role": "user", "content": params.content},
+                refs,
+                entry_id(run_id, "input"),
+            ),
+            NewEntry(
+                EntryKind.RUN_START,
+                {"run_id": run_id, "model": model},
+                refs,
+                entry_id(run_id, "start"),
+            ),
+        ],
+    )
+    user_seq = int(appended.entries[0]["seq"])
+    run_params = {
+        "max_output_tokens": params.max_output_tokens,
+        "temperature": params.temperature,
+        "context_policy": params.context_policy,
+        "metadata": params.metadata,
+        "on_disconnect": params.on_disconnect,
+        "fallback_model": (session["config"] or {}).get("fallback_model"),
+    }
+    run = await runs_db.insert_run(
+        conn,
+        id=run_id,
+        tenant_id=tenant_id,
+        session_id=session_id,
+        model=model,
+        params=run_params,
+        idempotency_key=params.idempotency_key,
+        user_entry_seq=user_seq,
+    )
+    created = {
+        "run_id": run_id,
+        "session_id": session_id,
+        "user_entry_seq": user_seq,
+        "model": model,
+    }
+    await events_db.insert_events(conn, event_rows(run_id, 1, [("run.created", created)]))
+    job_id = await jobs_db.defer_run(conn, run_id, session_id)
+    run = await runs_db.update_run(conn, run_id, {"job_id": job_id})
+    await conn.execute(
+        update(sessions)
+        .where(sessions.c.id == session_id)
+        .values(status="active", updated_at=func.now())
+    )
+    await events_db.notify(conn, {run_id: 1})
+    return run
+
+
+async def cancel_run(engine: AsyncEngine, tenant_id: str, run_id: str) -> RowMapping:
+    """Stop a run. A queued one ends here; a running one is asked to stop, and its worker
+    commits the partial answer marked incomplete. Cancelling an ended run changes nothing."""
+    async with engine.begin() as conn:
+        run = await runs_db.get_run(conn, run_id, tenant_id=tenant_id, lock=True)
+        if run is None:
+            raise run_not_found(run_id)
+        if run["status"] in RUN_TERMINAL:
+            return run
+        return await _request_cancel(conn, run, "cancel")
+
+
+async def _request_cancel(conn: AsyncConnection, run: RowMapping, mode: str) -> RowMapping:
+    """With the run row locked: mark it, and either end it now (no worker has it) or let the
+    worker that has it stop."""
+    run_id = str(run["id"])
+    run = await runs_db.update_run(conn, run_id, {"cancel_mode": mode})
+    waiting = run["job_id"] is None or await jobs_db.cancel_job(conn, int(run["job_id"]))
+    if waiting:
+        next_seq = await events_db.last_seq(conn, run_id) + 1
+        await finish_run(conn, run, Outcome("cancelled"), next_seq)
+        refreshed = await runs_db.get_run(conn, run_id)
+        assert refreshed is not None
+        return refreshed
+    return run
+
+
+async def _stop_active_runs(
+    engine: AsyncEngine, tenant_id: str, session_id: str, mode: str
+) -> None:
+    """Cancel the session's active runs and wait until they have ended (rollback needs their
+    last entry before it can append the new user message)."""
+    async with engine.begin() as conn:
+        for run in await runs_db.active_runs(conn, session_id):
+            locked = await runs_db.get_run(conn, str(run["id"]), tenant_id=tenant_id, lock=True)
+            if locked is not None and locked["status"] not in RUN_TERMINAL:
+                await _request_cancel(conn, locked, mode)
+    deadline = time.monotonic() + ROLLBACK_WAIT_SECONDS
+    while True:
+        async with engine.connect() as conn:
+            if not await runs_db.active_runs(conn, session_id):
+                return
+        if time.monotonic() > deadline:
+            raise Conflict(
+                "session_busy", "the running run did not stop in time for a rollback", {}
+            )
+        await asyncio.sleep(0.05)
+
+
+async def get_run(engine: AsyncEngine, tenant_id: str, run_id: str) -> RowMapping:
+    async with engine.connect() as conn:
+        run = await runs_db.get_run(conn, run_id, tenant_id=tenant_id)
+    if run is None:
+        raise run_not_found(run_id)
+    return run
+
+
+async def active_run(engine: AsyncEngine, tenant_id: str, session_id: str) -> RowMapping | None:
+    """The run a client reattaching to the session should follow (the oldest unfinished)."""
+    async with engine.connect() as conn:
+        session = await sessions_db.get_session(conn, tenant_id, session_id)
+        if session is None:
+            raise session_not_found(session_id)
+        active = await runs_db.active_runs(conn, session_id)
+    return active[0] if active else None
+
+
+async def _by_idempotency_key(
+    engine: AsyncEngine, tenant_id: str, session_id: str, key: str
+) -> RowMapping | None:
+    async with engine.connect() as conn:
+        if await sessions_db.get_session(conn, tenant_id, session_id) is None:
+            raise session_not_found(session_id)
+        return await runs_db.find_by_idempotency_key(conn, session_id, key)

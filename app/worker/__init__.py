@@ -1,0 +1,1 @@
+"""The worker pool: procrastinate jobs that execute runs and stream their events."""

@@ -1,0 +1,263 @@
+"""Asking over a real uvicorn: commit, stream, resume, strategies, cancels, failures
+(DESIGN invariants 3 and 7)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from tests.fakes.upstream import FakeUpstream, Text, Usage
+from tests.helpers import history, new_session
+from tests.sse_client import Event, collect
+
+
+async def ask(api: httpx.AsyncClient, sid: str, text: str, **body: Any) -> list[Event]:
+    return await collect(api, "POST", f"/v1/sessions/{sid}/ask", json={"input": text, **body})
+
+
+def deltas(events: list[Event]) -> str:
+    return "".join(e.data["text"] for e in events if e.type == "message.delta")
+
+
+async def test_ask_streams_and_commits(api: httpx.AsyncClient, upstream: FakeUpstream) -> None:
+    sid = (await new_session(api, config={"system_prompt": "Be brief."}))["id"]
+    upstream.script(Text("Hello"), Text(", "), Text("world"), Usage(12, 3))
+    events = await ask(api, sid, "Hi there")
+    types = [e.type for e in events]
+    assert types[0] == "run.created" and types[-1] == "run.completed"
+    assert [e.id for e in events] == list(range(1, len(events) + 1))
+    assert deltas(events) == "Hello, world"
+    assert events[-1].data["text"] == "Hello, world"
+    assert events[-1].data["usage"] == {"input_tokens": 12, "output_tokens": 3, "cached_tokens": 0}
+    committed = [e.data["kind"] for e in events if e.type == "entry.committed"]
+    assert committed == ["message", "usage", "run_end"]
+    journal = await history(api, sid)
+    assert [(e["kind"], e["payload"].get("role")) for e in journal] == [
+        ("message", "user"),
+        ("run_start", None),
+        ("message", "assistant"),
+        ("usage", None),
+        ("run_end", None),
+    ]
+    assert journal[2]["payload"]["content"] == "Hello, world"
+    session = (await api.get(f"/v1/sessions/{sid}")).json()
+    assert session["status"] == "idle"
+    assert session["usage"]["input_tokens"] == 12 and session["usage"]["output_tokens"] == 3
+    assert session["usage"]["cost_usd"] > 0  # gpt-4o-mini is priced by genai-prices
+
+    upstream.script(Text("Again"))
+    await ask(api, sid, "And again")
+    sent = upstream.requests[-1].body["messages"]
+    assert [m["role"] for m in sent] == ["system", "user", "assistant", "user"]
+    assert sent[2]["content"] == "Hello, world" and sent[3]["content"] == "And again"
+
+
+async def test_anthropic_sessions_stream_through_the_anthropic_sdk(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    sid = (
+        await new_session(api, config={"model": "anthropic:claude-haiku-4-5", "system_prompt": "S"})
+    )["id"]
+    upstream.script(Text("Bonjour"), Text("!"), Usage(20, 2, 5))
+    events = await ask(api, sid, "Salut")
+    assert deltas(events) == "Bonjour!" and events[-1].type == "run.completed"
+    assert events[-1].data["usage"]["cached_tokens"] == 5
+    received = upstream.requests[-1]
+    assert received.path == "/v1/messages"
+    assert received.body["system"] == [{"type": "text", "text": "S"}]
+    assert received.body["messages"] == [
+        {"role": "user", "content": [{"type": "text", "text": "Salut"}]}
+    ]
+
+
+async def test_resume_on_another_api_process_is_exactly_once(
+    api: httpx.AsyncClient, upstream: FakeUpstream, second_api: str
+) -> None:
+    sid = (await new_session(api))["id"]
+    upstream.script(*[Text(f"t{i} ") for i in range(40)], Usage(5, 40), token_delay=0.02)
+    first = await collect(
+        api, "POST", f"/v1/sessions/{sid}/ask", json={"input": "count"}, stop_after=5
+    )
+    run_id = first[0].data["run_id"]
+    assert [e.id for e in first] == [1, 2, 3, 4, 5]
+    headers = dict(api.headers)
+    async with httpx.AsyncClient(base_url=second_api, headers=headers, timeout=30) as other:
+        second = await collect(
+            other, "GET", f"/v1/runs/{run_id}/events", headers={"Last-Event-ID": "5"}, stop_after=7
+        )
+        third = await collect(
+            other, "GET", f"/v1/runs/{run_id}/events", params={"starting_after": second[-1].id}
+        )
+        replay = await collect(other, "GET", f"/v1/runs/{run_id}/events")
+    seen = first + second + third
+    assert [e.id for e in seen] == list(range(1, len(seen) + 1))  # no gap, no duplicate
+    assert seen == replay  # exactly the run's events
+    assert seen[-1].type == "run.completed"
+    assert deltas(seen) == "".join(f"t{i} " for i in range(40))
+
+
+async def test_disconnect_is_not_cancel(api: httpx.AsyncClient, upstream: FakeUpstream) -> None:
+    sid = (await new_session(api))["id"]
+    upstream.script(*[Text("x") for _ in range(20)], token_delay=0.02)
+    first = await collect(
+        api, "POST", f"/v1/sessions/{sid}/ask", json={"input": "go"}, stop_after=3
+    )
+    run = (await api.get(f"/v1/runs/{first[0].data['run_id']}", params={"wait": "true"})).json()
+    assert run["status"] == "completed" and run["result"] == "x" * 20
+
+
+async def test_on_disconnect_cancel(api: httpx.AsyncClient, upstream: FakeUpstream) -> None:
+    sid = (await new_session(api))["id"]
+    upstream.script(*[Text("y") for _ in range(200)], token_delay=0.02)
+    body = {"input": "go", "on_disconnect": "cancel"}
+    first = await collect(api, "POST", f"/v1/sessions/{sid}/ask", json=body, stop_after=4)
+    run = (await api.get(f"/v1/runs/{first[0].data['run_id']}", params={"wait": "true"})).json()
+    assert run["status"] == "cancelled"
+
+
+async def test_cancel_commits_the_partial_answer(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    sid = (await new_session(api))["id"]
+    upstream.script(*[Text("z") for _ in range(300)], token_delay=0.02)
+    response = await api.post(f"/v1/sessions/{sid}/ask", json={"input": "go", "stream": False})
+    assert response.status_code == 202
+    run_id = response.json()["id"]
+    partial = await collect(api, "GET", f"/v1/runs/{run_id}/events", stop_after=4)
+    assert any(e.type == "message.delta" for e in partial)
+    assert (await api.post(f"/v1/runs/{run_id}/cancel")).status_code == 200
+    events = await collect(api, "GET", f"/v1/runs/{run_id}/events")
+    assert events[-1].type == "run.cancelled"
+    assert [e.type for e in events].count("run.cancelled") == 1
+    journal = await history(api, sid)
+    answer = next(e for e in journal if e["payload"].get("role") == "assistant")
+    assert answer["payload"]["status"] == "incomplete"
+    assert answer["payload"]["content"] == events[-1].data["partial_text"] != ""
+    assert journal[-1]["kind"] == "run_end" and journal[-1]["payload"]["status"] == "cancelled"
+    again = await api.post(f"/v1/runs/{run_id}/cancel")
+    assert again.json()["status"] == "cancelled"  # cancelling an ended run changes nothing
+
+
+async def test_background_ask_and_wait(api: httpx.AsyncClient, upstream: FakeUpstream) -> None:
+    sid = (await new_session(api))["id"]
+    upstream.script(Text("later"), token_delay=0.05)
+    queued = (
+        await api.post(f"/v1/sessions/{sid}/ask", json={"input": "q", "stream": False})
+    ).json()
+    assert queued["status"] in ("queued", "running")
+    done = (
+        await api.get(f"/v1/runs/{queued['id']}", params={"wait": "true", "timeout": 20})
+    ).json()
+    assert done["status"] == "completed" and done["result"] == "later"
+    assert (await api.get(f"/v1/sessions/{sid}/stream")).status_code == 204
+
+
+async def test_join_the_active_run(api: httpx.AsyncClient, upstream: FakeUpstream) -> None:
+    sid = (await new_session(api))["id"]
+    upstream.script(*[Text("j") for _ in range(30)], token_delay=0.03)
+    queued = (
+        await api.post(f"/v1/sessions/{sid}/ask", json={"input": "q", "stream": False})
+    ).json()
+    joined = await collect(api, "GET", f"/v1/sessions/{sid}/stream")
+    assert joined[0].type == "run.created" and joined[0].data["run_id"] == queued["id"]
+    assert joined[-1].type == "run.completed" and deltas(joined) == "j" * 30
+
+
+async def test_idempotent_ask(api: httpx.AsyncClient, upstream: FakeUpstream) -> None:
+    sid = (await new_session(api))["id"]
+    upstream.script(Text("once"))
+    headers = {"Idempotency-Key": "ask-1"}
+    body = {"input": "hello", "stream": False}
+    first = (await api.post(f"/v1/sessions/{sid}/ask", json=body, headers=headers)).json()
+    again = (await api.post(f"/v1/sessions/{sid}/ask", json=body, headers=headers)).json()
+    assert first["id"] == again["id"]
+    await api.get(f"/v1/runs/{first['id']}", params={"wait": "true"})
+    users = [e for e in await history(api, sid) if e["payload"].get("role") == "user"]
+    assert len(users) == 1
+    assert len([r for r in upstream.requests]) == 1
+
+
+async def test_rejections_leave_the_journal_untouched(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    sid = (await new_session(api))["id"]
+    upstream.script(*[Text("busy") for _ in range(50)], token_delay=0.02)
+    running = (
+        await api.post(f"/v1/sessions/{sid}/ask", json={"input": "first", "stream": False})
+    ).json()
+    before = await history(api, sid)
+    busy = await api.post(f"/v1/sessions/{sid}/ask", json={"input": "second"})
+    assert busy.status_code == 409 and busy.json()["error"]["code"] == "session_busy"
+    assert busy.json()["error"]["details"]["active_run_id"] == running["id"]
+    bad = await api.post(f"/v1/sessions/{sid}/ask", json={"input": "x", "temperature": 9})
+    assert bad.status_code == 422
+    huge = await api.post(
+        f"/v1/sessions/{sid}/ask",
+        json={"input": "w " * 4000, "context_policy": {"max_input_tokens": 1000}},
+    )
+    assert huge.status_code == 422 and huge.json()["error"]["code"] == "context_overflow"
+    bad_policy = await api.post(
+        f"/v1/sessions/{sid}/ask", json={"input": "x", "context_policy": {"max_input_tokens": 5}}
+    )
+    assert bad_policy.status_code == 422
+    assert await history(api, sid) == before
+    await api.post(f"/v1/runs/{running['id']}/cancel")
+
+
+async def test_enqueue_runs_after_the_active_run(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    sid = (await new_session(api))["id"]
+    upstream.script(*[Text("a") for _ in range(10)], token_delay=0.03)
+    upstream.script(Text("b"))
+    first = (
+        await api.post(f"/v1/sessions/{sid}/ask", json={"input": "one", "stream": False})
+    ).json()
+    second = await ask(api, sid, "two", multitask_strategy="enqueue")
+    assert second[-1].type == "run.completed" and deltas(second) == "b"
+    first_run = (await api.get(f"/v1/runs/{first['id']}")).json()
+    assert (
+        first_run["status"] == "completed"
+        and first_run["ended_at"]
+        <= (await api.get(f"/v1/runs/{second[0].data['run_id']}")).json()["started_at"]
+    )
+    # They never overlapped: the second run saw the first exchange in order, though "two" was
+    # committed before the first answer; the first run never saw "two".
+    sent = [[m["content"] for m in r.body["messages"]] for r in upstream.requests]
+    assert sent == [["one"], ["one", "a" * 10, "two"]]
+
+
+async def test_interrupt_cancels_and_runs(api: httpx.AsyncClient, upstream: FakeUpstream) -> None:
+    sid = (await new_session(api))["id"]
+    upstream.script(*[Text("a") for _ in range(300)], token_delay=0.02)
+    upstream.script(Text("new answer"))
+    first = (
+        await api.post(f"/v1/sessions/{sid}/ask", json={"input": "one", "stream": False})
+    ).json()
+    await collect(api, "GET", f"/v1/runs/{first['id']}/events", stop_after=3)
+    second = await ask(api, sid, "two", multitask_strategy="interrupt")
+    assert deltas(second) == "new answer"
+    first_run = (await api.get(f"/v1/runs/{first['id']}")).json()
+    assert first_run["status"] == "cancelled" and first_run["cancel_mode"] == "interrupt"
+
+
+async def test_rollback_takes_the_cancelled_run_out_of_the_context(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    sid = (await new_session(api))["id"]
+    upstream.script(Text("kept"))
+    await ask(api, sid, "zero")
+    upstream.script(*[Text("a") for _ in range(300)], token_delay=0.02)
+    upstream.script(Text("fresh"))
+    first = (
+        await api.post(f"/v1/sessions/{sid}/ask", json={"input": "one", "stream": False})
+    ).json()
+    await collect(api, "GET", f"/v1/runs/{first['id']}/events", stop_after=3)
+    second = await ask(api, sid, "two", multitask_strategy="rollback")
+    assert deltas(second) == "fresh"
+    assert [m["content"] for m in upstream.requests[-1].body["messages"]] == ["zero", "kept", "two"]
+    journal = await history(api, sid)
+    rollback = next(e for e in journal if e["kind"] == "rollback")
+    assert rollback["payload"]["from_seq"] == first["user_entry_seq"]
+    assert any(e["payload"].get("content") == "one" for e in journal)  # history keeps it

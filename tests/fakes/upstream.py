@@ -1,0 +1,483 @@
+"""A fake LLM upstream: OpenAI Chat Completions and Anthropic Messages streaming over real HTTP.
+
+The official SDKs bring their own HTTP client, so request-patching libraries cannot see their
+traffic; this server answers them on 127.0.0.1 instead. Each test scripts the next responses:
+
+    with FakeUpstream() as up:
+        up.script(Text("Hel"), Text("lo"), Usage(12, 2, cached=4))
+        up.script(Fail(429))
+        ...  # point a client at up.openai_base_url or up.url
+        assert up.requests[0].body["model"] == "gpt-test"
+
+Scripts are consumed FIFO, one per request, by either API; with none queued the answer is a
+short "ok". Any Authorization / x-api-key header is accepted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+Json = dict[str, Any]
+
+
+# --- Script steps ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Text:
+    """One streamed text delta."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A tool call, streamed as its header and then `fragments` pieces of the arguments."""
+
+    id: str
+    name: str
+    arguments: str  # the JSON arguments as the model would write them
+    fragments: int = 3
+
+
+@dataclass(frozen=True)
+class Usage:
+    """The usage the upstream reports (wherever the step stands in the script).
+
+    `input` is the whole prompt, `cached` included, as OpenAI counts it.
+    """
+
+    input: int
+    output: int
+    cached: int = 0
+
+
+@dataclass(frozen=True)
+class Fail:
+    """Answer with an HTTP error and the provider's JSON error body, before any output."""
+
+    status: int
+    kind: str | None = None  # rate_limit | overloaded | server | bad_request | auth | ...
+    message: str = "scripted failure"
+
+
+@dataclass(frozen=True)
+class FailMidStream:
+    """Fail after what came before: an error event/chunk, or (disconnect) a dropped connection."""
+
+    kind: str = "overloaded"
+    message: str = "Overloaded"
+    disconnect: bool = False
+
+
+@dataclass(frozen=True)
+class Stall:
+    """Send nothing for a while; leading stalls hold back the response headers too."""
+
+    seconds: float
+
+
+Step = Text | ToolCall | Usage | Fail | FailMidStream | Stall
+
+
+@dataclass(frozen=True)
+class Script:
+    steps: tuple[Step, ...]
+    token_delay: float = 0.0
+    stop_reason: str | None = None  # default: tool calls or a normal stop, in each API's words
+
+
+@dataclass(frozen=True)
+class ReceivedRequest:
+    path: str
+    body: Json
+    headers: dict[str, str]
+
+
+DEFAULT_SCRIPT = Script((Text("ok"),))
+
+# Each neutral failure kind as (default status, OpenAI error type, Anthropic error type).
+_KINDS: dict[str, tuple[int, str, str]] = {
+    "bad_request": (400, "invalid_request_error", "invalid_request_error"),
+    "auth": (401, "invalid_request_error", "authentication_error"),
+    "permission": (403, "invalid_request_error", "permission_error"),
+    "not_found": (404, "invalid_request_error", "not_found_error"),
+    "too_large": (413, "invalid_request_error", "request_too_large"),
+    "rate_limit": (429, "requests", "rate_limit_error"),
+    "quota": (429, "insufficient_quota", "rate_limit_error"),
+    "server": (500, "server_error", "api_error"),
+    "overloaded": (529, "overloaded_error", "overloaded_error"),
+}
+_OPENAI_CODES = {
+    "rate_limit": "rate_limit_exceeded",
+    "quota": "insufficient_quota",
+    "auth": "invalid_api_key",
+}
+
+
+def _kind_for_status(status: int) -> str:
+    for kind, (default_status, _, _) in _KINDS.items():
+        if default_status == status:
+            return kind
+    return "server" if status >= 500 else "bad_request"
+
+
+class _Disconnect(Exception):
+    """Raised inside a streaming body so the server drops the connection mid-response."""
+
+
+# --- The server --------------------------------------------------------------------------
+
+
+class FakeUpstream:
+    """A scriptable OpenAI + Anthropic streaming server on 127.0.0.1, in a background thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._scripts: deque[Script] = deque()
+        self._requests: list[ReceivedRequest] = []
+        self._stopping = threading.Event()
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self._port = 0
+
+    # -- lifecycle
+
+    def start(self) -> FakeUpstream:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", 0))
+        self._port = sock.getsockname()[1]
+        config = uvicorn.Config(
+            self._app(), lifespan="off", log_level="critical", timeout_graceful_shutdown=2
+        )
+        server = uvicorn.Server(config)
+        thread = threading.Thread(
+            target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="fake-upstream"
+        )
+        thread.start()
+        deadline = time.monotonic() + 10
+        while not server.started:
+            if time.monotonic() > deadline or not thread.is_alive():
+                raise RuntimeError("the fake upstream did not start")
+            time.sleep(0.01)
+        self._server, self._thread = server, thread
+        return self
+
+    def stop(self) -> None:
+        self._stopping.set()  # ends stalls, so shutdown need not wait them out
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self._server = self._thread = None
+
+    def __enter__(self) -> FakeUpstream:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # -- what tests use
+
+    @property
+    def url(self) -> str:
+        """The base URL (Anthropic SDK base_url; the OpenAI SDK wants openai_base_url)."""
+        return f"http://127.0.0.1:{self._port}"
+
+    @property
+    def openai_base_url(self) -> str:
+        return f"{self.url}/v1"
+
+    def script(
+        self, *steps: Step, token_delay: float = 0.0, stop_reason: str | None = None
+    ) -> None:
+        """Queue the answer to one future request (FIFO)."""
+        with self._lock:
+            self._scripts.append(Script(tuple(steps), token_delay, stop_reason))
+
+    @property
+    def requests(self) -> list[ReceivedRequest]:
+        with self._lock:
+            return list(self._requests)
+
+    @property
+    def pending(self) -> int:
+        """Scripts not yet consumed."""
+        with self._lock:
+            return len(self._scripts)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._scripts.clear()
+            self._requests.clear()
+
+    # -- internals
+
+    def _app(self) -> Starlette:
+        return Starlette(
+            routes=[
+                Route("/{prefix:path}/chat/completions", self._openai, methods=["POST"]),
+                Route("/{prefix:path}/messages", self._anthropic, methods=["POST"]),
+            ]
+        )
+
+    async def _receive(self, request: Request) -> tuple[Json, Script]:
+        body = await request.json()
+        with self._lock:
+            self._requests.append(
+                ReceivedRequest(request.url.path, body, dict(request.headers.items()))
+            )
+            script = self._scripts.popleft() if self._scripts else DEFAULT_SCRIPT
+        return body, script
+
+    async def _sleep(self, seconds: float) -> None:
+        # In short steps, so that stop() need not wait out a long stall.
+        deadline = time.monotonic() + seconds
+        remaining = seconds
+        while remaining > 0 and not self._stopping.is_set():
+            await asyncio.sleep(min(0.02, remaining))
+            remaining = deadline - time.monotonic()
+
+    async def _lead_in(self, script: Script) -> tuple[Fail | None, Sequence[Step]]:
+        """Leading stalls (before headers) and an up-front failure; the rest is streamed."""
+        steps = list(script.steps)
+        while steps and isinstance(first := steps[0], Stall):
+            await self._sleep(first.seconds)
+            del steps[0]
+        if steps and isinstance(steps[0], Fail):
+            return steps[0], ()
+        return None, steps
+
+    async def _openai(self, request: Request) -> Response:
+        body, script = await self._receive(request)
+        if not body.get("stream"):
+            return _openai_error(400, "bad_request", "the fake upstream only streams")
+        fail, steps = await self._lead_in(script)
+        if fail is not None:
+            return _openai_error(fail.status, fail.kind, fail.message)
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        chunks = self._openai_chunks(str(body.get("model")), script, steps, include_usage)
+        return StreamingResponse(chunks, media_type="text/event-stream")
+
+    async def _openai_chunks(
+        self, model: str, script: Script, steps: Sequence[Step], include_usage: bool
+    ) -> AsyncIterator[str]:
+        base: Json = {
+            "id": "chatcmpl-fake",
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": model,
+            "system_fingerprint": "fp_fake",
+        }
+        if include_usage:
+            base["usage"] = None
+
+        def chunk(delta: Json, finish: str | None = None) -> str:
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            return _data({**base, "choices": [choice]})
+
+        yield chunk({"role": "assistant", "content": ""})
+        calls = 0
+        for step in steps:
+            if isinstance(step, Text):
+                await self._sleep(script.token_delay)
+                yield chunk({"content": step.text})
+            elif isinstance(step, ToolCall):
+                header = {
+                    "index": calls,
+                    "id": step.id,
+                    "type": "function",
+                    "function": {"name": step.name, "arguments": ""},
+                }
+                yield chunk({"tool_calls": [header]})
+                for piece in _fragments(step.arguments, step.fragments):
+                    await self._sleep(script.token_delay)
+                    yield chunk(
+                        {"tool_calls": [{"index": calls, "function": {"arguments": piece}}]}
+                    )
+                calls += 1
+            elif isinstance(step, Stall):
+                await self._sleep(step.seconds)
+            elif isinstance(step, FailMidStream | Fail):
+                if isinstance(step, FailMidStream) and step.disconnect:
+                    raise _Disconnect()
+                kind = step.kind or "server"
+                yield _data({"error": _openai_error_body(kind, step.message)})
+                return
+        finish = script.stop_reason or ("tool_calls" if calls else "stop")
+        yield chunk({}, finish)
+        if include_usage:
+            usage = _usage_of(steps)
+            yield _data(
+                {
+                    **base,
+                    "choices": [],
+                    "usage": {
+                        "prompt_tokens": usage.input,
+                        "completion_tokens": usage.output,
+                        "total_tokens": usage.input + usage.output,
+                        "prompt_tokens_details": {
+                            "cached_tokens": usage.cached,
+                            "audio_tokens": 0,
+                        },
+                        "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0},
+                    },
+                }
+            )
+        yield "data: [DONE]\n\n"
+
+    async def _anthropic(self, request: Request) -> Response:
+        body, script = await self._receive(request)
+        if not body.get("stream"):
+            return _anthropic_error(400, "bad_request", "the fake upstream only streams")
+        fail, steps = await self._lead_in(script)
+        if fail is not None:
+            return _anthropic_error(fail.status, fail.kind, fail.message)
+        events = self._anthropic_events(str(body.get("model")), script, steps)
+        return StreamingResponse(events, media_type="text/event-stream")
+
+    async def _anthropic_events(
+        self, model: str, script: Script, steps: Sequence[Step]
+    ) -> AsyncIterator[str]:
+        usage = _usage_of(steps)
+        message = {
+            "id": "msg_fake",
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {
+                # Anthropic counts cache reads apart from input; Usage.input is the total.
+                "input_tokens": usage.input - usage.cached,
+                "output_tokens": 1,
+                "cache_read_input_tokens": usage.cached,
+                "cache_creation_input_tokens": 0,
+            },
+        }
+        yield _event("message_start", {"type": "message_start", "message": message})
+        yield _event("ping", {"type": "ping"})
+        index = -1
+        open_text = False
+        used_tools = False
+        for step in steps:
+            if isinstance(step, Text):
+                if not open_text:
+                    index += 1
+                    open_text = True
+                    block = {"type": "text", "text": ""}
+                    yield _event("content_block_start", _block_start(index, block))
+                await self._sleep(script.token_delay)
+                delta = {"type": "text_delta", "text": step.text}
+                yield _event("content_block_delta", _block_delta(index, delta))
+            elif isinstance(step, ToolCall):
+                if open_text:
+                    yield _event("content_block_stop", _block_stop(index))
+                    open_text = False
+                index += 1
+                used_tools = True
+                block = {"type": "tool_use", "id": step.id, "name": step.name, "input": {}}
+                yield _event("content_block_start", _block_start(index, block))
+                for piece in _fragments(step.arguments, step.fragments):
+                    await self._sleep(script.token_delay)
+                    delta = {"type": "input_json_delta", "partial_json": piece}
+                    yield _event("content_block_delta", _block_delta(index, delta))
+                yield _event("content_block_stop", _block_stop(index))
+            elif isinstance(step, Stall):
+                await self._sleep(step.seconds)
+            elif isinstance(step, FailMidStream | Fail):
+                if isinstance(step, FailMidStream) and step.disconnect:
+                    raise _Disconnect()
+                yield _event("error", _anthropic_error_body(step.kind or "server", step.message))
+                return
+        if open_text:
+            yield _event("content_block_stop", _block_stop(index))
+        stop = script.stop_reason or ("tool_use" if used_tools else "end_turn")
+        yield _event(
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": stop, "stop_sequence": None},
+                "usage": {"output_tokens": usage.output},
+            },
+        )
+        yield _event("message_stop", {"type": "message_stop"})
+
+
+# --- Wire helpers ------------------------------------------------------------------------
+
+
+def _data(payload: Json) -> str:
+    return f"data: {json.dumps(payload)}\n\n"
+
+
+def _event(name: str, payload: Json) -> str:
+    return f"event: {name}\ndata: {json.dumps(payload)}\n\n"
+
+
+def _block_start(index: int, block: Json) -> Json:
+    return {"type": "content_block_start", "index": index, "content_block": block}
+
+
+def _block_delta(index: int, delta: Json) -> Json:
+    return {"type": "content_block_delta", "index": index, "delta": delta}
+
+
+def _block_stop(index: int) -> Json:
+    return {"type": "content_block_stop", "index": index}
+
+
+def _fragments(text: str, count: int) -> Iterator[str]:
+    size = max(1, -(-len(text) // max(1, count)))
+    for start in range(0, len(text), size):
+        yield text[start : start + size]
+
+
+def _usage_of(steps: Sequence[Step]) -> Usage:
+    for step in steps:
+        if isinstance(step, Usage):
+            return step
+    produced = sum(1 for s in steps if isinstance(s, Text | ToolCall))
+    return Usage(input=10, output=max(1, produced))
+
+
+def _openai_error_body(kind: str, message: str) -> Json:
+    _, error_type, _ = _KINDS.get(kind, _KINDS["server"])
+    return {"message": message, "type": error_type, "param": None, "code": _OPENAI_CODES.get(kind)}
+
+
+def _openai_error(status: int, kind: str | None, message: str) -> Response:
+    body = {"error": _openai_error_body(kind or _kind_for_status(status), message)}
+    return JSONResponse(body, status_code=status)
+
+
+def _anthropic_error_body(kind: str, message: str) -> Json:
+    _, _, error_type = _KINDS.get(kind, _KINDS["server"])
+    return {"type": "error", "error": {"type": error_type, "message": message}}
+
+
+def _anthropic_error(status: int, kind: str | None, message: str) -> Response:
+    body = _anthropic_error_body(kind or _kind_for_status(status), message)
+    return JSONResponse(body, status_code=status, headers={"request-id": "req_fake"})

@@ -1,0 +1,442 @@
+"""Router: model strings to providers, retries before output only, fallback, circuit breaker,
+stall guard: real SDKs against the fake upstream."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+
+from app.config import Settings
+from app.core.messages import Message
+from app.llm.anthropic_provider import AnthropicProvider
+from app.llm.base import Finish, ModelRequest, ProviderError, StreamEvent, TextDelta
+from app.llm.openai_provider import OpenAIProvider
+from app.llm.router import Route, Router
+from tests.fakes import collect
+from tests.fakes.upstream import Fail, FailMidStream, FakeUpstream, Stall, Text
+
+OPENAI = "openai:gpt-test"
+ANTHROPIC = "anthropic:claude-test"
+HELLO = ModelRequest("", (Message("user", "Hi"),))
+COMPLETIONS = "/v1/chat/completions"
+MESSAGES = "/v1/messages"
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[FakeUpstream]:
+    with FakeUpstream() as up:
+        yield up
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+async def make_router(upstream: FakeUpstream, clock: FakeClock) -> AsyncIterator[Any]:
+    """Routers on the fake upstream: test settings, then the test's overrides."""
+    upstream.clear()
+    routers: list[Router] = []
+
+    def make(**overrides: Any) -> Router:
+        fields: dict[str, Any] = {
+            "openai_api_key": "sk-test",
+            "openai_base_url": upstream.openai_base_url,
+            "anthropic_api_key": "sk-ant-test",
+            "anthropic_base_url": upstream.url,
+            "compat_endpoints": {
+                "vllm": f"{upstream.url}/vllm/v1",
+                "llama": f"{upstream.url}/llama/v1",
+            },
+            "compat_api_key": "compat-key",
+            "llm_max_retries": 2,
+            "llm_retry_base_seconds": 0.01,
+            "llm_request_timeout_seconds": 5,
+            "breaker_failures": 3,
+            "breaker_cooldown_seconds": 30,
+            **overrides,
+        }
+        router = Router(Settings(_env_file=None, **fields), clock=clock)
+        routers.append(router)
+        return router
+
+    yield make
+    for router in routers:
+        await router.aclose()
+
+
+def paths(upstream: FakeUpstream) -> list[str]:
+    return [r.path for r in upstream.requests]
+
+
+# --- Resolving model strings ---------------------------------------------------------------
+
+
+def test_model_strings_pick_providers_and_names(make_router: Any) -> None:
+    router = make_router()
+
+    openai_a, name_a = router.provider_for("openai:gpt-a")
+    openai_b, name_b = router.provider_for("openai:gpt-b")
+    anthropic, claude = router.provider_for("anthropic:claude-x")
+
+    assert isinstance(openai_a, OpenAIProvider)
+    assert openai_a is openai_b  # one client per provider, whatever the model
+    assert (name_a, name_b) == ("gpt-a", "gpt-b")
+    assert isinstance(anthropic, AnthropicProvider)
+    assert claude == "claude-x"
+
+
+def test_compat_models_name_an_endpoint_and_maybe_a_model(make_router: Any) -> None:
+    router = make_router()
+
+    vllm, model = router.provider_for("compat:vllm/meta-llama/Llama-3-8B")
+    vllm_again, bare = router.provider_for("compat:vllm")
+    llama, _ = router.provider_for("compat:llama")
+
+    assert isinstance(vllm, OpenAIProvider)
+    assert model == "meta-llama/Llama-3-8B"
+    assert bare == "vllm"  # no model named: the endpoint's name is the model's
+    assert vllm is vllm_again
+    assert llama is not vllm  # cached per endpoint
+    assert router.route("compat:vllm/x").key == "compat:vllm"
+
+
+@pytest.mark.parametrize(
+    ("model", "words"),
+    [
+        ("compat:nowhere/some-model", "unknown compat endpoint 'nowhere'"),
+        ("local:gemma-3-270m", "local models are not configured"),
+        ("mystery:model", "unknown provider 'mystery'"),
+        ("gpt-4o", "not <provider>:<name>"),
+    ],
+)
+async def test_unroutable_models_are_unavailable(
+    make_router: Any, upstream: FakeUpstream, model: str, words: str
+) -> None:
+    router = make_router()
+
+    with pytest.raises(ProviderError) as caught:
+        router.provider_for(model)
+    assert caught.value.kind == "unavailable"
+    assert words in caught.value.message
+
+    with pytest.raises(ProviderError) as streamed:
+        await collect(router.stream(model, HELLO))
+    assert streamed.value.kind == "unavailable"
+    assert upstream.requests == []
+
+
+def test_a_provider_without_a_key_is_unavailable(make_router: Any) -> None:
+    router = make_router(openai_api_key=None)
+
+    with pytest.raises(ProviderError) as caught:
+        router.provider_for(OPENAI)
+
+    assert caught.value.kind == "unavailable"
+    assert "THREADLINE_OPENAI_API_KEY" in caught.value.message
+
+
+class ScriptedProvider:
+    """A provider in-process: what the SDKs cannot be made to do on cue."""
+
+    def __init__(self, delays: list[float]) -> None:
+        self.delays = delays
+        self.calls = 0
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
+        self.calls += 1
+        for delay in self.delays:
+            await asyncio.sleep(delay)
+            yield TextDelta(request.model)
+        yield Finish("stop")
+
+
+async def test_registered_prefixes_are_routed(make_router: Any) -> None:
+    router = make_router()
+    provider = ScriptedProvider([0])
+    router.register("local", lambda name: Route("local", name.upper(), lambda: provider))
+
+    events = await collect(router.stream("local:gemma", HELLO))
+
+    assert events == [("local:gemma", TextDelta("GEMMA")), ("local:gemma", Finish("stop"))]
+    assert router.provider_for("local:other") == (provider, "OTHER")
+
+
+# --- Streaming through the SDKs ----------------------------------------------------------
+
+
+async def test_streams_with_the_routed_model_name(make_router: Any, upstream: FakeUpstream) -> None:
+    upstream.script(Text("Hel"), Text("lo"))
+
+    events = await collect(make_router().stream(OPENAI, HELLO))
+
+    assert [e for _, e in events][:2] == [TextDelta("Hel"), TextDelta("lo")]
+    assert {model for model, _ in events} == {OPENAI}
+    assert upstream.requests[0].body["model"] == "gpt-test"
+
+
+async def test_compat_endpoints_get_their_base_url(
+    make_router: Any, upstream: FakeUpstream
+) -> None:
+    router = make_router()
+
+    await collect(router.stream("compat:vllm/meta-llama/Llama-3-8B", HELLO))
+    await collect(router.stream("compat:llama", HELLO))
+
+    first, second = upstream.requests
+    assert first.path == "/vllm/v1/chat/completions"
+    assert first.body["model"] == "meta-llama/Llama-3-8B"
+    assert first.headers["authorization"] == "Bearer compat-key"
+    assert second.path == "/llama/v1/chat/completions"
+    assert second.body["model"] == "llama"
+
+
+async def test_a_rate_limit_before_output_is_retried(
+    make_router: Any, upstream: FakeUpstream
+) -> None:
+    upstream.script(Fail(429))
+    upstream.script(Text("fine"))
+
+    events = await collect(make_router().stream(OPENAI, HELLO))
+
+    assert (OPENAI, TextDelta("fine")) in events
+    assert paths(upstream) == [COMPLETIONS, COMPLETIONS]
+
+
+async def test_retries_back_off(make_router: Any, upstream: FakeUpstream) -> None:
+    upstream.script(Fail(500))
+    upstream.script(Fail(500))
+    router = make_router(llm_retry_base_seconds=0.1)
+
+    started = time.monotonic()
+    await collect(router.stream(ANTHROPIC, HELLO))
+
+    # Delays of 0.1 then 0.2 seconds, each jittered down to no less than half.
+    assert time.monotonic() - started >= 0.15
+    assert paths(upstream) == [MESSAGES] * 3
+
+
+async def test_a_failure_after_the_first_delta_is_not_retried(
+    make_router: Any, upstream: FakeUpstream
+) -> None:
+    upstream.script(Text("partial"), FailMidStream("overloaded"))
+    upstream.script(Text("never sent"))
+    events: list[tuple[str, StreamEvent]] = []
+
+    with pytest.raises(ProviderError) as caught:
+        await collect(make_router().stream(ANTHROPIC, HELLO, fallback=OPENAI), events)
+
+    assert caught.value.kind == "overloaded"
+    assert events == [(ANTHROPIC, TextDelta("partial"))]
+    assert paths(upstream) == [MESSAGES]  # no retry, and no fallback either
+    assert upstream.pending == 1
+
+
+async def test_exhausted_retries_fall_back(make_router: Any, upstream: FakeUpstream) -> None:
+    for _ in range(3):
+        upstream.script(Fail(529))
+    upstream.script(Text("from the fallback"))
+
+    events = await collect(make_router().stream(ANTHROPIC, HELLO, fallback=OPENAI))
+
+    assert events[0] == (OPENAI, TextDelta("from the fallback"))
+    assert {model for model, _ in events} == {OPENAI}
+    assert paths(upstream) == [MESSAGES] * 3 + [COMPLETIONS]
+
+
+async def test_exhausted_retries_without_fallback_raise_the_last_error(
+    make_router: Any, upstream: FakeUpstream
+) -> None:
+    upstream.script(Fail(500))
+    upstream.script(Fail(500))
+    upstream.script(Fail(429))
+
+    with pytest.raises(ProviderError) as caught:
+        await collect(make_router().stream(OPENAI, HELLO))
+
+    assert caught.value.kind == "rate_limited"
+    assert len(upstream.requests) == 3
+
+
+async def test_a_non_retryable_error_goes_straight_to_the_fallback(
+    make_router: Any, upstream: FakeUpstream
+) -> None:
+    upstream.script(Fail(400))
+
+    events = await collect(make_router().stream(OPENAI, HELLO, fallback=ANTHROPIC))
+
+    assert events[0][0] == ANTHROPIC
+    assert paths(upstream) == [COMPLETIONS, MESSAGES]
+
+
+async def test_a_non_retryable_error_without_fallback_is_raised_at_once(
+    make_router: Any, upstream: FakeUpstream
+) -> None:
+    upstream.script(Fail(401))
+
+    with pytest.raises(ProviderError) as caught:
+        await collect(make_router().stream(OPENAI, HELLO))
+
+    assert caught.value.kind == "auth"
+    assert len(upstream.requests) == 1
+
+
+async def test_both_failing_raises_the_fallbacks_error(
+    make_router: Any, upstream: FakeUpstream
+) -> None:
+    upstream.script(Fail(400))
+    upstream.script(Fail(404))
+
+    with pytest.raises(ProviderError) as caught:
+        await collect(make_router(llm_max_retries=0).stream(OPENAI, HELLO, fallback=ANTHROPIC))
+
+    assert caught.value.kind == "not_found"
+
+
+# --- Circuit breaker -----------------------------------------------------------------------
+
+
+async def test_the_breaker_opens_after_consecutive_failures_and_closes_after_cooldown(
+    make_router: Any, upstream: FakeUpstream, clock: FakeClock
+) -> None:
+    router = make_router(llm_max_retries=0)
+    for _ in range(3):
+        upstream.script(Fail(500))
+        with pytest.raises(ProviderError):
+            await collect(router.stream(OPENAI, HELLO))
+    assert router.circuit_open("openai")
+
+    with pytest.raises(ProviderError) as caught:
+        await collect(router.stream(OPENAI, HELLO))
+    assert caught.value.kind == "unavailable"
+    assert "circuit open" in caught.value.message
+    assert len(upstream.requests) == 3  # skipped: the upstream saw nothing
+
+    # Other providers are unaffected, and serve as the fallback while the circuit is open.
+    events = await collect(router.stream(OPENAI, HELLO, fallback=ANTHROPIC))
+    assert events[0][0] == ANTHROPIC
+    assert paths(upstream)[-1] == MESSAGES
+
+    clock.now += 29
+    assert router.circuit_open("openai")
+    clock.now += 2
+    assert not router.circuit_open("openai")
+    upstream.script(Text("back"))
+    events = await collect(router.stream(OPENAI, HELLO))
+    assert events[0] == (OPENAI, TextDelta("back"))
+
+    # A success reset the count: one failure now does not reopen the circuit.
+    upstream.script(Fail(500))
+    with pytest.raises(ProviderError):
+        await collect(router.stream(OPENAI, HELLO))
+    assert not router.circuit_open("openai")
+
+
+async def test_a_failed_trial_after_cooldown_reopens_at_once(
+    make_router: Any, upstream: FakeUpstream, clock: FakeClock
+) -> None:
+    router = make_router(llm_max_retries=0, breaker_failures=2)
+    for _ in range(2):
+        upstream.script(Fail(529))
+        with pytest.raises(ProviderError):
+            await collect(router.stream(ANTHROPIC, HELLO))
+    assert router.circuit_open("anthropic")
+
+    clock.now += 31
+    upstream.script(Fail(529))
+    with pytest.raises(ProviderError) as caught:
+        await collect(router.stream(ANTHROPIC, HELLO))
+
+    assert caught.value.kind == "overloaded"
+    assert router.circuit_open("anthropic")
+
+
+async def test_the_breaker_stops_retries_once_open(
+    make_router: Any, upstream: FakeUpstream
+) -> None:
+    router = make_router(llm_max_retries=5, breaker_failures=2)
+    for _ in range(5):
+        upstream.script(Fail(500))
+
+    with pytest.raises(ProviderError) as caught:
+        await collect(router.stream(OPENAI, HELLO))
+
+    assert caught.value.kind == "unavailable"
+    assert len(upstream.requests) == 2
+
+
+async def test_client_errors_do_not_trip_the_breaker(
+    make_router: Any, upstream: FakeUpstream
+) -> None:
+    router = make_router(llm_max_retries=0, breaker_failures=1)
+    upstream.script(Fail(400))
+
+    with pytest.raises(ProviderError):
+        await collect(router.stream(OPENAI, HELLO))
+
+    assert not router.circuit_open("openai")
+
+
+# --- Stall guard ---------------------------------------------------------------------------
+
+
+async def test_a_stall_after_output_times_out(make_router: Any, upstream: FakeUpstream) -> None:
+    upstream.script(Text("a"), Stall(5))
+    router = make_router(llm_request_timeout_seconds=0.3)
+    events: list[tuple[str, StreamEvent]] = []
+
+    started = time.monotonic()
+    with pytest.raises(ProviderError) as caught:
+        await collect(router.stream(ANTHROPIC, HELLO), events)
+
+    assert caught.value.kind == "timeout"
+    assert events == [(ANTHROPIC, TextDelta("a"))]
+    assert time.monotonic() - started < 2
+    assert len(upstream.requests) == 1
+
+
+async def test_a_stall_before_output_is_retried(make_router: Any, upstream: FakeUpstream) -> None:
+    upstream.script(Stall(5))
+    upstream.script(Text("awake"))
+
+    events = await collect(make_router(llm_request_timeout_seconds=0.3).stream(OPENAI, HELLO))
+
+    assert events[0] == (OPENAI, TextDelta("awake"))
+    assert len(upstream.requests) == 2
+
+
+async def test_the_guard_times_out_a_provider_that_goes_quiet(make_router: Any) -> None:
+    router = make_router(llm_request_timeout_seconds=0.2, llm_max_retries=1)
+    provider = ScriptedProvider([0, 1.0])
+    router.register("slow", lambda name: Route("slow", name, lambda: provider))
+    events: list[tuple[str, StreamEvent]] = []
+
+    with pytest.raises(ProviderError) as caught:
+        await collect(router.stream("slow:m", HELLO), events)
+
+    assert caught.value.kind == "timeout"
+    assert events == [("slow:m", TextDelta("m"))]
+    assert provider.calls == 1  # the stall came after output: not retried
+
+
+async def test_a_slow_but_steady_stream_is_not_a_stall(
+    make_router: Any, upstream: FakeUpstream
+) -> None:
+    upstream.script(*[Text(str(i)) for i in range(8)], token_delay=0.1)
+
+    events = await collect(make_router(llm_request_timeout_seconds=0.5).stream(OPENAI, HELLO))
+
+    assert "".join(e.text for _, e in events if isinstance(e, TextDelta)) == "01234567"

@@ -1,0 +1,55 @@
+"""A strict SSE reader for tests: real HTTP, every field parsed, heartbeats counted."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+
+@dataclass(frozen=True)
+class Event:
+    id: int
+    type: str
+    data: dict[str, Any]
+
+
+TERMINAL = {"run.completed", "run.failed", "run.cancelled"}
+
+
+async def events(response: httpx.Response) -> AsyncIterator[Event]:
+    """Parse a text/event-stream body as it arrives; comment lines are skipped."""
+    assert response.headers["content-type"].startswith("text/event-stream"), response.headers
+    fields: dict[str, str] = {}
+    async for line in response.aiter_lines():
+        if line == "":
+            if fields:
+                yield Event(int(fields["id"]), fields["event"], json.loads(fields["data"]))
+            fields = {}
+            continue
+        if line.startswith(":"):
+            continue
+        name, _, value = line.partition(":")
+        fields[name] = value[1:] if value.startswith(" ") else value
+
+
+async def collect(
+    client: httpx.AsyncClient,
+    method: str,
+    url: str,
+    *,
+    stop_after: int | None = None,
+    **kwargs: Any,
+) -> list[Event]:
+    """Events until the terminal one (or `stop_after` of them, then hang up)."""
+    out: list[Event] = []
+    async with client.stream(method, url, **kwargs) as response:
+        assert response.status_code == 200, (await response.aread()).decode()
+        async for event in events(response):
+            out.append(event)
+            if event.type in TERMINAL or (stop_after is not None and len(out) >= stop_after):
+                break
+    return out
