@@ -25,10 +25,34 @@ SSE_DESCRIPTION = (
     "{text, usage}, `run.failed` {error: {code, message}, partial_text} or `run.cancelled` "
     "{reason, partial_text}. Lines starting with `:` are heartbeats."
 )
+EVENT_TYPES = (
+    "run.created",
+    "run.started",
+    "message.reset",
+    "message.delta",
+    "context.warning",
+    "entry.committed",
+    "usage",
+    "run.completed",
+    "run.failed",
+    "run.cancelled",
+)
 SSE_RESPONSE: dict[int | str, dict[str, Any]] = {
     200: {
         "description": SSE_DESCRIPTION,
-        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+        "content": {
+            "text/event-stream": {
+                "schema": {
+                    "type": "object",
+                    "required": ["id", "event", "data"],
+                    "properties": {
+                        "id": {"type": "string", "pattern": "^[0-9]+$"},
+                        "event": {"type": "string", "enum": list(EVENT_TYPES)},
+                        "data": {"type": "string", "contentMediaType": "application/json"},
+                    },
+                }
+            }
+        },
     }
 }
 

@@ -52,7 +52,8 @@ class TextPart(_Strict):
 
 class ImagePart(_Strict):
     type: Literal["image_url"]
-    url: Annotated[str, Field(min_length=1, max_length=2_000_000)]
+    # What every provider accepts: a web URL, or the image inline as a base64 data URL.
+    url: Annotated[str, Field(max_length=2_000_000, pattern=r"^(https?://\S|data:[^;,]+;base64,)")]
     detail: Literal["auto", "low", "high"] | None = None
 
 
@@ -148,7 +149,8 @@ class Refs(_Strict):
     run_id: Annotated[str, Field(max_length=128)] | None = None
     request_id: Annotated[str, Field(max_length=128)] | None = None
     call_id: Annotated[str, Field(max_length=128)] | None = None
-    tool_call_id: Annotated[str, Field(min_length=1, max_length=128)] | None = None
+    # Anthropic accepts only these characters in tool ids; OpenAI's ids fit too.
+    tool_call_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,128}$")] | None = None
     iteration: Annotated[int, Field(ge=0)] | None = None
     parent_call_id: Annotated[str, Field(max_length=128)] | None = None
 

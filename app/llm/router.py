@@ -181,8 +181,8 @@ class Router:
     ) -> AsyncGenerator[StreamEvent, None]:
         """The events, failing with "timeout" when the next one takes too long.
 
-        asyncio.timeout rather than wait_for: the provider's generator must keep running in
-        this task (the HTTP client's cancel scopes are bound to the task that entered them).
+        asyncio.timeout around each step rather than wait_for: on 3.11 wait_for runs every step
+        in a task of its own, and the provider's generator is better kept in the caller's.
         """
         seconds = self._settings.llm_request_timeout_seconds
         try:

@@ -23,9 +23,7 @@ down_revision: str | None = "b2e1c0de0002"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
-RUN_STATUSES = (
-    "'queued','running','requires_action','completed','failed','cancelled','interrupted'"
-)
+RUN_STATUSES = "'queued','running','requires_action','completed','failed','cancelled','interrupted'"
 
 
 def _execute_script(sql: str) -> None:

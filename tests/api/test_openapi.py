@@ -83,8 +83,13 @@ def test_no_input_gives_500_and_responses_conform(
     case.call_and_validate(base_url=live_server.url, headers=headers, checks=CHECKS)
     if case.path_parameters and "session_id" in case.path_parameters:
         # The same request against a session that exists (a random uuid only ever finds 404).
-        if case.method.upper() == "DELETE":
+        if case.method.upper() == "DELETE" or case.path.endswith("/stream"):
             return
+        if case.path.endswith("/ask"):
+            # This server runs no workers, so a stream would never end: ask in the background.
+            if not isinstance(case.body, dict):
+                return
+            case.body["stream"] = False
         case.path_parameters["session_id"] = real_session_id
         case.call_and_validate(base_url=live_server.url, headers=headers, checks=CHECKS)
 

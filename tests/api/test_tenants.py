@@ -21,6 +21,13 @@ SESSION_ROUTES: dict[tuple[str, str], dict[str, Any] | None] = {
     ("POST", "/v1/sessions/{session_id}/entries"): {"entries": [message("injected")]},
     ("POST", "/v1/sessions/{session_id}/projection"): {},
     ("GET", "/v1/sessions/{session_id}/context"): None,
+    ("POST", "/v1/sessions/{session_id}/ask"): {"input": "hi", "stream": False},
+    ("GET", "/v1/sessions/{session_id}/stream"): None,
+}
+RUN_ROUTES: dict[tuple[str, str], dict[str, Any] | None] = {
+    ("GET", "/v1/runs/{run_id}"): None,
+    ("GET", "/v1/runs/{run_id}/events"): None,
+    ("POST", "/v1/runs/{run_id}/cancel"): None,
 }
 
 
@@ -32,6 +39,29 @@ def test_every_session_route_is_covered(app: FastAPI) -> None:
         for method in operations
     }
     assert routes == set(SESSION_ROUTES), "add new session routes to SESSION_ROUTES"
+    run_routes = {
+        (method.upper(), path)
+        for path, operations in app.openapi()["paths"].items()
+        if "{run_id}" in path
+        for method in operations
+    }
+    assert run_routes == set(RUN_ROUTES), "add new run routes to RUN_ROUTES"
+
+
+async def test_another_tenants_run_is_404_everywhere(
+    make_client: ClientFactory, new_key: Callable[[], Awaitable[str]]
+) -> None:
+    owner, intruder = make_client(await new_key()), make_client(await new_key())
+    session = await new_session(owner)
+    run = await owner.post(
+        f"/v1/sessions/{session['id']}/ask", json={"input": "q", "stream": False}
+    )
+    assert run.status_code == 202
+    for (method, path), body in RUN_ROUTES.items():
+        response = await intruder.request(method, path.format(run_id=run.json()["id"]), json=body)
+        assert response.status_code == 404, (method, path, response.text)
+        assert response.json()["error"]["code"] == "run_not_found"
+    assert (await owner.get(f"/v1/runs/{run.json()['id']}")).json()["status"] == "queued"
 
 
 async def test_another_tenants_session_is_404_everywhere(
