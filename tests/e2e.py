@@ -43,11 +43,9 @@ def upstream() -> Iterator[FakeUpstream]:
         yield fake
 
 
-@pytest.fixture(scope="session")
-def e2e_database(database_url: str) -> str:
-    """A database of its own in the test cluster: runs queued by other tests (fuzzing) must
-    never reach these workers and eat the fake upstream's scripts."""
-    name = f"e2e_{uuid.uuid4().hex[:10]}"
+def create_database(database_url: str, prefix: str) -> str:
+    """A new, migrated database in the test cluster; returns its URL."""
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
 
     async def create() -> None:
         conn = await asyncpg.connect(libpq_url(database_url))
@@ -63,6 +61,13 @@ def e2e_database(database_url: str) -> str:
     return url
 
 
+@pytest.fixture(scope="session")
+def e2e_database(database_url: str) -> str:
+    """A database of its own in the test cluster: runs queued by other tests (fuzzing) must
+    never reach these workers and eat the fake upstream's scripts."""
+    return create_database(database_url, "e2e")
+
+
 def e2e_env(upstream: FakeUpstream) -> dict[str, Any]:
     """Settings for fast, scripted runs (as keyword arguments and as THREADLINE_* variables)."""
     return {
@@ -72,6 +77,8 @@ def e2e_env(upstream: FakeUpstream) -> dict[str, Any]:
         "anthropic_base_url": upstream.url,
         "default_model": "openai:gpt-4o-mini",
         "llm_retry_base_seconds": 0.01,
+        # Failure tests share the served router: its circuit breaker is tested on its own.
+        "breaker_failures": 10_000,
         "worker_heartbeat_seconds": 0.5,
         "stalled_after_seconds": 2.0,
         "stall_check_seconds": 0.5,

@@ -69,6 +69,9 @@ ModelName = Annotated[
 
 class SessionConfig(Strict):
     model: ModelName | None = None
+    fallback_model: ModelName | None = Field(
+        default=None, description="Answers when the model fails before its first token."
+    )
     system_prompt: Annotated[str, StringConstraints(max_length=200_000)] | None = None
     context_policy: ContextPolicyPatch | None = Field(
         default=None, description="How the context is projected from the journal."

@@ -1,0 +1,80 @@
+"""A worker killed mid-stream loses nothing: another worker resumes the run from the journal
+and nothing is written twice (DESIGN invariant 8, the worker half)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from app.config import Settings
+from app.main import create_app
+from tests.conftest import issue_key, serve_in_thread, stop_thread_server
+from tests.e2e import Process, e2e_env, process_env
+from tests.fakes.upstream import FakeUpstream, Text, Usage
+from tests.helpers import history, new_session
+from tests.sse_client import collect
+
+
+@pytest.fixture
+def crash_settings(database_url: str, upstream: FakeUpstream) -> Settings:
+    """A database of its own: the served workers of other tests must not take this run."""
+    from tests.e2e import create_database
+
+    return Settings(database_url=create_database(database_url, "crash"), **e2e_env(upstream))
+
+
+@pytest.fixture
+def api_only(crash_settings: Settings) -> Iterator[httpx.AsyncClient]:
+    server, thread, url = serve_in_thread(create_app(crash_settings))
+    key = issue_key(crash_settings, f"crash-{uuid.uuid4()}")
+    yield httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=60)
+    stop_thread_server(server, thread)
+
+
+@pytest.mark.slow
+async def test_a_killed_worker_is_replaced_and_nothing_is_duplicated(
+    crash_settings: Settings, api_only: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    upstream.clear()
+    api = api_only
+    env = process_env(crash_settings)
+    first = Process(["worker", "--concurrency", "2"], env)
+    second: Process | None = None
+    try:
+        sid = (await new_session(api))["id"]
+        upstream.script(*[Text(f"a{i} ") for i in range(200)], token_delay=0.03)  # killed midway
+        upstream.script(Text("the retried "), Text("answer"), Usage(7, 3))
+        run = (
+            await api.post(f"/v1/sessions/{sid}/ask", json={"input": "q", "stream": False})
+        ).json()
+        seen = await collect(api, "GET", f"/v1/runs/{run['id']}/events", stop_after=6)
+        assert [e.type for e in seen].count("message.delta") >= 2
+        first.kill()  # SIGKILL: no shutdown, no cleanup, the job stays "doing"
+        second = Process(["worker", "--concurrency", "2"], env)
+        done = (
+            await api.get(f"/v1/runs/{run['id']}", params={"wait": "true", "timeout": 60})
+        ).json()
+        assert done["status"] == "completed", done
+        assert done["result"] == "the retried answer" and done["attempts"] == 2
+        events = await collect(api, "GET", f"/v1/runs/{run['id']}/events")
+        assert [e.id for e in events] == list(range(1, len(events) + 1))
+        assert "message.reset" in [e.type for e in events]
+        after_reset = events[[e.type for e in events].index("message.reset") :]
+        assert (
+            "".join(e.data["text"] for e in after_reset if e.type == "message.delta")
+            == "the retried answer"
+        )
+        kinds = Counter(e["kind"] for e in await history(api, sid))
+        assert kinds == {"message": 2, "run_start": 1, "usage": 1, "run_end": 1}
+        assert len(upstream.requests) == 2
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
+        await api.aclose()
+        await asyncio.sleep(0)
