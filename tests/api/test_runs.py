@@ -99,3 +99,35 @@ async def test_a_stalled_model_is_cancelled_promptly(
     await api.post(f"/v1/runs/{run_id}/cancel")
     run = (await api.get(f"/v1/runs/{run_id}", params={"wait": "true", "timeout": 10})).json()
     assert run["status"] == "cancelled" and run["result"] == "first"
+
+
+async def test_heartbeats_keep_an_idle_stream_alive(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    sid = (await new_session(api))["id"]
+    upstream.script(Text("a"), Stall(2.5), Text("b"))
+    comments, types = 0, []
+    async with api.stream("POST", f"/v1/sessions/{sid}/ask", json={"input": "go"}) as response:
+        async for line in response.aiter_lines():
+            if line.startswith(":"):
+                comments += 1
+            elif line.startswith("event:"):
+                types.append(line.split(":", 1)[1].strip())
+                if types[-1] == "run.completed":
+                    break
+    assert comments >= 1  # heartbeats every second in these tests (15 s by default)
+
+
+async def test_a_nearly_full_context_warns(api: httpx.AsyncClient, upstream: FakeUpstream) -> None:
+    sid = (await new_session(api))["id"]
+    upstream.script(Text("ok"))
+    policy = {"max_input_tokens": 1000, "reserve_output_tokens": 100}
+    events = await collect(
+        api,
+        "POST",
+        f"/v1/sessions/{sid}/ask",
+        json={"input": "word " * 760, "context_policy": policy},
+    )
+    warning = next(e for e in events if e.type == "context.warning")
+    assert warning.data["level"] == "approaching_limit" and warning.data["budget"] == 900
+    assert 80 <= warning.data["percent"] < 100
