@@ -11,14 +11,11 @@ parameter.
 
 from __future__ import annotations
 
-import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 import anthropic
-import anyio
-import httpx2
 from anthropic.types import MessageDeltaUsage, RawMessageStreamEvent, Usage
 
 from app.core.formats import to_anthropic
@@ -31,6 +28,7 @@ from app.llm.base import (
     TextDelta,
     ToolCallDelta,
     UsageReport,
+    classified,
 )
 from app.llm.openai_provider import kind_for_status
 
@@ -64,17 +62,8 @@ class AnthropicProvider:
     async def aclose(self) -> None:
         await self._client.close()
 
-    async def stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
-        try:
-            async for event in self._stream(request):
-                yield event
-        except anthropic.APIError as error:
-            raise classify_anthropic(error) from error
-        # Transport failures inside the stream reach us unwrapped by the SDK.
-        except httpx2.TimeoutException as error:
-            raise ProviderError("timeout", f"request timed out: {error}") from error
-        except (httpx2.RequestError, ssl.SSLError, anyio.EndOfStream) as error:
-            raise ProviderError("connection", f"connection failed: {error!r}") from error
+    def stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
+        return classified(self._stream(request), anthropic.APIError, classify_anthropic)
 
     async def _stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
         wire = to_anthropic(request.messages, request.tools)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from app.core.messages import Message, ToolSpec
 
@@ -83,3 +83,27 @@ class Provider(Protocol):
     def stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
         """Stream the model's answer; raise ProviderError for any failure."""
         ...
+
+
+async def classified(
+    events: AsyncIterator[StreamEvent],
+    sdk_error: type[Exception],
+    classify: Callable[[Any], ProviderError],
+) -> AsyncIterator[StreamEvent]:
+    """A provider's events, every failure turned into a ProviderError: the SDK's own errors by
+    `classify`, transport failures inside a stream (which the SDKs pass through unwrapped) by
+    their nature."""
+    import ssl
+
+    import anyio
+    import httpx2
+
+    try:
+        async for event in events:
+            yield event
+    except sdk_error as error:
+        raise classify(error) from error
+    except httpx2.TimeoutException as error:
+        raise ProviderError("timeout", f"request timed out: {error}") from error
+    except (httpx2.RequestError, ssl.SSLError, anyio.EndOfStream) as error:
+        raise ProviderError("connection", f"connection failed: {error!r}") from error

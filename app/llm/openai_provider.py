@@ -7,12 +7,9 @@ Retries are the router's job, so the SDK's own are off.
 
 from __future__ import annotations
 
-import ssl
 from collections.abc import AsyncIterator
 from typing import Any, cast
 
-import anyio
-import httpx2
 import openai
 from openai.types.chat import ChatCompletionChunk
 
@@ -26,6 +23,7 @@ from app.llm.base import (
     TextDelta,
     ToolCallDelta,
     UsageReport,
+    classified,
 )
 
 
@@ -56,16 +54,8 @@ class OpenAIProvider:
     async def aclose(self) -> None:
         await self._client.close()
 
-    async def stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
-        try:
-            async for event in self._stream(request):
-                yield event
-        except openai.APIError as error:
-            raise classify_openai(error) from error
-        except httpx2.TimeoutException as error:
-            raise ProviderError("timeout", f"request timed out: {error}") from error
-        except (httpx2.RequestError, ssl.SSLError, anyio.EndOfStream) as error:
-            raise ProviderError("connection", f"connection failed: {error!r}") from error
+    def stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
+        return classified(self._stream(request), openai.APIError, classify_openai)
 
     async def _stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
         wire = to_openai(request.messages, request.tools)

@@ -2,8 +2,9 @@
 circuit breaker.
 
 A model string is "<prefix>:<rest>": openai:<name>, anthropic:<name>, compat:<endpoint> or
-compat:<endpoint>/<name> (an OpenAI-compatible server from settings.compat_endpoints). Other
-prefixes (local:...) are served by factories registered with `Router.register`.
+compat:<endpoint>/<name> (an OpenAI-compatible server from settings.compat_endpoints), or
+local:<name> (settings.local_model_path, else the bundled Gemma 3 270M, run in-process, whatever
+the name). Other prefixes are served by factories registered with `Router.register`.
 
 A call is retried only while nothing has been yielded: once the caller has seen a delta, a
 failure propagates unchanged and the caller keeps what it got as an incomplete answer.
@@ -21,6 +22,7 @@ from dataclasses import dataclass, replace
 from app.config import Settings
 from app.llm.anthropic_provider import AnthropicProvider
 from app.llm.base import ModelRequest, Provider, ProviderError, StreamEvent
+from app.llm.local_provider import LocalProvider
 from app.llm.openai_provider import OpenAIProvider
 
 MAX_RETRY_DELAY_SECONDS = 30.0
@@ -57,6 +59,7 @@ class Router:
             "openai": self._openai,
             "anthropic": self._anthropic,
             "compat": self._compat,
+            "local": self._local,
         }
         self._providers: dict[str, Provider] = {}
         self._breakers: dict[str, _Breaker] = {}
@@ -73,8 +76,6 @@ class Router:
             raise ProviderError("unavailable", f"model {model!r} is not <provider>:<name>")
         factory = self._factories.get(prefix)
         if factory is None:
-            if prefix == "local":
-                raise ProviderError("unavailable", "local models are not configured")
             raise ProviderError("unavailable", f"unknown provider {prefix!r} in {model!r}")
         return factory(rest)
 
@@ -122,6 +123,11 @@ class Router:
             name or endpoint,
             lambda: OpenAIProvider(api_key, base_url, timeout, legacy_max_tokens=True),
         )
+
+    def _local(self, name: str) -> Route:
+        # One GGUF serves every local:* name; the provider loads it on first use.
+        path = self._settings.local_model_path
+        return Route("local", name, lambda: LocalProvider(path))
 
     # --- Streaming ------------------------------------------------------------------------
 
