@@ -27,6 +27,8 @@ bench: $(STAMP) postgres
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || python3 -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
+	@echo "Installing packages for local:* models; the first build of llama-cpp-python compiles llama.cpp and takes 6-12 minutes (pip caches the wheel afterwards)..."
+	$(BIN)/pip install --disable-pip-version-check --progress-bar on -e '.[dev,local]'
 	rm -f $(VENV)/.installed-* && touch $@
 
 # System binaries are preferred; as root on Debian/Ubuntu, install them when missing. Elsewhere

