@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -13,6 +14,7 @@ from app.api.hub import EventHub
 from app.api.limits import BodySizeLimit
 from app.config import Settings
 from app.db.engine import create_engine
+from app.llm.tokenizers import stored_counter
 from app.worker.pool import libpq_url, worker_pool
 
 API_VERSION = "0.1.0"
@@ -26,6 +28,8 @@ def create_app(settings: Settings | None = None, *, workers: int = 0) -> FastAPI
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         assert settings.database_url is not None
         app.state.engine = create_engine(settings)
+        # Appends and projections count tokens: load the vocabulary before the first request.
+        await asyncio.to_thread(stored_counter)
         app.state.hub = EventHub(app.state.engine, libpq_url(settings.database_url))
         await app.state.hub.start()
         try:

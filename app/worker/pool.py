@@ -16,6 +16,7 @@ from app.db import events as events_db
 from app.db.engine import create_engine
 from app.db.jobs import RUN_QUEUE
 from app.llm.router import Router
+from app.llm.tokenizers import stored_counter
 from app.worker import runtime as runtimes
 from app.worker.events import EventWriter
 from app.worker.run import execute_run
@@ -43,7 +44,12 @@ def libpq_url(database_url: str) -> str:
 
 def queue_app(settings: Settings) -> procrastinate.App:
     assert settings.database_url is not None
-    connector = procrastinate.PsycopgConnector(conninfo=libpq_url(settings.database_url))
+    # The pool serves job fetches, finishes, heartbeats and LISTEN: psycopg_pool's default of 4
+    # starves a worker running many runs at once.
+    size = max(4, min(settings.worker_concurrency // 4 + 4, 32))
+    connector = procrastinate.PsycopgConnector(
+        conninfo=libpq_url(settings.database_url), min_size=2, max_size=size
+    )
     app = procrastinate.App(connector=connector)
     app.add_tasks_from(tasks, namespace="threadline")
     return app
@@ -53,6 +59,7 @@ def queue_app(settings: Settings) -> procrastinate.App:
 async def worker_pool(settings: Settings, concurrency: int) -> AsyncIterator[None]:
     """Run `concurrency` run-executing workers in this process until the block exits."""
     engine = create_engine(settings)
+    await asyncio.to_thread(stored_counter)  # load the vocabulary now, not on the first ask
     writer = EventWriter(engine, settings.event_tick_seconds)
     runtimes.install(runtimes.Runtime(engine, settings, Router(settings), writer))
     app = queue_app(settings)
