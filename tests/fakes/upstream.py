@@ -361,7 +361,7 @@ class FakeUpstream:
         self, model: str, script: Script, steps: Sequence[Step]
     ) -> AsyncIterator[str]:
         usage = _usage_of(steps)
-        message = {
+        message: Json = {
             "id": "msg_fake",
             "type": "message",
             "role": "assistant",
@@ -387,7 +387,7 @@ class FakeUpstream:
                 if not open_text:
                     index += 1
                     open_text = True
-                    block = {"type": "text", "text": ""}
+                    block: Json = {"type": "text", "text": ""}
                     yield _event("content_block_start", _block_start(index, block))
                 await self._sleep(script.token_delay)
                 delta = {"type": "text_delta", "text": step.text}

@@ -1,0 +1,687 @@
+"""Streaming benchmark: what an ask adds before the first delta, and how many SSE streams one
+`threadline serve` carries.
+
+Prints figures only. Run with `python -m bench.streams`. The served process is the real thing:
+`threadline serve` (API and workers) in an OS process of its own, on a throwaway embedded
+cluster at Postgres's default (durable) settings except max_connections, raised so that the
+server's pools fit. The fake OpenAI upstream (a thread) and the load generator (httpx on
+uvloop) share this process. Each phase prints the CPU the server, Postgres, this process and
+the rest of the machine used, so a saturated load generator, or a busy shared machine, shows.
+
+1. Ask overhead: POST /ask (stream: true) to the first `message.delta` at the client, less the
+   fake upstream's own time (request received to first chunk sent), one ask at a time and
+   200 at once; beside it the floor, one durable single-row INSERT round trip with asyncpg
+   (autocommit: the INSERT is its own fsync'd commit).
+2. Concurrent streams: N asks at once, the upstream sending 50 tokens/s for 10 s each; per
+   token, the added latency from the fake sending it to the client receiving it; every
+   stream's event ids and text checked. N steps up while p99 stays under the bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Coroutine, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any, TypeVar
+
+import asyncpg
+import httpx
+from starlette.requests import Request
+
+from app.config import Settings
+from app.db.embedded import throwaway_cluster
+from app.db.engine import create_engine
+from app.services.keys import create_key
+from app.worker.pool import libpq_url
+from bench.journal import report
+
+# tests/fakes/upstream.py is not clean under mypy --strict (mypy checks it only where it is
+# imported), so this bench loads it untyped.
+from tests.fakes import upstream as fakes
+from tests.sse_client import TERMINAL, events
+
+T = TypeVar("T")
+
+MODEL = "openai:gpt-4o-mini"
+MAX_CONNECTIONS = 400
+POOL = 50  # per engine: the API's and the workers' each, plus as many overflow
+STEPS = (10, 25, 50, 100, 200, 400, 800)
+WORKERS = max(200, *STEPS)
+SEQUENTIAL_ASKS, WARMUP_ASKS = 100, 5
+BURST = 200
+FLOOR_INSERTS, FLOOR_WARMUP = 200, 10
+OVERHEAD_TEXTS = ("t0 ", "t1 ", "t2 ")
+STREAM_TOKENS, TOKEN_DELAY = 500, 0.02  # 50 tokens/s: 10 s per stream
+STREAM_TEXTS = tuple(f"t{i} " for i in range(STREAM_TOKENS))
+BOUND_MS = 250.0
+STREAM_TIMEOUT = 60.0  # a stream not finished by then counts as unfinished
+BUDGET_SECONDS = 200.0  # no further step starts past this
+CREATE_CONCURRENCY = 32
+TAG = re.compile(r"bench-[0-9a-f]{12}")
+THREADLINE = os.path.join(os.path.dirname(sys.executable), "threadline")
+SERVER_ENV: dict[str, object] = {
+    "openai_api_key": "sk-bench",
+    "default_model": MODEL,
+    "worker_concurrency": WORKERS,
+    "db_pool_size": POOL,
+    "log_level": "warning",  # no access log line per request
+}
+SHOWN_SETTINGS = (
+    "fsync",
+    "synchronous_commit",
+    "wal_sync_method",
+    "full_page_writes",
+    "shared_buffers",
+    "max_connections",
+)
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+# --- The fake upstream, timed --------------------------------------------------------------
+
+
+@dataclass
+class Trace:
+    """What the fake upstream did for one tagged request (perf_counter seconds)."""
+
+    received: float = 0.0
+    sent: list[float] = field(default_factory=list)  # when each text chunk went out
+
+
+@dataclass(frozen=True)
+class TracedScript(fakes.Script):
+    trace: Trace = field(default_factory=Trace)
+
+
+class TimedUpstream(fakes.FakeUpstream):
+    """FakeUpstream answering each request by the tag in its last message, with timestamps.
+
+    The base class's FIFO is global; concurrent asks need their answer picked per request.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._planned: dict[str, TracedScript] = {}
+
+    def __enter__(self) -> TimedUpstream:
+        self.start()
+        return self
+
+    def plan(self, tag: str, texts: Sequence[str], token_delay: float) -> Trace:
+        """The answer to the request whose last message carries `tag`."""
+        script = TracedScript(tuple(fakes.Text(t) for t in texts), token_delay)
+        with self._lock:
+            self._planned[tag] = script
+        return script.trace
+
+    async def _receive(self, request: Request) -> tuple[dict[str, Any], Any]:
+        received = time.perf_counter()
+        body, script = await super()._receive(request)
+        found = TAG.search(json.dumps(body.get("messages", [])[-1:]))
+        with self._lock:
+            planned = self._planned.pop(found.group(), None) if found else None
+        if planned is None:
+            return body, script
+        planned.trace.received = received
+        return body, planned
+
+    async def _openai_chunks(
+        self, model: str, script: Any, steps: Sequence[Any], include_usage: bool
+    ) -> AsyncIterator[str]:
+        # The first chunk carries only the role; one chunk per Text step follows.
+        texts = sum(isinstance(step, fakes.Text) for step in steps)
+        index = 0
+        async for chunk in super()._openai_chunks(model, script, steps, include_usage):
+            if isinstance(script, TracedScript) and 1 <= index <= texts:
+                script.trace.sent.append(time.perf_counter())
+            index += 1
+            yield chunk
+
+
+# --- Processes and CPU ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Server:
+    url: str
+    pid: int
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def server_env(database_url: str, upstream: TimedUpstream) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("THREADLINE_")}
+    values = {
+        **SERVER_ENV,
+        "database_url": database_url,
+        "openai_base_url": upstream.openai_base_url,
+    }
+    env.update({f"THREADLINE_{k.upper()}": str(v) for k, v in values.items()})
+    return env
+
+
+def wait_ready(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"threadline serve never became ready:\n{log.read_text()[-2000:]}")
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=30)
+
+
+@contextmanager
+def served(database_url: str, upstream: TimedUpstream) -> Iterator[Server]:
+    """`threadline serve` (API and workers) in an OS process of its own."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    logs = Path(tempfile.mkdtemp(prefix="threadline-bench-serve-"))
+    log = logs / "serve.log"
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            [THREADLINE, "serve", "--port", str(port)],
+            env=server_env(database_url, upstream),
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_ready(url, process, log)
+        yield Server(url, process.pid)
+    finally:
+        stop(process)
+        shutil.rmtree(logs, ignore_errors=True)
+
+
+def stat_fields(pid: int) -> list[str]:
+    """/proc/<pid>/stat from field 3 (state) on: the command name may hold spaces."""
+    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+
+
+def cpu_seconds(pid: int, *, reaped_children: bool = False) -> float:
+    fields = stat_fields(pid)  # utime, stime, cutime, cstime are fields 14-17
+    return sum(int(f) for f in fields[11 : 15 if reaped_children else 13]) / CLOCK_TICKS
+
+
+def postgres_cpu(postmaster: int) -> float:
+    """The postmaster, its live backends, and the backends it has reaped."""
+    total = cpu_seconds(postmaster, reaped_children=True)
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if int(stat_fields(int(entry.name))[1]) == postmaster:
+                total += cpu_seconds(int(entry.name))
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+    return total
+
+
+@dataclass(frozen=True)
+class Pids:
+    server: int
+    postmaster: int
+
+
+def machine_cpu() -> float:
+    """CPU seconds all processes have used (every core), from /proc/stat."""
+    ticks = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    idle = ticks[3] + ticks[4]  # idle, iowait
+    return (sum(ticks) - idle) / CLOCK_TICKS
+
+
+@dataclass(frozen=True)
+class CpuSample:
+    """Seconds: wall clock, and the CPU used by each party so far."""
+
+    wall: float
+    server: float
+    postgres: float
+    bench: float
+    machine: float
+
+
+def cpu_sample(pids: Pids) -> CpuSample:
+    own = os.times()
+    return CpuSample(
+        wall=time.perf_counter(),
+        server=cpu_seconds(pids.server),
+        postgres=postgres_cpu(pids.postmaster),
+        bench=own.user + own.system,
+        machine=machine_cpu(),
+    )
+
+
+def cpu_use(before: CpuSample, after: CpuSample) -> str:
+    """Each party's CPU use between two samples, in % of one core; others: the rest of the
+    machine (it may be shared)."""
+    wall = after.wall - before.wall
+
+    server, postgres, bench, machine = (
+        (used_after - used_before) / wall * 100
+        for used_before, used_after in (
+            (before.server, after.server),
+            (before.postgres, after.postgres),
+            (before.bench, after.bench),
+            (before.machine, after.machine),
+        )
+    )
+    others = max(0.0, machine - server - postgres - bench)
+    return (
+        f"server {server:.0f}%, postgres {postgres:.0f}%, bench {bench:.0f}%, other processes"
+        f" {others:.0f}% (of {100 * (os.cpu_count() or 1)}%) over {wall:.1f} s"
+    )
+
+
+# --- Client --------------------------------------------------------------------------------
+
+
+@dataclass
+class Stream:
+    """What the client saw of one ask: its event ids and deltas, timestamped."""
+
+    started: float
+    answered: float = 0.0  # response headers: the ask is committed
+    status: int = 0
+    ids: list[int] = field(default_factory=list)
+    deltas: list[tuple[float, str]] = field(default_factory=list)
+    terminal: str | None = None
+    error: str | None = None
+
+    @property
+    def text(self) -> str:
+        return "".join(text for _, text in self.deltas)
+
+
+def new_tag() -> str:
+    return f"bench-{uuid.uuid4().hex[:12]}"
+
+
+async def create_sessions(client: httpx.AsyncClient, count: int) -> list[str]:
+    gate = asyncio.Semaphore(CREATE_CONCURRENCY)
+
+    async def one() -> str:
+        async with gate:
+            response = await client.post("/v1/sessions", json={"title": "bench"})
+        response.raise_for_status()
+        return str(response.json()["id"])
+
+    return list(await asyncio.gather(*(one() for _ in range(count))))
+
+
+async def read_stream(response: httpx.Response, stream: Stream) -> None:
+    async for event in events(response):
+        now = time.perf_counter()
+        stream.ids.append(event.id)
+        if event.type == "message.delta":
+            stream.deltas.append((now, event.data["text"]))
+        if event.type in TERMINAL:
+            stream.terminal = event.type
+            return
+
+
+async def ask(client: httpx.AsyncClient, session_id: str, tag: str) -> Stream:
+    """One streamed ask, read to its terminal event (or for STREAM_TIMEOUT at most)."""
+    body = {"input": f"Please answer {tag}", "stream": True}
+    stream = Stream(started=time.perf_counter())
+    try:
+        async with (
+            asyncio.timeout(STREAM_TIMEOUT),
+            client.stream("POST", f"/v1/sessions/{session_id}/ask", json=body) as response,
+        ):
+            stream.answered = time.perf_counter()
+            stream.status = response.status_code
+            if response.status_code != 200:
+                stream.error = (await response.aread()).decode()[:200]
+                return stream
+            await read_stream(response, stream)
+    except (TimeoutError, httpx.HTTPError) as exc:
+        stream.error = f"{type(exc).__name__}: {exc}"
+    return stream
+
+
+def client_for(server: Server, key: str, streams: int) -> httpx.AsyncClient:
+    return httpx.AsyncClient(
+        base_url=server.url,
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=httpx.Timeout(30, read=STREAM_TIMEOUT),
+        limits=httpx.Limits(max_connections=None, max_keepalive_connections=streams + 64),
+    )
+
+
+# --- Figures -------------------------------------------------------------------------------
+
+
+def percentile(samples: Sequence[float], q: int) -> float:
+    if len(samples) < 2:
+        return samples[0] if samples else float("nan")
+    return statistics.quantiles(samples, n=100, method="inclusive")[q - 1]
+
+
+def spread(samples: Sequence[float]) -> str:
+    return f"p50 {percentile(samples, 50):.2f} ms, p99 {percentile(samples, 99):.2f} ms"
+
+
+def overhead_ms(stream: Stream, trace: Trace) -> float | None:
+    """Client first delta minus the fake's own time from request to first chunk."""
+    if not stream.deltas or not trace.sent:
+        return None
+    client = stream.deltas[0][0] - stream.started
+    upstream = trace.sent[0] - trace.received
+    return (client - upstream) * 1000
+
+
+def stages_ms(stream: Stream, trace: Trace) -> tuple[float, float, float] | None:
+    """The overhead in three legs: ask committed (response headers), from there to the
+    upstream's request (queue, claim, projection), first chunk to first client delta."""
+    if not stream.deltas or not trace.sent:
+        return None
+    return (
+        (stream.answered - stream.started) * 1000,
+        (trace.received - stream.answered) * 1000,
+        (stream.deltas[0][0] - trace.sent[0]) * 1000,
+    )
+
+
+def added_latencies_ms(stream: Stream, trace: Trace) -> list[float]:
+    """Per token: client receive time minus the fake's send time of that token."""
+    out = []
+    for received, text in stream.deltas:
+        for token in text.split():
+            index = int(token[1:]) if token[1:].isdigit() else -1
+            if 0 <= index < len(trace.sent):
+                out.append((received - trace.sent[index]) * 1000)
+    return out
+
+
+@dataclass
+class Integrity:
+    unfinished: int = 0  # no run.completed (failed, timed out, refused)
+    lost: int = 0  # ids missing from 1..max
+    duplicated: int = 0  # ids seen more than once
+    mismatched: int = 0  # streams whose deltas do not spell the scripted text
+
+    @property
+    def clean(self) -> bool:
+        return not (self.unfinished or self.lost or self.duplicated or self.mismatched)
+
+    def add(self, stream: Stream, expected: str) -> None:
+        self.unfinished += stream.terminal != "run.completed"
+        distinct = set(stream.ids)
+        self.duplicated += len(stream.ids) - len(distinct)
+        self.lost += max(distinct, default=0) - len(distinct)
+        self.mismatched += stream.text != expected
+
+    def describe(self, streams: int) -> str:
+        return (
+            f"{streams - self.unfinished}/{streams} completed; events lost {self.lost}, "
+            f"duplicated {self.duplicated}; text mismatches {self.mismatched}"
+        )
+
+
+def integrity(streams: Sequence[Stream], expected: str) -> Integrity:
+    checked = Integrity()
+    for stream in streams:
+        checked.add(stream, expected)
+    return checked
+
+
+def first_error(streams: Sequence[Stream]) -> str | None:
+    return next((s.error for s in streams if s.error), None)
+
+
+# --- 1. Ask overhead ------------------------------------------------------------------------
+
+
+async def floor_ms(database_url: str) -> list[float]:
+    """Durable single-row INSERT round trips (autocommit: each is its own fsync'd commit)."""
+    conn = await asyncpg.connect(libpq_url(database_url))
+    try:
+        await conn.execute("CREATE TABLE bench_floor (id bigserial PRIMARY KEY, body text)")
+        samples = []
+        for i in range(FLOOR_WARMUP + FLOOR_INSERTS):
+            start = time.perf_counter()
+            await conn.execute("INSERT INTO bench_floor (body) VALUES ($1)", f"row {i}")
+            samples.append((time.perf_counter() - start) * 1000)
+        await conn.execute("DROP TABLE bench_floor")
+    finally:
+        await conn.close()
+    return samples[FLOOR_WARMUP:]
+
+
+async def timed_ask(
+    client: httpx.AsyncClient, upstream: TimedUpstream, session_id: str
+) -> tuple[Stream, Trace]:
+    tag = new_tag()
+    trace = upstream.plan(tag, OVERHEAD_TEXTS, 0.0)
+    return await ask(client, session_id, tag), trace
+
+
+def report_overhead(label: str, results: Sequence[tuple[Stream, Trace]], floor: float) -> None:
+    samples = [o for s, t in results if (o := overhead_ms(s, t)) is not None]
+    checked = integrity([s for s, _ in results], "".join(OVERHEAD_TEXTS))
+    p50 = percentile(samples, 50)
+    report("ask", label, f"{spread(samples)} over {len(samples)}")
+    report("ask", "  ratio p50 / floor p50", f"{p50 / floor:.1f}")
+    legs = [leg for s, t in results if (leg := stages_ms(s, t)) is not None]
+    if legs:
+        committed, to_upstream, to_client = (statistics.median(x) for x in zip(*legs, strict=True))
+        report(
+            "ask",
+            "  legs, p50 each",
+            f"ask committed {committed:.1f} ms, then upstream request {to_upstream:.1f} ms,"
+            f" first chunk to client {to_client:.1f} ms",
+        )
+    report("ask", "  streams", checked.describe(len(results)))
+    if error := first_error([s for s, _ in results]):
+        report("ask", "  first error", error)
+
+
+async def bench_overhead(
+    client: httpx.AsyncClient, upstream: TimedUpstream, database_url: str, pids: Pids
+) -> None:
+    floor = await floor_ms(database_url)
+    report("floor", "durable 1-row INSERT (asyncpg)", f"{spread(floor)} over {FLOOR_INSERTS}")
+    floor_p50 = percentile(floor, 50)
+
+    sessions = await create_sessions(client, WARMUP_ASKS + SEQUENTIAL_ASKS)
+    before = cpu_sample(pids)
+    sequential = [await timed_ask(client, upstream, s) for s in sessions]
+    report_overhead("1 at a time, first delta", sequential[WARMUP_ASKS:], floor_p50)
+    report("ask", "  cpu", cpu_use(before, cpu_sample(pids)))
+
+    for round_ in ("warm-up", "measured"):
+        sessions = await create_sessions(client, BURST)
+        before = cpu_sample(pids)
+        burst = await asyncio.gather(*(timed_ask(client, upstream, s) for s in sessions))
+        if round_ == "measured":
+            report_overhead(f"{BURST} at once, first delta", burst, floor_p50)
+            report("ask", "  cpu", cpu_use(before, cpu_sample(pids)))
+        upstream.clear()
+
+
+# --- 2. Concurrent streams ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StepResult:
+    streams: int
+    latencies: list[float]
+    checked: Integrity
+    cpu: str
+    error: str | None
+
+    @property
+    def met(self) -> bool:
+        return bool(self.latencies) and self.checked.clean and self.p99 < BOUND_MS
+
+    @property
+    def p99(self) -> float:
+        return percentile(self.latencies, 99)
+
+
+async def stream_step(
+    client: httpx.AsyncClient, upstream: TimedUpstream, pids: Pids, count: int
+) -> StepResult:
+    sessions = await create_sessions(client, count)
+    tags = [new_tag() for _ in sessions]
+    traces = [upstream.plan(tag, STREAM_TEXTS, TOKEN_DELAY) for tag in tags]
+    before = cpu_sample(pids)
+    streams = await asyncio.gather(
+        *(ask(client, s, t) for s, t in zip(sessions, tags, strict=True))
+    )
+    cpu = cpu_use(before, cpu_sample(pids))
+    upstream.clear()
+    latencies = [
+        ms for s, t in zip(streams, traces, strict=True) for ms in added_latencies_ms(s, t)
+    ]
+    checked = integrity(streams, "".join(STREAM_TEXTS))
+    return StepResult(count, latencies, checked, cpu, first_error(streams))
+
+
+def report_step(step: StepResult) -> None:
+    label = f"N={step.streams}"
+    if step.latencies:
+        latency = f"{spread(step.latencies)}, max {max(step.latencies):.1f} ms"
+    else:
+        latency = "no deltas"
+    verdict = "meets" if step.met else "misses"
+    report("streams", f"{label} added delta latency", f"{latency} ({verdict} the bound)")
+    report("streams", "  integrity", step.checked.describe(step.streams))
+    report("streams", "  cpu", step.cpu)
+    if step.error:
+        report("streams", "  first error", step.error)
+
+
+async def bench_streams(client: httpx.AsyncClient, upstream: TimedUpstream, pids: Pids) -> None:
+    report(
+        "streams",
+        "load per stream",
+        f"{STREAM_TOKENS} tokens at {1 / TOKEN_DELAY:.0f}/s (~{STREAM_TOKENS * TOKEN_DELAY:.0f} s)",
+    )
+    report(
+        "streams",
+        "bound",
+        f"p99 added latency < {BOUND_MS:.0f} ms, every stream complete and exact",
+    )
+    started = time.monotonic()
+    best: int | None = None
+    for count in STEPS:
+        if time.monotonic() - started > BUDGET_SECONDS:
+            report("streams", f"N={count}", "skipped (time budget spent)")
+            break
+        step = await stream_step(client, upstream, pids, count)
+        report_step(step)
+        if not step.met:
+            break
+        best = count
+    largest = f"{best}" if best is not None else f"none (below {STEPS[0]})"
+    if best == STEPS[-1]:
+        largest += " (the largest step tried)"
+    report("streams", "largest N within the bound", largest)
+
+
+# --- Running -------------------------------------------------------------------------------
+
+
+async def print_header(database_url: str) -> int:
+    """Print the setup; return the postmaster's pid."""
+    conn = await asyncpg.connect(libpq_url(database_url))
+    try:
+        server_version = await conn.fetchval("SHOW server_version")
+        shown = [f"{name}={await conn.fetchval(f'SHOW {name}')}" for name in SHOWN_SETTINGS]
+        backend = int(await conn.fetchval("SELECT pg_backend_pid()"))
+        postmaster = int(stat_fields(backend)[1])  # while the backend lives
+    finally:
+        await conn.close()
+    tick = Settings.model_fields["event_tick_seconds"].default
+    print("Threadline streaming benchmark")
+    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"machine:  {os.cpu_count()} cores, load average {load} at start")
+    print(
+        "database: throwaway embedded cluster at server defaults (durable), but for"
+        f" max_connections={MAX_CONNECTIONS} (default 100) so the server's pools fit"
+    )
+    print(f"postgres: {server_version}; {' '.join(shown)}")
+    settings = " ".join(f"{k}={v}" for k, v in SERVER_ENV.items() if k != "openai_api_key")
+    print(f"server:   `threadline serve` in its own process; {settings}; event_tick={tick}s")
+    print("upstream: FakeUpstream (OpenAI streaming) in a thread of this process")
+    print(f"client:   httpx {httpx.__version__} in this process, {loop_name()}")
+    return postmaster
+
+
+async def tenant_key(database_url: str) -> str:
+    engine = create_engine(Settings(database_url=database_url, db_pool_size=1))
+    try:
+        return await create_key(engine, "bench")
+    finally:
+        await engine.dispose()
+
+
+async def run(database_url: str, upstream: TimedUpstream, server: Server) -> None:
+    postmaster = await print_header(database_url)
+    pids = Pids(server.pid, postmaster)
+    key = await tenant_key(database_url)
+    async with client_for(server, key, max(BURST, *STEPS)) as client:
+        await bench_overhead(client, upstream, database_url, pids)
+        await bench_streams(client, upstream, pids)
+
+
+def loop_name() -> str:
+    try:
+        return f"uvloop {version('uvloop')}"
+    except PackageNotFoundError:
+        return "asyncio"
+
+
+def run_loop(main: Coroutine[Any, Any, T]) -> T:
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)
+    return uvloop.run(main)
+
+
+def main() -> None:
+    settings = {"max_connections": str(MAX_CONNECTIONS)}
+    with (
+        throwaway_cluster("threadline-bench-", settings) as database_url,
+        TimedUpstream() as upstream,
+        served(database_url, upstream) as server,
+    ):
+        run_loop(run(database_url, upstream, server))
+
+
+if __name__ == "__main__":
+    main()
