@@ -187,6 +187,9 @@ class RollbackEntryIn(_EntryIn):
     payload: RollbackPayload
 
 
+# What a client may append (imports, notes, edits by rollback). Run records (run_start,
+# run_end, usage, error, policy_violation) are the service's own: accepting them from outside
+# would let a client forge run history.
 EntryIn = Annotated[
     MessageEntryIn | ToolCallEntryIn | ToolResultEntryIn | SummaryEntryIn | RollbackEntryIn,
     Field(discriminator="kind"),

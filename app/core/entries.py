@@ -21,20 +21,6 @@ class EntryKind(StrEnum):
     ROLLBACK = "rollback"
 
 
-# Kinds a client may append directly (imports, notes, edits by rollback). The rest record what
-# the service itself did during a run, so accepting them from outside would let a client forge
-# run history.
-CLIENT_APPENDABLE_KINDS: frozenset[EntryKind] = frozenset(
-    {
-        EntryKind.MESSAGE,
-        EntryKind.TOOL_CALL,
-        EntryKind.TOOL_RESULT,
-        EntryKind.SUMMARY,
-        EntryKind.ROLLBACK,
-    }
-)
-
-
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 

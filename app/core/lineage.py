@@ -58,11 +58,6 @@ def segments(session_id: str, lineage: Lineage, rev: int | None = None) -> list[
     return out
 
 
-def own_start(lineage: Lineage) -> int:
-    """The last seq the session inherits; its own entries start after it."""
-    return max((a.upto_seq for a in lineage), default=0)
-
-
 def fork_lineage(parent_id: str, parent_lineage: Lineage, at_seq: int) -> Lineage:
     """The lineage of a child forked from `parent_id` at `at_seq` (entries 1..at_seq shared)."""
     out: list[Ancestor] = []
