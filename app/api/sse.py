@@ -19,7 +19,9 @@ SSE_DESCRIPTION = (
     "A stream of run events (text/event-stream). Each event has `id:` (the run event's seq, "
     "for Last-Event-ID), `event:` (its type) and JSON `data:`. Types: `run.created` {run_id, "
     "session_id, user_entry_seq, model}, `run.started` {attempt}, `message.reset` (a retried "
-    "run starts its answer over), `message.delta` {text}, `context.warning` {level, tokens, "
+    "run starts its answer over), `message.delta` {text}, `tool_call` {tool_call_id, name, "
+    "arguments}, "
+    "`tool_result` {tool_call_id, name, is_error, preview}, `context.warning` {level, tokens, "
     "budget, percent}, `entry.committed` {seq, kind, id}, `usage` {input_tokens, "
     "output_tokens, cached_tokens, cost_usd}, and exactly one terminal event: `run.completed` "
     "{text, usage}, `run.failed` {error: {code, message}, partial_text} or `run.cancelled` "
@@ -30,6 +32,8 @@ EVENT_TYPES = (
     "run.started",
     "message.reset",
     "message.delta",
+    "tool_call",
+    "tool_result",
     "context.warning",
     "entry.committed",
     "usage",

@@ -148,3 +148,19 @@ async def count_kind(conn: AsyncConnection, segments: Sequence[Segment], kind: s
     in_thread = or_(*(_in_segment(s, None, None) for s in segments))
     query = select(func.count()).select_from(entries).where(in_thread, entries.c.kind == kind)
     return int((await conn.execute(query)).scalar_one())
+
+
+async def run_entries(
+    conn: AsyncConnection, session_id: str, from_seq: int, run_id: str
+) -> list[RowMapping]:
+    """The entries a run wrote, in order: they live in the session's own range, after its input."""
+    query = (
+        select(*ENTRY_COLUMNS)
+        .where(
+            entries.c.session_id == session_id,
+            entries.c.seq >= from_seq,
+            entries.c.refs.contains({"run_id": run_id}),
+        )
+        .order_by(entries.c.seq)
+    )
+    return list((await conn.execute(query)).mappings())

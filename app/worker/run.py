@@ -9,31 +9,60 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from sqlalchemy import RowMapping
 
+from app.core.entries import EntryKind
+from app.core.messages import result_text
+from app.core.projection import JournalEntry
+from app.core.tool_loop import (
+    AssembledCall,
+    PendingCall,
+    RunTools,
+    StopRun,
+    assemble_calls,
+    next_step,
+)
 from app.db import events as events_db
+from app.db import journal as journal_db
 from app.db import runs as runs_db
+from app.db import sessions as sessions_db
 from app.db.tables import RUN_TERMINAL
-from app.llm.base import ModelRequest, ProviderError, TextDelta, UsageReport
+from app.llm.base import ModelRequest, ProviderError, TextDelta, ToolCallDelta, UsageReport
 from app.services.errors import ServiceError
+from app.services.journal import NewEntry, append_in
 from app.services.projection import project_session
-from app.services.runs import Outcome, finish_run
+from app.services.runs import Outcome, entry_id, finish_run
+from app.tools.registry import ToolContext, execute
 from app.worker.runtime import Runtime
 
 log = logging.getLogger(__name__)
 WARNING_SHARE, LIMIT_SHARE = 0.8, 1.0
+DEFAULT_MAX_ITERATIONS = 10  # model turns with tool calls per run
+PREVIEW_CHARS = 500
 
 
 @dataclass
 class _Progress:
     """What a run has received so far: committed as incomplete if it is stopped."""
 
-    text: list[str] = field(default_factory=list)
-    usage: UsageReport | None = None
+    text: list[str] = field(default_factory=list)  # the current model turn's
+    usage: UsageReport | None = None  # summed over the run's model turns
     model: str | None = None
+
+    def add_usage(self, usage: UsageReport) -> None:
+        if self.usage is None:
+            self.usage = usage
+            return
+        self.usage = UsageReport(
+            self.usage.input_tokens + usage.input_tokens,
+            self.usage.output_tokens + usage.output_tokens,
+            self.usage.cached_tokens + usage.cached_tokens,
+        )
 
 
 async def execute_run(
@@ -94,6 +123,44 @@ async def _claim(runtime: Runtime, run_id: str) -> RowMapping | None:
 
 
 async def _converse(runtime: Runtime, run: RowMapping, progress: _Progress) -> Outcome:
+    """Model turns and tool calls until a final answer, a failure or a limit; each step is
+    decided from what the journal holds, so a retried run picks up where this one stopped."""
+    run_id, session_id = str(run["id"]), str(run["session_id"])
+    limit = run["params"].get("max_iterations") or DEFAULT_MAX_ITERATIONS
+    while True:
+        async with runtime.engine.connect() as conn:
+            rows = await journal_db.run_entries(conn, session_id, run["user_entry_seq"], run_id)
+            session = await sessions_db.get_session(conn, str(run["tenant_id"]), session_id)
+        config: dict[str, Any] = session["config"] if session is not None else {}
+        tools = list(config.get("tools") or [])
+        step = next_step([_journal_entry(r) for r in rows], limit)
+        if isinstance(step, StopRun):
+            violation = {"rule": step.rule, "message": step.message}
+            refs = {"run_id": run_id}
+            await _commit(
+                runtime,
+                run,
+                [
+                    NewEntry(
+                        EntryKind.POLICY_VIOLATION, violation, refs, entry_id(run_id, step.rule)
+                    )
+                ],
+            )
+            error = {"code": "policy_violation", **violation}
+            return Outcome("failed", usage=progress.usage, error=error, model=progress.model)
+        if isinstance(step, RunTools):
+            await _run_tools(runtime, run, step.calls, tools)
+            continue
+        outcome = await _model_turn(runtime, run, step.iteration, progress)
+        if outcome is not None:
+            return outcome
+
+
+async def _model_turn(
+    runtime: Runtime, run: RowMapping, iteration: int, progress: _Progress
+) -> Outcome | None:
+    """One model call; an Outcome if the run ends with it, None if it asked for tools (then
+    committed as one assistant turn: its text and one tool_call entry per call)."""
     run_id, params = str(run["id"]), run["params"]
     try:
         projected = await project_session(
@@ -106,7 +173,9 @@ async def _converse(runtime: Runtime, run: RowMapping, progress: _Progress) -> O
             run_id=run_id,
         )
     except ServiceError as exc:  # e.g. the context overflowed while the run was queued
-        return Outcome("failed", error={"code": exc.code, "message": exc.message})
+        return Outcome(
+            "failed", usage=progress.usage, error={"code": exc.code, "message": exc.message}
+        )
     projection = projected.projection
     _warn_if_full(runtime, run_id, projection.meta.estimated_tokens, projection.meta.budget)
     request = ModelRequest(
@@ -116,6 +185,8 @@ async def _converse(runtime: Runtime, run: RowMapping, progress: _Progress) -> O
         max_output_tokens=params.get("max_output_tokens"),
         temperature=params.get("temperature"),
     )
+    progress.text = []
+    pieces: list[tuple[int, str | None, str | None, str]] = []
     stream = runtime.router.stream(run["model"], request, fallback=params.get("fallback_model"))
     try:
         async for model, event in stream:
@@ -123,14 +194,143 @@ async def _converse(runtime: Runtime, run: RowMapping, progress: _Progress) -> O
             if isinstance(event, TextDelta) and event.text:
                 progress.text.append(event.text)
                 runtime.writer.emit(run_id, "message.delta", {"text": event.text})
+            elif isinstance(event, ToolCallDelta):
+                pieces.append((event.index, event.id, event.name, event.arguments))
             elif isinstance(event, UsageReport):
-                progress.usage = event
+                progress.add_usage(event)
     except ProviderError as exc:
         error = {"code": f"provider_{exc.kind}", "message": exc.message}
         return Outcome(
             "failed", "".join(progress.text), progress.usage, error=error, model=progress.model
         )
-    return Outcome("completed", "".join(progress.text), progress.usage, model=progress.model)
+    calls = assemble_calls(pieces)
+    if not calls:
+        return Outcome("completed", "".join(progress.text), progress.usage, model=progress.model)
+    await _commit(runtime, run, _tool_turn(run_id, iteration, "".join(progress.text), calls))
+    progress.text = []  # committed with its calls: not part of the final answer
+    return None
+
+
+def _tool_turn(
+    run_id: str, iteration: int, text: str, calls: list[AssembledCall]
+) -> list[NewEntry]:
+    turn = f"{run_id}:{iteration}"
+    refs: dict[str, Any] = {"run_id": run_id, "call_id": turn, "iteration": iteration}
+    entries = []
+    if text:
+        entries.append(
+            NewEntry(
+                EntryKind.MESSAGE,
+                {"role": "assistant", "content": text},
+                refs,
+                entry_id(run_id, f"{iteration}:text"),
+            )
+        )
+    for call in calls:
+        call_id = _safe_id(call.tool_call_id)
+        call_refs = {**refs, "tool_call_id": call_id}
+        entries.append(
+            NewEntry(
+                EntryKind.TOOL_CALL,
+                {"name": call.name or "unnamed", "arguments": call.arguments or {}},
+                call_refs,
+                entry_id(run_id, f"{iteration}:call:{call_id}"),
+            )
+        )
+        if call.arguments is None:  # unusable arguments: answered at once, the model can retry
+            message = f"Error: the arguments are not a JSON object: {call.raw_arguments[:500]}"
+            entries.append(
+                NewEntry(
+                    EntryKind.TOOL_RESULT,
+                    {"name": call.name, "content": message, "is_error": True},
+                    call_refs,
+                    entry_id(run_id, f"result:{call_id}"),
+                )
+            )
+    return entries
+
+
+async def _run_tools(
+    runtime: Runtime, run: RowMapping, calls: tuple[PendingCall, ...], tools: list[Any]
+) -> None:
+    """Execute a turn's unanswered calls concurrently and commit one result per call."""
+    run_id = str(run["id"])
+    for call in calls:
+        runtime.writer.emit(
+            run_id,
+            "tool_call",
+            {"tool_call_id": call.tool_call_id, "name": call.name, "arguments": call.arguments},
+            urgent=True,
+        )
+    outcomes = await asyncio.gather(
+        *(
+            execute(
+                call,
+                tools,
+                ToolContext(
+                    str(run["tenant_id"]), str(run["session_id"]), run_id, call.tool_call_id
+                ),
+            )
+            for call in calls
+        )
+    )
+    entries = []
+    for call, outcome in zip(calls, outcomes, strict=True):
+        runtime.writer.emit(
+            run_id,
+            "tool_result",
+            {
+                "tool_call_id": call.tool_call_id,
+                "name": call.name,
+                "is_error": outcome.is_error,
+                "preview": result_text(outcome.content)[:PREVIEW_CHARS],
+            },
+        )
+        refs = {
+            "run_id": run_id,
+            "call_id": f"{run_id}:{call.iteration}",
+            "tool_call_id": call.tool_call_id,
+            "iteration": call.iteration,
+        }
+        payload = {"name": call.name, "content": outcome.content, "is_error": outcome.is_error}
+        entries.append(
+            NewEntry(
+                EntryKind.TOOL_RESULT,
+                payload,
+                refs,
+                entry_id(run_id, f"result:{call.tool_call_id}"),
+            )
+        )
+    await _commit(runtime, run, entries)
+
+
+async def _commit(runtime: Runtime, run: RowMapping, entries: list[NewEntry]) -> None:
+    """Append a step's entries (idempotent: ids derive from the run) and announce them."""
+    async with runtime.engine.begin() as conn:
+        appended = await append_in(conn, str(run["tenant_id"]), str(run["session_id"]), entries)
+    for entry in appended.entries:
+        runtime.writer.emit(
+            str(run["id"]),
+            "entry.committed",
+            {"seq": int(entry["seq"]), "kind": entry["kind"], "id": entry["id"]},
+        )
+
+
+def _safe_id(tool_call_id: str) -> str:
+    """Provider call ids as our refs accept them (Anthropic's character set)."""
+    cleaned = re.sub(r"[^A-Za-z0-9_-]", "_", tool_call_id)[:128]
+    return cleaned or "call"
+
+
+def _journal_entry(row: RowMapping) -> JournalEntry:
+    return JournalEntry(
+        int(row["seq"]),
+        str(row["kind"]),
+        row["payload"],
+        row["refs"],
+        int(row["token_count"]),
+        str(row["id"]),
+    )
 
 
 def _warn_if_full(runtime: Runtime, run_id: str, tokens: int, budget: int) -> None:

@@ -1,0 +1,102 @@
+"""Built-in tools, registered by name, and the executor every tool call goes through.
+
+Errors and timeouts become results the model can read, never crashes of the run.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import operator
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from app.core.tool_loop import PendingCall
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    tenant_id: str
+    session_id: str
+    run_id: str
+    tool_call_id: str
+
+
+@dataclass(frozen=True)
+class ToolOutcome:
+    content: Any
+    is_error: bool = False
+
+
+ToolFunction = Callable[[dict[str, Any], ToolContext], Awaitable[Any]]
+BUILTINS: dict[str, ToolFunction] = {}
+
+
+def builtin(name: str) -> Callable[[ToolFunction], ToolFunction]:
+    def register(function: ToolFunction) -> ToolFunction:
+        BUILTINS[name] = function
+        return function
+
+    return register
+
+
+async def execute(
+    call: PendingCall, tools: Sequence[Mapping[str, Any]], context: ToolContext
+) -> ToolOutcome:
+    """Run one call of the model against the tools the run offered."""
+    definition = next((t for t in tools if t.get("name") == call.name), None)
+    if definition is None:
+        return ToolOutcome(f"Error: there is no tool named {call.name!r}.", is_error=True)
+    kind = definition.get("kind", "client")
+    timeout = float(definition.get("timeout_seconds", 30))
+    if kind != "builtin":
+        return ToolOutcome(f"Error: {kind} tools are not available yet.", is_error=True)
+    function = BUILTINS.get(call.name)
+    if function is None:
+        return ToolOutcome(f"Error: no built-in tool is called {call.name!r}.", is_error=True)
+    try:
+        return ToolOutcome(await asyncio.wait_for(function(call.arguments, context), timeout))
+    except TimeoutError:
+        return ToolOutcome(f"Error: {call.name} timed out after {timeout:g} s.", is_error=True)
+    except Exception as exc:  # a failing tool is news for the model, not a crash of the run
+        return ToolOutcome(f"Error: {call.name} failed: {exc}", is_error=True)
+
+
+@builtin("current_time")
+async def current_time(arguments: dict[str, Any], context: ToolContext) -> str:
+    """The current date and time, UTC, ISO 8601."""
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+_OPERATORS: dict[type, Callable[..., Any]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+    ast.USub: operator.neg,
+    ast.UAdd: operator.pos,
+}
+
+
+@builtin("calculator")
+async def calculator(arguments: dict[str, Any], context: ToolContext) -> Any:
+    """Arithmetic on numbers (+ - * / // % **), evaluated without eval()."""
+    expression = str(arguments.get("expression", ""))
+    return _evaluate(ast.parse(expression, mode="eval").body)
+
+
+def _evaluate(node: ast.AST) -> Any:
+    if isinstance(node, ast.Constant) and isinstance(node.value, int | float):
+        return node.value
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
+        if isinstance(node.op, ast.Pow) and abs(_evaluate(node.right)) > 1000:
+            raise ValueError("exponent too large")
+        return _OPERATORS[type(node.op)](_evaluate(node.left), _evaluate(node.right))
+    if isinstance(node, ast.UnaryOp) and type(node.op) in _OPERATORS:
+        return _OPERATORS[type(node.op)](_evaluate(node.operand))
+    raise ValueError("only numbers and + - * / // % ** are allowed")

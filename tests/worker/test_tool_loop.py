@@ -1,0 +1,99 @@
+"""A tool-using agent end to end: the model calls a tool, gets its result, answers."""
+
+from __future__ import annotations
+
+import httpx
+
+from tests.fakes.upstream import FakeUpstream, Text, ToolCall, Usage
+from tests.helpers import history, new_session
+from tests.sse_client import collect
+
+CALCULATOR = {
+    "name": "calculator",
+    "kind": "builtin",
+    "description": "Arithmetic",
+    "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
+}
+
+
+async def test_weather_style_agent_flow(api: httpx.AsyncClient, upstream: FakeUpstream) -> None:
+    sid = (await new_session(api, config={"tools": [CALCULATOR]}))["id"]
+    upstream.script(
+        Text("Let me compute."),
+        ToolCall("call_1", "calculator", '{"expression": "4 * 3"}'),
+        Usage(30, 10),
+    )
+    upstream.script(Text("The result is 12"), Usage(50, 5))
+    events = await collect(
+        api, "POST", f"/v1/sessions/{sid}/ask", json={"input": "Multiply 4 by 3"}
+    )
+    types = [e.type for e in events]
+    assert types[-1] == "run.completed" and events[-1].data["text"] == "The result is 12"
+    call = next(e for e in events if e.type == "tool_call")
+    assert call.data == {
+        "tool_call_id": "call_1",
+        "name": "calculator",
+        "arguments": {"expression": "4 * 3"},
+    }
+    assert next(e for e in events if e.type == "tool_result").data["preview"] == "12"
+    assert events[-1].data["usage"]["input_tokens"] == 80  # summed over both model turns
+
+    journal = await history(api, sid)
+    run_id = events[0].data["run_id"]
+    assert [(e["kind"], e["payload"].get("role")) for e in journal] == [
+        ("message", "user"),
+        ("run_start", None),
+        ("message", "assistant"),
+        ("tool_call", None),
+        ("tool_result", None),
+        ("message", "assistant"),
+        ("usage", None),
+        ("run_end", None),
+    ]
+    tool_call, tool_result = journal[3], journal[4]
+    assert tool_call["payload"] == {"name": "calculator", "arguments": {"expression": "4 * 3"}}
+    assert tool_call["refs"] == {
+        "run_id": run_id,
+        "call_id": f"{run_id}:1",
+        "tool_call_id": "call_1",
+        "iteration": 1,
+    }
+    assert (
+        tool_result["refs"]["tool_call_id"] == "call_1" and tool_result["payload"]["content"] == 12
+    )
+    assert journal[2]["refs"]["call_id"] == tool_call["refs"]["call_id"]  # text and calls: one turn
+
+    second = upstream.requests[1].body
+    assert upstream.requests[0].body["tools"][0]["function"]["name"] == "calculator"
+    assert [m["role"] for m in second["messages"]] == ["user", "assistant", "tool"]
+    assert second["messages"][1]["tool_calls"][0]["id"] == "call_1"
+    assert second["messages"][2] == {"role": "tool", "tool_call_id": "call_1", "content": "12"}
+
+
+async def test_unknown_tools_and_bad_arguments_become_error_results(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    sid = (await new_session(api, config={"tools": [CALCULATOR]}))["id"]
+    upstream.script(ToolCall("c1", "teleport", "{}"), ToolCall("c2", "calculator", "{oops"))
+    upstream.script(Text("Sorry."))
+    events = await collect(api, "POST", f"/v1/sessions/{sid}/ask", json={"input": "go"})
+    assert events[-1].type == "run.completed"
+    results = [e for e in await history(api, sid) if e["kind"] == "tool_result"]
+    assert all(r["payload"]["is_error"] for r in results) and len(results) == 2
+    sent = upstream.requests[1].body["messages"]
+    assert [m["role"] for m in sent] == ["user", "assistant", "tool", "tool"]
+
+
+async def test_the_iteration_limit_ends_the_run_with_a_policy_violation(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    sid = (await new_session(api, config={"tools": [CALCULATOR]}))["id"]
+    for i in range(10):
+        upstream.script(ToolCall(f"c{i}", "calculator", '{"expression": "1+1"}'))
+    events = await collect(api, "POST", f"/v1/sessions/{sid}/ask", json={"input": "loop forever"})
+    assert events[-1].type == "run.failed"
+    assert events[-1].data["error"]["code"] == "policy_violation"
+    assert events[-1].data["error"]["rule"] == "max_iterations"
+    journal = await history(api, sid)
+    assert [e["kind"] for e in journal].count("tool_call") == 10
+    assert any(e["kind"] == "policy_violation" for e in journal)
