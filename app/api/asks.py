@@ -56,6 +56,7 @@ async def ask(
         metadata=body.metadata,
         multitask_strategy=body.multitask_strategy,
         on_disconnect=body.on_disconnect,
+        run_policy=body.run_policy.model_dump(exclude_unset=True) if body.run_policy else None,
         idempotency_key=idempotency_key,
     )
     result = await service.ask(engine, settings, tenant, str(session_id), params)

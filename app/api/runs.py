@@ -11,7 +11,7 @@ from fastapi import APIRouter, Header, Query, Response
 
 from app.api.deps import Config, Engine, Hub, Tenant
 from app.api.errors import error_responses
-from app.api.schemas import Run
+from app.api.schemas import Run, ToolOutputsRequest
 from app.api.sse import SSE_RESPONSE, event_stream, resume_point
 from app.db.tables import RUN_TERMINAL
 from app.services import asks as service
@@ -69,3 +69,16 @@ async def run_events(
 async def cancel(run_id: UUID, engine: Engine, tenant: Tenant) -> Run:
     """Stop a run: its partial answer is committed marked incomplete; it ends `cancelled`."""
     return Run.from_row(await service.cancel_run(engine, tenant, str(run_id)))
+
+
+@router.post(
+    "/tool_outputs",
+    operation_id="submitToolOutputs",
+    responses=error_responses(400, 401, 404, 409, 413, 422),
+)
+async def tool_outputs(
+    run_id: UUID, body: ToolOutputsRequest, engine: Engine, tenant: Tenant
+) -> Run:
+    """Results of client-side tools, one per call the run waits on; the run then resumes."""
+    outputs = [service.ToolOutput(o.tool_call_id, o.output, o.is_error) for o in body.tool_outputs]
+    return Run.from_row(await service.submit_tool_outputs(engine, tenant, str(run_id), outputs))

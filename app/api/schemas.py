@@ -19,6 +19,7 @@ from app.core.entries import (
 )
 from app.core.policy import ContextPolicyPatch
 from app.core.projection import ProjectionMeta
+from app.core.run_policy import RunPolicy
 
 # Postgres integers are 64-bit; anything larger is a mistake, not a seq.
 MAX_SEQ = 2**62
@@ -77,6 +78,9 @@ class SessionConfig(Strict):
         default=None, description="How the context is projected from the journal."
     )
     tools: Annotated[list[ToolDefinition], Field(max_length=128)] | None = None
+    run_policy: RunPolicy | None = Field(
+        default=None, description="Limits of the session's runs (tool loops, turns, tokens)."
+    )
 
 
 class SessionCreate(Strict):
@@ -307,6 +311,9 @@ class AskRequest(Strict):
         "interrupt (cancel it, then run), rollback (cancel it and take its entries out of "
         "the context, then run).",
     )
+    run_policy: RunPolicy | None = Field(
+        default=None, description="Overrides of the session's run_policy for this ask."
+    )
     on_disconnect: Literal["continue", "cancel"] = Field(
         default="continue", description="cancel: a stream client going away cancels the run."
     )
@@ -360,3 +367,13 @@ class Run(BaseModel):
             started_at=row["started_at"],
             ended_at=row["ended_at"],
         )
+
+
+class ToolOutputIn(Strict):
+    tool_call_id: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,128}$")]
+    output: Any = Field(description="The tool's result: text or any JSON.")
+    is_error: bool = False
+
+
+class ToolOutputsRequest(Strict):
+    tool_outputs: Annotated[list[ToolOutputIn], Field(min_length=1, max_length=128)]

@@ -20,12 +20,13 @@ SSE_DESCRIPTION = (
     "for Last-Event-ID), `event:` (its type) and JSON `data:`. Types: `run.created` {run_id, "
     "session_id, user_entry_seq, model}, `run.started` {attempt}, `message.reset` (a retried "
     "run starts its answer over), `message.delta` {text}, `tool_call` {tool_call_id, name, "
-    "arguments}, "
-    "`tool_result` {tool_call_id, name, is_error, preview}, `context.warning` {level, tokens, "
-    "budget, percent}, `entry.committed` {seq, kind, id}, `usage` {input_tokens, "
-    "output_tokens, cached_tokens, cost_usd}, and exactly one terminal event: `run.completed` "
-    "{text, usage}, `run.failed` {error: {code, message}, partial_text} or `run.cancelled` "
-    "{reason, partial_text}. Lines starting with `:` are heartbeats."
+    "arguments}, `tool_result` {tool_call_id, name, is_error, preview}, "
+    "`run.requires_action` {tool_calls, expires_at} (post their outputs to tool_outputs), "
+    "`context.warning` {level, tokens, budget, percent}, `entry.committed` {seq, kind, id}, "
+    "`usage` {input_tokens, output_tokens, cached_tokens, cost_usd}, and exactly one terminal "
+    "event: `run.completed` {text, usage}, `run.failed` {error: {code, message}, "
+    "partial_text} or `run.cancelled` {reason, partial_text}. Lines starting with `:` are "
+    "heartbeats."
 )
 EVENT_TYPES = (
     "run.created",
@@ -34,6 +35,7 @@ EVENT_TYPES = (
     "message.delta",
     "tool_call",
     "tool_result",
+    "run.requires_action",
     "context.warning",
     "entry.committed",
     "usage",

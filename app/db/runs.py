@@ -66,3 +66,19 @@ async def start_attempt(conn: AsyncConnection, run_id: str) -> RowMapping | None
     )
     row: RowMapping | None = (await conn.execute(query)).mappings().one_or_none()
     return row
+
+
+async def expired_actions(conn: AsyncConnection) -> list[RowMapping]:
+    """Runs waiting for client tool outputs past their deadline, locked (skipping any another
+    worker is expiring right now)."""
+    query = (
+        select(runs)
+        .where(runs.c.status == "requires_action", runs.c.action_expires_at < func.now())
+        .with_for_update(skip_locked=True)
+    )
+    return list((await conn.execute(query)).mappings())
+
+
+async def count_runs(conn: AsyncConnection, session_id: str) -> int:
+    query = select(func.count()).select_from(runs).where(runs.c.session_id == session_id)
+    return int((await conn.execute(query)).scalar_one())

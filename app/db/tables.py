@@ -161,6 +161,7 @@ runs = Table(
     Column("error", JSONB),
     Column("cancel_mode", Text),  # set when a cancel was requested: cancel | interrupt | rollback
     Column("job_id", BigInteger),
+    Column("action_expires_at", DateTime(timezone=True)),  # requires_action: give up after
     Column("input_tokens", BigInteger, nullable=False, server_default=text("0")),
     Column("output_tokens", BigInteger, nullable=False, server_default=text("0")),
     Column("cached_tokens", BigInteger, nullable=False, server_default=text("0")),

@@ -18,14 +18,17 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.config import Settings
+from app.core import run_policy as run_policies
 from app.core.entries import EntryKind
-from app.core.projection import PendingEntry
+from app.core.projection import JournalEntry, PendingEntry
+from app.core.tool_loop import RunTools, next_step
 from app.db import events as events_db
 from app.db import jobs as jobs_db
+from app.db import journal as journal_db
 from app.db import runs as runs_db
 from app.db import sessions as sessions_db
 from app.db.tables import RUN_TERMINAL, sessions
-from app.services.errors import Conflict, NotFound, session_not_found
+from app.services.errors import Conflict, Invalid, NotFound, session_not_found
 from app.services.journal import NewEntry, append_in
 from app.services.projection import project_session
 from app.services.runs import Outcome, entry_id, event_rows, finish_run
@@ -46,6 +49,7 @@ class AskParams:
     multitask_strategy: Strategy = "reject"
     on_disconnect: Literal["continue", "cancel"] = "continue"
     idempotency_key: str | None = None
+    run_policy: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,15 @@ async def _commit(
     session = await sessions_db.get_session(conn, tenant_id, session_id, lock=True)
     if session is None:
         raise session_not_found(session_id)
+    policy = run_policies.merged(session["config"].get("run_policy"), params.run_policy)
+    refused = run_policies.violation_before_ask(
+        policy,
+        await runs_db.count_runs(conn, session_id),
+        int(session["input_tokens"]) + int(session["output_tokens"]),
+    )
+    if refused is not None:
+        rule, message = refused
+        raise Conflict("policy_violation", message, {"rule": rule})
     active = await runs_db.active_runs(conn, session_id)
     if active and params.multitask_strategy == "reject":
         raise Conflict(
@@ -138,6 +151,7 @@ async def _commit(
         "metadata": params.metadata,
         "on_disconnect": params.on_disconnect,
         "fallback_model": (session["config"] or {}).get("fallback_model"),
+        "run_policy": policy.model_dump(mode="json"),
     }
     run = await runs_db.insert_run(
         conn,
@@ -241,3 +255,87 @@ async def _by_idempotency_key(
         if await sessions_db.get_session(conn, tenant_id, session_id) is None:
             raise session_not_found(session_id)
         return await runs_db.find_by_idempotency_key(conn, session_id, key)
+
+
+@dataclass(frozen=True)
+class ToolOutput:
+    tool_call_id: str
+    output: Any
+    is_error: bool = False
+
+
+async def submit_tool_outputs(
+    engine: AsyncEngine, tenant_id: str, run_id: str, outputs: list[ToolOutput]
+) -> RowMapping:
+    """Results of client-side tools: one for every call the run waits on, then it resumes."""
+    async with engine.begin() as conn:
+        run = await runs_db.get_run(conn, run_id, tenant_id=tenant_id, lock=True)
+        if run is None:
+            raise run_not_found(run_id)
+        if run["status"] != "requires_action":
+            raise Conflict(
+                "run_not_waiting",
+                f"the run is {run['status']}, not waiting for tool outputs",
+                {"status": run["status"]},
+            )
+        session_id = str(run["session_id"])
+        rows = await journal_db.run_entries(conn, session_id, run["user_entry_seq"], run_id)
+        step = next_step([_journal_entry(r) for r in rows], max_iterations=10**9)
+        waiting = {c.tool_call_id: c for c in step.calls} if isinstance(step, RunTools) else {}
+        given = [o.tool_call_id for o in outputs]
+        problems = {
+            "missing": sorted(set(waiting) - set(given)),
+            "unknown": sorted(set(given) - set(waiting)),
+            "duplicated": sorted({i for i in given if given.count(i) > 1}),
+        }
+        if any(problems.values()):
+            raise Invalid(
+                "invalid_tool_outputs",
+                "send exactly one output for every call the run waits on",
+                {**problems, "waiting": sorted(waiting)},
+            )
+        entries = [
+            NewEntry(
+                EntryKind.TOOL_RESULT,
+                {"name": waiting[o.tool_call_id].name, "content": o.output, "is_error": o.is_error},
+                {
+                    "run_id": run_id,
+                    "call_id": f"{run_id}:{waiting[o.tool_call_id].iteration}",
+                    "tool_call_id": o.tool_call_id,
+                    "iteration": waiting[o.tool_call_id].iteration,
+                },
+                entry_id(run_id, f"result:{o.tool_call_id}"),
+            )
+            for o in outputs
+        ]
+        appended = await append_in(conn, tenant_id, session_id, entries)
+        job_id = await jobs_db.defer_run(conn, run_id, session_id)
+        resumed = await runs_db.update_run(
+            conn, run_id, {"status": "queued", "action_expires_at": None, "job_id": job_id}
+        )
+        seq = await events_db.last_seq(conn, run_id) + 1
+        events = [
+            ("entry.committed", {"seq": int(e["seq"]), "kind": e["kind"], "id": e["id"]})
+            for e in appended.entries
+        ]
+        await events_db.insert_events(conn, event_rows(run_id, seq, events))
+        await events_db.notify(conn, {run_id: seq + len(events) - 1})
+        return resumed
+
+
+async def expire_waiting_runs(engine: AsyncEngine) -> int:
+    """Fail runs whose client never sent the tool outputs in time."""
+    expired = 0
+    async with engine.begin() as conn:
+        for run in await runs_db.expired_actions(conn):
+            next_seq = await events_db.last_seq(conn, str(run["id"])) + 1
+            error = {"code": "tool_outputs_timeout", "message": "no tool outputs arrived in time"}
+            await finish_run(conn, run, Outcome("failed", error=error), next_seq)
+            expired += 1
+    return expired
+
+
+def _journal_entry(row: RowMapping) -> JournalEntry:
+    return JournalEntry(
+        int(row["seq"]), str(row["kind"]), row["payload"], row["refs"], int(row["token_count"])
+    )

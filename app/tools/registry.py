@@ -11,9 +11,12 @@ import operator
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.core.tool_loop import PendingCall
+
+if TYPE_CHECKING:
+    from app.config import Settings
 
 
 @dataclass(frozen=True)
@@ -43,14 +46,35 @@ def builtin(name: str) -> Callable[[ToolFunction], ToolFunction]:
 
 
 async def execute(
-    call: PendingCall, tools: Sequence[Mapping[str, Any]], context: ToolContext
+    call: PendingCall,
+    tools: Sequence[Mapping[str, Any]],
+    context: ToolContext,
+    *,
+    settings: Settings | None = None,
 ) -> ToolOutcome:
-    """Run one call of the model against the tools the run offered."""
+    """Run one call of the model against the tools the run offered.
+
+    `settings` gives webhook tools their signing secret and retries (None: unsigned, 2 retries).
+    """
     definition = next((t for t in tools if t.get("name") == call.name), None)
     if definition is None:
         return ToolOutcome(f"Error: there is no tool named {call.name!r}.", is_error=True)
     kind = definition.get("kind", "client")
     timeout = float(definition.get("timeout_seconds", 30))
+    if kind == "webhook":
+        url = definition.get("url")
+        if not url:
+            return ToolOutcome(f"Error: the webhook tool {call.name} has no url.", is_error=True)
+        from app.tools.webhook import call_webhook  # it imports this module
+
+        return await call_webhook(
+            str(url),
+            call,
+            context,
+            secret=settings.webhook_secret if settings else None,
+            timeout=timeout,
+            max_retries=settings.webhook_max_retries if settings else 2,
+        )
     if kind != "builtin":
         return ToolOutcome(f"Error: {kind} tools are not available yet.", is_error=True)
     function = BUILTINS.get(call.name)

@@ -17,6 +17,8 @@ from app.db.engine import create_engine
 from app.db.jobs import RUN_QUEUE
 from app.llm.router import Router
 from app.llm.tokenizers import stored_counter
+from app.services.asks import expire_waiting_runs
+from app.tools.webhook import aclose_shared_client
 from app.worker import runtime as runtimes
 from app.worker.events import EventWriter
 from app.worker.run import execute_run
@@ -89,6 +91,7 @@ async def worker_pool(settings: Settings, concurrency: int) -> AsyncIterator[Non
             with contextlib.suppress(Exception):
                 await writer.flush()
             runtimes.install(None)
+            await aclose_shared_client()
             await engine.dispose()
 
 
@@ -107,6 +110,7 @@ async def _retry_stalled(app: procrastinate.App, settings: Settings) -> None:
             await app.job_manager.prune_stalled_workers(
                 seconds_since_heartbeat=settings.stalled_after_seconds
             )
+            await expire_waiting_runs(runtimes.current().engine)
         except Exception:
             log.exception("checking for stalled jobs failed")
 

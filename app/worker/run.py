@@ -14,11 +14,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import RowMapping
+from sqlalchemy import RowMapping, func
 
 from app.core.entries import EntryKind
 from app.core.messages import result_text
 from app.core.projection import JournalEntry
+from app.core.run_policy import RunPolicy
 from app.core.tool_loop import (
     AssembledCall,
     PendingCall,
@@ -36,13 +37,12 @@ from app.llm.base import ModelRequest, ProviderError, TextDelta, ToolCallDelta, 
 from app.services.errors import ServiceError
 from app.services.journal import NewEntry, append_in
 from app.services.projection import project_session
-from app.services.runs import Outcome, entry_id, finish_run
-from app.tools.registry import ToolContext, execute
+from app.services.runs import Outcome, entry_id, event_rows, finish_run
+from app.tools.registry import ToolContext, ToolOutcome, execute
 from app.worker.runtime import Runtime
 
 log = logging.getLogger(__name__)
 WARNING_SHARE, LIMIT_SHARE = 0.8, 1.0
-DEFAULT_MAX_ITERATIONS = 10  # model turns with tool calls per run
 PREVIEW_CHARS = 500
 
 
@@ -71,17 +71,28 @@ async def execute_run(
     """Execute a run. procrastinate stops a job by cancelling its task: a user's cancel ends
     the run `cancelled` with what arrived; a worker shutdown re-raises, so the job is retried
     and the run resumes elsewhere."""
-    run = await _claim(runtime, run_id)
-    if run is None:
+    claimed = await _claim(runtime, run_id)
+    if claimed is None:
         return
+    run, after_crash = claimed
     writer = runtime.writer
     progress = _Progress(model=run["model"])
     try:
-        if run["attempts"] > 1:  # a retry: what clients saw of the last attempt is void
+        if after_crash:  # what clients saw of the attempt that died is void
             writer.emit(run_id, "message.reset", {"reason": "retry", "attempt": run["attempts"]})
         writer.emit(run_id, "run.started", {"attempt": run["attempts"]}, urgent=True)
+        policy = RunPolicy.model_validate(run["params"].get("run_policy") or {})
         try:
-            outcome = await _converse(runtime, run, progress)
+            async with asyncio.timeout(policy.max_run_seconds):
+                outcome = await _converse(runtime, run, progress)
+        except TimeoutError:
+            limit = StopRun(
+                "max_run_seconds", f"the run took longer than {policy.max_run_seconds} s"
+            )
+            outcome = await _violation(runtime, run, limit, progress)
+            outcome = Outcome(
+                "failed", "".join(progress.text), progress.usage, outcome.error, progress.model
+            )
         except asyncio.CancelledError:
             if abort_reason() != "user_request":
                 raise
@@ -90,7 +101,10 @@ async def execute_run(
         except Exception as exc:  # a bug must still end the run, clearly
             log.exception("run %s crashed", run_id)
             outcome = Outcome("failed", error={"code": "internal_error", "message": str(exc)})
-        await _finish(runtime, run_id, outcome)
+        if isinstance(outcome, Pause):
+            await _pause(runtime, run_id, outcome)
+        else:
+            await _finish(runtime, run_id, outcome)
     finally:
         writer.close(run_id)
 
@@ -107,8 +121,40 @@ async def _finish(runtime: Runtime, run_id: str, outcome: Outcome) -> None:
         await finish_run(conn, locked, outcome, runtime.writer.next_seq(run_id))
 
 
-async def _claim(runtime: Runtime, run_id: str) -> RowMapping | None:
-    """Start an attempt, or end a run that was cancelled before it started; None: nothing to do."""
+async def _pause(runtime: Runtime, run_id: str, pause: Pause) -> None:
+    """Park the run in requires_action until the client posts the outputs (or it expires)."""
+    await runtime.writer.flush()
+    timeout = runtime.settings.tool_outputs_timeout_seconds
+    async with runtime.engine.begin() as conn:
+        locked = await runs_db.get_run(conn, run_id, lock=True)
+        if locked is None or locked["status"] in RUN_TERMINAL:
+            return
+        seq = runtime.writer.next_seq(run_id)
+        if locked["cancel_mode"]:
+            await finish_run(conn, locked, Outcome("cancelled"), seq)
+            return
+        run = await runs_db.update_run(
+            conn,
+            run_id,
+            {
+                "status": "requires_action",
+                "action_expires_at": func.now() + func.make_interval(0, 0, 0, 0, 0, 0, timeout),
+            },
+        )
+        calls = [
+            {"tool_call_id": c.tool_call_id, "name": c.name, "arguments": c.arguments}
+            for c in pause.calls
+        ]
+        event = {"tool_calls": calls, "expires_at": run["action_expires_at"].isoformat()}
+        await events_db.insert_events(
+            conn, event_rows(run_id, seq, [("run.requires_action", event)])
+        )
+        await events_db.notify(conn, {run_id: seq})
+
+
+async def _claim(runtime: Runtime, run_id: str) -> tuple[RowMapping, bool] | None:
+    """Start an attempt, or end a run that was cancelled before it started; None: nothing to do.
+    The flag says whether an earlier attempt died mid-run (its worker crashed)."""
     async with runtime.engine.begin() as conn:
         run = await runs_db.get_run(conn, run_id, lock=True)
         if run is None or run["status"] in RUN_TERMINAL:
@@ -118,42 +164,75 @@ async def _claim(runtime: Runtime, run_id: str) -> RowMapping | None:
             await finish_run(conn, run, Outcome("cancelled"), next_seq)
             return None
         started = await runs_db.start_attempt(conn, run_id)
+    if started is None:
+        return None
     runtime.writer.open(run_id, next_seq)
-    return started
+    return started, run["status"] == "running"
 
 
-async def _converse(runtime: Runtime, run: RowMapping, progress: _Progress) -> Outcome:
+@dataclass(frozen=True)
+class Pause:
+    """The run waits for the client to run these calls (client-side tools)."""
+
+    calls: tuple[PendingCall, ...]
+
+
+async def _converse(runtime: Runtime, run: RowMapping, progress: _Progress) -> Outcome | Pause:
     """Model turns and tool calls until a final answer, a failure or a limit; each step is
     decided from what the journal holds, so a retried run picks up where this one stopped."""
     run_id, session_id = str(run["id"]), str(run["session_id"])
-    limit = run["params"].get("max_iterations") or DEFAULT_MAX_ITERATIONS
+    policy = RunPolicy.model_validate(run["params"].get("run_policy") or {})
+    tokens_before: int | None = None
     while True:
         async with runtime.engine.connect() as conn:
             rows = await journal_db.run_entries(conn, session_id, run["user_entry_seq"], run_id)
             session = await sessions_db.get_session(conn, str(run["tenant_id"]), session_id)
         config: dict[str, Any] = session["config"] if session is not None else {}
         tools = list(config.get("tools") or [])
-        step = next_step([_journal_entry(r) for r in rows], limit)
-        if isinstance(step, StopRun):
-            violation = {"rule": step.rule, "message": step.message}
-            refs = {"run_id": run_id}
-            await _commit(
-                runtime,
-                run,
-                [
-                    NewEntry(
-                        EntryKind.POLICY_VIOLATION, violation, refs, entry_id(run_id, step.rule)
-                    )
-                ],
-            )
-            error = {"code": "policy_violation", **violation}
-            return Outcome("failed", usage=progress.usage, error=error, model=progress.model)
+        if tokens_before is None and session is not None:
+            tokens_before = int(session["input_tokens"]) + int(session["output_tokens"])
+        step = _over_budget(policy, tokens_before or 0, progress) or next_step(
+            [_journal_entry(r) for r in rows], policy.max_iterations
+        )
         if isinstance(step, RunTools):
-            await _run_tools(runtime, run, step.calls, tools)
-            continue
+            client = {t["name"] for t in tools if t.get("kind") == "client"}
+            server_side = tuple(c for c in step.calls if c.name not in client)
+            if not server_side:  # only the client can answer these: wait for its outputs
+                return Pause(step.calls)
+            denied = await _run_tools(runtime, run, server_side, tools, policy)
+            if not denied or policy.on_denied == "continue":
+                continue
+            step = StopRun("tool_denied", f"the policy does not allow {', '.join(denied)}")
+        if isinstance(step, StopRun):
+            return await _violation(runtime, run, step, progress)
         outcome = await _model_turn(runtime, run, step.iteration, progress)
         if outcome is not None:
             return outcome
+
+
+def _over_budget(policy: RunPolicy, tokens_before: int, progress: _Progress) -> StopRun | None:
+    """The session's token limit, counting this run's model turns so far."""
+    used = progress.usage.input_tokens + progress.usage.output_tokens if progress.usage else 0
+    if policy.max_total_tokens is not None and tokens_before + used >= policy.max_total_tokens:
+        return StopRun(
+            "max_total_tokens",
+            f"the session reached its limit of {policy.max_total_tokens} tokens",
+        )
+    return None
+
+
+async def _violation(
+    runtime: Runtime, run: RowMapping, stop: StopRun, progress: _Progress
+) -> Outcome:
+    """Record the broken limit in the journal and end the run with it."""
+    run_id = str(run["id"])
+    violation = {"rule": stop.rule, "message": stop.message}
+    entry = NewEntry(
+        EntryKind.POLICY_VIOLATION, violation, {"run_id": run_id}, entry_id(run_id, stop.rule)
+    )
+    await _commit(runtime, run, [entry])
+    error = {"code": "policy_violation", **violation}
+    return Outcome("failed", usage=progress.usage, error=error, model=progress.model)
 
 
 async def _model_turn(
@@ -251,10 +330,16 @@ def _tool_turn(
 
 
 async def _run_tools(
-    runtime: Runtime, run: RowMapping, calls: tuple[PendingCall, ...], tools: list[Any]
-) -> None:
-    """Execute a turn's unanswered calls concurrently and commit one result per call."""
+    runtime: Runtime,
+    run: RowMapping,
+    calls: tuple[PendingCall, ...],
+    tools: list[Any],
+    policy: RunPolicy,
+) -> list[str]:
+    """Execute a turn's unanswered calls concurrently and commit one result per call; returns
+    the names of calls the policy refused (they get an error result instead)."""
     run_id = str(run["id"])
+    denied = [c.name for c in calls if not policy.allows(c.name)]
     for call in calls:
         runtime.writer.emit(
             run_id,
@@ -270,7 +355,10 @@ async def _run_tools(
                 ToolContext(
                     str(run["tenant_id"]), str(run["session_id"]), run_id, call.tool_call_id
                 ),
+                settings=runtime.settings,
             )
+            if policy.allows(call.name)
+            else _refused(call.name)
             for call in calls
         )
     )
@@ -302,6 +390,11 @@ async def _run_tools(
             )
         )
     await _commit(runtime, run, entries)
+    return denied
+
+
+async def _refused(name: str) -> ToolOutcome:
+    return ToolOutcome(f"Error: the policy does not allow the tool {name!r}.", is_error=True)
 
 
 async def _commit(runtime: Runtime, run: RowMapping, entries: list[NewEntry]) -> None:

@@ -28,6 +28,9 @@ RUN_ROUTES: dict[tuple[str, str], dict[str, Any] | None] = {
     ("GET", "/v1/runs/{run_id}"): None,
     ("GET", "/v1/runs/{run_id}/events"): None,
     ("POST", "/v1/runs/{run_id}/cancel"): None,
+    ("POST", "/v1/runs/{run_id}/tool_outputs"): {
+        "tool_outputs": [{"tool_call_id": "c1", "output": "x"}]
+    },
 }
 
 

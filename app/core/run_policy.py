@@ -1,0 +1,60 @@
+"""RunPolicy: the limits of an agent's runs, and the checks that can be made before an ask."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class RunPolicy(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_iterations: Annotated[int, Field(ge=1, le=1000)] = Field(
+        default=10, description="Model turns with tool calls per run."
+    )
+    max_turns: Annotated[int, Field(ge=1)] | None = Field(
+        default=None, description="Asks (runs) per session."
+    )
+    max_total_tokens: Annotated[int, Field(ge=1)] | None = Field(
+        default=None, description="Input plus output tokens per session, across its runs."
+    )
+    max_run_seconds: Annotated[float, Field(gt=0)] | None = Field(
+        default=None, description="How long one run may take."
+    )
+    tools_allow: list[str] | None = Field(
+        default=None, description="If set, only these tools may be called."
+    )
+    tools_deny: list[str] = Field(default_factory=list, description="Tools that may not be called.")
+    on_denied: Literal["continue", "stop"] = Field(
+        default="continue",
+        description="A denied call gets an error result; stop also ends the run.",
+    )
+
+    def allows(self, tool: str) -> bool:
+        return tool not in self.tools_deny and (
+            self.tools_allow is None or tool in self.tools_allow
+        )
+
+
+def merged(*layers: Mapping[str, Any] | None) -> RunPolicy:
+    """Session config < ask: later layers' fields win."""
+    fields: dict[str, Any] = {}
+    for layer in layers:
+        fields |= {k: v for k, v in (layer or {}).items() if v is not None}
+    return RunPolicy.model_validate(fields)
+
+
+def violation_before_ask(
+    policy: RunPolicy, runs_so_far: int, tokens_so_far: int
+) -> tuple[str, str] | None:
+    """(rule, message) if the ask must be refused before anything is written."""
+    if policy.max_turns is not None and runs_so_far >= policy.max_turns:
+        return "max_turns", f"the session has had its {policy.max_turns} turns"
+    if policy.max_total_tokens is not None and tokens_so_far >= policy.max_total_tokens:
+        return (
+            "max_total_tokens",
+            f"the session has used {tokens_so_far} of its {policy.max_total_tokens} tokens",
+        )
+    return None

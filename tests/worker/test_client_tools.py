@@ -1,0 +1,71 @@
+"""Client-side tools: the run pauses for the client's outputs, resumes with them, or expires."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+
+from tests.fakes.upstream import FakeUpstream, Text, ToolCall
+from tests.helpers import history, new_session
+from tests.sse_client import collect
+
+LOCATE = {"name": "get_location", "kind": "client", "description": "Where the user is"}
+CALCULATOR = {"name": "calculator", "kind": "builtin"}
+
+
+async def waiting_run(api: httpx.AsyncClient, upstream: FakeUpstream) -> tuple[str, str, Any]:
+    sid = (await new_session(api, config={"tools": [LOCATE, CALCULATOR]}))["id"]
+    upstream.script(
+        ToolCall("call_loc", "get_location", "{}"),
+        ToolCall("call_calc", "calculator", '{"expression": "2+2"}'),
+    )
+    run = (
+        await api.post(f"/v1/sessions/{sid}/ask", json={"input": "where am I?", "stream": False})
+    ).json()
+    events = await collect(api, "GET", f"/v1/runs/{run['id']}/events", until="run.requires_action")
+    return sid, run["id"], events
+
+
+async def test_requires_action_then_outputs_then_completed(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    sid, run_id, events = await waiting_run(api, upstream)
+    action = next(e for e in events if e.type == "run.requires_action")
+    assert [c["tool_call_id"] for c in action.data["tool_calls"]] == [
+        "call_loc"
+    ]  # the built-in ran
+    assert (await api.get(f"/v1/runs/{run_id}")).json()["status"] == "requires_action"
+
+    unknown = await api.post(
+        f"/v1/runs/{run_id}/tool_outputs",
+        json={"tool_outputs": [{"tool_call_id": "nope", "output": 1}]},
+    )
+    assert unknown.status_code == 422
+    assert unknown.json()["error"]["details"]["missing"] == ["call_loc"]
+    assert unknown.json()["error"]["details"]["unknown"] == ["nope"]
+
+    upstream.script(Text("You are in Oslo."))
+    body = {"tool_outputs": [{"tool_call_id": "call_loc", "output": {"city": "Oslo"}}]}
+    resumed = await api.post(f"/v1/runs/{run_id}/tool_outputs", json=body)
+    assert resumed.status_code == 200 and resumed.json()["status"] == "queued"
+    done = (await api.get(f"/v1/runs/{run_id}", params={"wait": "true", "timeout": 20})).json()
+    assert done["status"] == "completed" and done["result"] == "You are in Oslo."
+    again = await api.post(f"/v1/runs/{run_id}/tool_outputs", json=body)
+    assert again.status_code == 409
+    sent = upstream.requests[-1].body["messages"]
+    assert [m["role"] for m in sent] == ["user", "assistant", "tool", "tool"]
+    assert {m["tool_call_id"]: m["content"] for m in sent if m["role"] == "tool"} == {
+        "call_loc": '{"city":"Oslo"}',
+        "call_calc": "4",
+    }
+    kinds = [e["kind"] for e in await history(api, sid)]
+    assert kinds.count("tool_call") == 2 and kinds.count("tool_result") == 2
+
+
+async def test_an_abandoned_run_expires(api: httpx.AsyncClient, upstream: FakeUpstream) -> None:
+    _, run_id, _ = await waiting_run(api, upstream)
+    await asyncio.sleep(3.5)  # the tests' expiry is 3 s
+    run = (await api.get(f"/v1/runs/{run_id}", params={"wait": "true", "timeout": 10})).json()
+    assert run["status"] == "failed" and run["error"]["code"] == "tool_outputs_timeout"
