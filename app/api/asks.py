@@ -57,6 +57,7 @@ async def ask(
         multitask_strategy=body.multitask_strategy,
         on_disconnect=body.on_disconnect,
         run_policy=body.run_policy.model_dump(exclude_unset=True) if body.run_policy else None,
+        tools=[t.model_dump(mode="json", exclude_none=True) for t in body.tools or []],
         idempotency_key=idempotency_key,
     )
     result = await service.ask(engine, settings, tenant, str(session_id), params)

@@ -314,6 +314,9 @@ class AskRequest(Strict):
     run_policy: RunPolicy | None = Field(
         default=None, description="Overrides of the session's run_policy for this ask."
     )
+    tools: Annotated[list[ToolDefinition], Field(max_length=128)] | None = Field(
+        default=None, description="Tools for this ask only, over the session's (same name wins)."
+    )
     on_disconnect: Literal["continue", "cancel"] = Field(
         default="continue", description="cancel: a stream client going away cancels the run."
     )

@@ -50,6 +50,7 @@ class AskParams:
     on_disconnect: Literal["continue", "cancel"] = "continue"
     idempotency_key: str | None = None
     run_policy: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,7 @@ async def ask(
         pending=[PendingEntry("message", user_payload)],
         policy=params.context_policy,
         model=params.model,
+        extra_tools=params.tools,
     )
     if params.multitask_strategy == "rollback":
         await _stop_active_runs(engine, tenant_id, session_id, "rollback")
@@ -152,6 +154,7 @@ async def _commit(
         "on_disconnect": params.on_disconnect,
         "fallback_model": (session["config"] or {}).get("fallback_model"),
         "run_policy": policy.model_dump(mode="json"),
+        "tools": params.tools,
     }
     run = await runs_db.insert_run(
         conn,

@@ -56,6 +56,7 @@ async def project_session(
     policy: Mapping[str, Any] | None = None,
     model: str | None = None,
     run_id: str | None = None,
+    extra_tools: Sequence[Mapping[str, Any]] = (),
 ) -> SessionProjection:
     """Exactly what an ask would send now; reads only the tail the budget can use, writes
     nothing. Raises Invalid (context_overflow, invalid_policy) when there is no valid answer."""
@@ -63,7 +64,9 @@ async def project_session(
         session = await sessions_db.get_session(conn, tenant_id, session_id)
         if session is None:
             raise session_not_found(session_id)
-        projected, _ = await _project(conn, settings, session, pending, policy, model, run_id)
+        projected, _ = await _project(
+            conn, settings, session, pending, policy, model, run_id, extra_tools
+        )
         return projected
 
 
@@ -75,7 +78,7 @@ async def session_context(
         session = await sessions_db.get_session(conn, tenant_id, session_id)
         if session is None:
             raise session_not_found(session_id)
-        projected, thread = await _project(conn, settings, session, (), None, None, None)
+        projected, thread = await _project(conn, settings, session, (), None, None, None, ())
         return SessionContext(projected, await journal_db.count_kind(conn, thread, "summary"))
 
 
@@ -87,6 +90,7 @@ async def _project(
     overrides: Mapping[str, Any] | None,
     model_override: str | None,
     run_id: str | None,
+    extra_tools: Sequence[Mapping[str, Any]],
 ) -> tuple[SessionProjection, list[Segment]]:
     config = session["config"]
     model = model_override or config.get("model") or settings.default_model
@@ -112,7 +116,7 @@ async def _project(
         exact=counting.exact,
         pending=pending,
         system_prompt=config.get("system_prompt"),
-        tools=tool_specs(config.get("tools") or []),
+        tools=tool_specs(merge_tools(config.get("tools") or [], extra_tools)),
         run_id=run_id,
     )
     try:
@@ -137,6 +141,15 @@ def resolve_policy(window: int, *layers: Mapping[str, Any] | None) -> policies.C
             f"the resolved context policy is invalid at {field}",
             {"errors": errors},
         ) from exc
+
+
+def merge_tools(
+    session_tools: Sequence[Mapping[str, Any]], ask_tools: Sequence[Mapping[str, Any]]
+) -> list[Mapping[str, Any]]:
+    """The tools a run offers: the session's, with an ask's own added or replacing by name."""
+    by_name = {t["name"]: t for t in session_tools}
+    by_name.update({t["name"]: t for t in ask_tools})
+    return list(by_name.values())
 
 
 def tool_specs(tools: Sequence[Mapping[str, Any]]) -> tuple[ToolSpec, ...]:

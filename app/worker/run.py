@@ -36,7 +36,7 @@ from app.db.tables import RUN_TERMINAL
 from app.llm.base import ModelRequest, ProviderError, TextDelta, ToolCallDelta, UsageReport
 from app.services.errors import ServiceError
 from app.services.journal import NewEntry, append_in
-from app.services.projection import project_session
+from app.services.projection import merge_tools, project_session
 from app.services.runs import Outcome, entry_id, event_rows, finish_run
 from app.tools.registry import ToolContext, ToolOutcome, execute
 from app.worker.runtime import Runtime
@@ -188,7 +188,7 @@ async def _converse(runtime: Runtime, run: RowMapping, progress: _Progress) -> O
             rows = await journal_db.run_entries(conn, session_id, run["user_entry_seq"], run_id)
             session = await sessions_db.get_session(conn, str(run["tenant_id"]), session_id)
         config: dict[str, Any] = session["config"] if session is not None else {}
-        tools = list(config.get("tools") or [])
+        tools = merge_tools(config.get("tools") or [], run["params"].get("tools") or [])
         if tokens_before is None and session is not None:
             tokens_before = int(session["input_tokens"]) + int(session["output_tokens"])
         step = _over_budget(policy, tokens_before or 0, progress) or next_step(
@@ -250,6 +250,7 @@ async def _model_turn(
             policy=params.get("context_policy"),
             model=run["model"],
             run_id=run_id,
+            extra_tools=params.get("tools") or [],
         )
     except ServiceError as exc:  # e.g. the context overflowed while the run was queued
         return Outcome(

@@ -97,3 +97,18 @@ async def test_the_iteration_limit_ends_the_run_with_a_policy_violation(
     journal = await history(api, sid)
     assert [e["kind"] for e in journal].count("tool_call") == 10
     assert any(e["kind"] == "policy_violation" for e in journal)
+
+
+async def test_tools_attached_to_one_ask(api: httpx.AsyncClient, upstream: FakeUpstream) -> None:
+    sid = (await new_session(api))["id"]  # the session itself offers no tools
+    upstream.script(ToolCall("c1", "calculator", '{"expression": "5*5"}'))
+    upstream.script(Text("25"))
+    body = {"input": "5 squared?", "tools": [CALCULATOR]}
+    events = await collect(api, "POST", f"/v1/sessions/{sid}/ask", json=body)
+    assert events[-1].type == "run.completed"
+    assert upstream.requests[0].body["tools"][0]["function"]["name"] == "calculator"
+    result = next(e for e in await history(api, sid) if e["kind"] == "tool_result")
+    assert result["payload"]["content"] == 25 and not result["payload"]["is_error"]
+    upstream.script(Text("no tools now"))
+    await collect(api, "POST", f"/v1/sessions/{sid}/ask", json={"input": "next"})
+    assert "tools" not in upstream.requests[-1].body  # they were for that ask only
