@@ -348,23 +348,17 @@ async def _run_tools(
             {"tool_call_id": call.tool_call_id, "name": call.name, "arguments": call.arguments},
             urgent=True,
         )
-    outcomes = await asyncio.gather(
-        *(
-            execute(
-                call,
-                tools,
-                ToolContext(
-                    str(run["tenant_id"]), str(run["session_id"]), run_id, call.tool_call_id
-                ),
-                settings=runtime.settings,
+
+    async def settle(call: PendingCall) -> None:
+        # Each result is committed the moment its tool returns: if the worker dies while a
+        # slower call runs, the finished ones are never executed again.
+        if policy.allows(call.name):
+            context = ToolContext(
+                str(run["tenant_id"]), str(run["session_id"]), run_id, call.tool_call_id
             )
-            if policy.allows(call.name)
-            else _refused(call.name)
-            for call in calls
-        )
-    )
-    entries = []
-    for call, outcome in zip(calls, outcomes, strict=True):
+            outcome = await execute(call, tools, context, settings=runtime.settings)
+        else:
+            outcome = _refused(call.name)
         runtime.writer.emit(
             run_id,
             "tool_result",
@@ -382,19 +376,14 @@ async def _run_tools(
             "iteration": call.iteration,
         }
         payload = {"name": call.name, "content": outcome.content, "is_error": outcome.is_error}
-        entries.append(
-            NewEntry(
-                EntryKind.TOOL_RESULT,
-                payload,
-                refs,
-                entry_id(run_id, f"result:{call.tool_call_id}"),
-            )
-        )
-    await _commit(runtime, run, entries)
+        result_id = entry_id(run_id, f"result:{call.tool_call_id}")
+        await _commit(runtime, run, [NewEntry(EntryKind.TOOL_RESULT, payload, refs, result_id)])
+
+    await asyncio.gather(*(settle(call) for call in calls))
     return denied
 
 
-async def _refused(name: str) -> ToolOutcome:
+def _refused(name: str) -> ToolOutcome:
     return ToolOutcome(f"Error: the policy does not allow the tool {name!r}.", is_error=True)
 
 

@@ -10,12 +10,13 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from fastapi import FastAPI, Request
 
 from app.config import Settings
 from app.main import create_app
 from tests.conftest import issue_key, serve_in_thread, stop_thread_server
 from tests.e2e import Process, e2e_env, process_env
-from tests.fakes.upstream import FakeUpstream, Text, Usage
+from tests.fakes.upstream import FakeUpstream, Text, ToolCall, Usage
 from tests.helpers import history, new_session
 from tests.sse_client import collect
 
@@ -78,3 +79,117 @@ async def test_a_killed_worker_is_replaced_and_nothing_is_duplicated(
             second.stop()
         await api.aclose()
         await asyncio.sleep(0)
+
+
+class Receiver:
+    """A webhook tool server: `fast` answers at once, `slow` takes seconds; deliveries counted
+    per tool call (by the Idempotency-Key the worker sends)."""
+
+    def __init__(self) -> None:
+        self.deliveries: Counter[str] = Counter()
+        app = FastAPI()
+
+        @app.post("/{tool}")
+        async def hook(tool: str, request: Request) -> dict[str, str]:
+            self.deliveries[request.headers["idempotency-key"]] += 1
+            if tool == "slow":
+                await asyncio.sleep(4)
+            return {"done": tool}
+
+        self.server, self.thread, self.url = serve_in_thread(app)
+
+    def stop(self) -> None:
+        stop_thread_server(self.server, self.thread)
+
+
+def webhook(name: str, url: str) -> dict[str, object]:
+    return {"name": name, "kind": "webhook", "url": f"{url}/{name}", "timeout_seconds": 20}
+
+
+async def wait_for(predicate: object, seconds: float = 20) -> None:
+    assert callable(predicate)
+    for _ in range(int(seconds / 0.05)):
+        if predicate():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("condition never held")
+
+
+@pytest.mark.slow
+async def test_a_worker_killed_during_tool_execution(
+    crash_settings: Settings, api_only: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    upstream.clear()
+    receiver = Receiver()
+    env = process_env(crash_settings)
+    first = Process(["worker", "--concurrency", "2"], env)
+    second: Process | None = None
+    try:
+        tools = [webhook("fast", receiver.url), webhook("slow", receiver.url)]
+        sid = (await new_session(api_only, config={"tools": tools}))["id"]
+        upstream.script(ToolCall("c_fast", "fast", "{}"), ToolCall("c_slow", "slow", "{}"))
+        upstream.script(Text("both done"))
+        run = (
+            await api_only.post(f"/v1/sessions/{sid}/ask", json={"input": "q", "stream": False})
+        ).json()
+        key = f"{run['id']}:c_"
+        await wait_for(
+            lambda: (
+                receiver.deliveries[key + "slow"] == 1 and receiver.deliveries[key + "fast"] == 1
+            )
+        )
+        await asyncio.sleep(0.3)  # the fast result is committed while the slow call runs
+        first.kill()
+        second = Process(["worker", "--concurrency", "2"], env)
+        done = (
+            await api_only.get(f"/v1/runs/{run['id']}", params={"wait": "true", "timeout": 60})
+        ).json()
+        assert done["status"] == "completed" and done["result"] == "both done"
+        # The finished call was never executed again; the interrupted one was, once more.
+        assert receiver.deliveries[key + "fast"] == 1 and receiver.deliveries[key + "slow"] == 2
+        kinds = Counter(e["kind"] for e in await history(api_only, sid))
+        assert kinds["tool_call"] == 2 and kinds["tool_result"] == 2 and kinds["run_end"] == 1
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
+        receiver.stop()
+        await api_only.aclose()
+
+
+@pytest.mark.slow
+async def test_a_worker_killed_during_the_second_model_call(
+    crash_settings: Settings, api_only: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    upstream.clear()
+    receiver = Receiver()
+    env = process_env(crash_settings)
+    first = Process(["worker", "--concurrency", "2"], env)
+    second: Process | None = None
+    try:
+        sid = (await new_session(api_only, config={"tools": [webhook("fast", receiver.url)]}))["id"]
+        upstream.script(ToolCall("c1", "fast", "{}"))
+        upstream.script(*[Text("w ") for _ in range(200)], token_delay=0.03)  # killed midway
+        upstream.script(Text("final answer"))
+        run = (
+            await api_only.post(f"/v1/sessions/{sid}/ask", json={"input": "q", "stream": False})
+        ).json()
+        seen = await collect(api_only, "GET", f"/v1/runs/{run['id']}/events", until="message.delta")
+        assert seen[-1].type == "message.delta"
+        first.kill()
+        second = Process(["worker", "--concurrency", "2"], env)
+        done = (
+            await api_only.get(f"/v1/runs/{run['id']}", params={"wait": "true", "timeout": 60})
+        ).json()
+        assert done["status"] == "completed" and done["result"] == "final answer"
+        assert receiver.deliveries[f"{run['id']}:c1"] == 1  # its result was committed: not re-run
+        assert len(upstream.requests) == 3  # the unanswered model call was made again
+        kinds = Counter(e["kind"] for e in await history(api_only, sid))
+        assert kinds["message"] == 2  # the question and the one final answer
+        assert kinds["tool_call"] == 1 and kinds["tool_result"] == 1 and kinds["run_end"] == 1
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
+        receiver.stop()
+        await api_only.aclose()
