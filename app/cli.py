@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import signal
 import sys
@@ -86,6 +87,7 @@ def worker(settings: Settings, concurrency: int) -> None:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
         async with worker_pool(settings, concurrency):
+            gc.freeze()  # long-lived objects out of full collections (see app.main)
             print(f"Threadline worker running {concurrency} at once", flush=True)
             await stop.wait()
 

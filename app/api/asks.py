@@ -36,7 +36,11 @@ async def ask(
     hub: Hub,
     idempotency_key: Annotated[
         str | None,
-        Header(max_length=255, description="A retried ask with the same key returns its run."),
+        Header(
+            min_length=1,
+            max_length=255,
+            description="A retried ask with the same key returns its run.",
+        ),
     ] = None,
 ) -> Response:
     """Commit the user's entry and start a run; stream its events, or answer 202 with it."""

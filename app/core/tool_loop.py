@@ -80,6 +80,8 @@ class AssembledCall:
 
 def assemble_calls(
     pieces: Sequence[tuple[int, str | None, str | None, str]],
+    iteration: int = 1,
+    taken: frozenset[str] = frozenset(),
 ) -> list[AssembledCall]:
     """Streamed tool-call pieces (index, id, name, arguments fragment) into whole calls, in
     the order the model began them."""
@@ -105,10 +107,18 @@ def assemble_calls(
             parsed = None
         calls.append(
             AssembledCall(
-                ids.get(index, f"call_{index}"),
+                _unique_id(ids.get(index), iteration, index, taken),
                 names.get(index, ""),
                 parsed if isinstance(parsed, dict) else None,
                 raw,
             )
         )
     return calls
+
+
+def _unique_id(given: str | None, iteration: int, index: int, taken: frozenset[str]) -> str:
+    """A call id no earlier call of the run has: some servers stream none, or reuse them, and
+    the loop tells answered calls by id."""
+    if given and given not in taken:
+        return given
+    return f"{given or 'call'}_{iteration}_{index}"

@@ -205,7 +205,10 @@ async def _converse(runtime: Runtime, run: RowMapping, progress: _Progress) -> O
             step = StopRun("tool_denied", f"the policy does not allow {', '.join(denied)}")
         if isinstance(step, StopRun):
             return await _violation(runtime, run, step, progress)
-        outcome = await _model_turn(runtime, run, step.iteration, progress)
+        taken = frozenset(
+            str(r["refs"].get("tool_call_id")) for r in rows if r["kind"] == "tool_call"
+        )
+        outcome = await _model_turn(runtime, run, step.iteration, progress, taken)
         if outcome is not None:
             return outcome
 
@@ -236,7 +239,11 @@ async def _violation(
 
 
 async def _model_turn(
-    runtime: Runtime, run: RowMapping, iteration: int, progress: _Progress
+    runtime: Runtime,
+    run: RowMapping,
+    iteration: int,
+    progress: _Progress,
+    taken: frozenset[str] = frozenset(),
 ) -> Outcome | None:
     """One model call; an Outcome if the run ends with it, None if it asked for tools (then
     committed as one assistant turn: its text and one tool_call entry per call)."""
@@ -283,7 +290,7 @@ async def _model_turn(
         return Outcome(
             "failed", "".join(progress.text), progress.usage, error=error, model=progress.model
         )
-    calls = assemble_calls(pieces)
+    calls = assemble_calls(pieces, iteration, taken)
     if not calls:
         return Outcome("completed", "".join(progress.text), progress.usage, model=progress.model)
     await _commit(runtime, run, _tool_turn(run_id, iteration, "".join(progress.text), calls))

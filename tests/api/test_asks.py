@@ -176,6 +176,8 @@ async def test_idempotent_ask(api: httpx.AsyncClient, upstream: FakeUpstream) ->
     users = [e for e in await history(api, sid) if e["payload"].get("role") == "user"]
     assert len(users) == 1
     assert len([r for r in upstream.requests]) == 1
+    empty = await api.post(f"/v1/sessions/{sid}/ask", json=body, headers={"Idempotency-Key": ""})
+    assert empty.status_code == 422  # an empty key would make every keyless retry "the same"
 
 
 async def test_rejections_leave_the_journal_untouched(

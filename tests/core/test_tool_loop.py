@@ -56,3 +56,16 @@ def test_streamed_pieces_assemble_into_calls_in_order() -> None:
     ]
     assert calls[2].raw_arguments == "{not json"
     assert assemble_calls([(0, "c", "noargs", "")])[0].arguments == {}
+
+
+def test_call_ids_are_unique_across_a_runs_turns() -> None:
+    """Some servers stream no ids (or reuse them): a later call must not look answered."""
+    first = assemble_calls([(0, None, "f", "{}")], iteration=1)
+    second = assemble_calls(
+        [(0, None, "f", "{}")], iteration=2, taken=frozenset({first[0].tool_call_id})
+    )
+    reused = assemble_calls([(0, "call_0", "f", "{}")], iteration=3, taken=frozenset({"call_0"}))
+    ids = [first[0].tool_call_id, second[0].tool_call_id, reused[0].tool_call_id]
+    assert len(set(ids)) == 3
+    entries = [call(1, ids[0], 1), result(2, ids[0]), call(3, ids[1], 2)]
+    assert isinstance(next_step(entries, 5), RunTools)
