@@ -19,8 +19,10 @@ SSE_DESCRIPTION = (
     "A stream of run events (text/event-stream). Each event has `id:` (the run event's seq, "
     "for Last-Event-ID), `event:` (its type) and JSON `data:`. Types: `run.created` {run_id, "
     "session_id, user_entry_seq, model}, `run.started` {attempt}, `message.reset` (a retried "
-    "run starts its answer over), `message.delta` {text}, `tool_call` {tool_call_id, name, "
-    "arguments}, `tool_result` {tool_call_id, name, is_error, preview}, "
+    "run starts its answer over), `message.delta` {text}, `tool_call.delta` {index, "
+    "tool_call_id?, name?, arguments} (a call as the model writes it), `tool_call` "
+    "{tool_call_id, name, arguments} (when it runs), `tool_result` {tool_call_id, name, "
+    "is_error, preview}, "
     "`run.requires_action` {tool_calls, expires_at} (post their outputs to tool_outputs), "
     "`context.warning` {level, tokens, budget, percent}, `entry.committed` {seq, kind, id}, "
     "`usage` {input_tokens, output_tokens, cached_tokens, cost_usd}, and exactly one terminal "
@@ -33,6 +35,7 @@ EVENT_TYPES = (
     "run.started",
     "message.reset",
     "message.delta",
+    "tool_call.delta",
     "tool_call",
     "tool_result",
     "run.requires_action",

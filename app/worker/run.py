@@ -283,6 +283,12 @@ async def _model_turn(
                 runtime.writer.emit(run_id, "message.delta", {"text": event.text})
             elif isinstance(event, ToolCallDelta):
                 pieces.append((event.index, event.id, event.name, event.arguments))
+                delta = {"index": event.index, "arguments": event.arguments}
+                if event.id:
+                    delta["tool_call_id"] = event.id
+                if event.name:
+                    delta["name"] = event.name
+                runtime.writer.emit(run_id, "tool_call.delta", delta)
             elif isinstance(event, UsageReport):
                 progress.add_usage(event)
     except ProviderError as exc:

@@ -36,6 +36,9 @@ async def test_weather_style_agent_flow(api: httpx.AsyncClient, upstream: FakeUp
         "arguments": {"expression": "4 * 3"},
     }
     assert next(e for e in events if e.type == "tool_result").data["preview"] == "12"
+    streamed = [e.data for e in events if e.type == "tool_call.delta"]
+    assert streamed[0]["name"] == "calculator" and streamed[0]["tool_call_id"] == "call_1"
+    assert "".join(d["arguments"] for d in streamed) == '{"expression": "4 * 3"}'
     assert events[-1].data["usage"]["input_tokens"] == 80  # summed over both model turns
 
     journal = await history(api, sid)
