@@ -7,6 +7,7 @@ set, else a throwaway embedded cluster left at Postgres's default (durable) sett
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import statistics
 import time
@@ -23,6 +24,7 @@ from app.db.engine import create_engine
 from app.db.migrate import upgrade_to_head
 from app.services.journal import NewEntry, append_entries, read_history
 from app.services.keys import create_key, tenant_for_key
+from app.services.search import search_history
 from app.services.sessions import create_session, fork_session
 
 BIG = 100_000
@@ -217,6 +219,24 @@ async def bench_read(engine: AsyncEngine, tenant: str, big: str) -> None:
     report("read", "ratio big/small", f"{big_ms / small_ms:.2f} (O(1) read: ~1)")
 
 
+async def bench_search(engine: AsyncEngine, tenant: str, big: str) -> None:
+    """Full-text search over the whole 100,000-entry thread: a rare word and a common one."""
+    rare = NewEntry(
+        kind=EntryKind.MESSAGE,
+        payload={"role": "user", "content": "the zebracorn password is hidden here"},
+        refs={},
+    )
+    await append_entries(engine, tenant, big, [rare], expected_rev=None)
+
+    async def search(words: str) -> None:
+        await search_history(engine, tenant, big, words, limit=10)
+
+    await search("zebracorn")  # the first call compiles the statements
+    for label, words in (("rare word (1 match)", "zebracorn"), ("common word", "lorem")):
+        ms = await median_ms(functools.partial(search, words), READS)
+        report("search", f"{BIG:,} entries, {label}", f"median {ms:.2f} ms over {READS}")
+
+
 async def run(url: str, source: str) -> None:
     engine = create_engine(Settings(database_url=url, db_pool_size=POOL))
     try:
@@ -229,6 +249,7 @@ async def run(url: str, source: str) -> None:
         await bench_append(engine, tenant)
         await bench_size(engine)
         await bench_read(engine, tenant, big)
+        await bench_search(engine, tenant, big)
     finally:
         await engine.dispose()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sqlalchemy import RowMapping, and_, func, literal, or_, select, union_all
+from sqlalchemy import RowMapping, and_, func, literal, or_, select, text, union_all
 from sqlalchemy.dialects.postgresql import UUID
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql import Select
@@ -164,3 +164,35 @@ async def run_entries(
         .order_by(entries.c.seq)
     )
     return list((await conn.execute(query)).mappings())
+
+
+async def search_entries(
+    conn: AsyncConnection,
+    segments: Sequence[Segment],
+    query: str,
+    *,
+    kinds: Sequence[str] | None,
+    limit: int,
+) -> list[RowMapping]:
+    """Entries of a thread matching a web-style query (`"exact phrase" or -not`), best first,
+    each with a highlighted excerpt."""
+    tsquery = func.websearch_to_tsquery("english", query)
+    readable = func.coalesce(
+        entries.c.payload["content"].astext,
+        entries.c.payload["name"].astext + " " + entries.c.payload["arguments"].astext,
+        text("payload::text"),
+    )
+    rank = func.ts_rank_cd(entries.c.search, tsquery).label("rank")
+    excerpt = func.ts_headline("english", readable, tsquery, "MaxWords=35, MinWords=12").label(
+        "excerpt"
+    )
+    in_thread = or_(*(_in_segment(s, None, None) for s in segments))
+    select_query = (
+        select(entries.c.seq, entries.c.id, entries.c.kind, entries.c.created_at, rank, excerpt)
+        .where(in_thread, entries.c.search.op("@@")(tsquery))
+        .order_by(rank.desc(), entries.c.seq.desc())
+        .limit(limit)
+    )
+    if kinds:
+        select_query = select_query.where(entries.c.kind.in_(kinds))
+    return list((await conn.execute(select_query)).mappings())

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from sqlalchemy.ext.asyncio import AsyncEngine
+
 from app.core.tool_loop import PendingCall
 
 if TYPE_CHECKING:
@@ -25,6 +27,7 @@ class ToolContext:
     session_id: str
     run_id: str
     tool_call_id: str
+    engine: AsyncEngine | None = None  # for tools that read the journal
 
 
 @dataclass(frozen=True)
@@ -124,3 +127,24 @@ def _evaluate(node: ast.AST) -> Any:
     if isinstance(node, ast.UnaryOp) and type(node.op) in _OPERATORS:
         return _OPERATORS[type(node.op)](_evaluate(node.operand))
     raise ValueError("only numbers and + - * / // % ** are allowed")
+
+
+@builtin("search_history")
+async def search_history_tool(
+    arguments: dict[str, Any], context: ToolContext
+) -> list[dict[str, Any]]:
+    """Full-text search of the session's whole history: what compaction took out of the
+    window is still found here."""
+    from app.services.search import search_history
+
+    if context.engine is None:
+        raise RuntimeError("search_history needs the database")
+    limit = max(1, min(int(arguments.get("limit", 5)), 20))
+    rows = await search_history(
+        context.engine,
+        context.tenant_id,
+        context.session_id,
+        str(arguments.get("query", "")),
+        limit=limit,
+    )
+    return [{"seq": r["seq"], "kind": r["kind"], "excerpt": r["excerpt"]} for r in rows]

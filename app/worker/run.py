@@ -367,7 +367,11 @@ async def _run_tools(
         # slower call runs, the finished ones are never executed again.
         if policy.allows(call.name):
             context = ToolContext(
-                str(run["tenant_id"]), str(run["session_id"]), run_id, call.tool_call_id
+                str(run["tenant_id"]),
+                str(run["session_id"]),
+                run_id,
+                call.tool_call_id,
+                runtime.engine,
             )
             outcome = await execute(call, tools, context, settings=runtime.settings)
         else:

@@ -115,3 +115,24 @@ async def test_tools_attached_to_one_ask(api: httpx.AsyncClient, upstream: FakeU
     upstream.script(Text("no tools now"))
     await collect(api, "POST", f"/v1/sessions/{sid}/ask", json={"input": "next"})
     assert "tools" not in upstream.requests[-1].body  # they were for that ask only
+
+
+async def test_search_history_tool_finds_what_was_said(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    search_tool = {"name": "search_history", "kind": "builtin", "description": "Search the history"}
+    sid = (await new_session(api, config={"tools": [search_tool]}))["id"]
+    upstream.script(Text("Noted."))
+    await collect(
+        api, "POST", f"/v1/sessions/{sid}/ask", json={"input": "My locker number is 5150."}
+    )
+    upstream.script(ToolCall("s1", "search_history", '{"query": "locker"}'))
+    upstream.script(Text("It is 5150."))
+    events = await collect(
+        api, "POST", f"/v1/sessions/{sid}/ask", json={"input": "What was my locker?"}
+    )
+    assert events[-1].type == "run.completed"
+    result = next(e for e in reversed(await history(api, sid)) if e["kind"] == "tool_result")
+    assert not result["payload"]["is_error"]
+    hits = {hit["seq"]: hit["excerpt"] for hit in result["payload"]["content"]}
+    assert "5150" in hits[1]  # the first ask's words; the question itself matches too
