@@ -259,7 +259,7 @@ async def recorded_projection(
 
     async def counted_tail(
         conn: AsyncConnection, segments: Sequence[Segment], *args: Any, **kwargs: Any
-    ) -> tuple[list[RowMapping], bool]:
+    ) -> tuple[list[JournalEntry], bool]:
         rows, complete = await read_tail(conn, segments, *args, **kwargs)
         seen.rows, seen.complete = len(rows), complete
         return rows, complete

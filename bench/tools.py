@@ -45,7 +45,6 @@ from starlette.requests import Request
 
 from app.config import Settings
 from app.core.entries import EntryKind
-from app.core.projection import JournalEntry
 from app.core.tool_loop import PendingCall, next_step
 from app.db import journal as journal_db
 from app.db import sessions as sessions_db
@@ -217,19 +216,8 @@ async def iterate(engine: AsyncEngine, settings: Settings, tenant: str, s: LoopS
 async def loop_head(engine: AsyncEngine, tenant: str, s: LoopSession) -> None:
     """What `_converse` reads before each step: the run's entries and the session."""
     async with engine.connect() as conn:
-        rows = await journal_db.run_entries(conn, s.session_id, s.user_seq, s.run_id)
+        entries = await journal_db.run_entries(conn, s.session_id, s.user_seq, s.run_id)
         await sessions_db.get_session(conn, tenant, s.session_id)
-    entries = [
-        JournalEntry(
-            int(r["seq"]),
-            str(r["kind"]),
-            r["payload"],
-            r["refs"],
-            int(r["token_count"]),
-            str(r["id"]),
-        )
-        for r in rows
-    ]
     next_step(entries, max_iterations=1_000)
 
 

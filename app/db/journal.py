@@ -11,6 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql import Select
 
 from app.core.lineage import Segment
+from app.core.projection import JournalEntry
 from app.db.tables import entries
 
 ENTRY_COLUMNS = (
@@ -112,27 +113,39 @@ async def copy_range(
     await conn.execute(entries.insert().from_select(["session_id", *columns], source))
 
 
+def journal_entry(row: RowMapping) -> JournalEntry:
+    """A stored entry as the pure core reads it."""
+    return JournalEntry(
+        seq=int(row["seq"]),
+        kind=str(row["kind"]),
+        payload=row["payload"],
+        refs=row["refs"],
+        token_count=int(row["token_count"]),
+        id=str(row["id"]),
+    )
+
+
 async def read_tail(
     conn: AsyncConnection,
     segments: Sequence[Segment],
-    suffices: Callable[[list[RowMapping]], bool],
+    suffices: Callable[[list[JournalEntry]], bool],
     *,
     first_page: int = 64,
     max_page: int = 512,
-) -> tuple[list[RowMapping], bool]:
+) -> tuple[list[JournalEntry], bool]:
     """The newest entries of a thread, ascending, read backwards in keyset pages until
     `suffices(tail)` says older ones cannot matter; then one small page more (the projector's
     chunk anchors look a turn past the budget). Returns (tail, complete): complete when it
     reaches the thread's first entry. Pages double, so a long walk stays a few round trips and
     reads at most about twice what it needs.
     """
-    tail: list[RowMapping] = []
+    tail: list[JournalEntry] = []
     page = first_page
     last_page = False
     while True:
-        before = int(tail[0]["seq"]) if tail else None
+        before = tail[0].seq if tail else None
         rows = await read_entries(conn, segments, before_seq=before, descending=True, limit=page)
-        tail[:0] = reversed(rows)
+        tail[:0] = [journal_entry(r) for r in reversed(rows)]
         if len(rows) < page:
             return tail, True
         if last_page:
@@ -152,7 +165,7 @@ async def count_kind(conn: AsyncConnection, segments: Sequence[Segment], kind: s
 
 async def run_entries(
     conn: AsyncConnection, session_id: str, from_seq: int, run_id: str
-) -> list[RowMapping]:
+) -> list[JournalEntry]:
     """The entries a run wrote, in order: they live in the session's own range, after its input."""
     query = (
         select(*ENTRY_COLUMNS)
@@ -163,7 +176,7 @@ async def run_entries(
         )
         .order_by(entries.c.seq)
     )
-    return list((await conn.execute(query)).mappings())
+    return [journal_entry(r) for r in (await conn.execute(query)).mappings()]
 
 
 async def search_entries(

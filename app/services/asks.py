@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from app.config import Settings
 from app.core import run_policy as run_policies
 from app.core.entries import EntryKind
-from app.core.projection import JournalEntry, PendingEntry
+from app.core.projection import PendingEntry
 from app.core.tool_loop import RunTools, next_step
 from app.db import events as events_db
 from app.db import jobs as jobs_db
@@ -282,8 +282,8 @@ async def submit_tool_outputs(
                 {"status": run["status"]},
             )
         session_id = str(run["session_id"])
-        rows = await journal_db.run_entries(conn, session_id, run["user_entry_seq"], run_id)
-        step = next_step([_journal_entry(r) for r in rows], max_iterations=10**9)
+        done = await journal_db.run_entries(conn, session_id, run["user_entry_seq"], run_id)
+        step = next_step(done, max_iterations=10**9)
         waiting = {c.tool_call_id: c for c in step.calls} if isinstance(step, RunTools) else {}
         given = [o.tool_call_id for o in outputs]
         problems = {
@@ -336,9 +336,3 @@ async def expire_waiting_runs(engine: AsyncEngine) -> int:
             await finish_run(conn, run, Outcome("failed", error=error), next_seq)
             expired += 1
     return expired
-
-
-def _journal_entry(row: RowMapping) -> JournalEntry:
-    return JournalEntry(
-        int(row["seq"]), str(row["kind"]), row["payload"], row["refs"], int(row["token_count"])
-    )

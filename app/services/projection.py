@@ -102,12 +102,12 @@ async def _project(
     recount = counting.counter.name != STORED_ENCODING
     thread = segments(str(session["id"]), lineage_from_json(session["lineage"]), session["rev"])
 
-    def suffices(rows: list[RowMapping]) -> bool:
-        return tail_suffices([_entry(r) for r in rows], policy, recount)
+    def suffices(tail: list[JournalEntry]) -> bool:
+        return tail_suffices(tail, policy, recount)
 
-    rows, complete = await journal_db.read_tail(conn, thread, suffices)
+    tail, complete = await journal_db.read_tail(conn, thread, suffices)
     source = ProjectionInput(
-        entries=[_entry(r) for r in rows],
+        entries=tail,
         complete=complete,
         rev=int(session["rev"]),
         token_total=int(session["token_total"]),
@@ -160,15 +160,4 @@ def tool_specs(tools: Sequence[Mapping[str, Any]]) -> tuple[ToolSpec, ...]:
             t.get("parameters") or {"type": "object", "properties": {}},
         )
         for t in tools
-    )
-
-
-def _entry(row: RowMapping) -> JournalEntry:
-    return JournalEntry(
-        seq=int(row["seq"]),
-        kind=str(row["kind"]),
-        payload=row["payload"],
-        refs=row["refs"],
-        token_count=int(row["token_count"]),
-        id=str(row["id"]),
     )

@@ -18,7 +18,6 @@ from sqlalchemy import RowMapping, func
 
 from app.core.entries import EntryKind
 from app.core.messages import result_text
-from app.core.projection import JournalEntry
 from app.core.run_policy import RunPolicy
 from app.core.tool_loop import (
     AssembledCall,
@@ -185,14 +184,14 @@ async def _converse(runtime: Runtime, run: RowMapping, progress: _Progress) -> O
     tokens_before: int | None = None
     while True:
         async with runtime.engine.connect() as conn:
-            rows = await journal_db.run_entries(conn, session_id, run["user_entry_seq"], run_id)
+            done = await journal_db.run_entries(conn, session_id, run["user_entry_seq"], run_id)
             session = await sessions_db.get_session(conn, str(run["tenant_id"]), session_id)
         config: dict[str, Any] = session["config"] if session is not None else {}
         tools = merge_tools(config.get("tools") or [], run["params"].get("tools") or [])
         if tokens_before is None and session is not None:
             tokens_before = int(session["input_tokens"]) + int(session["output_tokens"])
         step = _over_budget(policy, tokens_before or 0, progress) or next_step(
-            [_journal_entry(r) for r in rows], policy.max_iterations
+            done, policy.max_iterations
         )
         if isinstance(step, RunTools):
             client = {t["name"] for t in tools if t.get("kind") == "client"}
@@ -205,9 +204,7 @@ async def _converse(runtime: Runtime, run: RowMapping, progress: _Progress) -> O
             step = StopRun("tool_denied", f"the policy does not allow {', '.join(denied)}")
         if isinstance(step, StopRun):
             return await _violation(runtime, run, step, progress)
-        taken = frozenset(
-            str(r["refs"].get("tool_call_id")) for r in rows if r["kind"] == "tool_call"
-        )
+        taken = frozenset(str(e.refs.get("tool_call_id")) for e in done if e.kind == "tool_call")
         outcome = await _model_turn(runtime, run, step.iteration, progress, taken)
         if outcome is not None:
             return outcome
@@ -420,17 +417,6 @@ def _safe_id(tool_call_id: str) -> str:
     """Provider call ids as our refs accept them (Anthropic's character set)."""
     cleaned = re.sub(r"[^A-Za-z0-9_-]", "_", tool_call_id)[:128]
     return cleaned or "call"
-
-
-def _journal_entry(row: RowMapping) -> JournalEntry:
-    return JournalEntry(
-        int(row["seq"]),
-        str(row["kind"]),
-        row["payload"],
-        row["refs"],
-        int(row["token_count"]),
-        str(row["id"]),
-    )
 
 
 def _warn_if_full(runtime: Runtime, run_id: str, tokens: int, budget: int) -> None:

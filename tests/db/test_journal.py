@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from sqlalchemy import RowMapping, text
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.core.entries import EntryKind
@@ -39,13 +39,9 @@ async def long_session(engine: AsyncEngine, tenant_id: str, entries: int) -> str
 
 async def tail(
     engine: AsyncEngine, tenant_id: str, sid: str, policy: ContextPolicy
-) -> tuple[list[RowMapping], bool]:
-    def suffices(rows: list[RowMapping]) -> bool:
-        entries = [
-            JournalEntry(r["seq"], r["kind"], r["payload"], r["refs"], r["token_count"])
-            for r in rows
-        ]
-        return tail_suffices(entries, policy, recount=False)
+) -> tuple[list[JournalEntry], bool]:
+    def suffices(tail: list[JournalEntry]) -> bool:
+        return tail_suffices(tail, policy, recount=False)
 
     async with engine.connect() as conn:
         session = await get_session(conn, tenant_id, sid)
@@ -61,8 +57,8 @@ async def test_the_tail_read_does_not_grow_with_the_thread(engine: AsyncEngine) 
     for entries in (300, 3000):
         sid = await long_session(engine, tenant_id, entries)
         rows, complete = await tail(engine, tenant_id, sid, policy)
-        assert not complete and rows[-1]["seq"] == entries
-        assert [r["seq"] for r in rows] == list(range(entries - len(rows) + 1, entries + 1))
+        assert not complete and rows[-1].seq == entries
+        assert [r.seq for r in rows] == list(range(entries - len(rows) + 1, entries + 1))
         sizes[entries] = len(rows)
     assert sizes[300] == sizes[3000] < 300
 
@@ -74,7 +70,7 @@ async def test_the_tail_read_stops_at_the_checkpoint(engine: AsyncEngine) -> Non
     await append_entries(engine, tenant_id, sid, [summary, note(0)], expected_rev=None)
     rows, complete = await tail(engine, tenant_id, sid, ContextPolicy(max_input_tokens=1_000_000))
     assert not complete
-    assert rows[0]["seq"] <= 1991 and len(rows) < 300  # the checkpoint, plus at most a page
+    assert rows[0].seq <= 1991 and len(rows) < 300  # the checkpoint, plus at most a page
 
 
 async def test_short_threads_are_read_whole(engine: AsyncEngine) -> None:
