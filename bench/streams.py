@@ -263,24 +263,29 @@ def machine_cpu() -> float:
 
 @dataclass(frozen=True)
 class CpuSample:
-    """Seconds: wall clock, and the CPU used by each party so far."""
+    """Seconds: wall clock, and the CPU used so far by each named server process, Postgres,
+    this bench and the whole machine."""
 
     wall: float
-    server: float
+    processes: dict[str, float]
     postgres: float
     bench: float
     machine: float
 
 
-def cpu_sample(pids: Pids) -> CpuSample:
+def cpu_sample(processes: dict[str, int], postmaster: int) -> CpuSample:
     own = os.times()
     return CpuSample(
         wall=time.perf_counter(),
-        server=cpu_seconds(pids.server),
-        postgres=postgres_cpu(pids.postmaster),
+        processes={name: cpu_seconds(pid) for name, pid in processes.items()},
+        postgres=postgres_cpu(postmaster),
         bench=own.user + own.system,
         machine=machine_cpu(),
     )
+
+
+def server_cpu(pids: Pids) -> CpuSample:
+    return cpu_sample({"server": pids.server}, pids.postmaster)
 
 
 def cpu_use(before: CpuSample, after: CpuSample) -> str:
@@ -288,19 +293,19 @@ def cpu_use(before: CpuSample, after: CpuSample) -> str:
     machine (it may be shared)."""
     wall = after.wall - before.wall
 
-    server, postgres, bench, machine = (
-        (used_after - used_before) / wall * 100
-        for used_before, used_after in (
-            (before.server, after.server),
-            (before.postgres, after.postgres),
-            (before.bench, after.bench),
-            (before.machine, after.machine),
-        )
-    )
-    others = max(0.0, machine - server - postgres - bench)
+    def percent(used_before: float, used_after: float) -> float:
+        return (used_after - used_before) / wall * 100
+
+    shares = {
+        name: percent(before.processes[name], after.processes[name]) for name in after.processes
+    }
+    shares["postgres"] = percent(before.postgres, after.postgres)
+    shares["bench"] = percent(before.bench, after.bench)
+    others = max(0.0, percent(before.machine, after.machine) - sum(shares.values()))
+    parts = ", ".join(f"{name} {share:.0f}%" for name, share in shares.items())
     return (
-        f"server {server:.0f}%, postgres {postgres:.0f}%, bench {bench:.0f}%, other processes"
-        f" {others:.0f}% (of {100 * (os.cpu_count() or 1)}%) over {wall:.1f} s"
+        f"{parts}, other processes {others:.0f}% (of {100 * (os.cpu_count() or 1)}%)"
+        f" over {wall:.1f} s"
     )
 
 
@@ -516,18 +521,22 @@ async def bench_overhead(
     floor_p50 = percentile(floor, 50)
 
     sessions = await create_sessions(client, WARMUP_ASKS + SEQUENTIAL_ASKS)
-    before = cpu_sample(pids)
+    before = server_cpu(pids)
     sequential = [await timed_ask(client, upstream, s) for s in sessions]
     report_overhead("1 at a time, first delta", sequential[WARMUP_ASKS:], floor_p50)
-    report("ask", "  cpu", cpu_use(before, cpu_sample(pids)))
+    report("ask", "  cpu", cpu_use(before, server_cpu(pids)))
 
     for round_ in ("warm-up", "measured"):
         sessions = await create_sessions(client, BURST)
-        before = cpu_sample(pids)
+        before = server_cpu(pids)
         burst = await asyncio.gather(*(timed_ask(client, upstream, s) for s in sessions))
         if round_ == "measured":
             report_overhead(f"{BURST} at once, first delta", burst, floor_p50)
-            report("ask", "  cpu", cpu_use(before, cpu_sample(pids)))
+            report(
+                "ask",
+                "  cpu",
+                cpu_use(before, server_cpu(pids)),
+            )
         upstream.clear()
 
 
@@ -557,11 +566,11 @@ async def stream_step(
     sessions = await create_sessions(client, count)
     tags = [new_tag() for _ in sessions]
     traces = [upstream.plan(tag, STREAM_TEXTS, TOKEN_DELAY) for tag in tags]
-    before = cpu_sample(pids)
+    before = server_cpu(pids)
     streams = await asyncio.gather(
         *(ask(client, s, t) for s, t in zip(sessions, tags, strict=True))
     )
-    cpu = cpu_use(before, cpu_sample(pids))
+    cpu = cpu_use(before, server_cpu(pids))
     upstream.clear()
     latencies = [
         ms for s, t in zip(streams, traces, strict=True) for ms in added_latencies_ms(s, t)

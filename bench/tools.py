@@ -64,16 +64,16 @@ from bench.streams import (
     CREATE_CONCURRENCY,
     TAG,
     THREADLINE,
+    CpuSample,
     Server,
     TimedUpstream,
     client_for,
-    cpu_seconds,
+    cpu_sample,
+    cpu_use,
     free_port,
     loop_name,
-    machine_cpu,
     new_tag,
     percentile,
-    postgres_cpu,
     run_loop,
     server_env,
     stat_fields,
@@ -520,42 +520,8 @@ def deployed(database_url: str, upstream: ToolUpstream) -> Iterator[Deployment]:
 # --- CPU ------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Cpu:
-    """Seconds: wall clock, and the CPU each party used so far."""
-
-    wall: float
-    server: float
-    worker: float
-    postgres: float
-    bench: float
-    machine: float
-
-
-def cpu_now(d: Deployment) -> Cpu:
-    own = os.times()
-    return Cpu(
-        wall=time.perf_counter(),
-        server=cpu_seconds(d.server),
-        worker=cpu_seconds(d.worker),
-        postgres=postgres_cpu(d.postmaster),
-        bench=own.user + own.system,
-        machine=machine_cpu(),
-    )
-
-
-def cpu_use(before: Cpu, after: Cpu) -> str:
-    """Each party's share in % of one core; others: the rest of the machine."""
-    wall = after.wall - before.wall
-    server, worker, postgres, bench, machine = (
-        (getattr(after, name) - getattr(before, name)) / wall * 100
-        for name in ("server", "worker", "postgres", "bench", "machine")
-    )
-    others = max(0.0, machine - server - worker - postgres - bench)
-    return (
-        f"serve {server:.0f}%, worker {worker:.0f}%, postgres {postgres:.0f}%, bench"
-        f" {bench:.0f}%, other {others:.0f}% (of {100 * (os.cpu_count() or 1)}%)"
-    )
+def cpu_now(d: Deployment) -> CpuSample:
+    return cpu_sample({"serve": d.server, "worker": d.worker}, d.postmaster)
 
 
 # --- Client ---------------------------------------------------------------------------------

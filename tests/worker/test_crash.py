@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import pytest
@@ -30,55 +30,78 @@ def crash_settings(database_url: str, upstream: FakeUpstream) -> Settings:
 
 
 @pytest.fixture
-def api_only(crash_settings: Settings) -> Iterator[httpx.AsyncClient]:
+def crash_api(crash_settings: Settings, upstream: FakeUpstream) -> Iterator[tuple[str, str]]:
+    """The API alone (only the test's worker processes execute runs): its URL and a key."""
+    upstream.clear()
     server, thread, url = serve_in_thread(create_app(crash_settings))
-    key = issue_key(crash_settings, f"crash-{uuid.uuid4()}")
-    yield httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=60)
+    yield url, issue_key(crash_settings, f"crash-{uuid.uuid4()}")
     stop_thread_server(server, thread)
+
+
+@pytest.fixture
+async def api_only(crash_api: tuple[str, str]) -> AsyncIterator[httpx.AsyncClient]:
+    url, key = crash_api
+    headers = {"Authorization": f"Bearer {key}"}
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=60) as client:
+        yield client
+
+
+class Workers:
+    """`threadline worker` processes on the crash database; the newest one can be killed."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+        self.processes = [self._start()]
+
+    def _start(self) -> Process:
+        return Process(["worker", "--concurrency", "2"], self.env)
+
+    def kill_and_replace(self) -> None:
+        """SIGKILL: no shutdown, no cleanup, its job stays "doing"; then a fresh worker."""
+        self.processes[-1].kill()
+        self.processes.append(self._start())
+
+    def stop(self) -> None:
+        for process in self.processes:
+            process.stop()
+
+
+@pytest.fixture
+def workers(crash_settings: Settings) -> Iterator[Workers]:
+    pool = Workers(process_env(crash_settings))
+    yield pool
+    pool.stop()
 
 
 @pytest.mark.slow
 async def test_a_killed_worker_is_replaced_and_nothing_is_duplicated(
-    crash_settings: Settings, api_only: httpx.AsyncClient, upstream: FakeUpstream
+    api_only: httpx.AsyncClient, upstream: FakeUpstream, workers: Workers
 ) -> None:
-    upstream.clear()
-    api = api_only
-    env = process_env(crash_settings)
-    first = Process(["worker", "--concurrency", "2"], env)
-    second: Process | None = None
-    try:
-        sid = (await new_session(api))["id"]
-        upstream.script(*[Text(f"a{i} ") for i in range(200)], token_delay=0.03)  # killed midway
-        upstream.script(Text("the retried "), Text("answer"), Usage(7, 3))
-        run = (
-            await api.post(f"/v1/sessions/{sid}/ask", json={"input": "q", "stream": False})
-        ).json()
-        seen = await collect(api, "GET", f"/v1/runs/{run['id']}/events", stop_after=6)
-        assert [e.type for e in seen].count("message.delta") >= 2
-        first.kill()  # SIGKILL: no shutdown, no cleanup, the job stays "doing"
-        second = Process(["worker", "--concurrency", "2"], env)
-        done = (
-            await api.get(f"/v1/runs/{run['id']}", params={"wait": "true", "timeout": 60})
-        ).json()
-        assert done["status"] == "completed", done
-        assert done["result"] == "the retried answer" and done["attempts"] == 2
-        events = await collect(api, "GET", f"/v1/runs/{run['id']}/events")
-        assert [e.id for e in events] == list(range(1, len(events) + 1))
-        assert "message.reset" in [e.type for e in events]
-        after_reset = events[[e.type for e in events].index("message.reset") :]
-        assert (
-            "".join(e.data["text"] for e in after_reset if e.type == "message.delta")
-            == "the retried answer"
-        )
-        kinds = Counter(e["kind"] for e in await history(api, sid))
-        assert kinds == {"message": 2, "run_start": 1, "usage": 1, "run_end": 1}
-        assert len(upstream.requests) == 2
-    finally:
-        first.stop()
-        if second is not None:
-            second.stop()
-        await api.aclose()
-        await asyncio.sleep(0)
+    sid = (await new_session(api_only))["id"]
+    upstream.script(*[Text(f"a{i} ") for i in range(200)], token_delay=0.03)  # killed midway
+    upstream.script(Text("the retried "), Text("answer"), Usage(7, 3))
+    run = (
+        await api_only.post(f"/v1/sessions/{sid}/ask", json={"input": "q", "stream": False})
+    ).json()
+    seen = await collect(api_only, "GET", f"/v1/runs/{run['id']}/events", stop_after=6)
+    assert [e.type for e in seen].count("message.delta") >= 2
+    workers.kill_and_replace()
+    done = (
+        await api_only.get(f"/v1/runs/{run['id']}", params={"wait": "true", "timeout": 60})
+    ).json()
+    assert done["status"] == "completed", done
+    assert done["result"] == "the retried answer" and done["attempts"] == 2
+    events = await collect(api_only, "GET", f"/v1/runs/{run['id']}/events")
+    assert [e.id for e in events] == list(range(1, len(events) + 1))
+    assert "message.reset" in [e.type for e in events]
+    after_reset = events[[e.type for e in events].index("message.reset") :]
+    assert (
+        "".join(e.data["text"] for e in after_reset if e.type == "message.delta")
+        == "the retried answer"
+    )
+    kinds = Counter(e["kind"] for e in await history(api_only, sid))
+    assert kinds == {"message": 2, "run_start": 1, "usage": 1, "run_end": 1}
+    assert len(upstream.requests) == 2
 
 
 class Receiver:
@@ -102,6 +125,13 @@ class Receiver:
         stop_thread_server(self.server, self.thread)
 
 
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    tools = Receiver()
+    yield tools
+    tools.stop()
+
+
 def webhook(name: str, url: str) -> dict[str, object]:
     return {"name": name, "kind": "webhook", "url": f"{url}/{name}", "timeout_seconds": 20}
 
@@ -117,79 +147,51 @@ async def wait_for(predicate: object, seconds: float = 20) -> None:
 
 @pytest.mark.slow
 async def test_a_worker_killed_during_tool_execution(
-    crash_settings: Settings, api_only: httpx.AsyncClient, upstream: FakeUpstream
+    api_only: httpx.AsyncClient, upstream: FakeUpstream, workers: Workers, receiver: Receiver
 ) -> None:
-    upstream.clear()
-    receiver = Receiver()
-    env = process_env(crash_settings)
-    first = Process(["worker", "--concurrency", "2"], env)
-    second: Process | None = None
-    try:
-        tools = [webhook("fast", receiver.url), webhook("slow", receiver.url)]
-        sid = (await new_session(api_only, config={"tools": tools}))["id"]
-        upstream.script(ToolCall("c_fast", "fast", "{}"), ToolCall("c_slow", "slow", "{}"))
-        upstream.script(Text("both done"))
-        run = (
-            await api_only.post(f"/v1/sessions/{sid}/ask", json={"input": "q", "stream": False})
-        ).json()
-        key = f"{run['id']}:c_"
-        await wait_for(
-            lambda: (
-                receiver.deliveries[key + "slow"] == 1 and receiver.deliveries[key + "fast"] == 1
-            )
-        )
-        await asyncio.sleep(0.3)  # the fast result is committed while the slow call runs
-        first.kill()
-        second = Process(["worker", "--concurrency", "2"], env)
-        done = (
-            await api_only.get(f"/v1/runs/{run['id']}", params={"wait": "true", "timeout": 60})
-        ).json()
-        assert done["status"] == "completed" and done["result"] == "both done"
-        # The finished call was never executed again; the interrupted one was, once more.
-        assert receiver.deliveries[key + "fast"] == 1 and receiver.deliveries[key + "slow"] == 2
-        kinds = Counter(e["kind"] for e in await history(api_only, sid))
-        assert kinds["tool_call"] == 2 and kinds["tool_result"] == 2 and kinds["run_end"] == 1
-    finally:
-        first.stop()
-        if second is not None:
-            second.stop()
-        receiver.stop()
-        await api_only.aclose()
+    tools = [webhook("fast", receiver.url), webhook("slow", receiver.url)]
+    sid = (await new_session(api_only, config={"tools": tools}))["id"]
+    upstream.script(ToolCall("c_fast", "fast", "{}"), ToolCall("c_slow", "slow", "{}"))
+    upstream.script(Text("both done"))
+    run = (
+        await api_only.post(f"/v1/sessions/{sid}/ask", json={"input": "q", "stream": False})
+    ).json()
+    key = f"{run['id']}:c_"
+    await wait_for(
+        lambda: receiver.deliveries[key + "slow"] == 1 and receiver.deliveries[key + "fast"] == 1
+    )
+    await asyncio.sleep(0.3)  # the fast result is committed while the slow call runs
+    workers.kill_and_replace()
+    done = (
+        await api_only.get(f"/v1/runs/{run['id']}", params={"wait": "true", "timeout": 60})
+    ).json()
+    assert done["status"] == "completed" and done["result"] == "both done"
+    # The finished call was never executed again; the interrupted one was, once more.
+    assert receiver.deliveries[key + "fast"] == 1 and receiver.deliveries[key + "slow"] == 2
+    kinds = Counter(e["kind"] for e in await history(api_only, sid))
+    assert kinds["tool_call"] == 2 and kinds["tool_result"] == 2 and kinds["run_end"] == 1
 
 
 @pytest.mark.slow
 async def test_a_worker_killed_during_the_second_model_call(
-    crash_settings: Settings, api_only: httpx.AsyncClient, upstream: FakeUpstream
+    api_only: httpx.AsyncClient, upstream: FakeUpstream, workers: Workers, receiver: Receiver
 ) -> None:
-    upstream.clear()
-    receiver = Receiver()
-    env = process_env(crash_settings)
-    first = Process(["worker", "--concurrency", "2"], env)
-    second: Process | None = None
-    try:
-        sid = (await new_session(api_only, config={"tools": [webhook("fast", receiver.url)]}))["id"]
-        upstream.script(ToolCall("c1", "fast", "{}"))
-        upstream.script(*[Text("w ") for _ in range(200)], token_delay=0.03)  # killed midway
-        upstream.script(Text("final answer"))
-        run = (
-            await api_only.post(f"/v1/sessions/{sid}/ask", json={"input": "q", "stream": False})
-        ).json()
-        seen = await collect(api_only, "GET", f"/v1/runs/{run['id']}/events", until="message.delta")
-        assert seen[-1].type == "message.delta"
-        first.kill()
-        second = Process(["worker", "--concurrency", "2"], env)
-        done = (
-            await api_only.get(f"/v1/runs/{run['id']}", params={"wait": "true", "timeout": 60})
-        ).json()
-        assert done["status"] == "completed" and done["result"] == "final answer"
-        assert receiver.deliveries[f"{run['id']}:c1"] == 1  # its result was committed: not re-run
-        assert len(upstream.requests) == 3  # the unanswered model call was made again
-        kinds = Counter(e["kind"] for e in await history(api_only, sid))
-        assert kinds["message"] == 2  # the question and the one final answer
-        assert kinds["tool_call"] == 1 and kinds["tool_result"] == 1 and kinds["run_end"] == 1
-    finally:
-        first.stop()
-        if second is not None:
-            second.stop()
-        receiver.stop()
-        await api_only.aclose()
+    sid = (await new_session(api_only, config={"tools": [webhook("fast", receiver.url)]}))["id"]
+    upstream.script(ToolCall("c1", "fast", "{}"))
+    upstream.script(*[Text("w ") for _ in range(200)], token_delay=0.03)  # killed midway
+    upstream.script(Text("final answer"))
+    run = (
+        await api_only.post(f"/v1/sessions/{sid}/ask", json={"input": "q", "stream": False})
+    ).json()
+    seen = await collect(api_only, "GET", f"/v1/runs/{run['id']}/events", until="message.delta")
+    assert seen[-1].type == "message.delta"
+    workers.kill_and_replace()
+    done = (
+        await api_only.get(f"/v1/runs/{run['id']}", params={"wait": "true", "timeout": 60})
+    ).json()
+    assert done["status"] == "completed" and done["result"] == "final answer"
+    assert receiver.deliveries[f"{run['id']}:c1"] == 1  # its result was committed: not re-run
+    assert len(upstream.requests) == 3  # the unanswered model call was made again
+    kinds = Counter(e["kind"] for e in await history(api_only, sid))
+    assert kinds["message"] == 2  # the question and the one final answer
+    assert kinds["tool_call"] == 1 and kinds["tool_result"] == 1 and kinds["run_end"] == 1
