@@ -181,16 +181,16 @@ async def _converse(runtime: Runtime, run: RowMapping, progress: _Progress) -> O
     decided from what the journal holds, so a retried run picks up where this one stopped."""
     run_id, session_id = str(run["id"]), str(run["session_id"])
     policy = RunPolicy.model_validate(run["params"].get("run_policy") or {})
-    tokens_before: int | None = None
+    # Read once: a run keeps the tools it started with, and the session's earlier spending.
+    async with runtime.engine.connect() as conn:
+        session = await sessions_db.get_session(conn, str(run["tenant_id"]), session_id)
+    config: dict[str, Any] = session["config"] if session is not None else {}
+    tools = merge_tools(config.get("tools") or [], run["params"].get("tools") or [])
+    tokens_before = int(session["input_tokens"]) + int(session["output_tokens"]) if session else 0
     while True:
         async with runtime.engine.connect() as conn:
             done = await journal_db.run_entries(conn, session_id, run["user_entry_seq"], run_id)
-            session = await sessions_db.get_session(conn, str(run["tenant_id"]), session_id)
-        config: dict[str, Any] = session["config"] if session is not None else {}
-        tools = merge_tools(config.get("tools") or [], run["params"].get("tools") or [])
-        if tokens_before is None and session is not None:
-            tokens_before = int(session["input_tokens"]) + int(session["output_tokens"])
-        step = _over_budget(policy, tokens_before or 0, progress) or next_step(
+        step = _over_budget(policy, tokens_before, progress) or next_step(
             done, policy.max_iterations
         )
         if isinstance(step, RunTools):
