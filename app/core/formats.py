@@ -140,8 +140,9 @@ def to_anthropic(messages: Sequence[Message], tools: Sequence[ToolSpec]) -> Json
     if system:
         request["system"] = system
     turns = [_anthropic_turn(m) for m in messages[leading:]]
-    if turns and turns[0][0] == "assistant":
-        # Anthropic requires a user turn first; a window or import may start with the assistant.
+    if not turns or turns[0][0] == "assistant":
+        # Anthropic requires a user turn first: a window or an import may start with the
+        # assistant, or hold none at all (all history summarized or rolled back).
         turns.insert(0, ("user", [_text_block(CONTINUATION_NOTE)]))
     request["messages"] = [
         {"role": role, "content": _finish_blocks(blocks)} for role, blocks in _merge(turns)

@@ -377,6 +377,14 @@ def test_anthropic_validator_rejects_broken_conversations() -> None:
     assert validate_anthropic(assistant_first)
 
 
+def test_a_conversation_of_system_text_only_gets_a_user_turn() -> None:
+    request = to_anthropic([Message("system", "S"), Message("system", "Summary: all of it")], [])
+    assert request["messages"] == [
+        {"role": "user", "content": [{"type": "text", "text": CONTINUATION_NOTE}]}
+    ]
+    assert validate_anthropic(request) == []
+
+
 def test_an_assistant_first_conversation_gets_a_user_turn_before_it() -> None:
     request = to_anthropic([Message("assistant", "hello"), USER], [])
     assert request["messages"][0] == {
