@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 Kind = Literal["message", "tool_call", "tool_result", "summary"]
 ALL_KINDS: tuple[Kind, ...] = ("message", "tool_call", "tool_result", "summary")
 DEFAULT_CONTEXT_WINDOW = 200_000
+DEFAULT_EVICTION_TOKENS = 20_000
 
 
 class ContextPolicy(BaseModel):
@@ -56,8 +57,11 @@ class ContextPolicy(BaseModel):
     compress_threshold: Annotated[float, Field(gt=0, le=1)] = Field(
         default=0.9, description="needs_summary once the projection uses this share of budget."
     )
-    tool_output_eviction_tokens: Annotated[int, Field(ge=1)] = Field(
-        default=20_000, description="Tool results above this are projected as a preview."
+    tool_output_eviction_tokens: Annotated[int, Field(ge=1)] | None = Field(
+        default=None,
+        description="Tool results above this are projected as a preview plus a reference "
+        "that read_tool_output pages. Default: 20,000, or a quarter of the budget if smaller "
+        "(so one output can never crowd out a small window).",
     )
     window_chunk_tokens: Annotated[int, Field(ge=0)] | None = Field(
         default=None,
@@ -82,6 +86,12 @@ class ContextPolicy(BaseModel):
     def budget(self) -> int:
         """Tokens the prompt may use."""
         return self.max_input_tokens - self.reserve
+
+    @property
+    def eviction_tokens(self) -> int:
+        if self.tool_output_eviction_tokens is not None:
+            return self.tool_output_eviction_tokens
+        return max(1, min(DEFAULT_EVICTION_TOKENS, self.budget // 4))
 
     @property
     def chunk_tokens(self) -> int:

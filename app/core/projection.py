@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.core.entries import EntryKind
+from app.core.eviction import READ_TOOL_OUTPUT, output_ref, preview
+from app.core.memory import memory_block
 from app.core.messages import Message, ToolCall, ToolSpec, result_text
 from app.core.policy import ContextPolicy
 from app.core.tokens import (
@@ -31,7 +33,7 @@ INTERRUPTED_RESULT = "Tool call interrupted: no result was recorded."
 # How much more than the budget a loader reads when entries must be recounted (another
 # encoding, or the heuristic), since stored counts then only approximate the real ones.
 RECOUNT_SLACK = 1.25
-_MODEL_KINDS = frozenset(
+MODEL_KINDS = frozenset(
     {EntryKind.MESSAGE, EntryKind.TOOL_CALL, EntryKind.TOOL_RESULT, EntryKind.SUMMARY}
 )
 
@@ -60,7 +62,7 @@ class PendingEntry:
 @dataclass(frozen=True)
 class ProjectionInput:
     entries: Sequence[JournalEntry]  # the tail the loader read, ascending seq, ending at rev
-    complete: bool  # the tail reaches the thread's start or the checkpoint: nothing older needed
+    complete: bool  # the tail reaches the thread's start (the projector sees a checkpoint itself)
     rev: int
     token_total: int  # the thread's running token sum: the coordinate chunk anchors use
     policy: ContextPolicy
@@ -68,6 +70,8 @@ class ProjectionInput:
     exact: bool  # counter is the model's own tokenizer (else the policy's margin applies)
     pending: Sequence[PendingEntry] = ()
     system_prompt: str | None = None
+    memory: str | None = None  # the session's memory: its first MEMORY_LINES join the system
+    memory_namespace: str | None = None  # named in the memory block's header
     tools: Sequence[ToolSpec] = ()
     run_id: str | None = None  # projecting for this run: later asks are not its business
 
@@ -88,10 +92,12 @@ class ProjectionMeta:
     window_start_seq: int | None  # the oldest history entry sent
     # Where the tokens go (before any estimate margin); REPLY_PRIMING makes up the rest.
     system_tokens: int
+    memory_tokens: int  # the memory block in the system message (its overhead if it is alone)
     summary_tokens: int
     tools_tokens: int
     history_tokens: int
     pending_tokens: int
+    evicted_outputs: int  # tool results in the window sent as a preview (read_tool_output)
 
 
 @dataclass(frozen=True)
@@ -121,18 +127,24 @@ class _Group:
     offset: int  # the thread's token offset at the group's first entry
     starts_turn: bool  # a user message: windows start only at turn starts
     pending: bool = False
+    evicted: int = 0  # tool results shown as a preview
 
 
 def project(source: ProjectionInput) -> Projection:
     policy, counter = source.policy, source.counter
     tokens_of = _entry_counter(counter)
-    kept = _without_rolled_back(source.entries)
+    kept = without_rolled_back(source.entries)
     summary = _checkpoint(kept, policy)
-    history = _in_run_order(
+    # History older than the checkpoint's coverage never matters: reaching it is reaching the
+    # start (else every projection after a compaction would count as truncated).
+    complete = source.complete or (
+        summary is not None and source.entries[0].seq <= int(summary.payload["to_seq"]) + 1
+    )
+    history = in_run_order(
         [
             e
             for e in kept
-            if e.kind in _MODEL_KINDS
+            if e.kind in MODEL_KINDS
             and e.kind != EntryKind.SUMMARY
             and e.kind in policy.include_kinds
             and (summary is None or e.seq > summary.payload["to_seq"])
@@ -140,7 +152,7 @@ def project(source: ProjectionInput) -> Projection:
         source.run_id,
     )
     offsets = _offsets(source.entries, source.token_total)
-    history_groups = _groups(history, tokens_of, counter, offsets)
+    history_groups = _groups(history, tokens_of, counter, offsets, policy.eviction_tokens)
     pending_groups = _groups(
         [JournalEntry(0, p.kind, p.payload, p.refs) for p in source.pending],
         lambda e: entry_tokens(EntryKind(e.kind), e.payload, e.refs, counter),
@@ -151,8 +163,11 @@ def project(source: ProjectionInput) -> Projection:
         group.pending = True
 
     head = _head(source, summary, tokens_of)
-    tool_tokens = tools_tokens(source.tools, counter)
-    fixed = REPLY_PRIMING + tool_tokens + head.system_tokens + head.summary_tokens
+    tools = _with_output_reader(source.tools, history_groups)
+    tool_tokens = tools_tokens(tools, counter)
+    fixed = (
+        REPLY_PRIMING + tool_tokens + head.system_tokens + head.memory_tokens + head.summary_tokens
+    )
     older, required = _split_at_newest_turn(history_groups, pending_groups)
     required_tokens = sum(g.tokens for g in required)
     margin = 0.0 if source.exact else policy.estimate_margin
@@ -162,11 +177,11 @@ def project(source: ProjectionInput) -> Projection:
             {"budget": budget, "fixed_tokens": fixed, "required_tokens": required_tokens}
         )
 
-    start = _window_start(older, required, budget - fixed - required_tokens, source, policy)
+    start = _window_start(older, required, budget - fixed - required_tokens, complete, policy)
     window = older[start:] + required
     raw = fixed + sum(g.tokens for g in window)
     estimated = math.ceil(raw * (1 + margin))
-    truncated = start > 0 or not source.complete
+    truncated = start > 0 or not complete
     history_in_window = [g for g in window if not g.pending]
     meta = ProjectionMeta(
         basis_rev=source.rev,
@@ -182,13 +197,15 @@ def project(source: ProjectionInput) -> Projection:
         needs_summary=truncated or estimated >= policy.compress_threshold * policy.budget,
         window_start_seq=history_in_window[0].first_seq if history_in_window else None,
         system_tokens=head.system_tokens,
+        memory_tokens=head.memory_tokens,
         summary_tokens=head.summary_tokens,
         tools_tokens=tool_tokens,
         history_tokens=sum(g.tokens for g in history_in_window),
         pending_tokens=sum(g.tokens for g in window if g.pending),
+        evicted_outputs=sum(g.evicted for g in history_in_window),
     )
     messages = head.messages + tuple(m for g in window for m in g.messages)
-    return Projection(messages, tuple(source.tools), meta)
+    return Projection(messages, tools, meta)
 
 
 def _split_at_newest_turn(
@@ -202,6 +219,19 @@ def _split_at_newest_turn(
     return groups[:newest], groups[newest:]
 
 
+def _with_output_reader(tools: Sequence[ToolSpec], history: list[_Group]) -> tuple[ToolSpec, ...]:
+    """The tools, plus read_tool_output once an output was evicted (unless one is declared).
+
+    Decided on the history considered, before the window is, since the tool's definition is part
+    of the fixed budget the window is fitted to: an evicted output the window then leaves out
+    still keeps it offered (a stable tool list is a stable prompt prefix, too).
+    """
+    declared = any(t.name == READ_TOOL_OUTPUT.name for t in tools)
+    if declared or not any(g.evicted for g in history):
+        return tuple(tools)
+    return (*tools, READ_TOOL_OUTPUT)
+
+
 def tail_suffices(entries: Sequence[JournalEntry], policy: ContextPolicy, recount: bool) -> bool:
     """Whether a tail read newest-first already holds all a projection could use.
 
@@ -209,16 +239,39 @@ def tail_suffices(entries: Sequence[JournalEntry], policy: ContextPolicy, recoun
     overflow the budget (with slack when counts are only approximations), so that nothing older
     could be sent anyway. A loader reads one page more than this asks, for the chunk anchors.
     """
-    kept = _without_rolled_back(entries)
+    kept = without_rolled_back(entries)
     summary = _checkpoint(kept, policy)
     if summary is not None and entries and entries[0].seq <= summary.payload["to_seq"] + 1:
         return True
-    model_entries = [e for e in kept if e.kind in _MODEL_KINDS and e.kind in policy.include_kinds]
-    tokens = sum(e.token_count for e in model_entries)
+    model_entries = [e for e in kept if e.kind in MODEL_KINDS and e.kind in policy.include_kinds]
+    tokens = sum(_loader_tokens(e, policy, recount) for e in model_entries)
     if tokens > policy.budget * (RECOUNT_SLACK if recount else 1):
         return True
     messages = sum(1 for e in model_entries if e.kind == EntryKind.MESSAGE)
     return policy.max_messages > 0 and messages > 2 * policy.max_messages
+
+
+# An output the projection would evict counts as its preview: one token per this many characters
+# of it, fewer than real text costs (3 to 5 characters a token in the encodings we count).
+PREVIEW_CHARS_PER_TOKEN = 6
+
+
+def _loader_tokens(entry: JournalEntry, policy: ContextPolicy, recount: bool) -> int:
+    """An entry's share of the budget as the loader reckons it: its stored count, except that
+    an evicted output counts as its preview.
+
+    A 100 KB output stores about 25,000 tokens but projects as a few hundred: counted whole, it
+    would stop the loader while history that fits is still unread (even the newest user message,
+    behind a run's many large outputs). The preview's estimate errs low, so the loader reads a
+    little more rather than too little; a preview is bounded (2 x PART_CHARS and a marker), so
+    the read still ends once the budget is full. With recounting, stored counts only approximate
+    the model's, so anything that might cross the threshold counts as evicted.
+    """
+    threshold = policy.eviction_tokens / (RECOUNT_SLACK if recount else 1)
+    if entry.kind != EntryKind.TOOL_RESULT or entry.token_count <= threshold:
+        return entry.token_count
+    shown = preview(result_text(entry.payload.get("content")), output_ref(entry.seq))
+    return min(entry.token_count, len(shown) // PREVIEW_CHARS_PER_TOKEN)
 
 
 def _entry_counter(counter: TokenCounter) -> Any:
@@ -227,7 +280,7 @@ def _entry_counter(counter: TokenCounter) -> Any:
     return lambda e: entry_tokens(EntryKind(e.kind), e.payload, e.refs, counter)
 
 
-def _in_run_order(entries: list[JournalEntry], run_id: str | None) -> list[JournalEntry]:
+def in_run_order(entries: list[JournalEntry], run_id: str | None) -> list[JournalEntry]:
     """Each run's entries right after the user message that started it; with `run_id`, without
     the asks that came after that run's.
 
@@ -249,7 +302,7 @@ def _in_run_order(entries: list[JournalEntry], run_id: str | None) -> list[Journ
     return sorted(ordered, key=lambda e: (anchor(e), e.seq))
 
 
-def _without_rolled_back(entries: Sequence[JournalEntry]) -> list[JournalEntry]:
+def without_rolled_back(entries: Sequence[JournalEntry]) -> list[JournalEntry]:
     """Drop what rollback entries took back; a rollback inside a newer one's range is void."""
     removed: list[tuple[int, int]] = []
     for entry in reversed(entries):
@@ -281,21 +334,35 @@ def _offsets(entries: Sequence[JournalEntry], token_total: int) -> dict[int, int
 
 @dataclass(frozen=True)
 class _Head:
-    """The fixed segments: system prompt, then the summary."""
+    """The fixed segments: system prompt and memory (one message), then the summary."""
 
     messages: tuple[Message, ...]
     system_tokens: int
+    memory_tokens: int
     summary_tokens: int
 
 
 def _head(source: ProjectionInput, summary: JournalEntry | None, tokens_of: Any) -> _Head:
     counter, policy = source.counter, source.policy
     messages: list[Message] = []
-    system_tokens = summary_tokens = 0
+    system_tokens = memory_tokens = summary_tokens = 0
     prompt = policy.system_prompt if policy.system_prompt is not None else source.system_prompt
     if prompt:
-        messages.append(Message("system", prompt))
         system_tokens = message_overhead("system", counter) + counter.count(prompt)
+    # Memory joins the one system message (whichever prompt applies), after the prompt: a
+    # function of the memory's content only, so the prompt prefix holds while it is unchanged.
+    # Its tokens are what it adds to the message, so system + memory is the message's count.
+    block = memory_block(source.memory, source.memory_namespace) if source.memory else None
+    if block is not None and prompt:
+        system = f"{prompt}\n\n{block}"
+        memory_tokens = counter.count(system) - counter.count(prompt)
+    elif block is not None:
+        system = block
+        memory_tokens = message_overhead("system", counter) + counter.count(block)
+    else:
+        system = prompt or ""
+    if system:
+        messages.append(Message("system", system))
     if summary is not None:
         content = (
             {"type": "text", "text": SUMMARY_PREFIX},
@@ -307,7 +374,7 @@ def _head(source: ProjectionInput, summary: JournalEntry | None, tokens_of: Any)
             + counter.count(SUMMARY_PREFIX)
             + tokens_of(summary)
         )
-    return _Head(tuple(messages), system_tokens, summary_tokens)
+    return _Head(tuple(messages), system_tokens, memory_tokens, summary_tokens)
 
 
 def _groups(
@@ -315,8 +382,13 @@ def _groups(
     tokens_of: Any,
     counter: TokenCounter,
     offsets: dict[int, int],
+    evict_above: int | None = None,
 ) -> list[_Group]:
-    """Atomic groups in order; tool calls gather their results, wherever those were written."""
+    """Atomic groups in order; tool calls gather their results, wherever those were written.
+
+    Results over `evict_above` tokens are shown as previews (None: never; pending entries have no
+    seq a reference could name).
+    """
     results: dict[str, JournalEntry] = {}
     for entry in entries:
         if entry.kind == EntryKind.TOOL_RESULT:
@@ -349,7 +421,9 @@ def _groups(
                 calls.append(entries[index])
             index += 1
         if calls:
-            groups.append(_tool_group(text, calls, results, tokens_of, counter, offsets))
+            groups.append(
+                _tool_group(text, calls, results, tokens_of, counter, offsets, evict_above)
+            )
         elif text is not None:
             groups.append(_message_group(text, tokens_of, counter, offsets))
     return groups
@@ -391,6 +465,7 @@ def _tool_group(
     tokens_of: Any,
     counter: TokenCounter,
     offsets: dict[int, int],
+    evict_above: int | None = None,
 ) -> _Group:
     first = text or calls[0]
     content = "" if text is None else text.payload["content"]
@@ -407,6 +482,7 @@ def _tool_group(
     tokens += tokens_of(text) if text is not None else 0
     messages = [assistant]
     entries = len(calls) + (text is not None)
+    evicted = 0
     for call in assistant.tool_calls:
         found = results.get(call.id)
         tokens += message_overhead("tool", counter)
@@ -416,24 +492,38 @@ def _tool_group(
             )
             tokens += counter.count(INTERRUPTED_RESULT) + counter.count(call.id)
             continue
+        output, output_tokens = result_text(found.payload.get("content")), tokens_of(found)
+        # Too large: a preview with a reference; the journal keeps the output for
+        # read_tool_output. Pages it returned are never evicted again: the model asked for them.
+        if (
+            evict_above is not None
+            and output_tokens > evict_above
+            and call.name != READ_TOOL_OUTPUT.name
+        ):
+            shown = preview(output, output_ref(found.seq))
+            if shown != output:
+                evicted += 1
+                output, output_tokens = shown, counter.count(shown) + counter.count(call.id)
         messages.append(
             Message(
                 "tool",
-                result_text(found.payload.get("content")),
+                output,
                 tool_call_id=call.id,
                 is_error=bool(found.payload.get("is_error", False)),
             )
         )
-        tokens += tokens_of(found)
+        tokens += output_tokens
         entries += 1
-    return _Group(messages, tokens, entries, first.seq, offsets.get(first.seq, 0), False)
+    return _Group(
+        messages, tokens, entries, first.seq, offsets.get(first.seq, 0), False, evicted=evicted
+    )
 
 
 def _window_start(
     older: list[_Group],
     required: list[_Group],
     room: int,
-    source: ProjectionInput,
+    complete: bool,
     policy: ContextPolicy,
 ) -> int:
     """Index of the oldest group to send: newest-first fill, then snapped to a chunk anchor."""
@@ -446,9 +536,9 @@ def _window_start(
         if used > room or (cap and messages > cap):
             break
         start = index
-    if start == 0 and source.complete:
+    if start == 0 and complete:
         return 0  # everything fits
-    turn_starts = [i for i, g in enumerate(older) if g.starts_turn and (i > 0 or source.complete)]
+    turn_starts = [i for i, g in enumerate(older) if g.starts_turn and (i > 0 or complete)]
     candidates = [i for i in turn_starts if i >= start]
     if not candidates:
         return len(older)
@@ -460,7 +550,7 @@ def _window_start(
             for previous, i in zip([None, *turn_starts], turn_starts, strict=False)
             if i >= start
             and (
-                (previous is None and source.complete)
+                (previous is None and complete)
                 or (
                     previous is not None
                     and older[previous].offset // chunk < older[i].offset // chunk

@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.core.entries import EntryKind
+from app.core.eviction import READ_TOOL_OUTPUT, output_ref, preview
 from app.core.formats import (
     openai_request_tokens,
     to_anthropic,
@@ -17,7 +18,7 @@ from app.core.formats import (
     validate_anthropic,
     validate_openai,
 )
-from app.core.messages import Message, ToolSpec
+from app.core.messages import Message, ToolSpec, canonical_json
 from app.core.policy import ContextPolicy
 from app.core.projection import (
     INTERRUPTED_RESULT,
@@ -29,7 +30,13 @@ from app.core.projection import (
     project,
     tail_suffices,
 )
-from app.core.tokens import HeuristicCounter, TokenCounter, entry_tokens, request_tokens
+from app.core.tokens import (
+    HeuristicCounter,
+    TokenCounter,
+    entry_tokens,
+    request_tokens,
+    tools_tokens,
+)
 from app.llm.tokenizers import stored_counter
 
 O200K = stored_counter()
@@ -378,6 +385,138 @@ def test_tail_suffices_stops_at_checkpoint_or_budget() -> None:
     assert tail_suffices(j.entries[-8:], small, recount=False)
 
 
+# --- eviction of large tool outputs ---------------------------------------------------------
+
+HUGE = "".join(f"row {i}: 東京 ☀️ {i * 7919 % 10007}\n" for i in range(4000))
+EVICTING = ContextPolicy(max_input_tokens=100_000, tool_output_eviction_tokens=2000)
+
+
+def tool_journal(counter: TokenCounter = O200K, output: Any = HUGE) -> tuple[Journal, int]:
+    j = Journal(counter)
+    j.user("Fetch the logs and the status.")
+    j.assistant("Fetching.", call_id="c1")
+    j.call("call_logs", "logs")
+    j.call("call_status", "status")
+    huge_seq = j.result("call_logs", output)
+    j.result("call_status", {"ok": True})
+    j.assistant("Done.")
+    return j, huge_seq
+
+
+@pytest.mark.parametrize("counter", [O200K, HeuristicCounter()], ids=["o200k", "heuristic"])
+def test_a_result_over_the_threshold_is_a_preview_with_a_reference(counter: TokenCounter) -> None:
+    j, seq = tool_journal(counter)
+    assert j.entries[seq - 1].token_count > EVICTING.eviction_tokens
+    p = j.project(policy=EVICTING, counter=counter, system_prompt=SYSTEM)
+    tool_messages = [m for m in p.messages if m.role == "tool"]
+    assert tool_messages[0].content == preview(HUGE, output_ref(seq))
+    assert f'read_tool_output(ref="tool_output:{seq}"' in str(tool_messages[0].content)
+    assert tool_messages[1].content == '{"ok":true}'  # under the threshold: untouched
+    assert p.meta.evicted_outputs == 1
+    assert p.tool_spec == (READ_TOOL_OUTPUT,)
+    assert p.meta.tools_tokens == tools_tokens((READ_TOOL_OUTPUT,), counter)
+    # The budget stays exact: the estimate is the count of the request as sent.
+    openai = to_openai(p.messages, p.tool_spec)
+    assert openai_request_tokens(openai, counter) == p.meta.estimated_tokens
+    assert request_tokens(p.messages, p.tool_spec, counter) == p.meta.estimated_tokens
+    assert p.meta.estimated_tokens < 3000  # the output alone stores far more
+    assert validate_openai(openai) == []
+    assert validate_anthropic(to_anthropic(p.messages, p.tool_spec)) == []
+    assert j.project(policy=EVICTING, counter=counter, system_prompt=SYSTEM) == p
+
+
+def test_under_the_threshold_nothing_is_evicted_nor_offered() -> None:
+    j, _ = tool_journal()
+    roomy = ContextPolicy(max_input_tokens=200_000, tool_output_eviction_tokens=80_000)
+    p = j.project(policy=roomy)
+    assert [m.content for m in p.messages if m.role == "tool"] == [HUGE, '{"ok":true}']
+    assert p.meta.evicted_outputs == 0 and p.tool_spec == ()
+
+
+def test_structured_outputs_are_previewed_from_their_json_text() -> None:
+    output = {"rows": [{"id": i, "name": f"item {i}"} for i in range(3000)]}
+    j, seq = tool_journal(output=output)
+    p = j.project(policy=EVICTING)
+    shown = next(m for m in p.messages if m.role == "tool").content
+    assert shown == preview(canonical_json(output), output_ref(seq))
+    assert len(str(shown)) < 5000 and p.meta.evicted_outputs == 1
+
+
+def test_declared_tools_keep_their_place_and_the_reader_is_not_duplicated() -> None:
+    j, _ = tool_journal()
+    weather = ToolSpec("weather", "Weather by city")
+    assert j.project(policy=EVICTING, tools=(weather,)).tool_spec == (weather, READ_TOOL_OUTPUT)
+    mine = (ToolSpec("read_tool_output", "My own reader"), weather)
+    p = j.project(policy=EVICTING, tools=mine)
+    assert p.tool_spec == mine and p.meta.evicted_outputs == 1
+    assert p.meta.tools_tokens == tools_tokens(mine, O200K)
+
+
+def test_pages_read_back_are_not_evicted_again() -> None:
+    j = Journal()
+    j.user("Read it.")
+    j.call("call_read", "read_tool_output", turn="c2", ref="tool_output:5")
+    j.result("call_read", {"content": HUGE, "next_offset": None}, turn="c2")
+    p = j.project(policy=EVICTING)
+    assert p.meta.evicted_outputs == 0 and p.tool_spec == ()
+    assert p.messages[-1].content == canonical_json({"content": HUGE, "next_offset": None})
+
+
+def test_evicted_outputs_count_only_the_window() -> None:
+    j, _ = tool_journal()
+    for turn in range(6):
+        j.user(f"question {turn}: " + " ".join(f"w{k}" for k in range(400)))
+        j.assistant(f"answer {turn}")
+    tight = ContextPolicy(
+        max_input_tokens=3000,
+        reserve_output_tokens=0,
+        tool_output_eviction_tokens=2000,
+        window_chunk_tokens=0,
+    )
+    p = j.project(policy=tight)
+    assert p.meta.truncated and p.meta.evicted_outputs == 0
+    assert not any(m.role == "tool" for m in p.messages)
+    # The tool is decided on the history considered: offered, and counted, all the same.
+    assert p.tool_spec == (READ_TOOL_OUTPUT,)
+    assert openai_request_tokens(to_openai(p.messages, p.tool_spec), O200K) == (
+        p.meta.estimated_tokens
+    )
+
+
+def test_the_loader_counts_evicted_outputs_as_their_previews() -> None:
+    """Counted whole, three 50k-token outputs would end the read with the question unread; as
+    previews they leave room, so the loader reads on, and stops once what it read (projected)
+    exceeds the budget: never earlier, and not much later."""
+    big, policy = (
+        HUGE * 2,
+        ContextPolicy(max_input_tokens=40_000, tool_output_eviction_tokens=20_000),
+    )
+    j = Journal()
+    j.user("The question.")
+
+    def add_call(n: int) -> None:
+        j.call(f"call_{n}", "logs", turn=f"c{n}")
+        refs = {"tool_call_id": f"call_{n}", "call_id": f"c{n}"}
+        seq = len(j.entries) + 1  # counted once here, as if at append: 50k tokens stored
+        j.entries.append(
+            JournalEntry(seq, "tool_result", {"content": big}, refs, 50_000, f"e{seq}")
+        )
+
+    for n in range(3):
+        add_call(n)
+    assert sum(e.token_count for e in j.entries[1:]) > policy.budget
+    assert not tail_suffices(j.entries[1:], policy, recount=False)
+    assert not tail_suffices(j.entries[1:], policy, recount=True)
+    n = 3
+    while not tail_suffices(j.entries[1:], policy, recount=False):
+        for _ in range(10):
+            add_call(n)
+            n += 1
+    roomy = ContextPolicy(max_input_tokens=10_000_000, tool_output_eviction_tokens=20_000)
+    read = j.project(policy=roomy).meta.history_tokens  # what was read, and the question
+    assert policy.budget < read < 3 * policy.budget
+
+
 # --- properties over generated journals ------------------------------------------------------
 
 
@@ -429,6 +568,7 @@ policies = st.builds(
     keep_last_turns=st.integers(0, 4),
     max_messages=st.sampled_from([0, 0, 6, 15]),
     window_chunk_tokens=st.sampled_from([None, 0, 500]),
+    tool_output_eviction_tokens=st.sampled_from([20_000, 1000]),
     summarization=st.sampled_from(["none", "use_existing"]),
     summary_role=st.sampled_from(["system", "user"]),
 )
@@ -490,3 +630,11 @@ def test_queued_asks_are_ordered_by_run_and_hidden_from_earlier_runs() -> None:
     assert texts(j.project(run_id="r1")) == ["one", "answer one"]
     assert texts(j.project(run_id="r2")) == ["one", "answer one", "two"]
     assert texts(j.project()) == ["one", "answer one", "two"]
+
+
+def test_the_default_eviction_threshold_shrinks_with_a_small_window() -> None:
+    assert ContextPolicy(max_input_tokens=200_000).eviction_tokens == 20_000
+    small = ContextPolicy(max_input_tokens=4000, reserve_output_tokens=1000)
+    assert small.eviction_tokens == 750  # a quarter of the 3,000-token budget
+    explicit = ContextPolicy(max_input_tokens=4000, tool_output_eviction_tokens=5000)
+    assert explicit.eviction_tokens == 5000

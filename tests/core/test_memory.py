@@ -1,0 +1,174 @@
+"""Memory as text, and in the projection: the first MEMORY_LINES lines join the one system
+message, byte-stable, counted as their own segment, whatever the prompt or checkpoint."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from app.core.formats import openai_request_tokens, to_openai
+from app.core.memory import (
+    MEMORY_LINES,
+    AmbiguousMatch,
+    NoMatch,
+    find_replace,
+    memory_block,
+    memory_lines,
+)
+from app.core.messages import ToolSpec
+from app.core.policy import ContextPolicy
+from app.core.projection import Projection, ProjectionMeta
+from app.core.tokens import REPLY_PRIMING
+from tests.core.test_projection import O200K, Journal
+
+NOTES = "".join(f"- note {i}: something worth keeping\n" for i in range(MEMORY_LINES + 50))
+
+
+def test_lines_split_at_newlines_only() -> None:
+    assert memory_lines("") == []
+    assert memory_lines("a") == ["a"]
+    assert memory_lines("a\n") == ["a"]
+    assert memory_lines("a\n\n") == ["a", ""]
+    assert memory_lines("a\r\nb\u2028c") == ["a\r", "b\u2028c"]
+
+
+def test_the_block_shows_the_first_lines_and_says_what_is_left() -> None:
+    block = memory_block(NOTES, "agent:main")
+    lines = block.split("\n")
+    assert lines[0] == "# Memory (agent:main)"
+    assert lines[1 : MEMORY_LINES + 1] == memory_lines(NOTES)[:MEMORY_LINES]
+    assert lines[-1] == "[50 more lines not shown: read_memory returns the whole memory.]"
+    assert len(lines) == MEMORY_LINES + 2
+    short = memory_block("one\ntwo\n")
+    assert short == "# Memory\none\ntwo"
+
+
+def test_find_replace() -> None:
+    assert find_replace("a b c", "b", "x").content == "a x c"
+    with pytest.raises(NoMatch):
+        find_replace("a b c", "d", "x")
+    with pytest.raises(AmbiguousMatch) as raised:
+        find_replace("a a a", "a", "x")
+    assert raised.value.count == 3
+    every = find_replace("a a a", "a", "x", replace_all=True)
+    assert (every.content, every.count) == ("x x x", 3)
+    assert find_replace("aaa", "aa", "b").content == "ba"  # non-overlapping: one match
+    with pytest.raises(ValueError):
+        find_replace("abc", "", "x")
+
+
+@given(st.text(), st.text(min_size=1), st.text())
+def test_find_replace_property(content: str, old: str, new: str) -> None:
+    try:
+        replaced = find_replace(content, old, new, replace_all=True)
+    except NoMatch:
+        assert old not in content
+        return
+    assert replaced.content == content.replace(old, new)
+    assert replaced.count == content.count(old) >= 1
+
+
+def _thread() -> Journal:
+    journal = Journal()
+    journal.user("What is the capital of France?")
+    journal.assistant("Paris.")
+    journal.user("And of Italy?")
+    return journal
+
+
+def _system(projection: Projection) -> str:
+    first = projection.messages[0]
+    assert first.role == "system" and isinstance(first.content, str)
+    return first.content
+
+
+def _adds_up(meta: ProjectionMeta) -> None:
+    parts = (
+        meta.system_tokens
+        + meta.memory_tokens
+        + meta.summary_tokens
+        + meta.tools_tokens
+        + meta.history_tokens
+        + meta.pending_tokens
+        + REPLY_PRIMING
+    )
+    assert parts == meta.estimated_tokens
+
+
+def test_memory_joins_the_system_prompt_in_one_message() -> None:
+    journal = _thread()
+    plain = journal.project(system_prompt="Be brief.")
+    remembered = journal.project(system_prompt="Be brief.", memory=NOTES, memory_namespace="n")
+    assert _system(remembered) == "Be brief.\n\n" + memory_block(NOTES, "n")
+    assert [m.role for m in remembered.messages] == [m.role for m in plain.messages]
+    assert remembered.messages[1:] == plain.messages[1:]
+    meta = remembered.meta
+    assert meta.system_tokens == plain.meta.system_tokens  # the prompt's part only
+    assert meta.memory_tokens > 0 and plain.meta.memory_tokens == 0
+    _adds_up(meta)
+    # Exact: system + memory is what the model's tokenizer counts for that message.
+    sent = to_openai(remembered.messages, ())
+    assert openai_request_tokens(sent, O200K) == meta.estimated_tokens
+
+
+def test_memory_alone_is_the_system_message() -> None:
+    projection = _thread().project(memory="- likes tea\n")
+    assert _system(projection) == "# Memory\n- likes tea"
+    assert projection.meta.system_tokens == 0 and projection.meta.memory_tokens > 0
+    _adds_up(projection.meta)
+    assert _thread().project(memory="").messages[0].role == "user"  # empty: nothing added
+
+
+def test_injection_is_byte_stable_across_asks() -> None:
+    journal = _thread()
+    first = journal.project(system_prompt="S", memory=NOTES, memory_namespace="n")
+    again = journal.project(system_prompt="S", memory=NOTES, memory_namespace="n")
+    assert first == again
+    journal.assistant("Rome.")
+    journal.user("And of Spain?")
+    later = journal.project(system_prompt="S", memory=NOTES, memory_namespace="n")
+    assert _system(later).encode() == _system(first).encode()
+    assert later.meta.memory_tokens == first.meta.memory_tokens
+    # Lines past the first MEMORY_LINES change only the count of hidden lines.
+    longer = journal.project(system_prompt="S", memory=NOTES + "- more\n", memory_namespace="n")
+    assert _system(longer).rsplit("\n", 1)[0] == _system(later).rsplit("\n", 1)[0]
+
+
+def test_a_policy_prompt_overrides_the_session_prompt_but_memory_stays() -> None:
+    projection = _thread().project(
+        system_prompt="session prompt",
+        policy=ContextPolicy(system_prompt="policy prompt"),
+        memory="- fact",
+    )
+    assert _system(projection) == "policy prompt\n\n# Memory\n- fact"
+    _adds_up(projection.meta)
+
+
+def test_memory_stays_when_a_summary_checkpoint_replaces_history() -> None:
+    journal = _thread()
+    journal.assistant("Rome.")
+    journal.add(
+        "summary",
+        {"from_seq": 1, "to_seq": 4, "content": "Capitals were discussed.", "model": "m"},
+    )
+    journal.user("And of Spain?")
+    projection = journal.project(system_prompt="S", memory="- fact", memory_namespace="n")
+    assert projection.meta.summary_used
+    _, summary, newest = projection.messages
+    assert _system(projection) == "S\n\n# Memory (n)\n- fact"
+    assert "Capitals were discussed." in str(summary.content) and newest.role == "user"
+    _adds_up(projection.meta)
+
+
+def test_memory_counts_against_the_budget() -> None:
+    journal = _thread()
+    tools = (ToolSpec("read_memory", "Read", {"type": "object", "properties": {}}),)
+    base = journal.project(system_prompt="S", tools=tools)
+    budget = base.meta.estimated_tokens + 10
+    policy = ContextPolicy(max_input_tokens=budget + 1000, reserve_output_tokens=1000)
+    assert policy.budget == budget
+    from app.core.projection import ContextOverflow
+
+    with pytest.raises(ContextOverflow):
+        journal.project(system_prompt="S", tools=tools, memory=NOTES, policy=policy)
