@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from app.api import asks, entries, health, projection, runs, search, sessions
+from app.api import asks, compaction, entries, health, memory, projection, runs, search, sessions
 from app.api.errors import install_error_handlers
 from app.api.hub import EventHub
 from app.api.limits import BodySizeLimit
@@ -64,5 +64,7 @@ def create_app(settings: Settings | None = None, *, workers: int = 0) -> FastAPI
     app.include_router(asks.router)
     app.include_router(runs.router)
     app.include_router(search.router)
+    app.include_router(memory.router)
+    app.include_router(compaction.router)
     app.include_router(health.router)
     return app

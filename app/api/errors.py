@@ -12,7 +12,7 @@ from pydantic import BaseModel, Field
 from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.services.errors import Conflict, Invalid, NotFound, ServiceError
+from app.services.errors import Conflict, Invalid, NotFound, PreconditionFailed, ServiceError
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +32,7 @@ _DESCRIPTIONS = {
     401: "Missing or unknown API key.",
     404: "No such resource for this tenant.",
     409: "Conflicts with the current state (e.g. a stale expected_rev).",
+    412: "A precondition (If-Match, If-None-Match) does not hold; details give the current ETag.",
     413: "The request body is larger than the configured limit.",
     422: "Well-formed, but a value is invalid; details name the offending path.",
     503: "Not ready.",
@@ -47,6 +48,7 @@ _STATUS_OF: list[tuple[type[ServiceError], int]] = [
     (NotFound, 404),
     (Conflict, 409),
     (Invalid, 422),
+    (PreconditionFailed, 412),
 ]
 
 _HTTP_CODES = {

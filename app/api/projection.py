@@ -9,7 +9,7 @@ from fastapi import APIRouter
 
 from app.api.deps import Config, Engine, Tenant
 from app.api.errors import error_responses
-from app.api.schemas import ContextUsage, ProjectionRequest, ProjectionResponse
+from app.api.schemas import Compaction, ContextUsage, ProjectionRequest, ProjectionResponse
 from app.core.formats import to_anthropic, to_neutral, to_openai
 from app.core.projection import PendingEntry
 from app.services.projection import project_session, session_context
@@ -57,6 +57,13 @@ async def context(
     usage = await session_context(engine, settings, tenant, str(session_id))
     result = usage.projected
     meta, policy = result.projection.meta, result.policy
+    breakdown = {
+        "system": meta.system_tokens,
+        "memory": meta.memory_tokens,
+        "summary": meta.summary_tokens,
+        "tools": meta.tools_tokens,
+        "history": meta.history_tokens,
+    }
     return ContextUsage(
         model=result.model,
         context_window=result.context_window,
@@ -73,10 +80,18 @@ async def context(
         summary_used=meta.summary_used,
         truncated=meta.truncated,
         needs_summary=meta.needs_summary,
-        breakdown={
-            "system": meta.system_tokens,
-            "summary": meta.summary_tokens,
-            "tools": meta.tools_tokens,
-            "history": meta.history_tokens,
-        },
+        breakdown=breakdown,
+        shares={k: round(100 * v / result.context_window, 2) for k, v in breakdown.items()},
+        compactions=[
+            Compaction(
+                seq=row["seq"],
+                from_seq=row["payload"]["from_seq"],
+                to_seq=row["payload"]["to_seq"],
+                model=row["payload"].get("model"),
+                focus=row["payload"].get("focus"),
+                tokens=row["token_count"],
+                created_at=row["created_at"],
+            )
+            for row in usage.recent_summaries
+        ],
     )

@@ -17,6 +17,7 @@ from app.core.entries import (
     ToolCallPayload,
     ToolResultPayload,
 )
+from app.core.memory import MAX_MEMORY_BYTES, NAMESPACE_PATTERN
 from app.core.policy import ContextPolicyPatch
 from app.core.projection import ProjectionMeta
 from app.core.run_policy import RunPolicy
@@ -41,6 +42,11 @@ MetadataPatch = Annotated[
     Field(description="Merge patch: a null value removes the key."),
 ]
 Title = Annotated[str, StringConstraints(max_length=512)]
+MemoryNamespace = Annotated[
+    str,
+    StringConstraints(pattern=NAMESPACE_PATTERN),
+    Field(description="Letters, digits and _ . : - (not starting with a dot), 1 to 128."),
+]
 
 
 class Strict(BaseModel):
@@ -73,6 +79,9 @@ class SessionConfig(Strict):
     fallback_model: ModelName | None = Field(
         default=None, description="Answers when the model fails before its first token."
     )
+    summarization_model: ModelName | None = Field(
+        default=None, description="Writes compaction summaries. Default: the session's model."
+    )
     system_prompt: Annotated[str, StringConstraints(max_length=200_000)] | None = None
     context_policy: ContextPolicyPatch | None = Field(
         default=None, description="How the context is projected from the journal."
@@ -80,6 +89,11 @@ class SessionConfig(Strict):
     tools: Annotated[list[ToolDefinition], Field(max_length=128)] | None = None
     run_policy: RunPolicy | None = Field(
         default=None, description="Limits of the session's runs (tool loops, turns, tokens)."
+    )
+    memory_namespace: MemoryNamespace | None = Field(
+        default=None,
+        description="Persistent memory to use: its first lines join the system prompt of every "
+        "projection, and read_memory / write_memory / update_memory are offered as tools.",
     )
 
 
@@ -274,6 +288,16 @@ class ProjectionResponse(BaseModel):
     )
 
 
+class Compaction(BaseModel):
+    seq: int = Field(description="The summary entry.")
+    from_seq: int
+    to_seq: int = Field(description="History up to here is replaced by the summary.")
+    model: str | None
+    focus: str | None
+    tokens: int = Field(description="The summary's size.")
+    created_at: datetime
+
+
 class ContextUsage(BaseModel):
     model: str
     context_window: int
@@ -291,7 +315,13 @@ class ContextUsage(BaseModel):
     truncated: bool
     needs_summary: bool
     breakdown: dict[str, int] = Field(
-        description="Tokens by segment: system, summary, tools, history."
+        description="Tokens by segment: system (the prompt), memory, summary, tools, history."
+    )
+    shares: dict[str, float] = Field(
+        description="Percent of the context window each segment of the breakdown uses."
+    )
+    compactions: list[Compaction] = Field(
+        description="The newest summary checkpoints (up to 20), newest first."
     )
 
 
@@ -329,16 +359,41 @@ class RunUsage(BaseModel):
     cost_usd: float | None
 
 
+class CompactRequest(Strict):
+    focus: Annotated[str, StringConstraints(max_length=2000)] | None = Field(
+        default=None,
+        description='What the summary should concentrate on, e.g. "API changes".',
+    )
+    keep_last_turns: Annotated[int, Field(ge=0, le=10_000)] | None = Field(
+        default=None,
+        description="Turns kept raw after the summary. Default: the context policy's "
+        "keep_last_turns; 0 summarizes everything.",
+    )
+    model: ModelName | None = Field(
+        default=None,
+        description="The summarization model. Default: the session's summarization_model, "
+        "else its model.",
+    )
+    stream: bool = Field(
+        default=False, description="true: answer with the compaction run's SSE stream."
+    )
+
+
 class Run(BaseModel):
     id: str
     session_id: str
+    kind: Literal["ask", "compaction"] = Field(
+        description="ask: answers a user entry; compaction: appends a summary checkpoint."
+    )
     status: Literal[
         "queued", "running", "requires_action", "completed", "failed", "cancelled", "interrupted"
     ]
     model: str
     user_entry_seq: int | None
     end_entry_seq: int | None
-    result: str | None = Field(description="The final (or partial) assistant text.")
+    result: str | None = Field(
+        description="The final (or partial) assistant text; a compaction's summary."
+    )
     error: dict[str, Any] | None
     usage: RunUsage
     attempts: int
@@ -352,6 +407,7 @@ class Run(BaseModel):
         return cls(
             id=str(row["id"]),
             session_id=str(row["session_id"]),
+            kind=row["kind"],
             status=row["status"],
             model=row["model"],
             user_entry_seq=row["user_entry_seq"],
@@ -380,3 +436,46 @@ class ToolOutputIn(Strict):
 
 class ToolOutputsRequest(Strict):
     tool_outputs: Annotated[list[ToolOutputIn], Field(min_length=1, max_length=128)]
+
+
+class MemoryPut(Strict):
+    content: str = Field(
+        description=f"The whole memory (Markdown); at most {MAX_MEMORY_BYTES} bytes of UTF-8, "
+        "else 422 memory_too_large."
+    )
+
+
+class MemoryPatch(Strict):
+    old_string: Annotated[str, StringConstraints(min_length=1)] = Field(
+        description="Text to find: it must occur exactly once unless replace_all "
+        "(else 422 no_match / ambiguous_match)."
+    )
+    new_string: str = Field(description="Its replacement (empty: delete it).")
+    replace_all: bool = Field(default=False, description="Replace every occurrence.")
+
+
+class Memory(BaseModel):
+    namespace: str
+    content: str
+    version: int = Field(description="1 at creation, +1 per write.")
+    etag: str = Field(description="The ETag header's value: send it as If-Match to write.")
+    bytes: int = Field(description="Size of the content in UTF-8.")
+    lines: int
+    created_at: datetime
+    updated_at: datetime
+
+
+class MemorySummary(BaseModel):
+    namespace: str
+    version: int
+    etag: str
+    bytes: int
+    lines: int
+    created_at: datetime
+    updated_at: datetime
+
+
+class MemoryList(BaseModel):
+    data: list[MemorySummary]
+    has_more: bool
+    next_cursor: str | None = Field(description="Pass as `cursor` for the next page.")

@@ -24,7 +24,12 @@ SSE_DESCRIPTION = (
     "{tool_call_id, name, arguments} (when it runs), `tool_result` {tool_call_id, name, "
     "is_error, preview}, "
     "`run.requires_action` {tool_calls, expires_at} (post their outputs to tool_outputs), "
-    "`context.warning` {level, tokens, budget, percent}, `entry.committed` {seq, kind, id}, "
+    "`context.warning` {level: approaching_limit | at_limit, tokens, budget, percent, "
+    "history_dropped}, `context.compacting` {reason: auto | requested, from_seq, to_seq, "
+    "entries, kept_turns, tokens, model, focus}, `context.compacted` {summary_seq, from_seq, "
+    "to_seq, tokens_before, tokens_after, summary_tokens, model, calls}, "
+    "`context.compaction_failed` {error, fallback} (the run goes on with windowing), "
+    "`entry.committed` {seq, kind, id}, "
     "`usage` {input_tokens, output_tokens, cached_tokens, cost_usd}, and exactly one terminal "
     "event: `run.completed` {text, usage}, `run.failed` {error: {code, message}, "
     "partial_text} or `run.cancelled` {reason, partial_text}. Lines starting with `:` are "
@@ -40,6 +45,9 @@ EVENT_TYPES = (
     "tool_result",
     "run.requires_action",
     "context.warning",
+    "context.compacting",
+    "context.compacted",
+    "context.compaction_failed",
     "entry.committed",
     "usage",
     "run.completed",

@@ -158,6 +158,8 @@ async def read_tail(
 
 async def count_kind(conn: AsyncConnection, segments: Sequence[Segment], kind: str) -> int:
     """How many entries of `kind` the thread holds; meant for rare, indexed kinds (summaries)."""
+    if not segments:  # an empty thread
+        return 0
     in_thread = or_(*(_in_segment(s, None, None) for s in segments))
     query = select(func.count()).select_from(entries).where(in_thread, entries.c.kind == kind)
     return int((await conn.execute(query)).scalar_one())

@@ -36,13 +36,17 @@ async def find_by_idempotency_key(
     return (await conn.execute(query)).mappings().one_or_none()
 
 
-async def active_runs(conn: AsyncConnection, session_id: str) -> list[RowMapping]:
-    """Unfinished runs of a session, oldest first."""
+async def active_runs(
+    conn: AsyncConnection, session_id: str, kind: str | None = None
+) -> list[RowMapping]:
+    """Unfinished runs of a session (of one kind, if given), oldest first."""
     query = (
         select(runs)
         .where(runs.c.session_id == session_id, runs.c.status.in_(RUN_ACTIVE))
         .order_by(runs.c.created_at, runs.c.id)
     )
+    if kind is not None:
+        query = query.where(runs.c.kind == kind)
     return list((await conn.execute(query)).mappings())
 
 
@@ -79,6 +83,11 @@ async def expired_actions(conn: AsyncConnection) -> list[RowMapping]:
     return list((await conn.execute(query)).mappings())
 
 
-async def count_runs(conn: AsyncConnection, session_id: str) -> int:
-    query = select(func.count()).select_from(runs).where(runs.c.session_id == session_id)
+async def count_asks(conn: AsyncConnection, session_id: str) -> int:
+    """The session's turns: runs answering an ask (compactions are not turns)."""
+    query = (
+        select(func.count())
+        .select_from(runs)
+        .where(runs.c.session_id == session_id, runs.c.kind == "ask")
+    )
     return int((await conn.execute(query)).scalar_one())

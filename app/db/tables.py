@@ -158,6 +158,8 @@ runs = Table(
         nullable=False,
     ),
     Column("status", Text, nullable=False, server_default=text("'queued'")),
+    # ask: answers a user entry; compaction: appends a summary checkpoint (POST /compact)
+    Column("kind", Text, nullable=False, server_default=text("'ask'")),
     Column("model", Text, nullable=False),
     # What the ask asked for: max_output_tokens, temperature, context_policy, metadata,
     # on_disconnect, fallback_model.
@@ -179,6 +181,7 @@ runs = Table(
     Column("started_at", DateTime(timezone=True)),
     Column("ended_at", DateTime(timezone=True)),
     UniqueConstraint("session_id", "idempotency_key", name="runs_idempotency_key"),
+    CheckConstraint("kind IN ('ask', 'compaction')", name="runs_kind"),
 )
 
 run_events = Table(
@@ -192,4 +195,25 @@ run_events = Table(
     Column("data", JSONB, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     PrimaryKeyConstraint("run_id", "seq", name="run_events_pkey"),
+)
+
+# Persistent memory (the MEMORY.md of an agent or end user): not under a session, so it
+# outlives sessions and is untouched by compaction.
+memories = Table(
+    "memories",
+    metadata,
+    Column(
+        "tenant_id",
+        UUID(as_uuid=False),
+        ForeignKey("tenants.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    Column("namespace", Text(collation="C"), nullable=False),  # byte order: list pages
+    Column("content", Text, nullable=False),
+    # 1 at creation, +1 per write: the ETag is derived from it.
+    Column("version", BigInteger, nullable=False, server_default=text("1")),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    PrimaryKeyConstraint("tenant_id", "namespace", name="memories_pkey"),
+    CheckConstraint("version > 0", name="memories_version_positive"),
 )

@@ -39,6 +39,16 @@ class UsageReport:
     output_tokens: int
     cached_tokens: int = 0
 
+    def plus(self, other: UsageReport | None) -> UsageReport:
+        """Usage summed over several model calls."""
+        if other is None:
+            return self
+        return UsageReport(
+            self.input_tokens + other.input_tokens,
+            self.output_tokens + other.output_tokens,
+            self.cached_tokens + other.cached_tokens,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class Finish:

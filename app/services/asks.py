@@ -67,7 +67,8 @@ async def ask(
     engine: AsyncEngine, settings: Settings, tenant_id: str, session_id: str, params: AskParams
 ) -> AskResult:
     if params.idempotency_key:
-        earlier = await _by_idempotency_key(engine, tenant_id, session_id, params.idempotency_key)
+        key = params.idempotency_key
+        earlier = await run_by_idempotency_key(engine, tenant_id, session_id, key)
         if earlier is not None:
             return AskResult(earlier, created=False)
     user_payload = {"role": "user", "content": params.content}
@@ -93,7 +94,7 @@ async def ask(
         if "runs_idempotency_key" not in str(exc.orig) or not params.idempotency_key:
             raise
     # A concurrent ask with the same key won the race: answer with its run.
-    earlier = await _by_idempotency_key(engine, tenant_id, session_id, params.idempotency_key)
+    earlier = await run_by_idempotency_key(engine, tenant_id, session_id, params.idempotency_key)
     assert earlier is not None
     return AskResult(earlier, created=False)
 
@@ -108,13 +109,14 @@ async def _commit(
     policy = run_policies.merged(session["config"].get("run_policy"), params.run_policy)
     refused = run_policies.violation_before_ask(
         policy,
-        await runs_db.count_runs(conn, session_id),
+        await runs_db.count_asks(conn, session_id),
         int(session["input_tokens"]) + int(session["output_tokens"]),
     )
     if refused is not None:
         rule, message = refused
         raise Conflict("policy_violation", message, {"rule": rule})
-    active = await runs_db.active_runs(conn, session_id)
+    # A compaction in flight is no reason to refuse: the ask's job queues behind it.
+    active = await runs_db.active_runs(conn, session_id, kind="ask")
     if active and params.multitask_strategy == "reject":
         raise Conflict(
             "session_busy",
@@ -217,14 +219,14 @@ async def _stop_active_runs(
     """Cancel the session's active runs and wait until they have ended (rollback needs their
     last entry before it can append the new user message)."""
     async with engine.begin() as conn:
-        for run in await runs_db.active_runs(conn, session_id):
+        for run in await runs_db.active_runs(conn, session_id, kind="ask"):
             locked = await runs_db.get_run(conn, str(run["id"]), tenant_id=tenant_id, lock=True)
             if locked is not None and locked["status"] not in RUN_TERMINAL:
                 await _request_cancel(conn, locked, mode)
     deadline = time.monotonic() + ROLLBACK_WAIT_SECONDS
     while True:
         async with engine.connect() as conn:
-            if not await runs_db.active_runs(conn, session_id):
+            if not await runs_db.active_runs(conn, session_id, kind="ask"):
                 return
         if time.monotonic() > deadline:
             raise Conflict(
@@ -251,7 +253,7 @@ async def active_run(engine: AsyncEngine, tenant_id: str, session_id: str) -> Ro
     return active[0] if active else None
 
 
-async def _by_idempotency_key(
+async def run_by_idempotency_key(
     engine: AsyncEngine, tenant_id: str, session_id: str, key: str
 ) -> RowMapping | None:
     async with engine.connect() as conn:

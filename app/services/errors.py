@@ -25,5 +25,9 @@ class Invalid(ServiceError):
     """The request is well-formed JSON but its values do not make sense here."""
 
 
+class PreconditionFailed(ServiceError):
+    """A condition the client set (If-Match, If-None-Match) does not hold for the current state."""
+
+
 def session_not_found(session_id: str) -> NotFound:
     return NotFound("session_not_found", f"no session {session_id}", {"session_id": session_id})

@@ -27,9 +27,11 @@ from app.core.tokens import STORED_ENCODING
 from app.db import journal as journal_db
 from app.db import sessions as sessions_db
 from app.db.engine import read_snapshot
+from app.db.memory import get_memory
 from app.llm.catalog import context_window
 from app.llm.tokenizers import counting_for
 from app.services.errors import Invalid, session_not_found
+from app.tools.memory import MEMORY_TOOLS
 
 
 @dataclass(frozen=True)
@@ -40,10 +42,14 @@ class SessionProjection:
     projection: Projection
 
 
+RECENT_COMPACTIONS = 20  # listed by GET /context
+
+
 @dataclass(frozen=True)
 class SessionContext:
     projected: SessionProjection
     summaries: int  # summary checkpoints (compactions) in the whole thread
+    recent_summaries: list[RowMapping]  # the newest of them, newest first
 
 
 async def project_session(
@@ -79,7 +85,13 @@ async def session_context(
         if session is None:
             raise session_not_found(session_id)
         projected, thread = await _project(conn, settings, session, (), None, None, None, ())
-        return SessionContext(projected, await journal_db.count_kind(conn, thread, "summary"))
+        return SessionContext(
+            projected,
+            await journal_db.count_kind(conn, thread, "summary"),
+            await journal_db.read_entries(
+                conn, thread, kinds=["summary"], descending=True, limit=RECENT_COMPACTIONS
+            ),
+        )
 
 
 async def _project(
@@ -106,6 +118,10 @@ async def _project(
         return tail_suffices(tail, policy, recount)
 
     tail, complete = await journal_db.read_tail(conn, thread, suffices)
+    # Read in the same snapshot as the journal; memory outlives sessions and compaction, so it
+    # is looked up by name on every projection rather than carried in the thread.
+    namespace = config.get("memory_namespace")
+    memory = await get_memory(conn, str(session["tenant_id"]), namespace) if namespace else None
     source = ProjectionInput(
         entries=tail,
         complete=complete,
@@ -116,7 +132,9 @@ async def _project(
         exact=counting.exact,
         pending=pending,
         system_prompt=config.get("system_prompt"),
-        tools=tool_specs(merge_tools(config.get("tools") or [], extra_tools)),
+        memory=memory["content"] if memory is not None else None,
+        memory_namespace=namespace,
+        tools=tool_specs(offered_tools(config, extra_tools)),
         run_id=run_id,
     )
     try:
@@ -150,6 +168,17 @@ def merge_tools(
     by_name = {t["name"]: t for t in session_tools}
     by_name.update({t["name"]: t for t in ask_tools})
     return list(by_name.values())
+
+
+def offered_tools(
+    config: Mapping[str, Any], ask_tools: Sequence[Mapping[str, Any]]
+) -> list[Mapping[str, Any]]:
+    """The tools a run offers: the memory built-ins when the session names a memory_namespace,
+    then the session's, then the ask's (a later definition of the same name wins)."""
+    session_tools: list[Mapping[str, Any]] = list(config.get("tools") or [])
+    if config.get("memory_namespace"):
+        session_tools = [*MEMORY_TOOLS, *session_tools]
+    return merge_tools(session_tools, ask_tools)
 
 
 def tool_specs(tools: Sequence[Mapping[str, Any]]) -> tuple[ToolSpec, ...]:

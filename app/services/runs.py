@@ -57,7 +57,9 @@ async def finish_run(
     run_id, model = str(run["id"]), outcome.model or run["model"]
     partial = outcome.status != "completed"
     entries: list[NewEntry] = []
-    if outcome.text or outcome.status == "completed":
+    # A compaction's text is its summary, committed as a summary entry: not an answer.
+    answers = run["kind"] != "compaction"
+    if answers and (outcome.text or outcome.status == "completed"):
         payload: dict[str, Any] = {"role": "assistant", "content": outcome.text}
         if partial:
             payload["status"] = "incomplete"

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.core.eviction import READ_TOOL_OUTPUT_DEFINITION
 from app.core.tool_loop import PendingCall
 
 if TYPE_CHECKING:
@@ -60,6 +61,10 @@ async def execute(
     `settings` gives webhook tools their signing secret and retries (None: unsigned, 2 retries).
     """
     definition = next((t for t in tools if t.get("name") == call.name), None)
+    if definition is None and call.name == READ_TOOL_OUTPUT_DEFINITION["name"]:
+        # The projection offers read_tool_output on its own once it evicted an output, so a run
+        # that never declared it can still call it; a declared definition of the name wins.
+        definition = READ_TOOL_OUTPUT_DEFINITION
     if definition is None:
         return ToolOutcome(f"Error: there is no tool named {call.name!r}.", is_error=True)
     kind = definition.get("kind", "client")

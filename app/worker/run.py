@@ -18,6 +18,7 @@ from sqlalchemy import RowMapping, func
 
 from app.core.entries import EntryKind
 from app.core.messages import result_text
+from app.core.projection import ProjectionMeta
 from app.core.run_policy import RunPolicy
 from app.core.tool_loop import (
     AssembledCall,
@@ -35,9 +36,10 @@ from app.db.tables import RUN_TERMINAL
 from app.llm.base import ModelRequest, ProviderError, TextDelta, ToolCallDelta, UsageReport
 from app.services.errors import ServiceError
 from app.services.journal import NewEntry, append_in
-from app.services.projection import merge_tools, project_session
+from app.services.projection import SessionProjection, offered_tools, project_session
 from app.services.runs import Outcome, entry_id, event_rows, finish_run
 from app.tools.registry import ToolContext, ToolOutcome, execute
+from app.worker.compaction import auto_compact, compaction_job
 from app.worker.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -53,15 +55,9 @@ class _Progress:
     usage: UsageReport | None = None  # summed over the run's model turns
     model: str | None = None
 
-    def add_usage(self, usage: UsageReport) -> None:
-        if self.usage is None:
-            self.usage = usage
-            return
-        self.usage = UsageReport(
-            self.usage.input_tokens + usage.input_tokens,
-            self.usage.output_tokens + usage.output_tokens,
-            self.usage.cached_tokens + usage.cached_tokens,
-        )
+    def add_usage(self, usage: UsageReport | None) -> None:
+        if usage is not None:
+            self.usage = usage.plus(self.usage)
 
 
 async def execute_run(
@@ -81,9 +77,13 @@ async def execute_run(
             writer.emit(run_id, "message.reset", {"reason": "retry", "attempt": run["attempts"]})
         writer.emit(run_id, "run.started", {"attempt": run["attempts"]}, urgent=True)
         policy = RunPolicy.model_validate(run["params"].get("run_policy") or {})
+        outcome: Outcome | Pause
         try:
             async with asyncio.timeout(policy.max_run_seconds):
-                outcome = await _converse(runtime, run, progress)
+                if run["kind"] == "compaction":
+                    outcome = await compaction_job(runtime, run)
+                else:
+                    outcome = await _converse(runtime, run, progress)
         except TimeoutError:
             limit = StopRun(
                 "max_run_seconds", f"the run took longer than {policy.max_run_seconds} s"
@@ -185,7 +185,7 @@ async def _converse(runtime: Runtime, run: RowMapping, progress: _Progress) -> O
     async with runtime.engine.connect() as conn:
         session = await sessions_db.get_session(conn, str(run["tenant_id"]), session_id)
     config: dict[str, Any] = session["config"] if session is not None else {}
-    tools = merge_tools(config.get("tools") or [], run["params"].get("tools") or [])
+    tools = offered_tools(config, run["params"].get("tools") or [])
     tokens_before = int(session["input_tokens"]) + int(session["output_tokens"]) if session else 0
     while True:
         async with runtime.engine.connect() as conn:
@@ -246,22 +246,19 @@ async def _model_turn(
     committed as one assistant turn: its text and one tool_call entry per call)."""
     run_id, params = str(run["id"]), run["params"]
     try:
-        projected = await project_session(
-            runtime.engine,
-            runtime.settings,
-            str(run["tenant_id"]),
-            str(run["session_id"]),
-            policy=params.get("context_policy"),
-            model=run["model"],
-            run_id=run_id,
-            extra_tools=params.get("tools") or [],
-        )
+        projected = await _project(runtime, run)
+        meta = projected.projection.meta
+        _warn_if_full(runtime, run_id, meta)
+        if projected.policy.summarization == "auto" and meta.needs_summary:
+            summary = await auto_compact(runtime, run, projected)
+            if summary is not None:
+                progress.add_usage(summary.usage)
+                projected = await _project(runtime, run)
     except ServiceError as exc:  # e.g. the context overflowed while the run was queued
         return Outcome(
             "failed", usage=progress.usage, error={"code": exc.code, "message": exc.message}
         )
     projection = projected.projection
-    _warn_if_full(runtime, run_id, projection.meta.estimated_tokens, projection.meta.budget)
     request = ModelRequest(
         model=run["model"].partition(":")[2],
         messages=projection.messages,
@@ -299,6 +296,20 @@ async def _model_turn(
     await _commit(runtime, run, _tool_turn(run_id, iteration, "".join(progress.text), calls))
     progress.text = []  # committed with its calls: not part of the final answer
     return None
+
+
+async def _project(runtime: Runtime, run: RowMapping) -> SessionProjection:
+    params = run["params"]
+    return await project_session(
+        runtime.engine,
+        runtime.settings,
+        str(run["tenant_id"]),
+        str(run["session_id"]),
+        policy=params.get("context_policy"),
+        model=run["model"],
+        run_id=str(run["id"]),
+        extra_tools=params.get("tools") or [],
+    )
 
 
 def _tool_turn(
@@ -419,12 +430,21 @@ def _safe_id(tool_call_id: str) -> str:
     return cleaned or "call"
 
 
-def _warn_if_full(runtime: Runtime, run_id: str, tokens: int, budget: int) -> None:
+def _warn_if_full(runtime: Runtime, run_id: str, meta: ProjectionMeta) -> None:
+    """Before any compaction: approaching_limit from 80% of the budget; at_limit when the
+    history no longer fits whole (the projection had to leave some out) or fills it."""
+    tokens, budget = meta.estimated_tokens, meta.budget
     share = tokens / budget if budget else 0.0
-    if share >= WARNING_SHARE:
-        level = "at_limit" if share >= LIMIT_SHARE else "approaching_limit"
+    if share >= WARNING_SHARE or meta.truncated:
+        level = "at_limit" if share >= LIMIT_SHARE or meta.truncated else "approaching_limit"
         runtime.writer.emit(
             run_id,
             "context.warning",
-            {"level": level, "tokens": tokens, "budget": budget, "percent": round(100 * share, 1)},
+            {
+                "level": level,
+                "tokens": tokens,
+                "budget": budget,
+                "percent": round(100 * share, 1),
+                "history_dropped": meta.truncated,
+            },
         )

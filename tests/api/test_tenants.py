@@ -24,6 +24,7 @@ SESSION_ROUTES: dict[tuple[str, str], dict[str, Any] | None] = {
     ("POST", "/v1/sessions/{session_id}/ask"): {"input": "hi", "stream": False},
     ("GET", "/v1/sessions/{session_id}/stream"): None,
     ("GET", "/v1/sessions/{session_id}/search?q=secret"): None,
+    ("POST", "/v1/sessions/{session_id}/compact"): {"keep_last_turns": 0},
 }
 RUN_ROUTES: dict[tuple[str, str], dict[str, Any] | None] = {
     ("GET", "/v1/runs/{run_id}"): None,

@@ -1,0 +1,286 @@
+"""Compaction use cases: queue a compaction job; plan, summarize and commit a summary checkpoint.
+
+A compaction job is a run of kind `compaction`: it shares the session's job lock with asks (so it
+never overlaps a run), its events stream like an ask's, and it can be waited on and cancelled.
+A run also compacts on its own when its context fills up (app/worker/compaction.py).
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import RowMapping, func, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.config import Settings
+from app.core.compaction import (
+    MIN_CHUNK_TOKENS,
+    CompactionPlan,
+    chunk_lines,
+    plan_compaction,
+    reaches_checkpoint,
+    summary_request,
+    transcript_lines,
+)
+from app.core.entries import EntryKind
+from app.core.lineage import lineage_from_json, segments
+from app.core.policy import ContextPolicy
+from app.core.tokens import request_tokens
+from app.db import events as events_db
+from app.db import jobs as jobs_db
+from app.db import journal as journal_db
+from app.db import runs as runs_db
+from app.db import sessions as sessions_db
+from app.db.engine import read_snapshot
+from app.db.tables import sessions
+from app.llm.base import ModelRequest, TextDelta, UsageReport
+from app.llm.catalog import context_window
+from app.llm.router import Router
+from app.llm.tokenizers import ModelCounting, counting_for
+from app.services.asks import run_by_idempotency_key
+from app.services.errors import Conflict, Invalid, ServiceError, session_not_found
+from app.services.journal import NewEntry, append_in
+from app.services.projection import resolve_policy
+from app.services.runs import entry_id, event_rows
+
+# Slack under the summarizer's budget: transcript lines are counted one by one, and tokens
+# can merge differently once the lines are joined.
+CHUNK_SLACK = 0.02
+CHUNK_SLACK_TOKENS = 16
+
+
+# The longest summary asked for: enough for a long session's state, small next to any window.
+SUMMARY_MAX_TOKENS = 4_000
+
+
+class CompactionFailed(ServiceError):
+    """The summarizer gave nothing usable."""
+
+
+@dataclass(frozen=True)
+class PreparedCompaction:
+    tenant_id: str
+    session_id: str
+    plan: CompactionPlan
+    model: str  # the summarization model, provider:name
+    policy: ContextPolicy  # resolved for that model: its budget bounds every summarizer call
+    counting: ModelCounting
+    focus: str | None
+    summary_tokens: int  # the cap on the summary's length (the call's max_output_tokens)
+    chunk_tokens: int  # the most transcript one summarizer call may carry
+
+
+@dataclass(frozen=True)
+class Summary:
+    content: str
+    model: str  # the model that wrote it
+    usage: UsageReport | None
+    calls: int  # summarizer calls: one per transcript chunk
+
+
+def summarization_model(config: Mapping[str, Any], settings: Settings) -> str:
+    """The session's summarization model, else its model, else the server's default."""
+    return str(config.get("summarization_model") or config.get("model") or settings.default_model)
+
+
+async def prepare(
+    engine: AsyncEngine,
+    settings: Settings,
+    tenant_id: str,
+    session_id: str,
+    *,
+    keep_last_turns: int | None = None,
+    model: str | None = None,
+    focus: str | None = None,
+    run_id: str | None = None,
+    policy_overrides: Mapping[str, Any] | None = None,
+) -> PreparedCompaction | None:
+    """What a compaction would summarize now, and how; None when there is nothing before the
+    turns it keeps. Reads the thread back to its latest checkpoint; writes nothing."""
+    async with read_snapshot(engine) as conn:
+        session = await sessions_db.get_session(conn, tenant_id, session_id)
+        if session is None:
+            raise session_not_found(session_id)
+        config = session["config"]
+        model = model or summarization_model(config, settings)
+        policy = resolve_policy(
+            context_window(model),
+            settings.context_policy,
+            config.get("context_policy"),
+            policy_overrides,
+        )
+        thread = segments(session_id, lineage_from_json(session["lineage"]), session["rev"])
+        tail, _ = await journal_db.read_tail(conn, thread, reaches_checkpoint)
+    keep = policy.keep_last_turns if keep_last_turns is None else keep_last_turns
+    plan = plan_compaction(tail, keep, run_id)
+    if plan is None:
+        return None
+    counting = counting_for(model, policy.token_estimator)
+    summary_tokens = max(16, min(policy.reserve, policy.budget // 4, SUMMARY_MAX_TOKENS))
+    previous = str(plan.previous.payload["content"]) if plan.previous is not None else ""
+    counter = counting.counter
+    words = _words(summary_tokens)
+    # The fixed part of every call: instructions, labels, focus, and the summary so far (at
+    # most as long as the longer of the previous summary and the cap on a new one).
+    fixed = request_tokens(summary_request("-", [""], focus, words), (), counter)
+    fixed += max(summary_tokens, counter.count(previous))
+    margin = 0.0 if counting.exact else policy.estimate_margin
+    room = math.floor(policy.budget / (1 + margin) * (1 - CHUNK_SLACK)) - CHUNK_SLACK_TOKENS
+    chunk_tokens = room - fixed
+    if chunk_tokens < MIN_CHUNK_TOKENS:
+        raise Invalid(
+            "summarizer_window_too_small",
+            f"the summarization model's budget of {policy.budget} tokens leaves no room for "
+            f"the conversation after {fixed} tokens of instructions and summary",
+            {"model": model, "budget": policy.budget, "fixed_tokens": fixed},
+        )
+    return PreparedCompaction(
+        tenant_id, session_id, plan, model, policy, counting, focus, summary_tokens, chunk_tokens
+    )
+
+
+def _words(tokens: int) -> int:
+    return max(10, int(tokens * 0.6))  # English runs about 1.3 tokens a word; leave room
+
+
+async def summarize(router: Router, prepared: PreparedCompaction) -> Summary:
+    """Fold the transcript into the summary so far, one chunk per call (usually a single one).
+
+    Raises ProviderError when the model fails, CompactionFailed when it answers with nothing."""
+    plan, counter = prepared.plan, prepared.counting.counter
+    content = str(plan.previous.payload["content"]) if plan.previous is not None else None
+    usage: UsageReport | None = None
+    used = prepared.model
+    chunks = chunk_lines(transcript_lines(plan.entries), counter, prepared.chunk_tokens)
+    for chunk in chunks:
+        messages = summary_request(content, chunk, prepared.focus, _words(prepared.summary_tokens))
+        request = ModelRequest(
+            model=prepared.model.partition(":")[2],
+            messages=messages,
+            max_output_tokens=prepared.summary_tokens,
+        )
+        parts: list[str] = []
+        async for model, event in router.stream(prepared.model, request):
+            used = model
+            if isinstance(event, TextDelta):
+                parts.append(event.text)
+            elif isinstance(event, UsageReport):
+                usage = event.plus(usage)
+        text = "".join(parts).strip()
+        if not text:
+            raise CompactionFailed("empty_summary", "the summarization model answered nothing")
+        content = text
+    assert content is not None
+    return Summary(content, used, usage, len(chunks))
+
+
+async def commit(
+    engine: AsyncEngine,
+    prepared: PreparedCompaction,
+    summary: Summary,
+    summary_id: str,
+    refs: dict[str, Any],
+) -> RowMapping:
+    """Append the summary checkpoint (idempotent by `summary_id`); returns its entry."""
+    plan = prepared.plan
+    payload: dict[str, Any] = {
+        "from_seq": plan.from_seq,
+        "to_seq": plan.to_seq,
+        "content": summary.content,
+        "model": summary.model,
+    }
+    if prepared.focus:
+        payload["focus"] = prepared.focus
+    entry = NewEntry(EntryKind.SUMMARY, payload, refs, summary_id)
+    async with engine.begin() as conn:
+        appended = await append_in(conn, prepared.tenant_id, prepared.session_id, [entry])
+    return appended.entries[0]
+
+
+@dataclass(frozen=True)
+class CompactParams:
+    focus: str | None = None
+    keep_last_turns: int | None = None
+    model: str | None = None
+    idempotency_key: str | None = None
+
+
+async def request_compaction(
+    engine: AsyncEngine, settings: Settings, tenant_id: str, session_id: str, params: CompactParams
+) -> tuple[RowMapping, bool]:
+    """Queue a compaction job; returns (its run, created). Refused with 409 when there is
+    nothing to compact and no run in progress could add anything."""
+    if params.idempotency_key:
+        key = params.idempotency_key
+        earlier = await run_by_idempotency_key(engine, tenant_id, session_id, key)
+        if earlier is not None:
+            return earlier, False
+    prepared = await prepare(
+        engine,
+        settings,
+        tenant_id,
+        session_id,
+        keep_last_turns=params.keep_last_turns,
+        model=params.model,
+        focus=params.focus,
+    )
+    try:
+        async with engine.begin() as conn:
+            session = await sessions_db.get_session(conn, tenant_id, session_id, lock=True)
+            if session is None:
+                raise session_not_found(session_id)
+            if prepared is None and not await runs_db.active_runs(conn, session_id, kind="ask"):
+                raise Conflict(
+                    "nothing_to_compact",
+                    "nothing precedes the turns a compaction keeps; lower keep_last_turns to "
+                    "summarize them too",
+                    {"keep_last_turns": params.keep_last_turns},
+                )
+            model = params.model or summarization_model(session["config"], settings)
+            return await _queue(conn, tenant_id, session_id, model, params), True
+    except IntegrityError as exc:
+        if "runs_idempotency_key" not in str(exc.orig) or not params.idempotency_key:
+            raise
+    earlier = await run_by_idempotency_key(engine, tenant_id, session_id, params.idempotency_key)
+    assert earlier is not None
+    return earlier, False
+
+
+async def _queue(
+    conn: Any, tenant_id: str, session_id: str, model: str, params: CompactParams
+) -> RowMapping:
+    run_id = str(uuid.uuid4())
+    refs = {"run_id": run_id}
+    start = NewEntry(
+        EntryKind.RUN_START,
+        {"run_id": run_id, "model": model, "kind": "compaction"},
+        refs,
+        entry_id(run_id, "start"),
+    )
+    await append_in(conn, tenant_id, session_id, [start])
+    run = await runs_db.insert_run(
+        conn,
+        id=run_id,
+        tenant_id=tenant_id,
+        session_id=session_id,
+        kind="compaction",
+        model=model,
+        params={"focus": params.focus, "keep_last_turns": params.keep_last_turns},
+        idempotency_key=params.idempotency_key,
+    )
+    created = {"run_id": run_id, "session_id": session_id, "kind": "compaction", "model": model}
+    await events_db.insert_events(conn, event_rows(run_id, 1, [("run.created", created)]))
+    job_id = await jobs_db.defer_run(conn, run_id, session_id)
+    run = await runs_db.update_run(conn, run_id, {"job_id": job_id})
+    await conn.execute(
+        update(sessions)
+        .where(sessions.c.id == session_id)
+        .values(status="active", updated_at=func.now())
+    )
+    await events_db.notify(conn, {run_id: 1})
+    return run

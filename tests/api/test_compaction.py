@@ -1,0 +1,270 @@
+"""Compaction over a real uvicorn with the real SDKs: the /compact job (focus, incremental, forks,
+failures) and a run compacting its own full context (auto, and its fallback to windowing)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from tests.fakes.upstream import Fail, FakeUpstream, Text, Usage
+from tests.helpers import history, new_session
+from tests.sse_client import collect
+
+
+async def ask(api: httpx.AsyncClient, sid: str, text: str, **body: Any) -> dict[str, Any]:
+    events = await collect(api, "POST", f"/v1/sessions/{sid}/ask", json={"input": text, **body})
+    assert events[-1].type == "run.completed", events[-1]
+    return events[-1].data
+
+
+async def converse(
+    api: httpx.AsyncClient, upstream: FakeUpstream, sid: str, turns: int, first: int = 0
+) -> None:
+    for i in range(first, first + turns):
+        upstream.script(Text(f"answer {i}"))
+        await ask(api, sid, f"question {i} about the billing API")
+
+
+async def compact(api: httpx.AsyncClient, sid: str, **body: Any) -> dict[str, Any]:
+    response = await api.post(f"/v1/sessions/{sid}/compact", json=body)
+    assert response.status_code == 202, response.text
+    run: dict[str, Any] = response.json()
+    assert run["kind"] == "compaction"
+    waited = await api.get(f"/v1/runs/{run['id']}", params={"wait": "true", "timeout": 20})
+    ended: dict[str, Any] = waited.json()
+    return ended
+
+
+def summaries(journal: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e for e in journal if e["kind"] == "summary"]
+
+
+def user_text(request_body: dict[str, Any]) -> str:
+    return str(request_body["messages"][-1]["content"])
+
+
+async def test_compaction_with_focus_appends_a_checkpoint(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    sid = (await new_session(api, config={"system_prompt": "Be brief."}))["id"]
+    await converse(api, upstream, sid, 4)
+    before = await history(api, sid)
+    upstream.script(Text("The user asked four billing questions."), Usage(300, 9))
+    run = await compact(api, sid, focus="API changes", keep_last_turns=1)
+    assert run["status"] == "completed", run
+    assert run["result"] == "The user asked four billing questions."
+    assert run["usage"]["input_tokens"] == 300
+
+    sent = upstream.requests[-1].body
+    assert sent["messages"][0]["role"] == "system"
+    prompt = user_text(sent)
+    assert "question 0 about the billing API" in prompt and "answer 2" in prompt
+    assert "question 3" not in prompt  # the kept turn stays raw
+    assert prompt.endswith("IMPORTANT: Focus the summary on: API changes")
+
+    journal = await history(api, sid)
+    assert journal[: len(before)] == before  # nothing rewritten
+    [summary] = summaries(journal)
+    last_answer = next(e["seq"] for e in before if e["payload"].get("content") == "answer 2")
+    assert summary["payload"] == {
+        "from_seq": 1,
+        "to_seq": last_answer,  # the last model-visible entry before the kept turn
+        "content": "The user asked four billing questions.",
+        "model": "openai:gpt-4o-mini",
+        "focus": "API changes",
+    }
+    assert summary["refs"] == {"run_id": run["id"]}
+    kinds = [e["kind"] for e in journal[len(before) :]]
+    assert kinds == ["run_start", "summary", "usage", "run_end"]
+
+    projection = (await api.post(f"/v1/sessions/{sid}/projection", json={})).json()
+    messages = projection["request"]["messages"]
+    assert projection["meta"]["summary_seq"] == summary["seq"]
+    assert [m["role"] for m in messages] == ["system", "system", "user", "assistant"]
+    assert "The user asked four billing questions." in str(messages[1]["content"])
+    assert messages[2]["content"] == "question 3 about the billing API"
+    assert projection["meta"]["truncated"] is False
+
+    context = (await api.get(f"/v1/sessions/{sid}/context")).json()
+    assert context["summaries"] == 1
+    [latest] = context["compactions"]
+    assert latest["seq"] == summary["seq"] and latest["focus"] == "API changes"
+    assert context["breakdown"]["summary"] > 0
+
+
+async def test_compaction_is_incremental(api: httpx.AsyncClient, upstream: FakeUpstream) -> None:
+    sid = (await new_session(api))["id"]
+    await converse(api, upstream, sid, 3)
+    upstream.script(Text("FIRST SUMMARY"))
+    first = await compact(api, sid, keep_last_turns=1)
+    assert first["status"] == "completed"
+    await converse(api, upstream, sid, 3, first=3)
+    upstream.script(Text("SECOND SUMMARY"))
+    second = await compact(api, sid, keep_last_turns=1)
+    assert second["status"] == "completed"
+    prompt = user_text(upstream.requests[-1].body)
+    assert prompt.startswith("The summary so far:\nFIRST SUMMARY")
+    assert "question 0" not in prompt  # already in the first summary
+    assert "question 2" in prompt and "question 4" in prompt and "question 5" not in prompt
+    old, new = summaries(await history(api, sid))
+    assert new["payload"]["from_seq"] == old["payload"]["from_seq"] == 1
+    assert new["payload"]["to_seq"] > old["payload"]["to_seq"]
+    context = (await api.get(f"/v1/sessions/{sid}/context")).json()
+    assert context["summaries"] == 2
+    assert [c["seq"] for c in context["compactions"]] == [new["seq"], old["seq"]]
+
+
+async def test_compaction_of_a_forked_session(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    parent = (await new_session(api))["id"]
+    await converse(api, upstream, parent, 3)
+    parent_before = await history(api, parent)
+    child = (await api.post(f"/v1/sessions/{parent}/fork", json={})).json()["id"]
+    await converse(api, upstream, child, 1, first=3)
+    upstream.script(Text("CHILD SUMMARY"))
+    run = await compact(api, child, keep_last_turns=1)
+    assert run["status"] == "completed"
+    prompt = user_text(upstream.requests[-1].body)
+    assert "question 0" in prompt and "question 2" in prompt  # the parent's entries
+    [summary] = summaries(await history(api, child))
+    assert summary["payload"]["from_seq"] == 1
+    assert await history(api, parent) == parent_before  # the parent is untouched
+    upstream.script(Text("next"))
+    await ask(api, child, "and now?")
+    sent = upstream.requests[-1].body["messages"]
+    assert "CHILD SUMMARY" in str(sent[0]["content"])
+    assert "question 0" not in str(sent)
+
+
+async def test_a_failed_summarization_writes_no_summary(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    sid = (await new_session(api))["id"]
+    await converse(api, upstream, sid, 3)
+    upstream.script(Fail(400, "bad_request", "no such model"))
+    run = await compact(api, sid, keep_last_turns=1)
+    assert run["status"] == "failed"
+    assert run["error"]["code"] == "provider_bad_request"
+    journal = await history(api, sid)
+    assert not summaries(journal)
+    assert [e["kind"] for e in journal[-2:]] == ["run_start", "run_end"]
+    upstream.script(Text("still fine"))
+    assert (await ask(api, sid, "go on"))["text"] == "still fine"
+
+
+async def test_compaction_streams_its_events(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    sid = (await new_session(api))["id"]
+    await converse(api, upstream, sid, 3)
+    upstream.script(Text("STREAMED"))
+    events = await collect(
+        api, "POST", f"/v1/sessions/{sid}/compact", json={"keep_last_turns": 2, "stream": True}
+    )
+    types = [e.type for e in events]
+    assert types[0] == "run.created" and types[-1] == "run.completed"
+    compacting = next(e.data for e in events if e.type == "context.compacting")
+    compacted = next(e.data for e in events if e.type == "context.compacted")
+    assert compacting["reason"] == "requested" and compacting["kept_turns"] == 2
+    assert compacted["to_seq"] == compacting["to_seq"]
+    assert compacted["tokens_after"] < compacted["tokens_before"]
+    assert events[-1].data["text"] == "STREAMED"
+
+
+async def test_compaction_refusals(api: httpx.AsyncClient, upstream: FakeUpstream) -> None:
+    sid = (await new_session(api))["id"]
+    await converse(api, upstream, sid, 1)
+    nothing = await api.post(f"/v1/sessions/{sid}/compact", json={})
+    assert nothing.status_code == 409
+    assert nothing.json()["error"]["code"] == "nothing_to_compact"
+    bad = await api.post(f"/v1/sessions/{sid}/compact", json={"keep_last_turns": -1})
+    assert bad.status_code == 422
+    missing = await api.post("/v1/sessions/00000000-0000-0000-0000-000000000000/compact", json={})
+    assert missing.status_code == 404
+    before = await history(api, sid)
+    assert (await api.post(f"/v1/sessions/{sid}/compact", json={"model": "x"})).status_code == 422
+    assert await history(api, sid) == before
+
+
+async def test_an_idempotent_compaction_is_queued_once(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    sid = (await new_session(api))["id"]
+    await converse(api, upstream, sid, 4)  # the default keeps 3 turns
+    upstream.script(Text("ONCE"))
+    headers = {"Idempotency-Key": "compact-1"}
+    first = await api.post(f"/v1/sessions/{sid}/compact", json={}, headers=headers)
+    again = await api.post(f"/v1/sessions/{sid}/compact", json={}, headers=headers)
+    assert first.status_code == again.status_code == 202
+    assert first.json()["id"] == again.json()["id"]
+    await api.get(f"/v1/runs/{first.json()['id']}", params={"wait": "true", "timeout": 20})
+    assert len(summaries(await history(api, sid))) == 1
+
+
+AUTO_POLICY = {
+    "max_input_tokens": 1200,
+    "reserve_output_tokens": 200,
+    "summarization": "auto",
+    "keep_last_turns": 1,
+}
+
+
+async def test_a_full_context_compacts_before_the_model_call(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    sid = (await new_session(api, config={"context_policy": AUTO_POLICY}))["id"]
+    filler = "lorem ipsum dolor sit amet " * 25  # about 120 tokens a message
+    for i in range(3):
+        upstream.script(Text(f"noted {i}"))
+        await ask(api, sid, f"fact {i}: {filler}")
+    upstream.script(Text("AUTO SUMMARY"), Usage(500, 5))
+    upstream.script(Text("answer after compaction"), Usage(100, 4))
+    events = await collect(
+        api, "POST", f"/v1/sessions/{sid}/ask", json={"input": f"fact 3: {filler} " * 6}
+    )
+    types = [e.type for e in events]
+    assert types[-1] == "run.completed"
+    warning = next(e.data for e in events if e.type == "context.warning")
+    assert warning["level"] == "at_limit" and warning["history_dropped"]
+    assert types.index("context.warning") < types.index("context.compacting")
+    assert types.index("context.compacting") < types.index("context.compacted")
+    assert types.index("context.compacted") < types.index("message.delta")
+    compacted = next(e.data for e in events if e.type == "context.compacted")
+    assert compacted["tokens_after"] < compacted["tokens_before"]
+    summary_request, answer_request = upstream.requests[-2:]
+    assert "fact 0" in user_text(summary_request.body)
+    assert "fact 3" not in user_text(summary_request.body)  # the run's own turn stays raw
+    sent = answer_request.body["messages"]
+    assert "AUTO SUMMARY" in str(sent[0]["content"])
+    assert sent[-1]["content"].startswith("fact 3")
+    # The summarizer's tokens are part of the run's usage.
+    assert events[-1].data["usage"]["input_tokens"] == 600
+    [summary] = summaries(await history(api, sid))
+    assert summary["refs"]["run_id"] == events[0].data["run_id"]
+
+
+async def test_a_failed_auto_compaction_falls_back_to_windowing(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    sid = (await new_session(api, config={"context_policy": AUTO_POLICY}))["id"]
+    filler = "lorem ipsum dolor sit amet " * 25
+    for i in range(3):
+        upstream.script(Text(f"noted {i}"))
+        await ask(api, sid, f"fact {i}: {filler}")
+    upstream.script(Fail(400, "bad_request", "summarizer refused"))
+    upstream.script(Text("answered anyway"))
+    events = await collect(
+        api, "POST", f"/v1/sessions/{sid}/ask", json={"input": f"fact 3: {filler} " * 6}
+    )
+    types = [e.type for e in events]
+    assert types[-1] == "run.completed" and events[-1].data["text"] == "answered anyway"
+    failed = next(e.data for e in events if e.type == "context.compaction_failed")
+    assert failed["fallback"] == "windowing"
+    assert failed["error"]["code"] == "provider_bad_request"
+    assert "context.compacted" not in types
+    assert not summaries(await history(api, sid))
+    sent = upstream.requests[-1].body["messages"]
+    assert sent[-1]["content"].startswith("fact 3")
+    assert "fact 0" not in str(sent)  # windowed out instead
