@@ -21,7 +21,7 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -110,6 +110,7 @@ class ReceivedRequest:
 
 
 DEFAULT_SCRIPT = Script((Text("ok"),))
+Responder = Callable[[ReceivedRequest], Script]
 
 # Each neutral failure kind as (default status, OpenAI error type, Anthropic error type).
 _KINDS: dict[str, tuple[int, str, str]] = {
@@ -150,6 +151,7 @@ class FakeUpstream:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._scripts: deque[Script] = deque()
+        self._responder: Responder | None = None
         self._requests: list[ReceivedRequest] = []
         self._stopping = threading.Event()
         self._server: uvicorn.Server | None = None
@@ -216,6 +218,12 @@ class FakeUpstream:
         with self._lock:
             self._scripts.append(Script(tuple(steps), token_delay, stop_reason))
 
+    def respond_with(self, responder: Responder | None) -> None:
+        """Answer requests for which no script is queued by calling `responder` with the
+        request (for long conversations whose turns depend on what the service sends)."""
+        with self._lock:
+            self._responder = responder
+
     @property
     def requests(self) -> list[ReceivedRequest]:
         with self._lock:
@@ -231,6 +239,7 @@ class FakeUpstream:
         with self._lock:
             self._scripts.clear()
             self._requests.clear()
+            self._responder = None
 
     # -- internals
 
@@ -244,11 +253,15 @@ class FakeUpstream:
 
     async def _receive(self, request: Request) -> tuple[Json, Script]:
         body = await request.json()
+        received = ReceivedRequest(request.url.path, body, dict(request.headers.items()))
         with self._lock:
-            self._requests.append(
-                ReceivedRequest(request.url.path, body, dict(request.headers.items()))
-            )
-            script = self._scripts.popleft() if self._scripts else DEFAULT_SCRIPT
+            self._requests.append(received)
+            if self._scripts:
+                script = self._scripts.popleft()
+            elif self._responder is not None:
+                script = self._responder(received)
+            else:
+                script = DEFAULT_SCRIPT
         return body, script
 
     async def _sleep(self, seconds: float) -> None:
