@@ -202,6 +202,21 @@ async def commit(
     return appended.entries[0]
 
 
+async def committed_summary(
+    engine: AsyncEngine, tenant_id: str, session_id: str, summary_id: str
+) -> RowMapping | None:
+    """The summary entry `summary_id`, if an earlier attempt of the job already committed it."""
+    async with engine.connect() as conn:
+        session = await sessions_db.get_session(conn, tenant_id, session_id)
+        if session is None:
+            return None
+        thread = segments(session_id, lineage_from_json(session["lineage"]), session["rev"])
+        if not thread:
+            return None
+        found = await journal_db.find_by_entry_ids(conn, thread, [summary_id])
+    return found[0] if found else None
+
+
 @dataclass(frozen=True)
 class CompactParams:
     focus: str | None = None

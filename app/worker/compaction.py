@@ -20,12 +20,17 @@ from app.services.runs import Outcome, entry_id
 from app.worker.runtime import Runtime
 
 log = logging.getLogger(__name__)
+SUMMARY_PART = "summary"  # a compaction job's summary entry id: run:<run_id>:summary
 
 
 async def compaction_job(runtime: Runtime, run: RowMapping) -> Outcome:
     """The run of POST /compact: summarize up to the kept turns and commit the checkpoint."""
     params = run["params"]
-    tenant_id, session_id = str(run["tenant_id"]), str(run["session_id"])
+    run_id, tenant_id, session_id = str(run["id"]), str(run["tenant_id"]), str(run["session_id"])
+    summary_id = entry_id(run_id, SUMMARY_PART)
+    done = await compaction.committed_summary(runtime.engine, tenant_id, session_id, summary_id)
+    if done is not None:  # an attempt whose worker died after committing it: finish the run
+        return Outcome("completed", done["payload"]["content"], model=done["payload"]["model"])
     try:
         prepared = await compaction.prepare(
             runtime.engine,
@@ -46,7 +51,7 @@ async def compaction_job(runtime: Runtime, run: RowMapping) -> Outcome:
         return Outcome("failed", error=error)
     before = await _tokens(runtime, run)
     try:
-        summary = await _compact(runtime, run, prepared, "requested", before, "summary")
+        summary = await _compact(runtime, run, prepared, "requested", before, SUMMARY_PART)
     except (ProviderError, compaction.CompactionFailed) as exc:
         return Outcome("failed", error=_error(exc), model=prepared.model)
     return Outcome("completed", summary.content, summary.usage, model=summary.model)

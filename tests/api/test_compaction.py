@@ -7,6 +7,7 @@ from typing import Any
 
 import httpx
 
+from tests.fakes.long_session import is_summarization
 from tests.fakes.upstream import Fail, FakeUpstream, Text, Usage
 from tests.helpers import history, new_session
 from tests.sse_client import collect
@@ -268,3 +269,24 @@ async def test_a_failed_auto_compaction_falls_back_to_windowing(
     sent = upstream.requests[-1].body["messages"]
     assert sent[-1]["content"].startswith("fact 3")
     assert "fact 0" not in str(sent)  # windowed out instead
+
+
+async def test_a_retried_job_finds_the_summary_its_first_attempt_committed(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    # Stands in for a worker that died between committing the summary and ending the run: the
+    # job's summary entry (its id derives from the run) exists before the job runs.
+    sid = (await new_session(api))["id"]
+    await converse(api, upstream, sid, 4)
+    upstream.script(*[Text(f"{i} ") for i in range(20)], token_delay=0.05)
+    asked = await api.post(f"/v1/sessions/{sid}/ask", json={"input": "slow one", "stream": False})
+    run = (await api.post(f"/v1/sessions/{sid}/compact", json={"keep_last_turns": 1})).json()
+    assert run["status"] == "queued"  # behind the ask, on the session's job lock
+    summary = {"from_seq": 1, "to_seq": 3, "content": "ALREADY WRITTEN", "model": "openai:m"}
+    entry = {"kind": "summary", "id": f"run:{run['id']}:summary", "payload": summary}
+    assert (await api.post(f"/v1/sessions/{sid}/entries", json={"entries": [entry]})).is_success
+    await api.get(f"/v1/runs/{asked.json()['id']}", params={"wait": "true", "timeout": 20})
+    ended = (await api.get(f"/v1/runs/{run['id']}", params={"wait": "true", "timeout": 20})).json()
+    assert ended["status"] == "completed" and ended["result"] == "ALREADY WRITTEN"
+    assert not any(is_summarization(r.body) for r in upstream.requests)
+    assert len(summaries(await history(api, sid))) == 1
