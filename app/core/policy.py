@@ -35,9 +35,10 @@ class ContextPolicy(BaseModel):
         ),
     )
     summarization: Literal["none", "use_existing", "auto"] = Field(
-        default="use_existing",
-        description="none: ignore summaries; use_existing: the latest summary is a checkpoint; "
-        "auto: also compact when the context fills up.",
+        default="auto",
+        description="none: ignore summaries; use_existing: the latest summary is a checkpoint, "
+        "only POST /compact writes one; auto: also compact before a model call once the "
+        "context reaches compress_threshold or history no longer fits.",
     )
     summary_role: Literal["system", "user"] = "system"
     include_kinds: tuple[Kind, ...] = Field(
