@@ -22,13 +22,14 @@ SECRET = "ZEBRA-4417"
 SECRET_TURN = 3
 BIG_EVERY, BIG_OFFSET = 50, 7  # turns 7, 57, 107… run big_report (~100 KB)
 TOOL_EVERY, TOOL_OFFSET = 10, 5  # turns 5, 15, 25… run lookup (small)
+WINDOW, RESERVE = 4000, 500
+BUDGET = WINDOW - RESERVE
 POLICY = {
-    "max_input_tokens": 4000,
-    "reserve_output_tokens": 500,
+    "max_input_tokens": WINDOW,
+    "reserve_output_tokens": RESERVE,
     "summarization": "auto",
     "keep_last_turns": 2,
 }
-BUDGET = POLICY["max_input_tokens"] - POLICY["reserve_output_tokens"]
 TOOLS = [
     {
         "name": "big_report",

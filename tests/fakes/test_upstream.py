@@ -8,7 +8,7 @@ import time
 
 import httpx
 
-from tests.fakes.upstream import FakeUpstream, Stall, Text
+from tests.fakes.upstream import FakeUpstream, ReceivedRequest, Script, Stall, Text
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
 
@@ -34,6 +34,20 @@ def test_scripts_answer_in_order_then_the_default() -> None:
         assert answers == ["first", "second", "ok"]
         assert [r.body for r in up.requests] == [CHAT] * 3
         assert up.pending == 0
+
+
+def test_a_responder_answers_what_no_script_covers() -> None:
+    def echo(request: ReceivedRequest) -> Script:
+        return Script((Text("echo: " + request.body["messages"][-1]["content"]),))
+
+    with FakeUpstream() as up:
+        up.script(Text("scripted"))
+        up.respond_with(echo)
+        url = f"{up.openai_base_url}/chat/completions"
+        answers = [chat_text(httpx.post(url, json=CHAT)) for _ in range(2)]
+        assert answers == ["scripted", "echo: hi"]
+        up.clear()  # a test's responder does not outlive it
+        assert chat_text(httpx.post(url, json=CHAT)) == "ok"
 
 
 def test_instances_do_not_share_scripts() -> None:
