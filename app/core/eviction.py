@@ -24,6 +24,23 @@ MAX_PAGE_CHARS = 100_000
 _REF = re.compile(re.escape(REF_PREFIX) + r"([1-9][0-9]{0,17})")
 
 
+def sizes(eviction_tokens: int) -> tuple[int, int]:
+    """(part_chars, page_chars) under a threshold: a preview's head and tail parts, and the page
+    its marker suggests, each about within the threshold even at one token a character (CJK), so
+    neither a preview nor a page read back can crowd a small window out."""
+    return min(PART_CHARS, max(200, eviction_tokens // 2)), min(
+        PAGE_CHARS, max(500, eviction_tokens)
+    )
+
+
+def oversized_page(tokens: int, eviction_tokens: int, page_chars: int) -> str:
+    """What a read_tool_output page over the threshold is projected as: a request to read less."""
+    return (
+        f"[This page is {tokens:,} tokens, more than the {eviction_tokens:,} a tool result may "
+        f"take in this context: call read_tool_output again with limit={page_chars} or less.]"
+    )
+
+
 def output_ref(seq: int) -> str:
     """The reference of the tool_result entry at `seq` in a session's thread."""
     return f"{REF_PREFIX}{seq}"
@@ -35,7 +52,9 @@ def parse_ref(ref: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def preview(text: str, ref: str, *, part_chars: int = PART_CHARS) -> str:
+def preview(
+    text: str, ref: str, *, part_chars: int = PART_CHARS, page_chars: int = PAGE_CHARS
+) -> str:
     """The first HEAD_LINES and last TAIL_LINES lines of `text`, each part at most `part_chars`
     characters, around a marker saying what was left out and how to read it.
 
@@ -58,7 +77,7 @@ def preview(text: str, ref: str, *, part_chars: int = PART_CHARS) -> str:
     )
     marker = (
         f"[… {left_out} omitted. The full output is {ref} ({len(text):,} characters): call "
-        f'read_tool_output(ref="{ref}", offset={head_end}, limit={PAGE_CHARS}) to read on '
+        f'read_tool_output(ref="{ref}", offset={head_end}, limit={page_chars}) to read on '
         f"from here.]"
     )
     return f"{text[:head_end]}\n{marker}\n{text[tail_start:]}"

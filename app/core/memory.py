@@ -7,6 +7,7 @@ edited and shown the same way everywhere.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 # Letters, digits and _ . : - (e.g. "agent:support", "user.42"); not starting with a dot, so
 # that "." and ".." (which URL clients resolve away as path segments) are never names.
@@ -15,6 +16,61 @@ MAX_MEMORY_BYTES = 256 * 1024  # of UTF-8
 # How much of a memory every projection carries in its system segment; the rest is a
 # read_memory call away.
 MEMORY_LINES = 200
+
+
+# The built-ins a session naming a memory_namespace is offered (app/tools/memory.py runs them).
+MEMORY_TOOLS: tuple[dict[str, Any], ...] = (
+    {
+        "name": "read_memory",
+        "description": (
+            "Read your whole persistent memory: notes that outlive this conversation. Its "
+            f"first {MEMORY_LINES} lines are already in your instructions; read it when it is "
+            "longer, or before rewriting it."
+        ),
+        "parameters": {"type": "object", "properties": {}, "additionalProperties": False},
+        "kind": "builtin",
+    },
+    {
+        "name": "write_memory",
+        "description": (
+            "Replace your whole persistent memory with `content` (Markdown; at most "
+            f"{MAX_MEMORY_BYTES // 1024} KiB). Keep what matters across conversations: facts "
+            "about the user, decisions, preferences. To change part of it, use update_memory."
+        ),
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "content": {"type": "string", "description": "The new memory, in full."}
+            },
+            "required": ["content"],
+            "additionalProperties": False,
+        },
+        "kind": "builtin",
+    },
+    {
+        "name": "update_memory",
+        "description": (
+            "Find and replace in your persistent memory: `old_string` must occur exactly once "
+            "(add surrounding text to make it unique) unless replace_all is true. An empty "
+            "new_string deletes it."
+        ),
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "old_string": {"type": "string", "minLength": 1, "description": "Text to find."},
+                "new_string": {"type": "string", "description": "Its replacement."},
+                "replace_all": {
+                    "type": "boolean",
+                    "default": False,
+                    "description": "Replace every occurrence.",
+                },
+            },
+            "required": ["old_string", "new_string"],
+            "additionalProperties": False,
+        },
+        "kind": "builtin",
+    },
+)
 
 
 def memory_lines(content: str) -> list[str]:
@@ -26,16 +82,16 @@ def memory_lines(content: str) -> list[str]:
     return lines[:-1] if content.endswith("\n") else lines
 
 
-def memory_block(content: str, namespace: str | None = None) -> str:
-    """What a projection adds to the system segment: a header and the first MEMORY_LINES lines.
+def memory_block(content: str, namespace: str | None = None, lines: int = MEMORY_LINES) -> str:
+    """What a projection adds to the system segment: a header and the first `lines` lines.
 
     A function of the content alone, so an unchanged memory gives byte-identical prompts.
     """
-    lines = memory_lines(content)
+    all_lines = memory_lines(content)
     header = f"# Memory ({namespace})" if namespace else "# Memory"
-    shown = "\n".join(lines[:MEMORY_LINES])
+    shown = "\n".join(all_lines[:lines])
     block = f"{header}\n{shown}"
-    hidden = len(lines) - MEMORY_LINES
+    hidden = len(all_lines) - lines
     if hidden > 0:
         block += f"\n[{hidden} more lines not shown: read_memory returns the whole memory.]"
     return block

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.core.entries import EntryKind
-from app.core.eviction import READ_TOOL_OUTPUT, output_ref, preview
-from app.core.memory import memory_block
+from app.core.eviction import READ_TOOL_OUTPUT, output_ref, oversized_page, preview, sizes
+from app.core.memory import MEMORY_LINES, memory_block
 from app.core.messages import Message, ToolCall, ToolSpec, result_text
 from app.core.policy import ContextPolicy
 from app.core.tokens import (
@@ -28,6 +28,8 @@ from app.core.tokens import (
     tools_tokens,
 )
 
+# The most of the budget the injected memory may take; beyond, fewer of its lines are shown.
+MEMORY_SHARE = 0.25
 SUMMARY_PREFIX = "Summary of the earlier conversation:\n"
 INTERRUPTED_RESULT = "Tool call interrupted: no result was recorded."
 # How much more than the budget a loader reads when entries must be recounted (another
@@ -270,7 +272,9 @@ def _loader_tokens(entry: JournalEntry, policy: ContextPolicy, recount: bool) ->
     threshold = policy.eviction_tokens / (RECOUNT_SLACK if recount else 1)
     if entry.kind != EntryKind.TOOL_RESULT or entry.token_count <= threshold:
         return entry.token_count
-    shown = preview(result_text(entry.payload.get("content")), output_ref(entry.seq))
+    part_chars, page_chars = sizes(policy.eviction_tokens)
+    text = result_text(entry.payload.get("content"))
+    shown = preview(text, output_ref(entry.seq), part_chars=part_chars, page_chars=page_chars)
     return min(entry.token_count, len(shown) // PREVIEW_CHARS_PER_TOKEN)
 
 
@@ -342,6 +346,26 @@ class _Head:
     summary_tokens: int
 
 
+def _memory_block(source: ProjectionInput) -> str:
+    """The memory's first MEMORY_LINES lines, or fewer when those would take more than
+    MEMORY_SHARE of the budget (a 256 KiB memory could otherwise crowd every prompt out).
+    Deterministic: the same memory and policy give the same block."""
+    assert source.memory is not None
+    limit = int(source.policy.budget * MEMORY_SHARE)
+    block = memory_block(source.memory, source.memory_namespace)
+    if source.counter.count(block) <= limit:
+        return block
+    low, high = 0, MEMORY_LINES  # the most lines that fit, by bisection
+    while low < high:
+        middle = (low + high + 1) // 2
+        shorter = memory_block(source.memory, source.memory_namespace, lines=middle)
+        if source.counter.count(shorter) <= limit:
+            low = middle
+        else:
+            high = middle - 1
+    return memory_block(source.memory, source.memory_namespace, lines=low)
+
+
 def _head(source: ProjectionInput, summary: JournalEntry | None, tokens_of: Any) -> _Head:
     counter, policy = source.counter, source.policy
     messages: list[Message] = []
@@ -352,7 +376,7 @@ def _head(source: ProjectionInput, summary: JournalEntry | None, tokens_of: Any)
     # Memory joins the one system message (whichever prompt applies), after the prompt: a
     # function of the memory's content only, so the prompt prefix holds while it is unchanged.
     # Its tokens are what it adds to the message, so system + memory is the message's count.
-    block = memory_block(source.memory, source.memory_namespace) if source.memory else None
+    block = _memory_block(source) if source.memory else None
     if block is not None and prompt:
         system = f"{prompt}\n\n{block}"
         memory_tokens = counter.count(system) - counter.count(prompt)
@@ -494,13 +518,15 @@ def _tool_group(
             continue
         output, output_tokens = result_text(found.payload.get("content")), tokens_of(found)
         # Too large: a preview with a reference; the journal keeps the output for
-        # read_tool_output. Pages it returned are never evicted again: the model asked for them.
-        if (
-            evict_above is not None
-            and output_tokens > evict_above
-            and call.name != READ_TOOL_OUTPUT.name
-        ):
-            shown = preview(output, output_ref(found.seq))
+        # read_tool_output. A page it returned that is too large is not previewed (the model
+        # asked for that text) but refused with the page size that fits.
+        if evict_above is not None and output_tokens > evict_above:
+            part_chars, page_chars = sizes(evict_above)
+            if call.name == READ_TOOL_OUTPUT.name:
+                shown = oversized_page(output_tokens, evict_above, page_chars)
+            else:
+                ref = output_ref(found.seq)
+                shown = preview(output, ref, part_chars=part_chars, page_chars=page_chars)
             if shown != output:
                 evicted += 1
                 output, output_tokens = shown, counter.count(shown) + counter.count(call.id)

@@ -10,64 +10,10 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.core.memory import MAX_MEMORY_BYTES, MEMORY_LINES
 from app.db import sessions as sessions_db
 from app.services import memory as service
 from app.services.errors import NotFound
 from app.tools.registry import ToolContext, builtin
-
-MEMORY_TOOLS: tuple[dict[str, Any], ...] = (
-    {
-        "name": "read_memory",
-        "description": (
-            "Read your whole persistent memory: notes that outlive this conversation. Its "
-            f"first {MEMORY_LINES} lines are already in your instructions; read it when it is "
-            "longer, or before rewriting it."
-        ),
-        "parameters": {"type": "object", "properties": {}, "additionalProperties": False},
-        "kind": "builtin",
-    },
-    {
-        "name": "write_memory",
-        "description": (
-            "Replace your whole persistent memory with `content` (Markdown; at most "
-            f"{MAX_MEMORY_BYTES // 1024} KiB). Keep what matters across conversations: facts "
-            "about the user, decisions, preferences. To change part of it, use update_memory."
-        ),
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "content": {"type": "string", "description": "The new memory, in full."}
-            },
-            "required": ["content"],
-            "additionalProperties": False,
-        },
-        "kind": "builtin",
-    },
-    {
-        "name": "update_memory",
-        "description": (
-            "Find and replace in your persistent memory: `old_string` must occur exactly once "
-            "(add surrounding text to make it unique) unless replace_all is true. An empty "
-            "new_string deletes it."
-        ),
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "old_string": {"type": "string", "minLength": 1, "description": "Text to find."},
-                "new_string": {"type": "string", "description": "Its replacement."},
-                "replace_all": {
-                    "type": "boolean",
-                    "default": False,
-                    "description": "Replace every occurrence.",
-                },
-            },
-            "required": ["old_string", "new_string"],
-            "additionalProperties": False,
-        },
-        "kind": "builtin",
-    },
-)
 
 
 async def _target(context: ToolContext, tool: str) -> tuple[AsyncEngine, str]:

@@ -14,9 +14,11 @@ from app.core.eviction import (
     READ_TOOL_OUTPUT,
     READ_TOOL_OUTPUT_DEFINITION,
     output_ref,
+    oversized_page,
     page,
     parse_ref,
     preview,
+    sizes,
 )
 
 REF = "tool_output:57"
@@ -169,3 +171,10 @@ def test_the_tool_definition() -> None:
         "parameters": schema,
         "kind": "builtin",
     } == READ_TOOL_OUTPUT_DEFINITION
+
+
+def test_sizes_follow_the_threshold() -> None:
+    assert sizes(20_000) == (PART_CHARS, PAGE_CHARS)
+    assert sizes(875) == (437, 875)  # a 4,000-token window's default threshold
+    assert sizes(10) == (200, 500)
+    assert "limit=875 or less" in oversized_page(9000, 875, 875)

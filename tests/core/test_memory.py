@@ -18,10 +18,11 @@ from app.core.memory import (
 )
 from app.core.messages import ToolSpec
 from app.core.policy import ContextPolicy
-from app.core.projection import Projection, ProjectionMeta
+from app.core.projection import MEMORY_SHARE, Projection, ProjectionMeta
 from app.core.tokens import REPLY_PRIMING
 from tests.core.test_projection import O200K, Journal
 
+ROOMY = ContextPolicy(max_input_tokens=100_000)  # the memory's share never binds
 NOTES = "".join(f"- note {i}: something worth keeping\n" for i in range(MEMORY_LINES + 50))
 
 
@@ -98,8 +99,10 @@ def _adds_up(meta: ProjectionMeta) -> None:
 
 def test_memory_joins_the_system_prompt_in_one_message() -> None:
     journal = _thread()
-    plain = journal.project(system_prompt="Be brief.")
-    remembered = journal.project(system_prompt="Be brief.", memory=NOTES, memory_namespace="n")
+    plain = journal.project(system_prompt="Be brief.", policy=ROOMY)
+    remembered = journal.project(
+        system_prompt="Be brief.", memory=NOTES, memory_namespace="n", policy=ROOMY
+    )
     assert _system(remembered) == "Be brief.\n\n" + memory_block(NOTES, "n")
     assert [m.role for m in remembered.messages] == [m.role for m in plain.messages]
     assert remembered.messages[1:] == plain.messages[1:]
@@ -168,7 +171,20 @@ def test_memory_counts_against_the_budget() -> None:
     budget = base.meta.estimated_tokens + 10
     policy = ContextPolicy(max_input_tokens=budget + 1000, reserve_output_tokens=1000)
     assert policy.budget == budget
-    from app.core.projection import ContextOverflow
+    remembered = journal.project(system_prompt="S", tools=tools, memory=NOTES, policy=policy)
+    assert remembered.meta.truncated  # older history made room for the memory
+    assert remembered.meta.estimated_tokens <= budget
+    _adds_up(remembered.meta)
 
-    with pytest.raises(ContextOverflow):
-        journal.project(system_prompt="S", tools=tools, memory=NOTES, policy=policy)
+
+def test_a_huge_memory_is_shown_only_as_far_as_its_share_of_the_budget() -> None:
+    journal = _thread()
+    huge = "".join(f"- note {i}: " + "detail " * 60 + "\n" for i in range(200))
+    policy = ContextPolicy(max_input_tokens=8000, reserve_output_tokens=2000)
+    projection = journal.project(system_prompt="S", memory=huge, policy=policy)
+    assert projection.meta.memory_tokens <= policy.budget * MEMORY_SHARE
+    shown = _system(projection)
+    assert shown.startswith("S\n\n# Memory\n- note 0: ")
+    assert shown.endswith("more lines not shown: read_memory returns the whole memory.]")
+    assert journal.project(system_prompt="S", memory=huge, policy=policy) == projection
+    _adds_up(projection.meta)

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.core.entries import EntryKind
-from app.core.eviction import READ_TOOL_OUTPUT, output_ref, preview
+from app.core.eviction import READ_TOOL_OUTPUT, output_ref, preview, sizes
 from app.core.formats import (
     openai_request_tokens,
     to_anthropic,
@@ -391,6 +391,12 @@ HUGE = "".join(f"row {i}: 東京 ☀️ {i * 7919 % 10007}\n" for i in range(400
 EVICTING = ContextPolicy(max_input_tokens=100_000, tool_output_eviction_tokens=2000)
 
 
+def evicted(text: str, seq: int) -> str:
+    """The preview EVICTING projects: parts and suggested page sized by its threshold."""
+    part_chars, page_chars = sizes(EVICTING.eviction_tokens)
+    return preview(text, output_ref(seq), part_chars=part_chars, page_chars=page_chars)
+
+
 def tool_journal(counter: TokenCounter = O200K, output: Any = HUGE) -> tuple[Journal, int]:
     j = Journal(counter)
     j.user("Fetch the logs and the status.")
@@ -409,7 +415,7 @@ def test_a_result_over_the_threshold_is_a_preview_with_a_reference(counter: Toke
     assert j.entries[seq - 1].token_count > EVICTING.eviction_tokens
     p = j.project(policy=EVICTING, counter=counter, system_prompt=SYSTEM)
     tool_messages = [m for m in p.messages if m.role == "tool"]
-    assert tool_messages[0].content == preview(HUGE, output_ref(seq))
+    assert tool_messages[0].content == evicted(HUGE, seq)
     assert f'read_tool_output(ref="tool_output:{seq}"' in str(tool_messages[0].content)
     assert tool_messages[1].content == '{"ok":true}'  # under the threshold: untouched
     assert p.meta.evicted_outputs == 1
@@ -438,7 +444,7 @@ def test_structured_outputs_are_previewed_from_their_json_text() -> None:
     j, seq = tool_journal(output=output)
     p = j.project(policy=EVICTING)
     shown = next(m for m in p.messages if m.role == "tool").content
-    assert shown == preview(canonical_json(output), output_ref(seq))
+    assert shown == evicted(canonical_json(output), seq)
     assert len(str(shown)) < 5000 and p.meta.evicted_outputs == 1
 
 
@@ -452,14 +458,22 @@ def test_declared_tools_keep_their_place_and_the_reader_is_not_duplicated() -> N
     assert p.meta.tools_tokens == tools_tokens(mine, O200K)
 
 
-def test_pages_read_back_are_not_evicted_again() -> None:
+def test_pages_read_back_are_shown_whole_or_refused_with_a_page_size_that_fits() -> None:
     j = Journal()
     j.user("Read it.")
     j.call("call_read", "read_tool_output", turn="c2", ref="tool_output:5")
-    j.result("call_read", {"content": HUGE, "next_offset": None}, turn="c2")
+    page = {"content": HUGE[:1500], "next_offset": 1500}
+    j.result("call_read", page, turn="c2")
     p = j.project(policy=EVICTING)
     assert p.meta.evicted_outputs == 0 and p.tool_spec == ()
-    assert p.messages[-1].content == canonical_json({"content": HUGE, "next_offset": None})
+    assert p.messages[-1].content == canonical_json(page)  # within the threshold: whole
+
+    j.call("call_more", "read_tool_output", turn="c3", ref="tool_output:5")
+    j.result("call_more", {"content": HUGE, "next_offset": None}, turn="c3")
+    p = j.project(policy=EVICTING)
+    refused = str(p.messages[-1].content)
+    assert "call read_tool_output again with limit=2000 or less" in refused
+    assert p.meta.evicted_outputs == 1 and p.meta.estimated_tokens < 3000
 
 
 def test_evicted_outputs_count_only_the_window() -> None:

@@ -9,14 +9,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import Settings
 from app.core.entries import EntryKind
-from app.core.memory import MEMORY_LINES
+from app.core.memory import MEMORY_LINES, MEMORY_TOOLS
 from app.core.projection import PendingEntry
 from app.services import memory as memory_service
 from app.services.journal import NewEntry, append_entries
 from app.services.keys import create_key, tenant_for_key
 from app.services.projection import offered_tools, project_session
 from app.services.sessions import create_session, delete_session
-from app.tools.memory import MEMORY_TOOLS
 
 NOTES = "".join(f"- fact {i}\n" for i in range(MEMORY_LINES + 20))
 

@@ -9,11 +9,11 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.core.memory import MEMORY_TOOLS
 from app.core.tool_loop import PendingCall
 from app.services import memory as memory_service
 from app.services.keys import create_key, tenant_for_key
 from app.services.sessions import create_session, update_session
-from app.tools.memory import MEMORY_TOOLS
 from app.tools.registry import BUILTINS, ToolContext, ToolOutcome, execute
 
 
