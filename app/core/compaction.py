@@ -9,7 +9,7 @@ run. History itself is never rewritten: the summary is a new entry the projector
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from app.core.entries import EntryKind
@@ -52,11 +52,16 @@ def reaches_checkpoint(entries: Sequence[JournalEntry]) -> bool:
 
 
 def plan_compaction(
-    entries: Sequence[JournalEntry], keep_last_turns: int, run_id: str | None = None
+    entries: Sequence[JournalEntry],
+    keep_last_turns: int,
+    run_id: str | None = None,
+    open_runs: Collection[str] = (),
 ) -> CompactionPlan | None:
     """What to summarize so that the newest `keep_last_turns` turns stay raw; None when nothing
     before them can be summarized. `entries` is the thread from before its latest checkpoint (or
-    its start) to now, ascending; with `run_id`, for that run: asks made after it stay out."""
+    its start) to now, ascending; with `run_id`, for that run: asks made after it stay out.
+    The turns of `open_runs` (runs not ended: queued, paused for tool outputs) and all after
+    them stay raw too, whatever `keep_last_turns` says: their answers are still to come."""
     kept = without_rolled_back(entries)
     previous = _latest_summary(kept)
     covered = int(previous.payload["to_seq"]) if previous is not None else 0
@@ -68,7 +73,8 @@ def plan_compaction(
     if not model:
         return None
     turn_starts = [i for i, e in enumerate(model) if _is_user_message(e)]
-    boundary = _boundary(model, turn_starts, keep_last_turns)
+    unanswered = [i for i in turn_starts if model[i].refs.get("run_id") in open_runs]
+    boundary = _boundary(model, turn_starts, keep_last_turns, unanswered[0] if unanswered else None)
     if boundary is None:
         return None
     summarized = tuple(model[:boundary])
@@ -81,9 +87,12 @@ def plan_compaction(
     )
 
 
-def _boundary(model: list[JournalEntry], turn_starts: list[int], keep: int) -> int | None:
-    """The index of the first entry kept raw: the newest clean boundary leaving `keep` turns."""
-    if keep == 0:
+def _boundary(
+    model: list[JournalEntry], turn_starts: list[int], keep: int, limit: int | None
+) -> int | None:
+    """The index of the first entry kept raw: the newest clean boundary leaving `keep` turns,
+    and none past `limit`."""
+    if keep == 0 and limit is None:
         return len(model)
     prefix_max: list[int] = []
     for entry in model:
@@ -93,7 +102,9 @@ def _boundary(model: list[JournalEntry], turn_starts: list[int], keep: int) -> i
     for index in range(len(model) - 1, -1, -1):
         lowest = model[index].seq if lowest is None else min(lowest, model[index].seq)
         suffix_min[index] = lowest
-    eligible = turn_starts[: max(len(turn_starts) - keep + 1, 0)]
+    eligible = turn_starts[: max(len(turn_starts) - keep + 1, 0)] if keep else turn_starts
+    if limit is not None:
+        eligible = [i for i in eligible if i <= limit]
     for index in reversed(eligible):
         if index > 0 and prefix_max[index - 1] < suffix_min[index]:
             return index

@@ -254,12 +254,21 @@ async def active_run(engine: AsyncEngine, tenant_id: str, session_id: str) -> Ro
 
 
 async def run_by_idempotency_key(
-    engine: AsyncEngine, tenant_id: str, session_id: str, key: str
+    engine: AsyncEngine, tenant_id: str, session_id: str, key: str, kind: str = "ask"
 ) -> RowMapping | None:
+    """The run an earlier request with this Idempotency-Key created; 409 when that was a run of
+    another kind (an ask's key reused for a compaction, or the reverse)."""
     async with engine.connect() as conn:
         if await sessions_db.get_session(conn, tenant_id, session_id) is None:
             raise session_not_found(session_id)
-        return await runs_db.find_by_idempotency_key(conn, session_id, key)
+        run = await runs_db.find_by_idempotency_key(conn, session_id, key)
+    if run is not None and run["kind"] != kind:
+        raise Conflict(
+            "idempotency_key_reused",
+            f"this Idempotency-Key was used for a {run['kind']} run of this session",
+            {"run_id": str(run["id"]), "kind": run["kind"]},
+        )
+    return run
 
 
 @dataclass(frozen=True)

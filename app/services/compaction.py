@@ -38,7 +38,7 @@ from app.db import runs as runs_db
 from app.db import sessions as sessions_db
 from app.db.engine import read_snapshot
 from app.db.tables import sessions
-from app.llm.base import ModelRequest, TextDelta, UsageReport
+from app.llm.base import Finish, ModelRequest, TextDelta, UsageReport
 from app.llm.catalog import context_window
 from app.llm.router import Router
 from app.llm.tokenizers import ModelCounting, counting_for
@@ -54,6 +54,9 @@ CHUNK_SLACK = 0.02
 CHUNK_SLACK_TOKENS = 16
 
 
+# Stop reasons of an answer cut off at max_output_tokens (OpenAI's, Anthropic's): such a summary
+# would end mid-sentence, so it is not committed.
+TRUNCATED = frozenset({"length", "max_tokens"})
 # The longest summary asked for: enough for a long session's state, small next to any window.
 SUMMARY_MAX_TOKENS = 4_000
 
@@ -66,6 +69,7 @@ class CompactionFailed(ServiceError):
 class PreparedCompaction:
     tenant_id: str
     session_id: str
+    basis_rev: int  # the thread's rev when planned: later summaries or rollbacks void the plan
     plan: CompactionPlan
     model: str  # the summarization model, provider:name
     policy: ContextPolicy  # resolved for that model: its budget bounds every summarizer call
@@ -98,30 +102,40 @@ async def prepare(
     model: str | None = None,
     focus: str | None = None,
     run_id: str | None = None,
+    answer_model: str | None = None,
     policy_overrides: Mapping[str, Any] | None = None,
 ) -> PreparedCompaction | None:
     """What a compaction would summarize now, and how; None when there is nothing before the
-    turns it keeps. Reads the thread back to its latest checkpoint; writes nothing."""
+    turns it keeps. Reads the thread back to its latest checkpoint; writes nothing.
+
+    `run_id`: compacting for that run (later asks stay out); `answer_model`: the model that will
+    read the summary (default the session's), whose budget bounds the summary's length."""
     async with read_snapshot(engine) as conn:
         session = await sessions_db.get_session(conn, tenant_id, session_id)
         if session is None:
             raise session_not_found(session_id)
         config = session["config"]
         model = model or summarization_model(config, settings)
-        policy = resolve_policy(
-            context_window(model),
-            settings.context_policy,
-            config.get("context_policy"),
-            policy_overrides,
-        )
+        layers = (settings.context_policy, config.get("context_policy"), policy_overrides)
+        policy = resolve_policy(context_window(model), *layers)
+        reader = answer_model or config.get("model") or settings.default_model
+        reader_budget = resolve_policy(context_window(reader), *layers).budget
         thread = segments(session_id, lineage_from_json(session["lineage"]), session["rev"])
         tail, _ = await journal_db.read_tail(conn, thread, reaches_checkpoint)
+        # Runs not ended have answers to come: their turns are never summarized.
+        open_runs = {
+            str(r["id"])
+            for r in await runs_db.active_runs(conn, session_id, kind="ask")
+            if str(r["id"]) != run_id
+        }
     keep = policy.keep_last_turns if keep_last_turns is None else keep_last_turns
-    plan = plan_compaction(tail, keep, run_id)
+    plan = plan_compaction(tail, keep, run_id, open_runs)
     if plan is None:
         return None
     counting = counting_for(model, policy.token_estimator)
-    summary_tokens = max(16, min(policy.reserve, policy.budget // 4, SUMMARY_MAX_TOKENS))
+    summary_tokens = max(
+        16, min(policy.reserve, policy.budget // 4, reader_budget // 4, SUMMARY_MAX_TOKENS)
+    )
     previous = str(plan.previous.payload["content"]) if plan.previous is not None else ""
     counter = counting.counter
     words = _words(summary_tokens)
@@ -140,7 +154,16 @@ async def prepare(
             {"model": model, "budget": policy.budget, "fixed_tokens": fixed},
         )
     return PreparedCompaction(
-        tenant_id, session_id, plan, model, policy, counting, focus, summary_tokens, chunk_tokens
+        tenant_id,
+        session_id,
+        int(session["rev"]),
+        plan,
+        model,
+        policy,
+        counting,
+        focus,
+        summary_tokens,
+        chunk_tokens,
     )
 
 
@@ -171,6 +194,11 @@ async def summarize(router: Router, prepared: PreparedCompaction) -> Summary:
                 parts.append(event.text)
             elif isinstance(event, UsageReport):
                 usage = event.plus(usage)
+            elif isinstance(event, Finish) and event.reason in TRUNCATED:
+                raise CompactionFailed(
+                    "summary_truncated",
+                    f"the summary reached its limit of {prepared.summary_tokens} tokens unfinished",
+                )
         text = "".join(parts).strip()
         if not text:
             raise CompactionFailed("empty_summary", "the summarization model answered nothing")
@@ -198,6 +226,30 @@ async def commit(
         payload["focus"] = prepared.focus
     entry = NewEntry(EntryKind.SUMMARY, payload, refs, summary_id)
     async with engine.begin() as conn:
+        session = await sessions_db.get_session(
+            conn, prepared.tenant_id, prepared.session_id, lock=True
+        )
+        if session is None:
+            raise session_not_found(prepared.session_id)
+        thread = segments(
+            prepared.session_id, lineage_from_json(session["lineage"]), session["rev"]
+        )
+        # A summary or rollback appended meanwhile (by a client) changes what the plan covers:
+        # committing it anyway would hide that checkpoint or bring rolled-back entries back.
+        newer = await journal_db.read_entries(
+            conn,
+            thread,
+            after_seq=prepared.basis_rev,
+            kinds=[EntryKind.SUMMARY, EntryKind.ROLLBACK],
+            limit=1,
+        )
+        if newer and newer[0]["id"] != summary_id:
+            raise CompactionFailed(
+                "compaction_superseded",
+                f"a {newer[0]['kind']} entry (seq {newer[0]['seq']}) was appended while the "
+                "summary was written; compact again",
+                {"seq": int(newer[0]["seq"])},
+            )
         appended = await append_in(conn, prepared.tenant_id, prepared.session_id, [entry])
     return appended.entries[0]
 
@@ -214,7 +266,7 @@ async def committed_summary(
         if not thread:
             return None
         found = await journal_db.find_by_entry_ids(conn, thread, [summary_id])
-    return found[0] if found else None
+    return found[0] if found and found[0]["kind"] == EntryKind.SUMMARY else None
 
 
 @dataclass(frozen=True)
@@ -232,7 +284,7 @@ async def request_compaction(
     nothing to compact and no run in progress could add anything."""
     if params.idempotency_key:
         key = params.idempotency_key
-        earlier = await run_by_idempotency_key(engine, tenant_id, session_id, key)
+        earlier = await run_by_idempotency_key(engine, tenant_id, session_id, key, "compaction")
         if earlier is not None:
             return earlier, False
     prepared = await prepare(
@@ -256,12 +308,14 @@ async def request_compaction(
                     "summarize them too",
                     {"keep_last_turns": params.keep_last_turns},
                 )
-            model = params.model or summarization_model(session["config"], settings)
+            model = prepared.model if prepared else params.model
+            model = model or summarization_model(session["config"], settings)
             return await _queue(conn, tenant_id, session_id, model, params), True
     except IntegrityError as exc:
         if "runs_idempotency_key" not in str(exc.orig) or not params.idempotency_key:
             raise
-    earlier = await run_by_idempotency_key(engine, tenant_id, session_id, params.idempotency_key)
+    key = params.idempotency_key
+    earlier = await run_by_idempotency_key(engine, tenant_id, session_id, key, "compaction")
     assert earlier is not None
     return earlier, False
 

@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from app.config import Settings
 from app.core import policy as policies
 from app.core.lineage import Segment, lineage_from_json, segments
+from app.core.memory import MEMORY_TOOLS
 from app.core.messages import ToolSpec
 from app.core.projection import (
     ContextOverflow,
@@ -31,7 +32,6 @@ from app.db.memory import get_memory
 from app.llm.catalog import context_window
 from app.llm.tokenizers import counting_for
 from app.services.errors import Invalid, session_not_found
-from app.tools.memory import MEMORY_TOOLS
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,25 @@ async def project_session(
             conn, settings, session, pending, policy, model, run_id, extra_tools
         )
         return projected
+
+
+async def project_for_run(
+    engine: AsyncEngine, settings: Settings, run: RowMapping
+) -> SessionProjection:
+    """What an ask run's next model call gets (its model, policy overrides and tools); for a
+    compaction run, what the session's next ask would get."""
+    ask = run["kind"] == "ask"
+    params = run["params"] if ask else {}
+    return await project_session(
+        engine,
+        settings,
+        str(run["tenant_id"]),
+        str(run["session_id"]),
+        policy=params.get("context_policy"),
+        model=run["model"] if ask else None,
+        run_id=str(run["id"]) if ask else None,
+        extra_tools=params.get("tools") or [],
+    )
 
 
 async def session_context(

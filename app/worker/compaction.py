@@ -8,6 +8,7 @@ goes on with windowing, so a failed summary never loses it).
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import RowMapping
@@ -15,12 +16,18 @@ from sqlalchemy import RowMapping
 from app.llm.base import ProviderError
 from app.services import compaction
 from app.services.errors import ServiceError
-from app.services.projection import SessionProjection, project_session
+from app.services.projection import SessionProjection, project_for_run
 from app.services.runs import Outcome, entry_id
 from app.worker.runtime import Runtime
 
 log = logging.getLogger(__name__)
 SUMMARY_PART = "summary"  # a compaction job's summary entry id: run:<run_id>:summary
+
+
+@dataclass(frozen=True)
+class AutoCompaction:
+    summary: compaction.Summary | None  # committed: the run projects again
+    failed: bool = False  # the summarizer failed: windowing, and no second try in this run
 
 
 async def compaction_job(runtime: Runtime, run: RowMapping) -> Outcome:
@@ -59,9 +66,9 @@ async def compaction_job(runtime: Runtime, run: RowMapping) -> Outcome:
 
 async def auto_compact(
     runtime: Runtime, run: RowMapping, projected: SessionProjection
-) -> compaction.Summary | None:
-    """Compact before a model call whose context is full (policy summarization: auto); None
-    when nothing was committed, and the run goes on with the projection it has."""
+) -> AutoCompaction:
+    """Compact before a model call whose context is full (policy summarization: auto). When
+    nothing is committed, the run goes on with the projection it has (windowing)."""
     params = run["params"]
     meta = projected.projection.meta
     run_id = str(run["id"])
@@ -74,15 +81,16 @@ async def auto_compact(
             # the run's own turn is always kept: it is what the model is about to answer
             keep_last_turns=max(1, projected.policy.keep_last_turns),
             run_id=run_id,
+            answer_model=run["model"],
             policy_overrides=params.get("context_policy"),
         )
     except ServiceError as exc:
         runtime.writer.emit(run_id, "context.compaction_failed", _failed(exc))
-        return None
+        return AutoCompaction(None, failed=True)
     if prepared is None:
-        return None  # only the kept turns are left: windowing must do
+        return AutoCompaction(None)  # only the kept turns are left: windowing must do
     try:
-        return await _compact(
+        summary = await _compact(
             runtime,
             run,
             prepared,
@@ -93,7 +101,8 @@ async def auto_compact(
     except (ProviderError, compaction.CompactionFailed) as exc:
         log.warning("run %s: compaction failed, falling back to windowing: %s", run_id, exc)
         runtime.writer.emit(run_id, "context.compaction_failed", _failed(exc))
-        return None
+        return AutoCompaction(None, failed=True)
+    return AutoCompaction(summary)
 
 
 async def _compact(
@@ -149,19 +158,8 @@ async def _compact(
 
 async def _tokens(runtime: Runtime, run: RowMapping) -> int | None:
     """The context an ask would send now (None if it cannot be projected)."""
-    ask = run["kind"] == "ask"  # else a compaction job: the session's next ask is meant
-    params = run["params"] if ask else {}
     try:
-        projected = await project_session(
-            runtime.engine,
-            runtime.settings,
-            str(run["tenant_id"]),
-            str(run["session_id"]),
-            policy=params.get("context_policy"),
-            model=run["model"] if ask else None,
-            run_id=str(run["id"]) if ask else None,
-            extra_tools=params.get("tools") or [],
-        )
+        projected = await project_for_run(runtime.engine, runtime.settings, run)
     except ServiceError:
         return None
     return projected.projection.meta.estimated_tokens

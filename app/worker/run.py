@@ -36,7 +36,7 @@ from app.db.tables import RUN_TERMINAL
 from app.llm.base import ModelRequest, ProviderError, TextDelta, ToolCallDelta, UsageReport
 from app.services.errors import ServiceError
 from app.services.journal import NewEntry, append_in
-from app.services.projection import SessionProjection, offered_tools, project_session
+from app.services.projection import SessionProjection, offered_tools, project_for_run
 from app.services.runs import Outcome, entry_id, event_rows, finish_run
 from app.tools.registry import ToolContext, ToolOutcome, execute
 from app.worker.compaction import auto_compact, compaction_job
@@ -54,6 +54,7 @@ class _Progress:
     text: list[str] = field(default_factory=list)  # the current model turn's
     usage: UsageReport | None = None  # summed over the run's model turns
     model: str | None = None
+    compaction_failed: bool = False  # once a summary failed, this run only windows
 
     def add_usage(self, usage: UsageReport | None) -> None:
         if usage is not None:
@@ -249,10 +250,12 @@ async def _model_turn(
         projected = await _project(runtime, run)
         meta = projected.projection.meta
         _warn_if_full(runtime, run_id, meta)
-        if projected.policy.summarization == "auto" and meta.needs_summary:
-            summary = await auto_compact(runtime, run, projected)
-            if summary is not None:
-                progress.add_usage(summary.usage)
+        auto = projected.policy.summarization == "auto"
+        if auto and meta.needs_summary and not progress.compaction_failed:
+            compacted = await auto_compact(runtime, run, projected)
+            progress.compaction_failed = compacted.failed
+            if compacted.summary is not None:
+                progress.add_usage(compacted.summary.usage)
                 projected = await _project(runtime, run)
     except ServiceError as exc:  # e.g. the context overflowed while the run was queued
         return Outcome(
@@ -299,17 +302,7 @@ async def _model_turn(
 
 
 async def _project(runtime: Runtime, run: RowMapping) -> SessionProjection:
-    params = run["params"]
-    return await project_session(
-        runtime.engine,
-        runtime.settings,
-        str(run["tenant_id"]),
-        str(run["session_id"]),
-        policy=params.get("context_policy"),
-        model=run["model"],
-        run_id=str(run["id"]),
-        extra_tools=params.get("tools") or [],
-    )
+    return await project_for_run(runtime.engine, runtime.settings, run)
 
 
 def _tool_turn(

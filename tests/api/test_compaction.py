@@ -6,9 +6,14 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.core.entries import EntryKind
+from app.db.tables import sessions
+from app.services.journal import NewEntry, append_entries
 from tests.fakes.long_session import is_summarization
-from tests.fakes.upstream import Fail, FakeUpstream, Text, Usage
+from tests.fakes.upstream import Fail, FakeUpstream, Stall, Text, ToolCall, Usage
 from tests.helpers import history, new_session
 from tests.sse_client import collect
 
@@ -92,6 +97,10 @@ async def test_compaction_with_focus_appends_a_checkpoint(
     [latest] = context["compactions"]
     assert latest["seq"] == summary["seq"] and latest["focus"] == "API changes"
     assert context["breakdown"]["summary"] > 0
+    window = context["context_window"]
+    assert context["shares"] == {
+        name: round(100 * tokens / window, 2) for name, tokens in context["breakdown"].items()
+    }
 
 
 async def test_compaction_is_incremental(api: httpx.AsyncClient, upstream: FakeUpstream) -> None:
@@ -202,6 +211,11 @@ async def test_an_idempotent_compaction_is_queued_once(
     assert first.json()["id"] == again.json()["id"]
     await api.get(f"/v1/runs/{first.json()['id']}", params={"wait": "true", "timeout": 20})
     assert len(summaries(await history(api, sid))) == 1
+    reused = await api.post(
+        f"/v1/sessions/{sid}/ask", json={"input": "hi", "stream": False}, headers=headers
+    )
+    assert reused.status_code == 409
+    assert reused.json()["error"]["code"] == "idempotency_key_reused"
 
 
 AUTO_POLICY = {
@@ -272,7 +286,7 @@ async def test_a_failed_auto_compaction_falls_back_to_windowing(
 
 
 async def test_a_retried_job_finds_the_summary_its_first_attempt_committed(
-    api: httpx.AsyncClient, upstream: FakeUpstream
+    api: httpx.AsyncClient, upstream: FakeUpstream, e2e_engine: AsyncEngine
 ) -> None:
     # Stands in for a worker that died between committing the summary and ending the run: the
     # job's summary entry (its id derives from the run) exists before the job runs.
@@ -283,10 +297,72 @@ async def test_a_retried_job_finds_the_summary_its_first_attempt_committed(
     run = (await api.post(f"/v1/sessions/{sid}/compact", json={"keep_last_turns": 1})).json()
     assert run["status"] == "queued"  # behind the ask, on the session's job lock
     summary = {"from_seq": 1, "to_seq": 3, "content": "ALREADY WRITTEN", "model": "openai:m"}
-    entry = {"kind": "summary", "id": f"run:{run['id']}:summary", "payload": summary}
-    assert (await api.post(f"/v1/sessions/{sid}/entries", json={"entries": [entry]})).is_success
+    summary_id = f"run:{run['id']}:summary"
+    entry = {"kind": "summary", "id": summary_id, "payload": summary}
+    refused = await api.post(f"/v1/sessions/{sid}/entries", json={"entries": [entry]})
+    assert refused.status_code == 422  # clients may not write the ids runs use
+    async with e2e_engine.connect() as conn:
+        tenant = await conn.execute(select(sessions.c.tenant_id).where(sessions.c.id == sid))
+        tenant_id = str(tenant.scalar_one())
+    written = NewEntry(EntryKind.SUMMARY, summary, {"run_id": run["id"]}, summary_id)
+    await append_entries(e2e_engine, tenant_id, sid, [written], expected_rev=None)
     await api.get(f"/v1/runs/{asked.json()['id']}", params={"wait": "true", "timeout": 20})
     ended = (await api.get(f"/v1/runs/{run['id']}", params={"wait": "true", "timeout": 20})).json()
     assert ended["status"] == "completed" and ended["result"] == "ALREADY WRITTEN"
     assert not any(is_summarization(r.body) for r in upstream.requests)
     assert len(summaries(await history(api, sid))) == 1
+
+
+async def test_a_run_waiting_for_tool_outputs_keeps_its_turn_raw(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    locate = {"name": "get_location", "kind": "client", "description": "Where the user is"}
+    sid = (await new_session(api, config={"tools": [locate]}))["id"]
+    await converse(api, upstream, sid, 3)
+    upstream.script(ToolCall("call_loc", "get_location", "{}"))
+    waiting = (
+        await api.post(f"/v1/sessions/{sid}/ask", json={"input": "where am I?", "stream": False})
+    ).json()
+    await collect(api, "GET", f"/v1/runs/{waiting['id']}/events", until="run.requires_action")
+    # Even "summarize everything" leaves the unanswered turn raw: its answer is still to come.
+    upstream.script(Text("EARLIER TURNS"))
+    run = await compact(api, sid, keep_last_turns=0)
+    assert run["status"] == "completed"
+    assert "where am I" not in user_text(upstream.requests[-1].body)
+    upstream.script(Text("You are in Oslo."))
+    body = {"tool_outputs": [{"tool_call_id": "call_loc", "output": {"city": "Oslo"}}]}
+    assert (await api.post(f"/v1/runs/{waiting['id']}/tool_outputs", json=body)).is_success
+    done = await api.get(f"/v1/runs/{waiting['id']}", params={"wait": "true", "timeout": 20})
+    assert done.json()["status"] == "completed"
+    sent = upstream.requests[-1].body["messages"]
+    assert "EARLIER TURNS" in str(sent[0]["content"])
+    assert [m["role"] for m in sent[1:]] == ["user", "assistant", "tool"]
+    assert sent[1]["content"] == "where am I?"
+
+
+async def test_a_rollback_appended_meanwhile_voids_the_summary(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    sid = (await new_session(api))["id"]
+    await converse(api, upstream, sid, 4)
+    upstream.script(Stall(1.0), Text("STALE SUMMARY"))
+    response = await api.post(f"/v1/sessions/{sid}/compact", json={"keep_last_turns": 1})
+    run_id = response.json()["id"]
+    await collect(api, "GET", f"/v1/runs/{run_id}/events", until="context.compacting")
+    rollback = {"kind": "rollback", "payload": {"from_seq": 1, "to_seq": 5}}
+    assert (await api.post(f"/v1/sessions/{sid}/entries", json={"entries": [rollback]})).is_success
+    ended = (await api.get(f"/v1/runs/{run_id}", params={"wait": "true", "timeout": 20})).json()
+    assert ended["status"] == "failed"
+    assert ended["error"]["code"] == "compaction_superseded"
+    assert not summaries(await history(api, sid))
+
+
+async def test_a_summary_cut_off_at_its_length_limit_is_not_committed(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    sid = (await new_session(api))["id"]
+    await converse(api, upstream, sid, 4)
+    upstream.script(Text("The user asked about"), stop_reason="length")
+    run = await compact(api, sid, keep_last_turns=1)
+    assert run["status"] == "failed" and run["error"]["code"] == "summary_truncated"
+    assert not summaries(await history(api, sid))
