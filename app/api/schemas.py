@@ -5,11 +5,12 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 from sqlalchemy import RowMapping
 
 from app.core import metadata as metadata_rules
 from app.core.entries import (
+    RUN_ENTRY_PREFIX,
     ContentPart,
     MessagePayload,
     RollbackPayload,
@@ -167,10 +168,20 @@ class SessionList(BaseModel):
     next_cursor: str | None = Field(description="Pass as `cursor` for the next (older) page.")
 
 
+def _not_reserved(entry_id: str) -> str:
+    if entry_id.startswith(RUN_ENTRY_PREFIX):
+        raise ValueError(f"ids starting with {RUN_ENTRY_PREFIX!r} are the service's own")
+    return entry_id
+
+
 EntryId = Annotated[
     str,
     StringConstraints(min_length=1, max_length=128, pattern=r"^[\x21-\x7e]+$"),
-    Field(description="Client-chosen id; re-sending it makes the append an idempotent replay."),
+    AfterValidator(_not_reserved),
+    Field(
+        description="Client-chosen id; re-sending it makes the append an idempotent replay. "
+        "Ids starting with `run:` are reserved for the entries runs write."
+    ),
 ]
 Refs = Annotated[dict[str, Any], Field(description="run_id, request_id, call_id, tool_call_id…")]
 

@@ -21,6 +21,9 @@ class EntryKind(StrEnum):
     ROLLBACK = "rollback"
 
 
+RUN_ENTRY_PREFIX = "run:"  # ids of the entries runs write (run:<run_id>:<part>): not clients'
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 

@@ -13,7 +13,7 @@ from typing import Any, Literal
 from sqlalchemy import RowMapping, func, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.core.entries import EntryKind
+from app.core.entries import RUN_ENTRY_PREFIX, EntryKind
 from app.db import events as events_db
 from app.db import runs as runs_db
 from app.db.tables import sessions
@@ -38,7 +38,7 @@ class Outcome:
 
 
 def entry_id(run_id: str, part: str) -> str:
-    return f"run:{run_id}:{part}"
+    return f"{RUN_ENTRY_PREFIX}{run_id}:{part}"
 
 
 def event_rows(
