@@ -8,7 +8,7 @@ from uuid import UUID
 from fastapi import APIRouter, Header, Response
 from fastapi.responses import JSONResponse
 
-from app.api.deps import Config, Engine, Hub, Tenant
+from app.api.deps import Config, Engine, Hub, IdempotencyKey, Tenant
 from app.api.errors import error_responses
 from app.api.schemas import AskRequest, Run
 from app.api.sse import SSE_RESPONSE, event_stream, resume_point
@@ -34,14 +34,7 @@ async def ask(
     tenant: Tenant,
     settings: Config,
     hub: Hub,
-    idempotency_key: Annotated[
-        str | None,
-        Header(
-            min_length=1,
-            max_length=255,
-            description="A retried ask with the same key returns its run.",
-        ),
-    ] = None,
+    idempotency_key: IdempotencyKey = None,
 ) -> Response:
     """Commit the user's entry and start a run; stream its events, or answer 202 with it."""
     content = (

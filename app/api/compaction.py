@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated
 from uuid import UUID
 
-from fastapi import APIRouter, Header, Response
+from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 
-from app.api.deps import Config, Engine, Hub, Tenant
+from app.api.deps import Config, Engine, Hub, IdempotencyKey, Tenant
 from app.api.errors import error_responses
 from app.api.schemas import CompactRequest, Run
 from app.api.sse import SSE_RESPONSE, event_stream
@@ -35,14 +34,7 @@ async def compact(
     tenant: Tenant,
     settings: Config,
     hub: Hub,
-    idempotency_key: Annotated[
-        str | None,
-        Header(
-            min_length=1,
-            max_length=255,
-            description="A retried compaction with the same key returns its run.",
-        ),
-    ] = None,
+    idempotency_key: IdempotencyKey = None,
 ) -> Response:
     """Summarize the history since the last checkpoint, up to the turns kept raw, into a new
     `summary` entry (incremental: the previous summary is folded in). Runs as a job, after any

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends, HTTPException, Request
+from fastapi import Depends, Header, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -48,3 +48,11 @@ Engine = Annotated[AsyncEngine, Depends(get_engine)]
 Config = Annotated[Settings, Depends(get_settings)]
 Tenant = Annotated[str, Depends(get_tenant)]
 Hub = Annotated[EventHub, Depends(get_hub)]
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        min_length=1,
+        max_length=255,
+        description="A retried request with the same key returns the run the first one created.",
+    ),
+]

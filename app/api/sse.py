@@ -18,7 +18,7 @@ from app.api.hub import EventHub
 SSE_DESCRIPTION = (
     "A stream of run events (text/event-stream). Each event has `id:` (the run event's seq, "
     "for Last-Event-ID), `event:` (its type) and JSON `data:`. Types: `run.created` {run_id, "
-    "session_id, user_entry_seq, model}, `run.started` {attempt}, `message.reset` (a retried "
+    "session_id, kind, user_entry_seq, model}, `run.started` {attempt}, `message.reset` (a retried "
     "run starts its answer over), `message.delta` {text}, `tool_call.delta` {index, "
     "tool_call_id?, name?, arguments} (a call as the model writes it), `tool_call` "
     "{tool_call_id, name, arguments} (when it runs), `tool_result` {tool_call_id, name, "

@@ -13,7 +13,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from sqlalchemy import RowMapping, func, update
+from sqlalchemy import RowMapping
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -27,11 +27,11 @@ from app.db import jobs as jobs_db
 from app.db import journal as journal_db
 from app.db import runs as runs_db
 from app.db import sessions as sessions_db
-from app.db.tables import RUN_TERMINAL, sessions
+from app.db.tables import RUN_TERMINAL
 from app.services.errors import Conflict, Invalid, NotFound, session_not_found
 from app.services.journal import NewEntry, append_in
 from app.services.projection import project_session
-from app.services.runs import Outcome, entry_id, event_rows, finish_run
+from app.services.runs import Outcome, entry_id, event_rows, finish_run, queue_run
 
 Strategy = Literal["reject", "enqueue", "interrupt", "rollback"]
 # How long a `rollback` ask waits for the run it replaces to stop before giving up (409).
@@ -158,7 +158,7 @@ async def _commit(
         "run_policy": policy.model_dump(mode="json"),
         "tools": params.tools,
     }
-    run = await runs_db.insert_run(
+    return await queue_run(
         conn,
         id=run_id,
         tenant_id=tenant_id,
@@ -168,22 +168,6 @@ async def _commit(
         idempotency_key=params.idempotency_key,
         user_entry_seq=user_seq,
     )
-    created = {
-        "run_id": run_id,
-        "session_id": session_id,
-        "user_entry_seq": user_seq,
-        "model": model,
-    }
-    await events_db.insert_events(conn, event_rows(run_id, 1, [("run.created", created)]))
-    job_id = await jobs_db.defer_run(conn, run_id, session_id)
-    run = await runs_db.update_run(conn, run_id, {"job_id": job_id})
-    await conn.execute(
-        update(sessions)
-        .where(sessions.c.id == session_id)
-        .values(status="active", updated_at=func.now())
-    )
-    await events_db.notify(conn, {run_id: 1})
-    return run
 
 
 async def cancel_run(engine: AsyncEngine, tenant_id: str, run_id: str) -> RowMapping:

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import RowMapping, func, update
+from sqlalchemy import RowMapping
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -31,13 +31,10 @@ from app.core.entries import EntryKind
 from app.core.lineage import lineage_from_json, segments
 from app.core.policy import ContextPolicy
 from app.core.tokens import request_tokens
-from app.db import events as events_db
-from app.db import jobs as jobs_db
 from app.db import journal as journal_db
 from app.db import runs as runs_db
 from app.db import sessions as sessions_db
 from app.db.engine import read_snapshot
-from app.db.tables import sessions
 from app.llm.base import Finish, ModelRequest, TextDelta, UsageReport
 from app.llm.catalog import context_window
 from app.llm.router import Router
@@ -46,7 +43,7 @@ from app.services.asks import run_by_idempotency_key
 from app.services.errors import Conflict, Invalid, ServiceError, session_not_found
 from app.services.journal import NewEntry, append_in
 from app.services.projection import resolve_policy
-from app.services.runs import entry_id, event_rows
+from app.services.runs import entry_id, queue_run
 
 # Slack under the summarizer's budget: transcript lines are counted one by one, and tokens
 # can merge differently once the lines are joined.
@@ -332,7 +329,7 @@ async def _queue(
         entry_id(run_id, "start"),
     )
     await append_in(conn, tenant_id, session_id, [start])
-    run = await runs_db.insert_run(
+    return await queue_run(
         conn,
         id=run_id,
         tenant_id=tenant_id,
@@ -342,14 +339,3 @@ async def _queue(
         params={"focus": params.focus, "keep_last_turns": params.keep_last_turns},
         idempotency_key=params.idempotency_key,
     )
-    created = {"run_id": run_id, "session_id": session_id, "kind": "compaction", "model": model}
-    await events_db.insert_events(conn, event_rows(run_id, 1, [("run.created", created)]))
-    job_id = await jobs_db.defer_run(conn, run_id, session_id)
-    run = await runs_db.update_run(conn, run_id, {"job_id": job_id})
-    await conn.execute(
-        update(sessions)
-        .where(sessions.c.id == session_id)
-        .values(status="active", updated_at=func.now())
-    )
-    await events_db.notify(conn, {run_id: 1})
-    return run

@@ -15,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.entries import RUN_ENTRY_PREFIX, EntryKind
 from app.db import events as events_db
+from app.db import jobs as jobs_db
 from app.db import runs as runs_db
 from app.db.tables import sessions
 from app.llm.base import UsageReport
@@ -48,6 +49,31 @@ def event_rows(
         {"run_id": run_id, "seq": first_seq + i, "type": kind, "data": data}
         for i, (kind, data) in enumerate(events)
     ]
+
+
+async def queue_run(conn: AsyncConnection, **values: Any) -> RowMapping:
+    """Insert a run (its id, tenant, session, kind, model, params…), announce it with
+    `run.created` and defer its job, in the caller's transaction: the run and its job are
+    committed together or not at all."""
+    run = await runs_db.insert_run(conn, **values)
+    run_id, session_id = str(run["id"]), str(run["session_id"])
+    created = {
+        "run_id": run_id,
+        "session_id": session_id,
+        "kind": run["kind"],
+        "user_entry_seq": run["user_entry_seq"],
+        "model": run["model"],
+    }
+    await events_db.insert_events(conn, event_rows(run_id, 1, [("run.created", created)]))
+    job_id = await jobs_db.defer_run(conn, run_id, session_id)
+    run = await runs_db.update_run(conn, run_id, {"job_id": job_id})
+    await conn.execute(
+        update(sessions)
+        .where(sessions.c.id == session_id)
+        .values(status="active", updated_at=func.now())
+    )
+    await events_db.notify(conn, {run_id: 1})
+    return run
 
 
 async def finish_run(
