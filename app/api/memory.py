@@ -26,8 +26,8 @@ IfMatch = Annotated[
     str | None,
     Header(
         max_length=1024,
-        description='Write only if the current ETag is this one (e.g. "v3"), else 412; '
-        "`*`: only if the memory exists.",
+        description='Write only if the current ETag is this one (e.g. "v3-h7w22nm1xc"), else '
+        "412; `*`: only if the memory exists.",
     ),
 ]
 
@@ -70,7 +70,7 @@ async def list_memory(
             MemorySummary(
                 namespace=r["namespace"],
                 version=r["version"],
-                etag=service.etag(r["version"]),
+                etag=service.etag(r),
                 bytes=r["bytes"],
                 lines=r["lines"],
                 created_at=r["created_at"],

@@ -210,7 +210,7 @@ memories = Table(
     ),
     Column("namespace", Text(collation="C"), nullable=False),  # byte order: list pages
     Column("content", Text, nullable=False),
-    # 1 at creation, +1 per write: the ETag is derived from it.
+    # 1 at creation, +1 per write: the ETag is derived from it and created_at (the generation).
     Column("version", BigInteger, nullable=False, server_default=text("1")),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),

@@ -1,16 +1,20 @@
 """Memory use cases: read, list, create/replace, find/replace, delete, with ETag preconditions.
 
 The one home of memory's rules: the HTTP routes and the built-in tools both come here.
-A memory's ETag is strong and derived from its version ("v3"); every write adds 1 to the
-version. Preconditions are checked against the row locked FOR UPDATE, in the transaction that
-writes it, so two writers holding the same ETag can never both succeed.
+A memory's ETag is strong and names its version and its incarnation ("v3-<generation>", the
+generation derived from its created_at): every write adds 1 to the version, and a memory deleted
+and created again starts over at version 1 under a new generation, so no ETag of the old memory
+ever matches the new one. Preconditions are checked against the row locked FOR UPDATE, in the
+transaction that writes it, so two writers holding the same ETag can never both succeed.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy import RowMapping
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -39,7 +43,7 @@ class Memory:
 
     @property
     def etag(self) -> str:
-        return etag(self.version)
+        return etag(self)
 
     @property
     def bytes(self) -> int:
@@ -69,8 +73,35 @@ class MemoryPage:
     next_cursor: str | None
 
 
-def etag(version: int) -> str:
-    return f'"v{version}"'
+def etag(memory: Memory | RowMapping | Mapping[str, Any]) -> str:
+    """The strong ETag of a memory (or of its row, which has version and created_at):
+    `"v<version>-<generation>"`. The generation is the creation time in microseconds since the
+    epoch, in base 36: a memory deleted and created again gets a new one, so an ETag of the
+    earlier memory never matches the later one, though their versions restart alike at 1."""
+    if isinstance(memory, Memory):
+        version, created_at = memory.version, memory.created_at
+    else:
+        version, created_at = memory["version"], memory["created_at"]
+    return f'"v{version}-{_generation(created_at)}"'
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_DIGITS = "0123456789abcdefghijklmnopqrstuvwxyz"
+
+
+def _generation(created_at: datetime) -> str:
+    """Microseconds since the epoch in base 36, computed exactly (no float rounding)."""
+    if created_at.tzinfo is None:
+        created_at = created_at.replace(tzinfo=UTC)
+    delta = created_at - _EPOCH
+    micros = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+    sign, micros = ("-", -micros) if micros < 0 else ("", micros)
+    digits = ""
+    while True:
+        micros, digit = divmod(micros, 36)
+        digits = _DIGITS[digit] + digits
+        if micros == 0:
+            return sign + digits
 
 
 def memory_not_found(namespace: str) -> NotFound:
@@ -223,7 +254,7 @@ def _check_preconditions(
     namespace: str, current: RowMapping | None, if_match: str | None, if_none_match: str | None
 ) -> None:
     """RFC 9110 §13.1: If-Match compares strongly, If-None-Match weakly; `*` is any version."""
-    tag = etag(current["version"]) if current is not None else None
+    tag = etag(current) if current is not None else None
     if if_match is not None:
         tags = _tags(if_match)
         if tag is None or not ("*" in tags or tag in tags):
@@ -241,7 +272,7 @@ def _tags(header: str) -> set[str]:
 def _failed(
     namespace: str, current: RowMapping | None, header: str, value: str
 ) -> PreconditionFailed:
-    tag = etag(current["version"]) if current is not None else None
+    tag = etag(current) if current is not None else None
     reason = "the memory does not exist" if current is None else f"its ETag is now {tag}"
     return PreconditionFailed(
         "precondition_failed",

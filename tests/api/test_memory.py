@@ -4,6 +4,7 @@ tenant isolation (DESIGN invariant 9), and memory in the prompt of a real ask.""
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -44,27 +45,55 @@ def error(response: httpx.Response) -> dict[str, Any]:
     return body
 
 
+ETAG = re.compile(r'"v([1-9][0-9]*)-([0-9a-z]+)"')
+
+
+def etag(response: httpx.Response, version: int | None = None) -> str:
+    """The response's ETag header, checked against its body's `etag` (and `version`) and, when
+    given, against the version it should carry."""
+    tag = response.headers["etag"]
+    match = ETAG.fullmatch(tag)
+    assert match is not None, tag
+    assert response.json()["etag"] == tag
+    assert int(match[1]) == response.json()["version"]
+    if version is not None:
+        assert int(match[1]) == version, tag
+    return tag
+
+
+def generation(tag: str) -> str:
+    """The incarnation part of an ETag: the same for every version of one memory."""
+    match = ETAG.fullmatch(tag)
+    assert match is not None, tag
+    return match[2]
+
+
+def at_version(tag: str, version: int) -> str:
+    """The ETag this memory's incarnation would have at another version (a stale one)."""
+    return f'"v{version}-{generation(tag)}"'
+
+
 async def test_create_read_replace_list_delete(client: httpx.AsyncClient) -> None:
     created = await put(client, "agent:main", "# Notes\n- likes tea\n")
     assert created.status_code == 201, created.text
-    assert created.headers["etag"] == '"v1"'
+    first = etag(created, 1)
     body = created.json()
-    assert (body["namespace"], body["version"], body["etag"]) == ("agent:main", 1, '"v1"')
+    assert (body["namespace"], body["version"], body["etag"]) == ("agent:main", 1, first)
     assert (body["lines"], body["bytes"]) == (2, len(b"# Notes\n- likes tea\n"))
 
     read = await client.get("/v1/memory/agent:main")
-    assert read.status_code == 200 and read.headers["etag"] == '"v1"'
+    assert read.status_code == 200 and etag(read) == first
     assert read.json()["content"] == "# Notes\n- likes tea\n"
 
     replaced = await put(client, "agent:main", "- likes coffee")
-    assert replaced.status_code == 200 and replaced.headers["etag"] == '"v2"'
+    assert replaced.status_code == 200 and etag(replaced, 2) == at_version(first, 2)
     assert replaced.json()["created_at"] == body["created_at"]
     assert replaced.json()["updated_at"] >= body["updated_at"]
 
     listed = (await client.get("/v1/memory")).json()
     assert listed["has_more"] is False
     assert [(m["namespace"], m["version"], m["etag"], m["lines"]) for m in listed["data"]] == [
-        ("agent:main", 2, '"v2"', 1)
+        ("agent:main", 2, replaced.headers["etag"], 1)
     ]
 
     assert (await client.delete("/v1/memory/agent:main")).status_code == 204
@@ -72,34 +101,40 @@ async def test_create_read_replace_list_delete(client: httpx.AsyncClient) -> Non
     assert missing.status_code == 404 and error(missing)["code"] == "memory_not_found"
     assert (await client.delete("/v1/memory/agent:main")).status_code == 404
     assert (await client.get("/v1/memory")).json()["data"] == []
-    # A new memory under the same name starts over.
-    assert (await put(client, "agent:main", "again")).headers["etag"] == '"v1"'
+    # A new memory under the same name starts over at version 1, under a new ETag.
+    again = await put(client, "agent:main", "again")
+    assert again.status_code == 201 and etag(again, 1) != first
 
 
 async def test_if_match_guards_every_write(client: httpx.AsyncClient) -> None:
-    await put(client, "n", "alpha beta")
-    stale = await put(client, "n", "lost", if_match='"v0"')
+    v1 = etag(await put(client, "n", "alpha beta"), 1)
+    stale = await put(client, "n", "lost", if_match=at_version(v1, 0))
     assert stale.status_code == 412
     assert error(stale)["code"] == "precondition_failed"
-    assert error(stale)["details"] == {"namespace": "n", "etag": '"v1"', "version": 1}
-    assert (await put(client, "n", "second", if_match='"v1"')).headers["etag"] == '"v2"'
+    assert error(stale)["details"] == {"namespace": "n", "etag": v1, "version": 1}
+    second = await put(client, "n", "second", if_match=v1)
+    v2 = etag(second, 2)
+    assert v2 == at_version(v1, 2)
     # Strong comparison: a weak tag never matches; a list matches any of its tags.
-    assert (await put(client, "n", "x", if_match='W/"v2"')).status_code == 412
-    assert (await put(client, "n", "third", if_match='"v9", "v2"')).status_code == 200
-    assert (await put(client, "n", "fourth", if_match="*")).headers["etag"] == '"v4"'
+    assert (await put(client, "n", "x", if_match=f"W/{v2}")).status_code == 412
+    third = await put(client, "n", "third", if_match=f"{at_version(v1, 9)}, {v2}")
+    assert third.status_code == 200
+    v3 = etag(third, 3)
+    v4 = etag(await put(client, "n", "fourth", if_match="*"), 4)
 
-    assert (await patch(client, "n", "fourth", "5th", if_match='"v3"')).status_code == 412
-    assert (await client.delete("/v1/memory/n", headers={"If-Match": '"v3"'})).status_code == 412
+    assert (await patch(client, "n", "fourth", "5th", if_match=v3)).status_code == 412
+    assert (await client.delete("/v1/memory/n", headers={"If-Match": v3})).status_code == 412
     assert (await client.get("/v1/memory/n")).json()["content"] == "fourth"  # all refused
-    ok = await patch(client, "n", "fourth", "5th", if_match='"v4"')
+    ok = await patch(client, "n", "fourth", "5th", if_match=v4)
     assert ok.status_code == 200 and ok.json()["content"] == "5th"
-    assert (await client.delete("/v1/memory/n", headers={"If-Match": '"v5"'})).status_code == 204
+    v5 = etag(ok, 5)
+    assert (await client.delete("/v1/memory/n", headers={"If-Match": v5})).status_code == 204
 
     # If-Match on a memory that does not exist fails (it matches no current version)...
     absent = await put(client, "n", "x", if_match="*")
     assert absent.status_code == 412 and error(absent)["details"]["etag"] is None
     # ...but a PATCH or DELETE of nothing is simply not found.
-    assert (await patch(client, "n", "a", "b", if_match='"v1"')).status_code == 404
+    assert (await patch(client, "n", "a", "b", if_match=v1)).status_code == 404
     assert (await client.delete("/v1/memory/n", headers={"If-Match": "*"})).status_code == 404
 
 
@@ -107,21 +142,23 @@ async def test_if_none_match_star_creates_only(client: httpx.AsyncClient) -> Non
     first = await put(client, "fresh", "one", if_none_match="*")
     assert first.status_code == 201
     again = await put(client, "fresh", "two", if_none_match="*")
-    assert again.status_code == 412 and error(again)["details"]["etag"] == '"v1"'
+    assert again.status_code == 412 and error(again)["details"]["etag"] == etag(first, 1)
     assert (await client.get("/v1/memory/fresh")).json()["content"] == "one"
 
 
 async def test_concurrent_patches_with_one_etag_exactly_one_wins(
     client: httpx.AsyncClient,
 ) -> None:
-    await put(client, "race", "counter: X")
+    v1 = etag(await put(client, "race", "counter: X"), 1)
     responses = await asyncio.gather(
-        *(patch(client, "race", "X", "XY", if_match='"v1"') for _ in range(12))
+        *(patch(client, "race", "X", "XY", if_match=v1) for _ in range(12))
     )
     statuses = sorted(r.status_code for r in responses)
     assert statuses == [200] + [412] * 11, [r.text for r in responses]
-    assert all(error(r)["details"]["etag"] == '"v2"' for r in responses if r.status_code == 412)
-    final = (await client.get("/v1/memory/race")).json()
+    read = await client.get("/v1/memory/race")
+    v2 = etag(read, 2)
+    assert all(error(r)["details"]["etag"] == v2 for r in responses if r.status_code == 412)
+    final = read.json()
     assert (final["content"], final["version"]) == ("counter: XY", 2)  # one replacement
 
 
@@ -140,7 +177,7 @@ async def test_concurrent_unconditional_writes_lose_no_update(client: httpx.Asyn
 
 
 async def test_patch_is_find_and_replace(client: httpx.AsyncClient) -> None:
-    await put(client, "p", "- a: 1\n- b: 1\n- c: 2\n")
+    v1 = etag(await put(client, "p", "- a: 1\n- b: 1\n- c: 2\n"), 1)
     missing = await patch(client, "p", "- d:", "- e:")
     assert missing.status_code == 422 and error(missing)["code"] == "no_match"
     ambiguous = await patch(client, "p", ": 1", ": 3")
@@ -149,7 +186,7 @@ async def test_patch_is_find_and_replace(client: httpx.AsyncClient) -> None:
     assert (await client.get("/v1/memory/p")).json()["version"] == 1  # nothing written
 
     one = await patch(client, "p", "- c: 2", "- c: 20")
-    assert one.status_code == 200 and one.headers["etag"] == '"v2"'
+    assert one.status_code == 200 and etag(one, 2) == at_version(v1, 2)
     assert one.json()["content"] == "- a: 1\n- b: 1\n- c: 20\n"
     every = await patch(client, "p", ": 1\n", ": 9\n", replace_all=True)
     assert every.json()["content"] == "- a: 9\n- b: 9\n- c: 20\n"
@@ -159,6 +196,44 @@ async def test_patch_is_find_and_replace(client: httpx.AsyncClient) -> None:
     assert empty.status_code == 422 and error(empty)["code"] == "validation_error"
     nowhere = await patch(client, "nowhere", "a", "b")
     assert nowhere.status_code == 404 and error(nowhere)["code"] == "memory_not_found"
+
+
+async def test_a_recreated_memory_never_matches_an_old_etag(client: httpx.AsyncClient) -> None:
+    # Versions restart at 1 when a memory is deleted and created again; its ETag does not:
+    # a client still holding the earlier memory's ETag must not overwrite the later one.
+    assert (await put(client, "reborn", "first life")).status_code == 201
+    old = etag(await client.get("/v1/memory/reborn"), 1)
+    assert (await client.delete("/v1/memory/reborn")).status_code == 204
+    recreated = await put(client, "reborn", "second life")
+    assert recreated.status_code == 201 and recreated.json()["version"] == 1
+    new = etag(recreated, 1)
+    assert new != old and generation(new) != generation(old)
+    assert etag(await client.get("/v1/memory/reborn")) == new
+    listed = (await client.get("/v1/memory", params={"prefix": "reborn"})).json()["data"]
+    assert [(m["version"], m["etag"]) for m in listed] == [(1, new)]
+
+    # The old ETag matches nothing: every conditional write with it is refused...
+    refused = [
+        await patch(client, "reborn", "second", "third", if_match=old),
+        await put(client, "reborn", "overwritten", if_match=old),
+        await client.delete("/v1/memory/reborn", headers={"If-Match": old}),
+    ]
+    for response in refused:
+        assert response.status_code == 412, response.text
+        assert error(response)["code"] == "precondition_failed"
+        assert error(response)["details"] == {"namespace": "reborn", "etag": new, "version": 1}
+    assert (await client.get("/v1/memory/reborn")).json()["content"] == "second life"
+
+    # ...while the new one's ETag (then each response's) succeeds.
+    patched = await patch(client, "reborn", "second", "third", if_match=new)
+    assert patched.status_code == 200 and patched.json()["content"] == "third life"
+    assert etag(patched, 2) == at_version(new, 2)  # one incarnation, one generation
+    # As If-None-Match, the old ETag stops nothing either: the new memory is none of it.
+    replaced = await put(client, "reborn", "fourth life", if_match=etag(patched), if_none_match=old)
+    assert replaced.status_code == 200 and etag(replaced, 3) == at_version(new, 3)
+    deleted = await client.delete("/v1/memory/reborn", headers={"If-Match": etag(replaced)})
+    assert deleted.status_code == 204
+    assert (await client.get("/v1/memory/reborn")).status_code == 404
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,9 @@ byte-stable while it is unchanged, through compaction, and the memory tools are 
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime, timedelta, timezone
 
+import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import Settings
@@ -12,6 +14,7 @@ from app.core.entries import EntryKind
 from app.core.memory import MEMORY_LINES, MEMORY_TOOLS
 from app.core.projection import PendingEntry
 from app.services import memory as memory_service
+from app.services.errors import PreconditionFailed
 from app.services.journal import NewEntry, append_entries
 from app.services.keys import create_key, tenant_for_key
 from app.services.projection import offered_tools, project_session
@@ -109,6 +112,54 @@ async def test_memory_is_per_tenant_and_outlives_sessions(
     await delete_session(engine, owner, mine)
     kept = await memory_service.get_memory(engine, owner, "shared")
     assert kept.content == "- owner's secret"
+
+
+def test_etag_is_the_version_and_the_creation_time() -> None:
+    created = datetime(2024, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
+    memory = memory_service.Memory("n", "", 3, created, created + timedelta(hours=1))
+    tag = memory.etag
+    assert tag.startswith('"v3-') and tag.endswith('"')
+    generation = tag[len('"v3-') : -1]
+    # Microseconds since the epoch in base 36, exactly: it names this incarnation.
+    assert generation == generation.lower() and int(generation, 36) == 1_704_164_645_678_901
+    # Not the update time: every version of one memory shares the generation.
+    later = memory_service.Memory("n", "x", 4, created, created + timedelta(days=9))
+    assert later.etag == f'"v4-{generation}"'
+    # A row (a list item) gives the same ETag as the memory; another instant, another one.
+    row = {"version": 3, "created_at": created}
+    assert memory_service.etag(row) == tag
+    other = memory_service.Memory("n", "", 3, created + timedelta(microseconds=1), created)
+    assert other.etag != tag
+    # Another time zone, the same instant: the same ETag.
+    shifted = created.astimezone(timezone(timedelta(hours=5, minutes=30)))
+    assert memory_service.Memory("n", "", 3, shifted, shifted).etag == tag
+
+
+async def test_a_recreated_memory_gets_a_new_etag(engine: AsyncEngine) -> None:
+    tenant = await _tenant(engine)
+    first = (await memory_service.put_memory(engine, tenant, "again", "one")).memory
+    assert (await memory_service.get_memory(engine, tenant, "again")).etag == first.etag
+    [listed] = (await memory_service.list_memories(engine, tenant, limit=10)).items
+    assert memory_service.etag(listed) == first.etag
+    await memory_service.delete_memory(engine, tenant, "again", if_match=first.etag)
+
+    second = await memory_service.put_memory(engine, tenant, "again", "two")
+    assert second.created and second.memory.version == 1
+    assert second.memory.etag != first.etag
+    for write in (
+        memory_service.put_memory(engine, tenant, "again", "x", if_match=first.etag),
+        memory_service.update_memory(engine, tenant, "again", "two", "x", if_match=first.etag),
+        memory_service.delete_memory(engine, tenant, "again", if_match=first.etag),
+    ):
+        with pytest.raises(PreconditionFailed) as failed:
+            await write
+        assert failed.value.details == {
+            "namespace": "again",
+            "etag": second.memory.etag,
+            "version": 1,
+        }
+    assert (await memory_service.get_memory(engine, tenant, "again")).content == "two"
+    await memory_service.delete_memory(engine, tenant, "again", if_match=second.memory.etag)
 
 
 def test_memory_tools_are_offered_with_a_namespace_only() -> None:
