@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy import RowMapping, func, literal, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.core.lineage import Segment, lineage_from_json, segments
 from app.db.tables import sessions
 
 
@@ -126,3 +127,8 @@ async def current_rev(conn: AsyncConnection, tenant_id: str, session_id: str) ->
     )
     rev: int | None = (await conn.execute(query)).scalar()
     return rev
+
+
+def thread_of(session: RowMapping) -> list[Segment]:
+    """The storage ranges of a session row's thread: its ancestors' prefixes, then its own."""
+    return segments(str(session["id"]), lineage_from_json(session["lineage"]), int(session["rev"]))

@@ -86,6 +86,10 @@ class ProviderError(Exception):
     def retryable(self) -> bool:
         return self.kind in RETRYABLE
 
+    def as_error(self) -> dict[str, str]:
+        """The run error it ends a run with: {"code": "provider_<kind>", "message"}."""
+        return {"code": f"provider_{self.kind}", "message": self.message}
+
 
 class Provider(Protocol):
     """One provider family (openai, anthropic, compat, local)."""

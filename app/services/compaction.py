@@ -28,7 +28,6 @@ from app.core.compaction import (
     transcript_lines,
 )
 from app.core.entries import EntryKind
-from app.core.lineage import lineage_from_json, segments
 from app.core.policy import ContextPolicy
 from app.core.tokens import request_tokens
 from app.db import journal as journal_db
@@ -117,7 +116,7 @@ async def prepare(
         policy = resolve_policy(context_window(model), *layers)
         reader = answer_model or config.get("model") or settings.default_model
         reader_budget = resolve_policy(context_window(reader), *layers).budget
-        thread = segments(session_id, lineage_from_json(session["lineage"]), session["rev"])
+        thread = sessions_db.thread_of(session)
         tail, _ = await journal_db.read_tail(conn, thread, reaches_checkpoint)
         # Runs not ended have answers to come: their turns are never summarized.
         open_runs = {
@@ -228,9 +227,7 @@ async def commit(
         )
         if session is None:
             raise session_not_found(prepared.session_id)
-        thread = segments(
-            prepared.session_id, lineage_from_json(session["lineage"]), session["rev"]
-        )
+        thread = sessions_db.thread_of(session)
         # A summary or rollback appended meanwhile (by a client) changes what the plan covers:
         # committing it anyway would hide that checkpoint or bring rolled-back entries back.
         newer = await journal_db.read_entries(
@@ -259,7 +256,7 @@ async def committed_summary(
         session = await sessions_db.get_session(conn, tenant_id, session_id)
         if session is None:
             return None
-        thread = segments(session_id, lineage_from_json(session["lineage"]), session["rev"])
+        thread = sessions_db.thread_of(session)
         if not thread:
             return None
         found = await journal_db.find_by_entry_ids(conn, thread, [summary_id])

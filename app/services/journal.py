@@ -140,8 +140,7 @@ async def read_history(
         session = await sessions_db.get_session(conn, tenant_id, session_id)
         if session is None:
             raise session_not_found(session_id)
-        lineage = lineage_from_json(session["lineage"])
-        thread = segments(session_id, lineage, int(session["rev"]))
+        thread = sessions_db.thread_of(session)
         found = await journal_db.read_entries(
             conn,
             thread,

@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.config import Settings
 from app.core import policy as policies
-from app.core.lineage import Segment, lineage_from_json, segments
+from app.core.lineage import Segment
 from app.core.memory import MEMORY_TOOLS
 from app.core.messages import ToolSpec
 from app.core.projection import (
@@ -131,7 +131,7 @@ async def _project(
     )
     counting = counting_for(model, policy.token_estimator)
     recount = counting.counter.name != STORED_ENCODING
-    thread = segments(str(session["id"]), lineage_from_json(session["lineage"]), session["rev"])
+    thread = sessions_db.thread_of(session)
 
     def suffices(tail: list[JournalEntry]) -> bool:
         return tail_suffices(tail, policy, recount)

@@ -7,7 +7,6 @@ from collections.abc import Sequence
 from sqlalchemy import RowMapping
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.core.lineage import lineage_from_json, segments
 from app.db import journal as journal_db
 from app.db import sessions as sessions_db
 from app.db.engine import read_snapshot
@@ -29,5 +28,5 @@ async def search_history(
         session = await sessions_db.get_session(conn, tenant_id, session_id)
         if session is None:
             raise session_not_found(session_id)
-        thread = segments(session_id, lineage_from_json(session["lineage"]), session["rev"])
+        thread = sessions_db.thread_of(session)
         return await journal_db.search_entries(conn, thread, query, kinds=kinds, limit=limit)

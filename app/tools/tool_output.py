@@ -11,7 +11,6 @@ from typing import Any
 
 from app.core.entries import EntryKind
 from app.core.eviction import MAX_PAGE_CHARS, PAGE_CHARS, READ_TOOL_OUTPUT, page, parse_ref
-from app.core.lineage import lineage_from_json, segments
 from app.core.messages import result_text
 from app.db import journal as journal_db
 from app.db import sessions as sessions_db
@@ -36,7 +35,7 @@ async def read_tool_output(arguments: dict[str, Any], context: ToolContext) -> d
         session = await sessions_db.get_session(conn, context.tenant_id, context.session_id)
         if session is None:
             raise LookupError("this session was not found")
-        thread = segments(str(session["id"]), lineage_from_json(session["lineage"]), session["rev"])
+        thread = sessions_db.thread_of(session)
         rows = await journal_db.read_entries(
             conn, thread, after_seq=seq - 1, before_seq=seq + 1, limit=1
         )

@@ -167,7 +167,7 @@ async def _tokens(runtime: Runtime, run: RowMapping) -> int | None:
 
 def _error(exc: ProviderError | ServiceError) -> dict[str, str]:
     if isinstance(exc, ProviderError):
-        return {"code": f"provider_{exc.kind}", "message": exc.message}
+        return exc.as_error()
     return {"code": exc.code, "message": exc.message}
 
 

@@ -289,7 +289,7 @@ async def _model_turn(
             elif isinstance(event, UsageReport):
                 progress.add_usage(event)
     except ProviderError as exc:
-        error = {"code": f"provider_{exc.kind}", "message": exc.message}
+        error = exc.as_error()
         return Outcome(
             "failed", "".join(progress.text), progress.usage, error=error, model=progress.model
         )
