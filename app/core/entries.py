@@ -140,6 +140,8 @@ class Refs(_Strict):
     call_id: Annotated[str, Field(max_length=128)] | None = None
     # Anthropic accepts only these characters in tool ids; OpenAI's ids fit too.
     tool_call_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,128}$")] | None = None
+    # The id the model streamed for a call the service named itself (tracing only).
+    upstream_tool_call_id: Annotated[str, Field(max_length=128)] | None = None
     iteration: Annotated[int, Field(ge=0)] | None = None
     parent_call_id: Annotated[str, Field(max_length=128)] | None = None
 

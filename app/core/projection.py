@@ -413,12 +413,9 @@ def _groups(
     Results over `evict_above` tokens are shown as previews (None: never; pending entries have no
     seq a reference could name).
     """
-    results: dict[str, JournalEntry] = {}
-    for entry in entries:
-        if entry.kind == EntryKind.TOOL_RESULT:
-            results.setdefault(str(entry.refs.get("tool_call_id")), entry)
+    answers = _pair_results(entries)
+    wire_ids = _distinct_call_ids(entries)
     groups: list[_Group] = []
-    seen_calls: set[str] = set()
     index = 0
     while index < len(entries):
         entry = entries[index]
@@ -432,25 +429,70 @@ def _groups(
             continue
         if entry.kind == EntryKind.MESSAGE:
             text, index = entry, index + 1
-        calls: list[JournalEntry] = []
+        calls: list[_Call] = []
         turn = entries[index].refs.get("call_id")
         while (
             index < len(entries)
             and entries[index].kind == EntryKind.TOOL_CALL
             and entries[index].refs.get("call_id") == turn
         ):
-            call_id = str(entries[index].refs.get("tool_call_id"))
-            if call_id not in seen_calls:  # a repeated id would be ambiguous: first one wins
-                seen_calls.add(call_id)
-                calls.append(entries[index])
+            calls.append(_Call(entries[index], wire_ids[index], answers.get(index)))
             index += 1
         if calls:
-            groups.append(
-                _tool_group(text, calls, results, tokens_of, counter, offsets, evict_above)
-            )
+            groups.append(_tool_group(text, calls, tokens_of, counter, offsets, evict_above))
         elif text is not None:
             groups.append(_message_group(text, tokens_of, counter, offsets))
     return groups
+
+
+@dataclass(frozen=True)
+class _Call:
+    entry: JournalEntry
+    wire_id: str  # its tool_call_id, unless an earlier call in the history has that one
+    result: JournalEntry | None
+
+
+def _pair_results(entries: Sequence[JournalEntry]) -> dict[int, JournalEntry]:
+    """Each call's result (by the call's index in `entries`), reading in order.
+
+    Ids need not be unique in a thread (imports, journals written before the service named its
+    calls), so a result answers an earlier unanswered call with its id: of its own model turn
+    when there is one, else the oldest; a second result for a call is ignored.
+    """
+    waiting: dict[str, list[int]] = {}
+    answers: dict[int, JournalEntry] = {}
+    for index, entry in enumerate(entries):
+        call_id = str(entry.refs.get("tool_call_id"))
+        if entry.kind == EntryKind.TOOL_CALL:
+            waiting.setdefault(call_id, []).append(index)
+        elif entry.kind == EntryKind.TOOL_RESULT and waiting.get(call_id):
+            candidates = waiting[call_id]
+            turn = entry.refs.get("call_id")
+            same_turn = [i for i in candidates if entries[i].refs.get("call_id") == turn]
+            chosen = (same_turn or candidates)[0]
+            candidates.remove(chosen)
+            answers[chosen] = entry
+    return answers
+
+
+def _distinct_call_ids(entries: Sequence[JournalEntry]) -> dict[int, str]:
+    """The id each call is sent under (by its index in `entries`): its own, or, where an earlier
+    call already has it, one made distinct with the call's seq (a provider refuses a request
+    that repeats a call id, and a repeated id would make results ambiguous)."""
+    used: set[str] = set()
+    wire: dict[int, str] = {}
+    for index, entry in enumerate(entries):
+        if entry.kind != EntryKind.TOOL_CALL:
+            continue
+        call_id = str(entry.refs.get("tool_call_id"))
+        candidate, attempt = call_id, 0
+        while candidate in used:
+            attempt += 1
+            suffix = f"_{entry.seq}" + (f"_{attempt}" if attempt > 1 else "")
+            candidate = call_id[: 128 - len(suffix)] + suffix
+        used.add(candidate)
+        wire[index] = candidate
+    return wire
 
 
 def _opens_tool_turn(entries: Sequence[JournalEntry], index: int) -> bool:
@@ -484,32 +526,35 @@ def _message_group(
 
 def _tool_group(
     text: JournalEntry | None,
-    calls: list[JournalEntry],
-    results: dict[str, JournalEntry],
+    calls: list[_Call],
     tokens_of: Any,
     counter: TokenCounter,
     offsets: dict[int, int],
     evict_above: int | None = None,
 ) -> _Group:
-    first = text or calls[0]
+    first = text or calls[0].entry
     content = "" if text is None else text.payload["content"]
     assistant = Message(
         "assistant",
         content if isinstance(content, str) else tuple(content),
         name=None if text is None else text.payload.get("name"),
         tool_calls=tuple(
-            ToolCall(str(c.refs.get("tool_call_id")), c.payload["name"], c.payload["arguments"])
+            ToolCall(c.wire_id, c.entry.payload["name"], c.entry.payload["arguments"])
             for c in calls
         ),
     )
-    tokens = message_overhead("assistant", counter) + sum(tokens_of(e) for e in calls)
+    tokens = message_overhead("assistant", counter) + sum(tokens_of(c.entry) for c in calls)
     tokens += tokens_of(text) if text is not None else 0
     messages = [assistant]
     entries = len(calls) + (text is not None)
     evicted = 0
-    for call in assistant.tool_calls:
-        found = results.get(call.id)
-        tokens += message_overhead("tool", counter)
+    for call, paired in zip(assistant.tool_calls, calls, strict=True):
+        found = paired.result
+        # Counts were stored with the journaled id: a call sent under another one (a repeated
+        # id, made distinct) costs the difference, in the call and in its result.
+        journaled = str(paired.entry.refs.get("tool_call_id"))
+        renamed = counter.count(call.id) - counter.count(journaled)
+        tokens += message_overhead("tool", counter) + renamed
         if found is None:  # never answered (a crash, a cancel): say so rather than omit it
             messages.append(
                 Message("tool", INTERRUPTED_RESULT, tool_call_id=call.id, is_error=True)
@@ -517,6 +562,7 @@ def _tool_group(
             tokens += counter.count(INTERRUPTED_RESULT) + counter.count(call.id)
             continue
         output, output_tokens = result_text(found.payload.get("content")), tokens_of(found)
+        previewed = False
         # Too large: a preview with a reference; the journal keeps the output for
         # read_tool_output. A page it returned that is too large is not previewed (the model
         # asked for that text) but refused with the page size that fits.
@@ -528,8 +574,10 @@ def _tool_group(
                 ref = output_ref(found.seq)
                 shown = preview(output, ref, part_chars=part_chars, page_chars=page_chars)
             if shown != output:
-                evicted += 1
+                evicted, previewed = evicted + 1, True
                 output, output_tokens = shown, counter.count(shown) + counter.count(call.id)
+        if not previewed:  # the stored count has the journaled id
+            output_tokens += renamed
         messages.append(
             Message(
                 "tool",

@@ -72,19 +72,29 @@ def next_step(run_entries: Sequence[JournalEntry], max_iterations: int) -> Step:
 
 @dataclass(frozen=True, slots=True)
 class AssembledCall:
-    tool_call_id: str
+    tool_call_id: str  # the id it is journaled under: unique in the session's thread
+    upstream_id: str | None  # the id the model gave it, if any (for tracing only)
     name: str
     arguments: dict[str, Any] | None  # None: the model wrote arguments that are not a JSON object
     raw_arguments: str
 
 
+def thread_call_id(user_seq: int, iteration: int, position: int) -> str:
+    """The id a run's call is journaled under: call_<seq of the run's user entry>_<model
+    turn>_<position in it>.
+
+    Upstreams repeat ids across turns (some send one fixed id, or none), and the loop and the
+    projection tell calls apart by id, so the service names every call itself. A user entry's
+    seq is unique in the thread, forks included: a fork's own entries start after `fork_seq`.
+    """
+    return f"call_{user_seq}_{iteration}_{position}"
+
+
 def assemble_calls(
-    pieces: Sequence[tuple[int, str | None, str | None, str]],
-    iteration: int = 1,
-    taken: frozenset[str] = frozenset(),
+    pieces: Sequence[tuple[int, str | None, str | None, str]], user_seq: int, iteration: int
 ) -> list[AssembledCall]:
     """Streamed tool-call pieces (index, id, name, arguments fragment) into whole calls, in
-    the order the model began them."""
+    the order the model began them, each named by thread_call_id."""
     order: list[int] = []
     ids: dict[int, str] = {}
     names: dict[int, str] = {}
@@ -99,7 +109,7 @@ def assemble_calls(
             names[index] = name
         arguments[index].append(fragment)
     calls = []
-    for index in order:
+    for position, index in enumerate(order):
         raw = "".join(arguments[index]).strip() or "{}"
         try:
             parsed = json.loads(raw)
@@ -107,18 +117,11 @@ def assemble_calls(
             parsed = None
         calls.append(
             AssembledCall(
-                _unique_id(ids.get(index), iteration, index, taken),
+                thread_call_id(user_seq, iteration, position),
+                ids.get(index),
                 names.get(index, ""),
                 parsed if isinstance(parsed, dict) else None,
                 raw,
             )
         )
     return calls
-
-
-def _unique_id(given: str | None, iteration: int, index: int, taken: frozenset[str]) -> str:
-    """A call id no earlier call of the run has: some servers stream none, or reuse them, and
-    the loop tells answered calls by id."""
-    if given and given not in taken:
-        return given
-    return f"{given or 'call'}_{iteration}_{index}"

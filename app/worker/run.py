@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +26,7 @@ from app.core.tool_loop import (
     StopRun,
     assemble_calls,
     next_step,
+    thread_call_id,
 )
 from app.db import events as events_db
 from app.db import journal as journal_db
@@ -205,8 +205,7 @@ async def _converse(runtime: Runtime, run: RowMapping, progress: _Progress) -> O
             step = StopRun("tool_denied", f"the policy does not allow {', '.join(denied)}")
         if isinstance(step, StopRun):
             return await _violation(runtime, run, step, progress)
-        taken = frozenset(str(e.refs.get("tool_call_id")) for e in done if e.kind == "tool_call")
-        outcome = await _model_turn(runtime, run, step.iteration, progress, taken)
+        outcome = await _model_turn(runtime, run, step.iteration, progress)
         if outcome is not None:
             return outcome
 
@@ -241,7 +240,6 @@ async def _model_turn(
     run: RowMapping,
     iteration: int,
     progress: _Progress,
-    taken: frozenset[str] = frozenset(),
 ) -> Outcome | None:
     """One model call; an Outcome if the run ends with it, None if it asked for tools (then
     committed as one assistant turn: its text and one tool_call entry per call)."""
@@ -271,6 +269,8 @@ async def _model_turn(
     )
     progress.text = []
     pieces: list[tuple[int, str | None, str | None, str]] = []
+    user_seq = int(run["user_entry_seq"])
+    positions: dict[int, int] = {}  # a streamed call's index -> its place in the turn
     stream = runtime.router.stream(run["model"], request, fallback=params.get("fallback_model"))
     try:
         async for model, event in stream:
@@ -281,8 +281,11 @@ async def _model_turn(
             elif isinstance(event, ToolCallDelta):
                 pieces.append((event.index, event.id, event.name, event.arguments))
                 delta = {"index": event.index, "arguments": event.arguments}
-                if event.id:
-                    delta["tool_call_id"] = event.id
+                if event.index not in positions:  # its first piece: name it as it is journaled
+                    positions[event.index] = len(positions)
+                    delta["tool_call_id"] = thread_call_id(
+                        user_seq, iteration, positions[event.index]
+                    )
                 if event.name:
                     delta["name"] = event.name
                 runtime.writer.emit(run_id, "tool_call.delta", delta)
@@ -293,7 +296,7 @@ async def _model_turn(
         return Outcome(
             "failed", "".join(progress.text), progress.usage, error=error, model=progress.model
         )
-    calls = assemble_calls(pieces, iteration, taken)
+    calls = assemble_calls(pieces, user_seq, iteration)
     if not calls:
         return Outcome("completed", "".join(progress.text), progress.usage, model=progress.model)
     await _commit(runtime, run, _tool_turn(run_id, iteration, "".join(progress.text), calls))
@@ -321,8 +324,10 @@ def _tool_turn(
             )
         )
     for call in calls:
-        call_id = _safe_id(call.tool_call_id)
+        call_id = call.tool_call_id
         call_refs = {**refs, "tool_call_id": call_id}
+        if call.upstream_id:
+            call_refs["upstream_tool_call_id"] = call.upstream_id[:128]
         entries.append(
             NewEntry(
                 EntryKind.TOOL_CALL,
@@ -415,12 +420,6 @@ async def _commit(runtime: Runtime, run: RowMapping, entries: list[NewEntry]) ->
             "entry.committed",
             {"seq": int(entry["seq"]), "kind": entry["kind"], "id": entry["id"]},
         )
-
-
-def _safe_id(tool_call_id: str) -> str:
-    """Provider call ids as our refs accept them (Anthropic's character set)."""
-    cleaned = re.sub(r"[^A-Za-z0-9_-]", "_", tool_call_id)[:128]
-    return cleaned or "call"
 
 
 def _warn_if_full(runtime: Runtime, run_id: str, meta: ProjectionMeta) -> None:

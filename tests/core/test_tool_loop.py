@@ -3,7 +3,15 @@
 from __future__ import annotations
 
 from app.core.projection import JournalEntry
-from app.core.tool_loop import CallModel, PendingCall, RunTools, StopRun, assemble_calls, next_step
+from app.core.tool_loop import (
+    CallModel,
+    PendingCall,
+    RunTools,
+    StopRun,
+    assemble_calls,
+    next_step,
+    thread_call_id,
+)
 
 
 def call(seq: int, tool_call_id: str, iteration: int = 1) -> JournalEntry:
@@ -48,24 +56,34 @@ def test_streamed_pieces_assemble_into_calls_in_order() -> None:
         (1, None, None, 'lo"}'),
         (2, "call_z", "broken", "{not json"),
     ]
-    calls = assemble_calls(pieces)
-    assert [(c.tool_call_id, c.name, c.arguments) for c in calls] == [
-        ("call_x", "weather", {"city": "Oslo"}),
-        ("call_y", "time", {"tz": "UTC"}),
-        ("call_z", "broken", None),
+    calls = assemble_calls(pieces, user_seq=7, iteration=2)
+    assert [(c.tool_call_id, c.upstream_id, c.name, c.arguments) for c in calls] == [
+        ("call_7_2_0", "call_x", "weather", {"city": "Oslo"}),
+        ("call_7_2_1", "call_y", "time", {"tz": "UTC"}),
+        ("call_7_2_2", "call_z", "broken", None),
     ]
     assert calls[2].raw_arguments == "{not json"
-    assert assemble_calls([(0, "c", "noargs", "")])[0].arguments == {}
+    assert assemble_calls([(0, "c", "noargs", "")], 1, 1)[0].arguments == {}
 
 
-def test_call_ids_are_unique_across_a_runs_turns() -> None:
-    """Some servers stream no ids (or reuse them): a later call must not look answered."""
-    first = assemble_calls([(0, None, "f", "{}")], iteration=1)
-    second = assemble_calls(
-        [(0, None, "f", "{}")], iteration=2, taken=frozenset({first[0].tool_call_id})
-    )
-    reused = assemble_calls([(0, "call_0", "f", "{}")], iteration=3, taken=frozenset({"call_0"}))
-    ids = [first[0].tool_call_id, second[0].tool_call_id, reused[0].tool_call_id]
-    assert len(set(ids)) == 3
-    entries = [call(1, ids[0], 1), result(2, ids[0]), call(3, ids[1], 2)]
+def test_call_ids_are_the_services_own_whatever_the_upstream_sends() -> None:
+    """Some servers stream no ids, or one fixed id: the journaled ids differ by run (its user
+    entry's seq), model turn and place in the turn, so no call ever looks answered by another."""
+    streams = [
+        [(0, None, "f", "{}"), (1, None, "f", "{}")],
+        [(0, "call_0", "f", "{}"), (1, "call_0", "f", "{}")],
+    ]
+    ids = [
+        c.tool_call_id
+        for user_seq in (1, 5)
+        for iteration in (1, 2)
+        for pieces in streams
+        for c in assemble_calls(pieces, user_seq, iteration)
+    ]
+    assert len(ids) == 16 and len(set(ids)) == 8  # the same run and turn: the same names
+    per_turn = [assemble_calls(streams[1], 3, 1), assemble_calls(streams[1], 3, 2)]
+    flat = [c.tool_call_id for turn in per_turn for c in turn]
+    assert len(set(flat)) == 4 and all(c.upstream_id == "call_0" for t in per_turn for c in t)
+    assert thread_call_id(3, 1, 0) == flat[0]
+    entries = [call(1, flat[0], 1), result(2, flat[0]), call(3, flat[2], 2)]
     assert isinstance(next_step(entries, 5), RunTools)

@@ -47,9 +47,11 @@ class Text:
 
 @dataclass(frozen=True)
 class ToolCall:
-    """A tool call, streamed as its header and then `fragments` pieces of the arguments."""
+    """A tool call, streamed as its header and then `fragments` pieces of the arguments.
 
-    id: str
+    `id` None: the header carries no id (some OpenAI-compatible servers send none)."""
+
+    id: str | None
     name: str
     arguments: str  # the JSON arguments as the model would write them
     fragments: int = 3
@@ -317,12 +319,13 @@ class FakeUpstream:
                 await self._sleep(script.token_delay)
                 yield chunk({"content": step.text})
             elif isinstance(step, ToolCall):
-                header = {
+                header: Json = {
                     "index": calls,
-                    "id": step.id,
                     "type": "function",
                     "function": {"name": step.name, "arguments": ""},
                 }
+                if step.id is not None:
+                    header["id"] = step.id
                 yield chunk({"tool_calls": [header]})
                 for piece in _fragments(step.arguments, step.fragments):
                     await self._sleep(script.token_delay)
