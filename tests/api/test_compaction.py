@@ -10,6 +10,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.core.entries import EntryKind
+from app.core.tool_loop import thread_call_id
 from app.db.tables import sessions
 from app.services.journal import NewEntry, append_entries
 from tests.fakes.long_session import is_summarization
@@ -330,7 +331,8 @@ async def test_a_run_waiting_for_tool_outputs_keeps_its_turn_raw(
     assert run["status"] == "completed"
     assert "where am I" not in user_text(upstream.requests[-1].body)
     upstream.script(Text("You are in Oslo."))
-    body = {"tool_outputs": [{"tool_call_id": "call_loc", "output": {"city": "Oslo"}}]}
+    call_id = thread_call_id(waiting["user_entry_seq"], 1, 0)  # the call as it was journaled
+    body = {"tool_outputs": [{"tool_call_id": call_id, "output": {"city": "Oslo"}}]}
     assert (await api.post(f"/v1/runs/{waiting['id']}/tool_outputs", json=body)).is_success
     done = await api.get(f"/v1/runs/{waiting['id']}", params={"wait": "true", "timeout": 20})
     assert done.json()["status"] == "completed"

@@ -13,6 +13,7 @@ from tests.sse_client import collect
 
 LOCATE = {"name": "get_location", "kind": "client", "description": "Where the user is"}
 CALCULATOR = {"name": "calculator", "kind": "builtin"}
+LOC, CALC = "call_1_1_0", "call_1_1_1"  # the calls of a new session's first ask, as journaled
 
 
 async def waiting_run(api: httpx.AsyncClient, upstream: FakeUpstream) -> tuple[str, str, Any]:
@@ -33,9 +34,8 @@ async def test_requires_action_then_outputs_then_completed(
 ) -> None:
     sid, run_id, events = await waiting_run(api, upstream)
     action = next(e for e in events if e.type == "run.requires_action")
-    assert [c["tool_call_id"] for c in action.data["tool_calls"]] == [
-        "call_loc"
-    ]  # the built-in ran
+    # The service's own ids (the user entry's seq, model turn, place); the built-in ran.
+    assert [c["tool_call_id"] for c in action.data["tool_calls"]] == [LOC]
     assert (await api.get(f"/v1/runs/{run_id}")).json()["status"] == "requires_action"
 
     unknown = await api.post(
@@ -43,11 +43,11 @@ async def test_requires_action_then_outputs_then_completed(
         json={"tool_outputs": [{"tool_call_id": "nope", "output": 1}]},
     )
     assert unknown.status_code == 422
-    assert unknown.json()["error"]["details"]["missing"] == ["call_loc"]
+    assert unknown.json()["error"]["details"]["missing"] == [LOC]
     assert unknown.json()["error"]["details"]["unknown"] == ["nope"]
 
     upstream.script(Text("You are in Oslo."))
-    body = {"tool_outputs": [{"tool_call_id": "call_loc", "output": {"city": "Oslo"}}]}
+    body = {"tool_outputs": [{"tool_call_id": LOC, "output": {"city": "Oslo"}}]}
     resumed = await api.post(f"/v1/runs/{run_id}/tool_outputs", json=body)
     assert resumed.status_code == 200 and resumed.json()["status"] == "queued"
     done = (await api.get(f"/v1/runs/{run_id}", params={"wait": "true", "timeout": 20})).json()
@@ -57,8 +57,8 @@ async def test_requires_action_then_outputs_then_completed(
     sent = upstream.requests[-1].body["messages"]
     assert [m["role"] for m in sent] == ["user", "assistant", "tool", "tool"]
     assert {m["tool_call_id"]: m["content"] for m in sent if m["role"] == "tool"} == {
-        "call_loc": '{"city":"Oslo"}',
-        "call_calc": "4",
+        LOC: '{"city":"Oslo"}',
+        CALC: "4",
     }
     kinds = [e["kind"] for e in await history(api, sid)]
     assert kinds.count("tool_call") == 2 and kinds.count("tool_result") == 2

@@ -13,6 +13,7 @@ import pytest
 from fastapi import FastAPI, Request
 
 from app.config import Settings
+from app.core.tool_loop import thread_call_id
 from app.main import create_app
 from tests.conftest import issue_key, serve_in_thread, stop_thread_server
 from tests.e2e import Process, e2e_env, process_env
@@ -156,9 +157,12 @@ async def test_a_worker_killed_during_tool_execution(
     run = (
         await api_only.post(f"/v1/sessions/{sid}/ask", json={"input": "q", "stream": False})
     ).json()
-    key = f"{run['id']}:c_"
+    # Webhook idempotency keys are <run>:<tool_call_id>, the ids the service gave the calls.
+    fast_key, slow_key = (
+        f"{run['id']}:{thread_call_id(run['user_entry_seq'], 1, i)}" for i in (0, 1)
+    )
     await wait_for(
-        lambda: receiver.deliveries[key + "slow"] == 1 and receiver.deliveries[key + "fast"] == 1
+        lambda: receiver.deliveries[slow_key] == 1 and receiver.deliveries[fast_key] == 1
     )
     await asyncio.sleep(0.3)  # the fast result is committed while the slow call runs
     workers.kill_and_replace()
@@ -167,7 +171,7 @@ async def test_a_worker_killed_during_tool_execution(
     ).json()
     assert done["status"] == "completed" and done["result"] == "both done"
     # The finished call was never executed again; the interrupted one was, once more.
-    assert receiver.deliveries[key + "fast"] == 1 and receiver.deliveries[key + "slow"] == 2
+    assert receiver.deliveries[fast_key] == 1 and receiver.deliveries[slow_key] == 2
     kinds = Counter(e["kind"] for e in await history(api_only, sid))
     assert kinds["tool_call"] == 2 and kinds["tool_result"] == 2 and kinds["run_end"] == 1
 
@@ -190,7 +194,8 @@ async def test_a_worker_killed_during_the_second_model_call(
         await api_only.get(f"/v1/runs/{run['id']}", params={"wait": "true", "timeout": 60})
     ).json()
     assert done["status"] == "completed" and done["result"] == "final answer"
-    assert receiver.deliveries[f"{run['id']}:c1"] == 1  # its result was committed: not re-run
+    key = f"{run['id']}:{thread_call_id(run['user_entry_seq'], 1, 0)}"
+    assert receiver.deliveries[key] == 1  # its result was committed: not re-run
     assert len(upstream.requests) == 3  # the unanswered model call was made again
     kinds = Counter(e["kind"] for e in await history(api_only, sid))
     assert kinds["message"] == 2  # the question and the one final answer

@@ -31,13 +31,13 @@ async def test_weather_style_agent_flow(api: httpx.AsyncClient, upstream: FakeUp
     assert types[-1] == "run.completed" and events[-1].data["text"] == "The result is 12"
     call = next(e for e in events if e.type == "tool_call")
     assert call.data == {
-        "tool_call_id": "call_1",
+        "tool_call_id": "call_1_1_0",  # the service's own: the user entry's seq, turn, place
         "name": "calculator",
         "arguments": {"expression": "4 * 3"},
     }
     assert next(e for e in events if e.type == "tool_result").data["preview"] == "12"
     streamed = [e.data for e in events if e.type == "tool_call.delta"]
-    assert streamed[0]["name"] == "calculator" and streamed[0]["tool_call_id"] == "call_1"
+    assert streamed[0]["name"] == "calculator" and streamed[0]["tool_call_id"] == "call_1_1_0"
     assert "".join(d["arguments"] for d in streamed) == '{"expression": "4 * 3"}'
     assert events[-1].data["usage"]["input_tokens"] == 80  # summed over both model turns
 
@@ -58,19 +58,21 @@ async def test_weather_style_agent_flow(api: httpx.AsyncClient, upstream: FakeUp
     assert tool_call["refs"] == {
         "run_id": run_id,
         "call_id": f"{run_id}:1",
-        "tool_call_id": "call_1",
+        "tool_call_id": "call_1_1_0",
+        "upstream_tool_call_id": "call_1",
         "iteration": 1,
     }
     assert (
-        tool_result["refs"]["tool_call_id"] == "call_1" and tool_result["payload"]["content"] == 12
+        tool_result["refs"]["tool_call_id"] == "call_1_1_0"
+        and tool_result["payload"]["content"] == 12
     )
     assert journal[2]["refs"]["call_id"] == tool_call["refs"]["call_id"]  # text and calls: one turn
 
     second = upstream.requests[1].body
     assert upstream.requests[0].body["tools"][0]["function"]["name"] == "calculator"
     assert [m["role"] for m in second["messages"]] == ["user", "assistant", "tool"]
-    assert second["messages"][1]["tool_calls"][0]["id"] == "call_1"
-    assert second["messages"][2] == {"role": "tool", "tool_call_id": "call_1", "content": "12"}
+    assert second["messages"][1]["tool_calls"][0]["id"] == "call_1_1_0"
+    assert second["messages"][2] == {"role": "tool", "tool_call_id": "call_1_1_0", "content": "12"}
 
 
 async def test_unknown_tools_and_bad_arguments_become_error_results(
