@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.config import Settings
 from app.core import policy as policies
+from app.core.builtin_tools import with_builtin_schema
 from app.core.lineage import Segment
 from app.core.memory import MEMORY_TOOLS
 from app.core.messages import ToolSpec
@@ -193,11 +194,12 @@ def offered_tools(
     config: Mapping[str, Any], ask_tools: Sequence[Mapping[str, Any]]
 ) -> list[Mapping[str, Any]]:
     """The tools a run offers: the memory built-ins when the session names a memory_namespace,
-    then the session's, then the ask's (a later definition of the same name wins)."""
+    then the session's, then the ask's (a later definition of the same name wins); built-ins
+    with their full schemas, however they were declared."""
     session_tools: list[Mapping[str, Any]] = list(config.get("tools") or [])
     if config.get("memory_namespace"):
         session_tools = [*MEMORY_TOOLS, *session_tools]
-    return merge_tools(session_tools, ask_tools)
+    return [with_builtin_schema(t) for t in merge_tools(session_tools, ask_tools)]
 
 
 def tool_specs(tools: Sequence[Mapping[str, Any]]) -> tuple[ToolSpec, ...]:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.core.builtin_tools import SEARCH_LIMIT_MAX
 from app.core.eviction import READ_TOOL_OUTPUT_DEFINITION
 from app.core.tool_loop import PendingCall
 
@@ -144,7 +145,7 @@ async def search_history_tool(
 
     if context.engine is None:
         raise RuntimeError("search_history needs the database")
-    limit = max(1, min(int(arguments.get("limit", 5)), 20))
+    limit = max(1, min(int(arguments.get("limit", 5)), SEARCH_LIMIT_MAX))
     rows = await search_history(
         context.engine,
         context.tenant_id,
