@@ -12,6 +12,7 @@ from app.core import metadata as metadata_rules
 from app.core.entries import (
     RUN_ENTRY_PREFIX,
     ContentPart,
+    FinishReason,
     MessagePayload,
     RollbackPayload,
     SummaryPayload,
@@ -405,6 +406,12 @@ class Run(BaseModel):
     result: str | None = Field(
         description="The final (or partial) assistant text; a compaction's summary."
     )
+    finish_reason: FinishReason | None = Field(
+        default=None,
+        description="Why the model stopped its final answer: stop (complete), length (cut off "
+        "by max_output_tokens: the answer is truncated), tool_calls, content_filter, other. "
+        "Null until the run completes, and for compactions and failed or cancelled runs.",
+    )
     error: dict[str, Any] | None
     usage: RunUsage
     attempts: int
@@ -424,6 +431,7 @@ class Run(BaseModel):
             user_entry_seq=row["user_entry_seq"],
             end_entry_seq=row["end_entry_seq"],
             result=row["result"],
+            finish_reason=row["finish_reason"],
             error=row["error"],
             usage=RunUsage(
                 input_tokens=row["input_tokens"],

@@ -31,9 +31,10 @@ SSE_DESCRIPTION = (
     "`context.compaction_failed` {error, fallback} (the run goes on with windowing), "
     "`entry.committed` {seq, kind, id}, "
     "`usage` {input_tokens, output_tokens, cached_tokens, cost_usd}, and exactly one terminal "
-    "event: `run.completed` {text, usage}, `run.failed` {error: {code, message}, "
-    "partial_text} or `run.cancelled` {reason, partial_text}. Lines starting with `:` are "
-    "heartbeats."
+    "event: `run.completed` {text, usage, finish_reason: stop | length (cut off by "
+    "max_output_tokens) | tool_calls | content_filter | other}, `run.failed` {error: {code, "
+    "message}, partial_text} or `run.cancelled` {reason, partial_text}. Lines starting with "
+    "`:` are heartbeats."
 )
 EVENT_TYPES = (
     "run.created",

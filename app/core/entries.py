@@ -49,6 +49,11 @@ class ImagePart(_Strict):
 ContentPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
 
 
+# Why a model turn ended, whichever provider said it: stop (a complete answer), length (cut off
+# by the output limit), tool_calls, content_filter (withheld or refused), other.
+FinishReason = Literal["stop", "length", "tool_calls", "content_filter", "other"]
+
+
 class MessagePayload(_Strict):
     role: Literal["system", "user", "assistant"]
     content: str | list[ContentPart]
@@ -57,6 +62,8 @@ class MessagePayload(_Strict):
     )
     # "incomplete" marks assistant text committed when a run was cancelled mid-stream.
     status: Literal["complete", "incomplete"] | None = None
+    # Why the model stopped writing it (runs set it): "length" marks an answer cut off.
+    finish_reason: FinishReason | None = None
 
 
 class ToolCallPayload(_Strict):

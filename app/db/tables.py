@@ -169,6 +169,8 @@ runs = Table(
     Column("end_entry_seq", BigInteger),  # the run_end entry: rollbacks reach up to it
     Column("attempts", Integer, nullable=False, server_default=text("0")),
     Column("result", Text),
+    # Why the model's last turn stopped, provider-neutral (app.llm.base.FINISH_REASONS).
+    Column("finish_reason", Text),
     Column("error", JSONB),
     Column("cancel_mode", Text),  # set when a cancel was requested: cancel | interrupt | rollback
     Column("job_id", BigInteger),

@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from app.core.entries import FinishReason
 from app.core.messages import Message, ToolSpec
 
 
@@ -53,6 +54,28 @@ class UsageReport:
 @dataclass(frozen=True, slots=True)
 class Finish:
     reason: str  # stop | length | tool_calls | content_filter | ... as the provider says
+
+    @property
+    def neutral(self) -> FinishReason:
+        """The reason in Threadline's words, whichever provider said it."""
+        return _NEUTRAL_FINISH.get(self.reason, "other")
+
+
+_NEUTRAL_FINISH: dict[str, FinishReason] = {
+    # OpenAI Chat Completions (and compatible servers, llama.cpp)
+    "stop": "stop",
+    "length": "length",
+    "tool_calls": "tool_calls",
+    "function_call": "tool_calls",
+    "content_filter": "content_filter",
+    # Anthropic Messages
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "max_tokens": "length",
+    "model_context_window_exceeded": "length",
+    "tool_use": "tool_calls",
+    "refusal": "content_filter",
+}
 
 
 StreamEvent = TextDelta | ToolCallDelta | UsageReport | Finish

@@ -13,7 +13,7 @@ from typing import Any, Literal
 from sqlalchemy import RowMapping, func, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.core.entries import RUN_ENTRY_PREFIX, EntryKind
+from app.core.entries import RUN_ENTRY_PREFIX, EntryKind, FinishReason
 from app.db import events as events_db
 from app.db import jobs as jobs_db
 from app.db import runs as runs_db
@@ -36,6 +36,7 @@ class Outcome:
     usage: UsageReport | None = None
     error: dict[str, str] | None = None  # {"code", "message"} for failed runs
     model: str | None = None  # the model that answered (a fallback, maybe)
+    finish_reason: FinishReason | None = None  # why the model's last turn ended
 
 
 def entry_id(run_id: str, part: str) -> str:
@@ -89,6 +90,8 @@ async def finish_run(
         payload: dict[str, Any] = {"role": "assistant", "content": outcome.text}
         if partial:
             payload["status"] = "incomplete"
+        if outcome.finish_reason is not None:
+            payload["finish_reason"] = outcome.finish_reason
         entries.append(
             NewEntry(EntryKind.MESSAGE, payload, {"run_id": run_id}, entry_id(run_id, "answer"))
         )
@@ -133,6 +136,7 @@ async def finish_run(
         {
             "status": outcome.status,
             "result": outcome.text or None,
+            "finish_reason": outcome.finish_reason,
             "error": outcome.error,
             "input_tokens": usage.input_tokens if usage else 0,
             "output_tokens": usage.output_tokens if usage else 0,
@@ -176,7 +180,11 @@ async def finish_run(
         )
     terminal: dict[str, Any] = {"run_id": run_id, "status": outcome.status, "model": model}
     if outcome.status == "completed":
-        terminal |= {"text": outcome.text, "usage": usage_data}
+        terminal |= {
+            "text": outcome.text,
+            "usage": usage_data,
+            "finish_reason": outcome.finish_reason,
+        }
     else:
         terminal["partial_text"] = outcome.text
         if outcome.error:

@@ -15,7 +15,7 @@ from typing import Any
 
 from sqlalchemy import RowMapping, func
 
-from app.core.entries import EntryKind
+from app.core.entries import EntryKind, FinishReason
 from app.core.messages import result_text
 from app.core.projection import ProjectionMeta
 from app.core.run_policy import RunPolicy
@@ -33,7 +33,14 @@ from app.db import journal as journal_db
 from app.db import runs as runs_db
 from app.db import sessions as sessions_db
 from app.db.tables import RUN_TERMINAL
-from app.llm.base import ModelRequest, ProviderError, TextDelta, ToolCallDelta, UsageReport
+from app.llm.base import (
+    Finish,
+    ModelRequest,
+    ProviderError,
+    TextDelta,
+    ToolCallDelta,
+    UsageReport,
+)
 from app.services.errors import ServiceError
 from app.services.journal import NewEntry, append_in
 from app.services.projection import SessionProjection, offered_tools, project_for_run
@@ -270,6 +277,7 @@ async def _model_turn(
     progress.text = []
     pieces: list[tuple[int, str | None, str | None, str]] = []
     user_seq = int(run["user_entry_seq"])
+    finish: FinishReason | None = None
     positions: dict[int, int] = {}  # a streamed call's index -> its place in the turn
     stream = runtime.router.stream(run["model"], request, fallback=params.get("fallback_model"))
     try:
@@ -291,6 +299,8 @@ async def _model_turn(
                 runtime.writer.emit(run_id, "tool_call.delta", delta)
             elif isinstance(event, UsageReport):
                 progress.add_usage(event)
+            elif isinstance(event, Finish):
+                finish = event.neutral
     except ProviderError as exc:
         error = exc.as_error()
         return Outcome(
@@ -298,8 +308,12 @@ async def _model_turn(
         )
     calls = assemble_calls(pieces, user_seq, iteration)
     if not calls:
-        return Outcome("completed", "".join(progress.text), progress.usage, model=progress.model)
-    await _commit(runtime, run, _tool_turn(run_id, iteration, "".join(progress.text), calls))
+        text = "".join(progress.text)
+        return Outcome(
+            "completed", text, progress.usage, model=progress.model, finish_reason=finish
+        )
+    turn = _tool_turn(run_id, iteration, "".join(progress.text), calls, finish)
+    await _commit(runtime, run, turn)
     progress.text = []  # committed with its calls: not part of the final answer
     return None
 
@@ -309,16 +323,23 @@ async def _project(runtime: Runtime, run: RowMapping) -> SessionProjection:
 
 
 def _tool_turn(
-    run_id: str, iteration: int, text: str, calls: list[AssembledCall]
+    run_id: str,
+    iteration: int,
+    text: str,
+    calls: list[AssembledCall],
+    finish: FinishReason | None,
 ) -> list[NewEntry]:
     turn = f"{run_id}:{iteration}"
     refs: dict[str, Any] = {"run_id": run_id, "call_id": turn, "iteration": iteration}
     entries = []
     if text:
+        said: dict[str, Any] = {"role": "assistant", "content": text}
+        if finish is not None:
+            said["finish_reason"] = finish
         entries.append(
             NewEntry(
                 EntryKind.MESSAGE,
-                {"role": "assistant", "content": text},
+                said,
                 refs,
                 entry_id(run_id, f"{iteration}:text"),
             )

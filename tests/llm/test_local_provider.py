@@ -134,3 +134,11 @@ def test_messages_become_alternating_gemma_turns() -> None:
         {"role": "assistant", "content": "Hi"},
     ]
     assert gemma_messages([Message("system", "S")]) == [{"role": "user", "content": "S"}]
+
+
+async def test_an_answer_cut_by_the_output_limit_finishes_with_length(
+    provider: LocalProvider,
+) -> None:
+    cut = ModelRequest(LONG.model, LONG.messages, max_output_tokens=3)
+    finish = (await collect(provider.stream(cut)))[-1]
+    assert isinstance(finish, Finish) and finish.neutral == "length"

@@ -221,7 +221,11 @@ async def test_an_evicted_output_is_previewed_and_paged_back_through_the_service
     first, second, third = (r.body for r in upstream.requests[-3:])
     assert [t["function"]["name"] for t in first["tools"]] == ["big_report"]
     shown = preview(OUTPUT, "tool_output:4")
-    assert second["messages"][-1] == {"role": "tool", "tool_call_id": "call_1_1_0", "content": shown}
+    assert second["messages"][-1] == {
+        "role": "tool",
+        "tool_call_id": "call_1_1_0",
+        "content": shown,
+    }
     assert [t["function"]["name"] for t in second["tools"]] == ["big_report", "read_tool_output"]
     expected = page(OUTPUT, "tool_output:4", 100, 30_000)
     assert third["messages"][-3]["content"] == shown  # still a preview
