@@ -87,10 +87,13 @@ class EventHub:
                 if backlog.ended:  # read once the run was over: that was all of it
                     return
                 if not positioned:
-                    # The feed fetches after what exists, never after a resume point past
-                    # the run's last event: it would skip the events up to it, the terminal
-                    # one among them.
-                    feed.cursor = min(max(feed.cursor, last), backlog.last_seq)
+                    # The feed fetches after what exists, never after a resume point past the
+                    # run's last event: it would skip the events up to it, the terminal one
+                    # among them. Moved back, it fetches again what it may have skipped.
+                    cursor = max(feed.cursor, last)
+                    feed.cursor = min(cursor, backlog.last_seq)
+                    if feed.cursor < cursor:
+                        self._want({run_id: cursor})
                     positioned = True
                 backlog = await self._next(queue, run_id, last)
         finally:
@@ -125,10 +128,14 @@ class EventHub:
             message = json.loads(payload)
         except ValueError:
             message = {"all": True}
-        if message.get("all") or self._wanted is None:
+        self._want(None if message.get("all") else message.get("runs", {}))
+
+    def _want(self, runs: dict[str, int] | None) -> None:
+        """Have the fetch loop fetch these runs' events up to these seqs (None: every run's)."""
+        if runs is None or self._wanted is None:
             self._wanted = None
         else:
-            for run, seq in message.get("runs", {}).items():
+            for run, seq in runs.items():
                 self._wanted[run] = max(seq, self._wanted.get(run, 0))
         self._fetch_needed.set()
 
@@ -167,8 +174,7 @@ class EventHub:
                 self._listener = await asyncpg.connect(self._url)
                 self._listener.add_termination_listener(lambda _conn, lost=lost: lost.set())
                 await self._listener.add_listener(events_db.CHANNEL, self._on_notify)
-                self._wanted = None
-                self._fetch_needed.set()
+                self._want(None)
                 await lost.wait()
             except asyncio.CancelledError:
                 raise
