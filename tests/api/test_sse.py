@@ -54,6 +54,9 @@ async def test_resuming_a_finished_run_after_its_terminal_event_ends_at_once(
         assert (rest.status, rest.events) == (200, events[-2:]), resume
     whole = await read_to_end(api, "GET", url)
     assert (whole.status, whole.events) == (200, events)
+    for not_a_seq in (b"\xb2", b"-1", b"3.0", b""):  # "²" (Latin-1) is a digit, not a seq
+        ignored = await read_to_end(api, "GET", url, headers={"Last-Event-ID": not_a_seq})
+        assert (ignored.status, ignored.events) == (200, events), not_a_seq
     joined = await read_to_end(
         api, "GET", f"/v1/sessions/{sid}/stream", headers={"Last-Event-ID": str(terminal)}
     )
