@@ -12,6 +12,7 @@ import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db import events as events_db
+from tests.api.test_compaction import converse
 from tests.fakes.upstream import FakeUpstream, Stall, Text
 from tests.helpers import new_session
 from tests.sse_client import TERMINAL, Event, collect, read_to_end, until_closed
@@ -121,3 +122,26 @@ async def test_streams_of_a_live_run_end_when_it_ends(
     # Over now: nothing is left to send to a client that has the terminal event.
     last = {"Last-Event-ID": str(whole[-1].id)}
     assert (await read_to_end(api, "GET", f"/v1/runs/{run_id}/events", headers=last)).status == 204
+
+
+async def test_a_repeated_compaction_whose_events_are_gone_answers_with_its_run(
+    api: httpx.AsyncClient, upstream: FakeUpstream, e2e_engine: AsyncEngine
+) -> None:
+    sid = (await new_session(api))["id"]
+    await converse(api, upstream, sid, 3)
+    upstream.script(Text("Three billing questions were asked."))
+    key = {"Idempotency-Key": f"compact-{uuid.uuid4()}"}
+    body = {"stream": True, "keep_last_turns": 1}
+    url = f"/v1/sessions/{sid}/compact"
+    streamed = await read_to_end(api, "POST", url, json=body, headers=key)
+    assert streamed.status == 200 and streamed.events[-1].type == "run.completed"
+    async with e2e_engine.begin() as conn:
+        await events_db.prune(conn, 0)
+    again = await read_to_end(api, "POST", url, json=body, headers=key)
+    assert again.status == 202
+    run = json.loads(again.body)
+    assert (run["id"], run["kind"], run["status"]) == (
+        streamed.events[0].data["run_id"],
+        "compaction",
+        "completed",
+    )
