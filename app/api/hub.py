@@ -69,6 +69,7 @@ class EventHub:
         """The run's events after `after_seq`, replayed then live. Ends after its terminal
         event, or as soon as the run is seen to be over without one left to send: a follower
         never outlives its run, whatever its resume point and whether or not events remain."""
+        after_seq = min(after_seq, events_db.MAX_SEQ)  # a cursor the fetch query can bind
         queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         feed = self._feeds.setdefault(run_id, _Feed(cursor=after_seq))
         feed.subscribers.add(queue)  # before the replay: nothing committed later is missed
