@@ -61,7 +61,8 @@ async def test_a_follower_past_a_live_runs_last_event_ends_when_the_run_ends(
     hub: EventHub, api: httpx.AsyncClient, upstream: FakeUpstream
 ) -> None:
     sid = (await new_session(api))["id"]
-    upstream.script(Text("first"), Stall(30), Text("never"))
+    # Stalled until cancelled (the stall only bounds a test that went wrong).
+    upstream.script(Text("first"), Stall(600), Text("never"))
     started = await collect(
         api, "POST", f"/v1/sessions/{sid}/ask", json={"input": "go"}, until="message.delta"
     )

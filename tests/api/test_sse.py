@@ -91,7 +91,8 @@ async def test_streams_of_a_live_run_end_when_it_ends(
     """Clients attached to a live run from any point, even one past its last event, are let go
     when it ends: with the events they had not seen, through the terminal one."""
     sid = (await new_session(api))["id"]
-    upstream.script(Text("first"), Stall(30), Text("never"))
+    # Stalled until cancelled (the stall only bounds a test that went wrong).
+    upstream.script(Text("first"), Stall(600), Text("never"))
     started = await collect(
         api, "POST", f"/v1/sessions/{sid}/ask", json={"input": "go"}, until="message.delta"
     )
