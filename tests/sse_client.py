@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -59,3 +60,36 @@ async def collect(
             ):
                 break
     return out
+
+
+@dataclass(frozen=True)
+class Ended:
+    """A whole response read to the end: its status and, for a stream, every event in it."""
+
+    status: int
+    events: list[Event]
+    body: str = ""
+
+
+# Only a safety net, so that a stream the server never ends fails the test instead of hanging
+# it (heartbeats would keep a read timeout from ever firing); no test measures time with it.
+SAFETY_NET_SECONDS = 120
+
+
+async def until_closed(response: httpx.Response) -> list[Event]:
+    """Every event of an open stream until the server ends it: returning at all is the proof
+    that the server closed the stream."""
+    try:
+        async with asyncio.timeout(SAFETY_NET_SECONDS):
+            return [event async for event in events(response)]
+    except TimeoutError:
+        raise AssertionError(f"the server kept {response.url} open") from None
+
+
+async def read_to_end(client: httpx.AsyncClient, method: str, url: str, **kwargs: Any) -> Ended:
+    """Send a request and read its response until the server ends it (past any terminal
+    event)."""
+    async with client.stream(method, url, **kwargs) as response:
+        if response.headers.get("content-type", "").startswith("text/event-stream"):
+            return Ended(response.status_code, await until_closed(response))
+        return Ended(response.status_code, [], (await response.aread()).decode())

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 from app.api.deps import Config, Engine, Hub, IdempotencyKey, Tenant
 from app.api.errors import error_responses
 from app.api.schemas import AskRequest, Run
-from app.api.sse import SSE_RESPONSE, event_stream, resume_point
+from app.api.sse import RUN_INSTEAD_OF_STREAM, SSE_RESPONSE, event_stream, resume_point
 from app.services import asks as service
 
 router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["runs"])
@@ -23,7 +23,10 @@ router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["runs"])
     response_model=None,
     responses={
         **SSE_RESPONSE,
-        202: {"model": Run, "description": "stream: false: the run, queued."},
+        202: {
+            "model": Run,
+            "description": f"stream: false: the run, queued. {RUN_INSTEAD_OF_STREAM}",
+        },
         **error_responses(400, 401, 404, 409, 413, 422),
     },
 )
@@ -66,7 +69,11 @@ async def ask(
         await service.cancel_run(engine, tenant, run_id)
 
     gone = cancel_run if body.on_disconnect == "cancel" else None
-    return event_stream(hub, run_id, 0, settings.sse_heartbeat_seconds, gone)
+    stream = await event_stream(hub, run_id, 0, settings.sse_heartbeat_seconds, gone)
+    if stream is None:  # a repeated Idempotency-Key's run, over and its events gone
+        run = await service.get_run(engine, tenant, run_id)
+        return JSONResponse(Run.from_row(run).model_dump(mode="json"), status_code=202)
+    return stream
 
 
 @router.get(
@@ -75,7 +82,7 @@ async def ask(
     response_model=None,
     responses={
         **SSE_RESPONSE,
-        204: {"description": "No run is in progress."},
+        204: {"description": "No run is in progress (or it just ended: nothing is left)."},
         **error_responses(401, 404, 422),
     },
 )
@@ -92,4 +99,5 @@ async def join_stream(
     if run is None:
         return Response(status_code=204)
     after = resume_point(last_event_id, None)
-    return event_stream(hub, str(run["id"]), after, settings.sse_heartbeat_seconds)
+    stream = await event_stream(hub, str(run["id"]), after, settings.sse_heartbeat_seconds)
+    return stream or Response(status_code=204)

@@ -10,7 +10,8 @@ from fastapi.responses import JSONResponse
 from app.api.deps import Config, Engine, Hub, IdempotencyKey, Tenant
 from app.api.errors import error_responses
 from app.api.schemas import CompactRequest, Run
-from app.api.sse import SSE_RESPONSE, event_stream
+from app.api.sse import RUN_INSTEAD_OF_STREAM, SSE_RESPONSE, event_stream
+from app.services import asks as asks_service
 from app.services import compaction as service
 
 router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["context"])
@@ -22,7 +23,10 @@ router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["context"])
     status_code=202,
     response_model=None,
     responses={
-        202: {"model": Run, "description": "stream: false: the compaction run, queued."},
+        202: {
+            "model": Run,
+            "description": f"stream: false: the compaction run, queued. {RUN_INSTEAD_OF_STREAM}",
+        },
         **SSE_RESPONSE,
         **error_responses(400, 401, 404, 409, 413, 422),
     },
@@ -50,4 +54,8 @@ async def compact(
     run, _ = await service.request_compaction(engine, settings, tenant, str(session_id), params)
     if not body.stream:
         return JSONResponse(Run.from_row(run).model_dump(mode="json"), status_code=202)
-    return event_stream(hub, str(run["id"]), 0, settings.sse_heartbeat_seconds)
+    stream = await event_stream(hub, str(run["id"]), 0, settings.sse_heartbeat_seconds)
+    if stream is None:  # a repeated Idempotency-Key's run, over and its events gone
+        run = await asks_service.get_run(engine, tenant, str(run["id"]))
+        return JSONResponse(Run.from_row(run).model_dump(mode="json"), status_code=202)
+    return stream

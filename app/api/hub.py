@@ -3,7 +3,8 @@
 A worker's tick sends one NOTIFY naming the runs with new events. The hub fetches them for every
 followed run in one query and hands each row to that run's subscribers. A subscriber first
 catches up from the table (replay), then takes live rows, skipping what it has and refilling
-any gap from the table: every event exactly once, in order, on any API instance.
+any gap from the table: every event exactly once, in order, on any API instance. It ends with
+the run: after the terminal event, or once the run is seen to be over with nothing left to send.
 """
 
 from __future__ import annotations
@@ -57,55 +58,85 @@ class EventHub:
             with contextlib.suppress(Exception):
                 await self._listener.close()
 
+    async def has_more(self, run_id: str, after_seq: int) -> bool:
+        """Whether following from `after_seq` would send anything: False when the run is over
+        and has no event after it (the client has the terminal event, or the events were
+        pruned), so that an SSE response is never opened just to be closed."""
+        backlog = await self._read(run_id, after_seq, limit=1)
+        return bool(backlog.rows) or not backlog.ended
+
     async def follow(self, run_id: str, after_seq: int = 0) -> AsyncIterator[dict[str, Any]]:
-        """The run's events after `after_seq`, replayed then live, until its terminal event."""
+        """The run's events after `after_seq`, replayed then live. Ends after its terminal
+        event, or as soon as the run is seen to be over without one left to send: a follower
+        never outlives its run, whatever its resume point and whether or not events remain."""
+        after_seq = min(after_seq, events_db.MAX_SEQ)  # a cursor the fetch query can bind
         queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         feed = self._feeds.setdefault(run_id, _Feed(cursor=after_seq))
         feed.subscribers.add(queue)  # before the replay: nothing committed later is missed
-        last = after_seq
+        last, positioned = after_seq, False
         try:
+            backlog = await self._read(run_id, last)
             while True:
-                rows = await self._read(run_id, last)
-                for row in rows:
+                for row in backlog.rows:
                     yield row
                     last = row["seq"]
                     if row["type"] in events_db.TERMINAL_TYPES:
                         return
-                if len(rows) < PAGE:
-                    break
-            feed.cursor = max(feed.cursor, last)
-            while True:
-                try:
-                    row = await asyncio.wait_for(queue.get(), timeout=self._poll)
-                except TimeoutError:  # a lost notification must not stall a stream
+                if len(backlog.rows) == PAGE:  # more in the table
                     backlog = await self._read(run_id, last)
-                else:
-                    if row["seq"] <= last:
-                        continue
-                    backlog = [row] if row["seq"] == last + 1 else await self._read(run_id, last)
-                for row in backlog:
-                    yield row
-                    last = row["seq"]
-                    if row["type"] in events_db.TERMINAL_TYPES:
-                        return
+                    continue
+                if backlog.ended:  # read once the run was over: that was all of it
+                    return
+                if not positioned:
+                    # The feed fetches after what exists, never after a resume point past the
+                    # run's last event: it would skip the events up to it, the terminal one
+                    # among them. Moved back, it fetches again what it may have skipped.
+                    cursor = max(feed.cursor, last)
+                    feed.cursor = min(cursor, backlog.last_seq)
+                    if feed.cursor < cursor:
+                        self._want({run_id: cursor})
+                    positioned = True
+                backlog = await self._next(queue, run_id, last)
         finally:
             feed.subscribers.discard(queue)
             if not feed.subscribers and self._feeds.get(run_id) is feed:
                 del self._feeds[run_id]
 
-    async def _read(self, run_id: str, after_seq: int) -> list[dict[str, Any]]:
+    async def _next(
+        self, queue: asyncio.Queue[dict[str, Any]], run_id: str, last: int
+    ) -> events_db.Backlog:
+        """What comes after `last`: the next live row, or the table's backlog when rows were
+        skipped or nothing arrived for a while (a lost notification, or a run that ended
+        without an event this follower is owed, must not keep the stream open)."""
+        while True:
+            try:
+                row = await asyncio.wait_for(queue.get(), timeout=self._poll)
+            except TimeoutError:
+                return await self._read(run_id, last)
+            if row["seq"] == last + 1:
+                return events_db.Backlog([row], ended=False, last_seq=row["seq"])
+            if row["seq"] > last:  # a gap: refill it from the table
+                return await self._read(run_id, last)
+            if row["type"] in events_db.TERMINAL_TYPES:  # one it resumed past: the run is over
+                return events_db.Backlog([], ended=True, last_seq=row["seq"])
+
+    async def _read(self, run_id: str, after_seq: int, limit: int = PAGE) -> events_db.Backlog:
         async with self._engine.connect() as conn:
-            return [dict(r) for r in await events_db.read_events(conn, run_id, after_seq, PAGE)]
+            return await events_db.read_backlog(conn, run_id, after_seq, limit)
 
     def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
         try:
             message = json.loads(payload)
         except ValueError:
             message = {"all": True}
-        if message.get("all") or self._wanted is None:
+        self._want(None if message.get("all") else message.get("runs", {}))
+
+    def _want(self, runs: dict[str, int] | None) -> None:
+        """Have the fetch loop fetch these runs' events up to these seqs (None: every run's)."""
+        if runs is None or self._wanted is None:
             self._wanted = None
         else:
-            for run, seq in message.get("runs", {}).items():
+            for run, seq in runs.items():
                 self._wanted[run] = max(seq, self._wanted.get(run, 0))
         self._fetch_needed.set()
 
@@ -144,8 +175,7 @@ class EventHub:
                 self._listener = await asyncpg.connect(self._url)
                 self._listener.add_termination_listener(lambda _conn, lost=lost: lost.set())
                 await self._listener.add_listener(events_db.CHANNEL, self._on_notify)
-                self._wanted = None
-                self._fetch_needed.set()
+                self._want(None)
                 await lost.wait()
             except asyncio.CancelledError:
                 raise

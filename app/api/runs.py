@@ -12,7 +12,7 @@ from fastapi import APIRouter, Header, Query, Response
 from app.api.deps import Config, Engine, Hub, Tenant
 from app.api.errors import error_responses
 from app.api.schemas import Run, ToolOutputsRequest
-from app.api.sse import SSE_RESPONSE, event_stream, resume_point
+from app.api.sse import NOTHING_LEFT, SSE_RESPONSE, event_stream, resume_point
 from app.db.tables import RUN_TERMINAL
 from app.services import asks as service
 
@@ -48,7 +48,11 @@ async def _until_ended(hub: Hub, run_id: str) -> None:
     "/events",
     operation_id="streamRunEvents",
     response_model=None,
-    responses={**SSE_RESPONSE, **error_responses(401, 404, 422)},
+    responses={
+        **SSE_RESPONSE,
+        204: {"description": NOTHING_LEFT},
+        **error_responses(401, 404, 422),
+    },
 )
 async def run_events(
     run_id: UUID,
@@ -59,10 +63,12 @@ async def run_events(
     last_event_id: Annotated[str | None, Header(max_length=32)] = None,
     starting_after: Annotated[int | None, Query(ge=0, le=2**31)] = None,
 ) -> Response:
-    """Every event after Last-Event-ID (or starting_after) exactly once, then live ones."""
+    """Every event after Last-Event-ID (or starting_after) exactly once, then live ones; the
+    stream ends after the terminal event. 204 when the run is over and nothing is left to send."""
     await service.get_run(engine, tenant, str(run_id))  # 404 for others' runs
     after = resume_point(last_event_id, starting_after)
-    return event_stream(hub, str(run_id), after, settings.sse_heartbeat_seconds)
+    stream = await event_stream(hub, str(run_id), after, settings.sse_heartbeat_seconds)
+    return stream or Response(status_code=204)
 
 
 @router.post("/cancel", operation_id="cancelRun", responses=error_responses(401, 404, 422))

@@ -2,18 +2,21 @@
 
 Resuming is exactly-once: a client reconnects with `Last-Event-ID` (or `?starting_after=`) and
 gets every later event once, on any API instance. Comment lines keep idle connections alive.
+A stream ends with its run; a run that is over with nothing left to send gets no stream at all.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from app.api.hub import EventHub
+from app.db.events import MAX_SEQ
 
 SSE_DESCRIPTION = (
     "A stream of run events (text/event-stream). Each event has `id:` (the run event's seq, "
@@ -75,13 +78,32 @@ SSE_RESPONSE: dict[int | str, dict[str, Any]] = {
 }
 
 
-def event_stream(
+NOTHING_LEFT = (
+    "The run is over and nothing is left to send: the client has its terminal event, or its "
+    "events are gone (they are kept THREADLINE_EVENT_RETENTION_SECONDS after a run ends). "
+    "GET /v1/runs/{id} has its result."
+)
+
+# When a POST that starts a run (ask, compact) answers with the run rather than a stream.
+RUN_INSTEAD_OF_STREAM = (
+    "Also, for stream: true with the Idempotency-Key of a run that is over and whose events are "
+    "gone (past THREADLINE_EVENT_RETENTION_SECONDS): that run, as it ended."
+)
+
+
+async def event_stream(
     hub: EventHub,
     run_id: str,
     after_seq: int,
     heartbeat_seconds: float,
     on_client_gone: Callable[[], Awaitable[None]] | None = None,
-) -> EventSourceResponse:
+) -> EventSourceResponse | None:
+    """The run's events after `after_seq` as SSE, ending with the run (hub.follow); None when
+    the run is already over and nothing is left to send: the caller answers without a stream
+    (a 204 also stops an EventSource from reconnecting, which an empty 200 would not)."""
+    if not await hub.has_more(run_id, after_seq):
+        return None
+
     async def events() -> AsyncIterator[ServerSentEvent]:
         finished = False
         try:
@@ -106,7 +128,9 @@ def event_stream(
 
 
 def resume_point(last_event_id: str | None, starting_after: int | None) -> int:
-    """Where a reconnecting client resumes: after Last-Event-ID, else after starting_after."""
-    if last_event_id is not None and last_event_id.strip().isdigit():
-        return int(last_event_id)
-    return starting_after or 0
+    """Where a reconnecting client resumes: after Last-Event-ID (when it is a seq: ASCII
+    digits), else after starting_after; a point past every possible seq is past the last."""
+    digits = last_event_id.strip() if last_event_id is not None else ""
+    if re.fullmatch(r"[0-9]+", digits):
+        return min(int(digits), MAX_SEQ)
+    return min(starting_after or 0, MAX_SEQ)

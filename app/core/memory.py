@@ -6,6 +6,8 @@ edited and shown the same way everywhere.
 
 from __future__ import annotations
 
+import re
+import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,15 +84,27 @@ def memory_lines(content: str) -> list[str]:
     return lines[:-1] if content.endswith("\n") else lines
 
 
-def memory_block(content: str, namespace: str | None = None, lines: int = MEMORY_LINES) -> str:
-    """What a projection adds to the system segment: a header and the first `lines` lines.
+def memory_fence(text: str) -> str:
+    """A Markdown code fence that no line of `text` can close: more backticks than its longest
+    run, counted also after NFKC normalization (which folds lookalikes such as U+FF40 into "`"),
+    so a reader that normalizes sees the same block."""
+    runs = re.findall(r"`+", text) + re.findall(r"`+", unicodedata.normalize("NFKC", text))
+    return "`" * max(3, 1 + max(map(len, runs), default=0))
 
-    A function of the content alone, so an unchanged memory gives byte-identical prompts.
+
+def memory_block(content: str, namespace: str | None = None, lines: int = MEMORY_LINES) -> str:
+    """What a projection adds to the system segment: a header, the first `lines` lines fenced,
+    and how many more lines there are.
+
+    The memory is data the model wrote, so it is quoted verbatim inside a code fence it cannot
+    close (memory_fence): no memory text can end the block and continue as the system. A
+    function of the content alone, so an unchanged memory gives byte-identical prompts.
     """
     all_lines = memory_lines(content)
     header = f"# Memory ({namespace})" if namespace else "# Memory"
-    shown = "\n".join(all_lines[:lines])
-    block = f"{header}\n{shown}"
+    shown = "".join(f"{line}\n" for line in all_lines[:lines])
+    fence = memory_fence(shown)
+    block = f"{header}\n{fence}\n{shown}{fence}"
     hidden = len(all_lines) - lines
     if hidden > 0:
         block += f"\n[{hidden} more lines not shown: read_memory returns the whole memory.]"

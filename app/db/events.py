@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import RowMapping, func, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.db.tables import run_events, runs
+from app.db.tables import RUN_TERMINAL, run_events, runs
 
 CHANNEL = "threadline_run_events"
 # NOTIFY payloads are limited to 8000 bytes; past this a notification just says "look".
 _MAX_PAYLOAD = 7000
 TERMINAL_TYPES = frozenset({"run.completed", "run.failed", "run.cancelled"})
+# Seqs are int4: a resume point past this is past every event there can be.
+MAX_SEQ = 2**31 - 1
 
 
 async def insert_events(conn: AsyncConnection, rows: Sequence[Mapping[str, Any]]) -> None:
@@ -50,6 +53,32 @@ async def read_events(
         .limit(limit)
     )
     return list((await conn.execute(query)).mappings())
+
+
+@dataclass(frozen=True)
+class Backlog:
+    """A follower's view of a run from a resume point: the events after it, and whether the
+    run was over before they were read (then they are all it will ever have)."""
+
+    rows: Sequence[dict[str, Any]]
+    ended: bool  # the run had ended, or no longer exists, when the rows were read
+    last_seq: int  # its highest event seq as of that moment (0: none, or pruned)
+
+
+async def read_backlog(
+    conn: AsyncConnection, run_id: str, after_seq: int, limit: int = 1000
+) -> Backlog:
+    """The run's state, then its events after `after_seq`. The order matters: a run's terminal
+    event commits with its final status, so events read after seeing it ended are complete."""
+    status = select(runs.c.status).where(runs.c.id == run_id).scalar_subquery()
+    top = (
+        select(func.coalesce(func.max(run_events.c.seq), 0))
+        .where(run_events.c.run_id == run_id)
+        .scalar_subquery()
+    )
+    state = (await conn.execute(select(status, top))).one()
+    rows = [dict(r) for r in await read_events(conn, run_id, min(after_seq, MAX_SEQ), limit)]
+    return Backlog(rows, state[0] is None or state[0] in RUN_TERMINAL, int(state[1]))
 
 
 async def read_events_of_runs(

@@ -432,6 +432,7 @@ async def test_the_model_remembers_across_sessions(
     upstream.script(Text("In kilometres."))
     await collect(api, "POST", f"/v1/sessions/{second}/ask", json={"input": "How far?"})
     system = upstream.requests[-1].body["messages"][0]
-    assert system == {"role": "system", "content": "# Memory (agent:e2e)\n- prefers metric units"}
+    memory = "# Memory (agent:e2e)\n```\n- prefers metric units\n```"
+    assert system == {"role": "system", "content": memory}
     stored = (await api.get("/v1/memory/agent:e2e")).json()
     assert (stored["content"], stored["version"]) == ("- prefers metric units\n", 1)

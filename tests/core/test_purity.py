@@ -24,6 +24,7 @@ ALLOWED = {
     "hashlib",
     "operator",
     "decimal",
+    "unicodedata",
 }
 
 

@@ -58,8 +58,8 @@ async def test_projections_carry_the_memory_byte_stable(
     first = await project_session(engine, settings, tenant, sid, pending=ask("one"))
     system = first.projection.messages[0]
     assert isinstance(system.content, str)
-    assert system.content.startswith("Be brief.\n\n# Memory (agent:x)\n- fact 0\n")
-    assert f"- fact {MEMORY_LINES - 1}\n[20 more lines" in system.content
+    assert system.content.startswith("Be brief.\n\n# Memory (agent:x)\n```\n- fact 0\n")
+    assert f"- fact {MEMORY_LINES - 1}\n```\n[20 more lines" in system.content
     assert first.projection.meta.memory_tokens > 0
 
     await append_entries(

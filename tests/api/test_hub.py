@@ -1,0 +1,77 @@
+"""The event hub's followers end with their run, whatever their resume point and whether the
+events are still kept: against the served run's real tables and notifications, with a hub that
+never polls, so every ending comes from what it reads or is notified of."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.api.hub import EventHub
+from app.config import Settings
+from app.db import events as events_db
+from app.worker.pool import libpq_url
+from tests.fakes.upstream import FakeUpstream, Stall, Text
+from tests.helpers import new_session
+from tests.sse_client import SAFETY_NET_SECONDS, collect
+
+
+@pytest.fixture
+async def hub(e2e_engine: AsyncEngine, e2e_settings: Settings) -> AsyncIterator[EventHub]:
+    hub = EventHub(e2e_engine, libpq_url(e2e_settings.database_url), poll_seconds=3600)
+    await hub.start()
+    yield hub
+    await hub.stop()
+
+
+async def followed(hub: EventHub, run_id: str, after_seq: int) -> list[dict[str, Any]]:
+    """Everything a follower gets, until the hub ends it (the timeout is only a safety net)."""
+    try:
+        async with asyncio.timeout(SAFETY_NET_SECONDS):
+            return [row async for row in hub.follow(run_id, after_seq)]
+    except TimeoutError:
+        raise AssertionError(f"following {run_id} after {after_seq} never ended") from None
+
+
+async def test_a_follower_of_a_finished_run_ends_whatever_it_has_seen(
+    hub: EventHub, api: httpx.AsyncClient, upstream: FakeUpstream, e2e_engine: AsyncEngine
+) -> None:
+    sid = (await new_session(api))["id"]
+    upstream.script(Text("done"))
+    events = await collect(api, "POST", f"/v1/sessions/{sid}/ask", json={"input": "q"})
+    run_id, terminal = str(events[0].data["run_id"]), events[-1].id
+    assert [r["seq"] for r in await followed(hub, run_id, 0)] == [e.id for e in events]
+    assert [r["seq"] for r in await followed(hub, run_id, terminal - 1)] == [terminal]
+    for seen_it_all in (terminal, terminal + 1, 2**40):
+        assert await followed(hub, run_id, seen_it_all) == []
+        assert not await hub.has_more(run_id, seen_it_all)
+    assert await hub.has_more(run_id, terminal - 1)
+    async with e2e_engine.begin() as conn:  # past the retention window
+        await events_db.prune(conn, 0)
+    assert await followed(hub, run_id, 0) == []
+    assert not await hub.has_more(run_id, 0)
+
+
+async def test_a_follower_past_a_live_runs_last_event_ends_when_the_run_ends(
+    hub: EventHub, api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    sid = (await new_session(api))["id"]
+    # Stalled until cancelled (the stall only bounds a test that went wrong).
+    upstream.script(Text("first"), Stall(600), Text("never"))
+    started = await collect(
+        api, "POST", f"/v1/sessions/{sid}/ask", json={"input": "go"}, until="message.delta"
+    )
+    run_id = str(started[0].data["run_id"])
+    assert await hub.has_more(run_id, 10_000)  # live: there may be more
+    beyond = asyncio.create_task(followed(hub, run_id, 10_000))
+    whole = asyncio.create_task(followed(hub, run_id, 0))
+    assert (await api.post(f"/v1/runs/{run_id}/cancel")).status_code == 200
+    assert await beyond == []
+    rows = await whole
+    assert rows[-1]["type"] == "run.cancelled"
+    assert [r["seq"] for r in rows] == list(range(1, len(rows) + 1))

@@ -1,0 +1,148 @@
+"""Every SSE response ends: after the run's terminal event, or at once when the run is over and
+nothing is left to send (204 for GETs, the run itself for a repeated ask), over a real uvicorn."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import uuid
+from typing import Any
+
+import httpx
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.db import events as events_db
+from tests.api.test_compaction import converse
+from tests.fakes.upstream import FakeUpstream, Stall, Text
+from tests.helpers import new_session
+from tests.sse_client import TERMINAL, Event, collect, read_to_end, until_closed
+
+
+async def _finished_run(
+    api: httpx.AsyncClient, upstream: FakeUpstream, **ask: Any
+) -> tuple[str, str, list[Event]]:
+    """A session and a run of it that has ended; the run's events, read from the ask's stream
+    to the server's end of it."""
+    sid = (await new_session(api))["id"]
+    upstream.script(Text("done"))
+    answered = await read_to_end(api, "POST", f"/v1/sessions/{sid}/ask", **ask)
+    assert answered.status == 200 and answered.events[-1].type == "run.completed"
+    assert [e.type for e in answered.events].count("run.completed") == 1
+    return sid, str(answered.events[0].data["run_id"]), answered.events
+
+
+async def test_resuming_a_finished_run_after_its_terminal_event_ends_at_once(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    sid, run_id, events = await _finished_run(api, upstream, json={"input": "q"})
+    url, terminal = f"/v1/runs/{run_id}/events", events[-1].id
+    seen_it_all: list[dict[str, Any]] = [
+        {"headers": {"Last-Event-ID": str(terminal)}},
+        {"headers": {"Last-Event-ID": str(terminal + 7)}},
+        {"headers": {"Last-Event-ID": "9" * 32}},  # past any seq the database can hold
+        {"params": {"starting_after": terminal}},
+        {"params": {"starting_after": 2**31}},
+    ]
+    for resume in seen_it_all:
+        ended = await read_to_end(api, "GET", url, **resume)
+        assert (ended.status, ended.events) == (204, []), resume
+    # What the client has not seen yet is replayed, through the terminal event; then the end.
+    for resume in (
+        {"headers": {"Last-Event-ID": str(terminal - 2)}},
+        {"params": {"starting_after": terminal - 2}},
+    ):
+        rest = await read_to_end(api, "GET", url, **resume)
+        assert (rest.status, rest.events) == (200, events[-2:]), resume
+    whole = await read_to_end(api, "GET", url)
+    assert (whole.status, whole.events) == (200, events)
+    for not_a_seq in (b"\xb2", b"-1", b"3.0", b""):  # "²" (Latin-1) is a digit, not a seq
+        ignored = await read_to_end(api, "GET", url, headers={"Last-Event-ID": not_a_seq})
+        assert (ignored.status, ignored.events) == (200, events), not_a_seq
+    joined = await read_to_end(
+        api, "GET", f"/v1/sessions/{sid}/stream", headers={"Last-Event-ID": str(terminal)}
+    )
+    assert joined.status == 204  # no run in progress
+
+
+async def test_a_run_whose_events_are_gone_answers_at_once(
+    api: httpx.AsyncClient, upstream: FakeUpstream, e2e_engine: AsyncEngine
+) -> None:
+    key = {"Idempotency-Key": f"gone-{uuid.uuid4()}"}
+    sid, run_id, events = await _finished_run(api, upstream, json={"input": "q"}, headers=key)
+    async with e2e_engine.begin() as conn:  # the retention window has passed for this run
+        assert await events_db.prune(conn, 0) >= len(events)
+    url = f"/v1/runs/{run_id}/events"
+    for resume in ({}, {"headers": {"Last-Event-ID": "1"}}, {"params": {"starting_after": 0}}):
+        ended = await read_to_end(api, "GET", url, **resume)
+        assert (ended.status, ended.events) == (204, []), resume
+    # The same ask again (its Idempotency-Key): no stream to replay, so the run as it ended.
+    again = await read_to_end(
+        api, "POST", f"/v1/sessions/{sid}/ask", json={"input": "q"}, headers=key
+    )
+    assert again.status == 202
+    run = json.loads(again.body)
+    assert (run["id"], run["status"], run["result"]) == (run_id, "completed", "done")
+    assert (await read_to_end(api, "GET", f"/v1/sessions/{sid}/stream")).status == 204
+
+
+async def test_streams_of_a_live_run_end_when_it_ends(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    """Clients attached to a live run from any point, even one past its last event, are let go
+    when it ends: with the events they had not seen, through the terminal one."""
+    sid = (await new_session(api))["id"]
+    # Stalled until cancelled (the stall only bounds a test that went wrong).
+    upstream.script(Text("first"), Stall(600), Text("never"))
+    started = await collect(
+        api, "POST", f"/v1/sessions/{sid}/ask", json={"input": "go"}, until="message.delta"
+    )
+    run_id, seen = started[0].data["run_id"], started[-1].id
+    beyond = {"Last-Event-ID": str(seen + 1000)}
+    attach: dict[str, tuple[str, dict[str, Any]]] = {
+        "from the start": (f"/v1/runs/{run_id}/events", {}),
+        "resumed": (f"/v1/runs/{run_id}/events", {"headers": {"Last-Event-ID": str(seen)}}),
+        "resumed by query": (f"/v1/runs/{run_id}/events", {"params": {"starting_after": seen}}),
+        "beyond its last event": (f"/v1/runs/{run_id}/events", {"headers": beyond}),
+        "joined": (f"/v1/sessions/{sid}/stream", {}),
+        "joined beyond its last event": (f"/v1/sessions/{sid}/stream", {"headers": beyond}),
+    }
+    async with contextlib.AsyncExitStack() as stack:
+        streams = {}
+        for name, (url, resume) in attach.items():
+            streams[name] = await stack.enter_async_context(api.stream("GET", url, **resume))
+            assert streams[name].status_code == 200, name  # the run is live: a stream
+        assert (await api.post(f"/v1/runs/{run_id}/cancel")).status_code == 200
+        received = {name: await until_closed(response) for name, response in streams.items()}
+    whole = received["from the start"]
+    assert whole[: len(started)] == started
+    assert [e.id for e in whole] == list(range(1, len(whole) + 1))
+    assert [e.type for e in whole if e.type in TERMINAL] == ["run.cancelled"] == [whole[-1].type]
+    assert received["joined"] == whole
+    assert received["resumed"] == received["resumed by query"] == whole[seen:]
+    assert received["beyond its last event"] == received["joined beyond its last event"] == []
+    # Over now: nothing is left to send to a client that has the terminal event.
+    last = {"Last-Event-ID": str(whole[-1].id)}
+    assert (await read_to_end(api, "GET", f"/v1/runs/{run_id}/events", headers=last)).status == 204
+
+
+async def test_a_repeated_compaction_whose_events_are_gone_answers_with_its_run(
+    api: httpx.AsyncClient, upstream: FakeUpstream, e2e_engine: AsyncEngine
+) -> None:
+    sid = (await new_session(api))["id"]
+    await converse(api, upstream, sid, 3)
+    upstream.script(Text("Three billing questions were asked."))
+    key = {"Idempotency-Key": f"compact-{uuid.uuid4()}"}
+    body = {"stream": True, "keep_last_turns": 1}
+    url = f"/v1/sessions/{sid}/compact"
+    streamed = await read_to_end(api, "POST", url, json=body, headers=key)
+    assert streamed.status == 200 and streamed.events[-1].type == "run.completed"
+    async with e2e_engine.begin() as conn:
+        await events_db.prune(conn, 0)
+    again = await read_to_end(api, "POST", url, json=body, headers=key)
+    assert again.status == 202
+    run = json.loads(again.body)
+    assert (run["id"], run["kind"], run["status"]) == (
+        streamed.events[0].data["run_id"],
+        "compaction",
+        "completed",
+    )
