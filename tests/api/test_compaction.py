@@ -366,3 +366,41 @@ async def test_a_summary_cut_off_at_its_length_limit_is_not_committed(
     run = await compact(api, sid, keep_last_turns=1)
     assert run["status"] == "failed" and run["error"]["code"] == "summary_truncated"
     assert not summaries(await history(api, sid))
+
+
+SMALL_POLICY = {"max_input_tokens": 1000, "reserve_output_tokens": 100}
+
+
+async def test_a_summary_larger_than_the_budget_is_cut_and_an_oversized_ask_refused(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    sid = (await new_session(api, config={"context_policy": SMALL_POLICY}))["id"]
+    await converse(api, upstream, sid, 2)
+    # A checkpoint far larger than the budget (a client's import, or written for a model with a
+    # larger window): every later ask was refused with context_overflow.
+    content = "".join(f"Decision {i}: keep the billing API stable. " for i in range(800))
+    summary = {"kind": "summary", "payload": {"from_seq": 1, "to_seq": 4, "content": content}}
+    appended = await api.post(f"/v1/sessions/{sid}/entries", json={"entries": [summary]})
+    assert appended.is_success, appended.text
+    upstream.script(Text("still here"))
+    answered = await ask(api, sid, "what did we decide?")
+    assert answered["text"] == "still here"
+    sent = upstream.requests[-1].body["messages"]
+    assert sent[0]["role"] == "system" and "Decision 0: keep" in str(sent[0]["content"])
+    assert "cut to fit the context window" in str(sent[0]["content"])
+    assert "Decision 799" not in str(sent)
+    assert sent[-1]["content"] == "what did we decide?"
+    dry = (await api.post(f"/v1/sessions/{sid}/projection", json={})).json()
+    assert dry["meta"]["summary_truncated"] and dry["meta"]["summary_used"]
+    # A newest turn larger than the budget is refused at the door, naming its size and the
+    # budget, and nothing is written.
+    rev = (await api.get(f"/v1/sessions/{sid}")).json()["rev"]
+    refused = await api.post(
+        f"/v1/sessions/{sid}/ask", json={"input": "word " * 3000, "stream": False}
+    )
+    assert refused.status_code == 422, refused.text
+    error = refused.json()["error"]
+    assert error["code"] == "context_overflow"
+    assert error["details"]["budget"] == 900 and error["details"]["tokens"] > 3000
+    assert str(error["details"]["tokens"]) in error["message"]
+    assert (await api.get(f"/v1/sessions/{sid}")).json()["rev"] == rev
