@@ -10,6 +10,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.core.entries import EntryKind
+from app.core.projection import SUMMARY_CUT_MARK
 from app.db.tables import sessions
 from app.services.journal import NewEntry, append_entries
 from tests.fakes.long_session import is_summarization
@@ -404,3 +405,45 @@ async def test_a_summary_larger_than_the_budget_is_cut_and_an_oversized_ask_refu
     assert error["details"]["budget"] == 900 and error["details"]["tokens"] > 3000
     assert str(error["details"]["tokens"]) in error["message"]
     assert (await api.get(f"/v1/sessions/{sid}")).json()["rev"] == rev
+
+
+async def test_a_summary_over_its_cap_is_cut_to_fit_the_reading_model(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    sid = (await new_session(api, config={"context_policy": SMALL_POLICY}))["id"]
+    await converse(api, upstream, sid, 4)
+    # An upstream that ignores max_tokens and answers at length (a finish reason of "stop").
+    rambling = "".join(f"Point {i}: the user asked about billing. " for i in range(600))
+    upstream.script(Text(rambling))
+    run = await compact(api, sid, keep_last_turns=1)
+    assert run["status"] == "completed", run
+    assert (
+        upstream.requests[-1].body["max_completion_tokens"] == 100
+    )  # the cap it was asked to keep
+    [summary] = summaries(await history(api, sid))
+    content = summary["payload"]["content"]
+    assert content.endswith(SUMMARY_CUT_MARK) and content.startswith("Point 0: the user")
+    assert summary["token_count"] <= 100
+    # The next ask reads it whole: it fits the budget next to the turns after it.
+    dry = (await api.post(f"/v1/sessions/{sid}/projection", json={})).json()
+    assert dry["meta"]["summary_used"] and not dry["meta"]["summary_truncated"]
+
+
+async def test_a_previous_summary_too_large_for_the_summarizer_is_folded_in_cut(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    policy = {**SMALL_POLICY, "summarization": "use_existing"}  # only /compact summarizes
+    sid = (await new_session(api, config={"context_policy": policy}))["id"]
+    await converse(api, upstream, sid, 2)
+    content = "".join(f"Decision {i}: keep the billing API stable. " for i in range(800))
+    summary = {"kind": "summary", "payload": {"from_seq": 1, "to_seq": 4, "content": content}}
+    assert (await api.post(f"/v1/sessions/{sid}/entries", json={"entries": [summary]})).is_success
+    await converse(api, upstream, sid, 3, first=2)
+    upstream.script(Text("A SMALLER SUMMARY"))
+    run = await compact(api, sid, keep_last_turns=1)
+    assert run["status"] == "completed", run  # was: summarizer_window_too_small, at every try
+    prompt = user_text(upstream.requests[-1].body)
+    assert prompt.startswith("The summary so far:\nDecision 0: keep")
+    assert SUMMARY_CUT_MARK in prompt and "question 3" in prompt
+    newest = summaries(await history(api, sid))[-1]
+    assert newest["payload"]["content"] == "A SMALLER SUMMARY"
