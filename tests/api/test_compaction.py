@@ -3,6 +3,8 @@ failures) and a run compacting its own full context (auto, and its fallback to w
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from typing import Any
 
 import httpx
@@ -14,7 +16,18 @@ from app.core.projection import SUMMARY_CUT_MARK
 from app.db.tables import sessions
 from app.services.journal import NewEntry, append_entries
 from tests.fakes.long_session import is_summarization
-from tests.fakes.upstream import Fail, FakeUpstream, Stall, Text, ToolCall, Usage
+from tests.fakes.upstream import (
+    Fail,
+    FakeUpstream,
+    Hold,
+    ReceivedRequest,
+    Responder,
+    Script,
+    Stall,
+    Text,
+    ToolCall,
+    Usage,
+)
 from tests.helpers import history, new_session
 from tests.sse_client import collect
 
@@ -447,3 +460,98 @@ async def test_a_previous_summary_too_large_for_the_summarizer_is_folded_in_cut(
     assert SUMMARY_CUT_MARK in prompt and "question 3" in prompt
     newest = summaries(await history(api, sid))[-1]
     assert newest["payload"]["content"] == "A SMALLER SUMMARY"
+
+
+def held_summarizer(release: threading.Event, summary: str, answer: str) -> Responder:
+    """A summarizer that answers only once `release` is set; any other request is answered
+    at once (so the order in which the two reach the upstream does not matter)."""
+
+    def respond(request: ReceivedRequest) -> Script:
+        if is_summarization(request.body):
+            return Script((Hold(release), Text(summary)))
+        return Script((Text(answer),))
+
+    return respond
+
+
+async def landed_summary(api: httpx.AsyncClient, sid: str) -> dict[str, Any]:
+    """The summary a background compaction commits (no run event announces it)."""
+    for _ in range(600):  # up to 30 s on a loaded machine
+        if found := summaries(await history(api, sid)):
+            return found[-1]
+        await asyncio.sleep(0.05)
+    raise AssertionError("the background summary never landed")
+
+
+async def test_an_ask_waits_for_its_auto_compaction_at_most_the_bound(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    policy = {**AUTO_POLICY, "compaction_wait_seconds": 0.5}
+    sid = (await new_session(api, config={"context_policy": policy}))["id"]
+    filler = "lorem ipsum dolor sit amet " * 25
+    for i in range(3):
+        upstream.script(Text(f"noted {i}"))
+        await ask(api, sid, f"fact {i}: {filler}")
+    release = threading.Event()
+    upstream.respond_with(held_summarizer(release, "LATE SUMMARY", "answered from windowing"))
+    try:
+        body = {"input": f"fact 3: {filler} " * 6}
+        events = await asyncio.wait_for(
+            collect(api, "POST", f"/v1/sessions/{sid}/ask", json=body), timeout=60
+        )
+        # The run completed while the summarizer was still held.
+        assert not release.is_set()
+        types = [e.type for e in events]
+        assert types[-1] == "run.completed", events[-1]
+        assert events[-1].data["text"] == "answered from windowing"
+        assert types.index("context.compacting") < types.index("context.compaction_pending")
+        assert types.index("context.compaction_pending") < types.index("message.delta")
+        pending = next(e.data for e in events if e.type == "context.compaction_pending")
+        assert pending["fallback"] == "windowing" and pending["waited_seconds"] == 0.5
+        assert "context.compacted" not in types and "context.compaction_failed" not in types
+        summarizing, answering = upstream.requests[-2:]
+        assert is_summarization(summarizing.body) and not is_summarization(answering.body)
+        assert "fact 0" not in str(answering.body["messages"])  # windowed out
+        assert not summaries(await history(api, sid))
+    finally:
+        release.set()
+    summary = await landed_summary(api, sid)
+    assert summary["payload"]["content"] == "LATE SUMMARY"
+    assert summary["refs"]["run_id"] == events[0].data["run_id"]
+    # Later asks use it.
+    await ask(api, sid, "and fact 4?", context_policy={"summarization": "use_existing"})
+    sent = upstream.requests[-1].body["messages"]
+    assert "LATE SUMMARY" in str(sent[0]["content"])
+
+
+async def test_an_ask_behind_a_slow_compaction_job_is_answered_from_windowing(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    sid = (await new_session(api, config={"context_policy": {"compaction_wait_seconds": 0.5}}))[
+        "id"
+    ]
+    await converse(api, upstream, sid, 4)
+    release = threading.Event()
+    upstream.respond_with(held_summarizer(release, "JOB SUMMARY", "answered meanwhile"))
+    try:
+        job = (await api.post(f"/v1/sessions/{sid}/compact", json={"keep_last_turns": 1})).json()
+        await collect(api, "GET", f"/v1/runs/{job['id']}/events", until="context.compacting")
+        events = await asyncio.wait_for(
+            collect(api, "POST", f"/v1/sessions/{sid}/ask", json={"input": "question 4"}),
+            timeout=60,
+        )
+        # The ask completed while the summarizer was still held.
+        assert not release.is_set()
+        assert events[-1].type == "run.completed", events[-1]
+        assert events[-1].data["text"] == "answered meanwhile"
+        pending = next(e.data for e in events if e.type == "context.compaction_pending")
+        assert pending["run_id"] == job["id"] and pending["fallback"] == "windowing"
+        assert "context.compacting" not in [e.type for e in events]  # no second summarizer
+        assert (await api.get(f"/v1/runs/{job['id']}")).json()["status"] == "running"
+    finally:
+        release.set()
+    ended = (await api.get(f"/v1/runs/{job['id']}", params={"wait": "true", "timeout": 20})).json()
+    assert ended["status"] == "completed" and ended["result"] == "JOB SUMMARY"
+    await ask(api, sid, "question 5")
+    sent = upstream.requests[-1].body["messages"]
+    assert "JOB SUMMARY" in str(sent[0]["content"])
