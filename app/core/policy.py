@@ -81,6 +81,10 @@ class ContextPolicy(BaseModel):
     def _room_for_input(self) -> ContextPolicy:
         if self.reserve >= self.max_input_tokens:
             raise ValueError("reserve_output_tokens must be smaller than max_input_tokens")
+        if "message" not in self.include_kinds:
+            # Without messages the run's own question is left out: the model would be sent an
+            # empty history (the ask's dry run, which adds it as pending, would not notice).
+            raise ValueError("include_kinds must include message: the newest turn is always sent")
         return self
 
     @property
