@@ -513,13 +513,21 @@ async def test_an_ask_waits_for_its_auto_compaction_at_most_the_bound(
         assert is_summarization(summarizing.body) and not is_summarization(answering.body)
         assert "fact 0" not in str(answering.body["messages"])  # windowed out
         assert not summaries(await history(api, sid))
+        # The next ask joins the compaction under way (one summarizer call, not two).
+        again = await asyncio.wait_for(
+            collect(api, "POST", f"/v1/sessions/{sid}/ask", json={"input": "fact 4?"}), timeout=60
+        )
+        assert not release.is_set()
+        assert again[-1].type == "run.completed", again[-1]
+        assert "context.compaction_pending" in [e.type for e in again]
+        assert sum(is_summarization(r.body) for r in upstream.requests) == 1
     finally:
         release.set()
     summary = await landed_summary(api, sid)
     assert summary["payload"]["content"] == "LATE SUMMARY"
     assert summary["refs"]["run_id"] == events[0].data["run_id"]
     # Later asks use it.
-    await ask(api, sid, "and fact 4?", context_policy={"summarization": "use_existing"})
+    await ask(api, sid, "and fact 5?", context_policy={"summarization": "use_existing"})
     sent = upstream.requests[-1].body["messages"]
     assert "LATE SUMMARY" in str(sent[0]["content"])
 
