@@ -19,7 +19,7 @@ def session_lock(session_id: str, kind: str = "ask") -> str:
     """Jobs sharing a procrastinate lock run one at a time, in order: asks of a session never
     overlap, nor do its compactions. A compaction has a lock of its own so that an ask is never
     stuck in the queue behind a slow summarizer: it waits for it a bounded time instead
-    (app/worker/compaction.py), and the compaction waits for the asks before it."""
+    (app/worker/compaction.py), and the compaction waits for the asks running before it."""
     return f"session:{session_id}" if kind == "ask" else f"session:{session_id}:{kind}"
 
 

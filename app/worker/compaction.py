@@ -203,10 +203,11 @@ async def await_compaction_jobs(
 
 
 async def await_earlier_asks(runtime: Runtime, run_id: str) -> None:
-    """A compaction job starts once the asks queued before it have run (their turns are then
-    complete, and summarized with the rest): what the session's job lock did when the two
-    shared it. Asks no longer wait in the queue behind a compaction: see await_compaction_jobs.
-    Asks waiting for client tool outputs are not waited for (their turns stay raw)."""
+    """A compaction job starts once the asks running before it have ended their turn (which it
+    then summarizes with the rest): what the session's job lock did when the two shared it.
+    Asks not running (queued behind another, or waiting for tool outputs) are not waited for:
+    their turns stay raw, and a queued one may need this worker slot to run at all. Asks no
+    longer wait in the queue behind a compaction: see await_compaction_jobs."""
     async with runtime.engine.connect() as conn:
         run = await runs_db.get_run(conn, run_id)
     if run is None or run["kind"] != "compaction":
@@ -215,8 +216,7 @@ async def await_earlier_asks(runtime: Runtime, run_id: str) -> None:
         async with runtime.engine.connect() as conn:
             active = await runs_db.active_runs(conn, str(run["session_id"]), kind="ask")
         if not any(
-            r["created_at"] < run["created_at"] and r["status"] in ("queued", "running")
-            for r in active
+            r["created_at"] < run["created_at"] and r["status"] == "running" for r in active
         ):
             return
         await asyncio.sleep(POLL_SECONDS)
