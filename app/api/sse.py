@@ -30,8 +30,11 @@ SSE_DESCRIPTION = (
     "`context.warning` {level: approaching_limit | at_limit, tokens, budget, percent, "
     "history_dropped}, `context.compacting` {reason: auto | requested, from_seq, to_seq, "
     "entries, kept_turns, tokens, model, focus}, `context.compacted` {summary_seq, from_seq, "
-    "to_seq, tokens_before, tokens_after, summary_tokens, model, calls}, "
+    "to_seq, tokens_before, tokens_after, summary_tokens, model, calls, cut}, "
     "`context.compaction_failed` {error, fallback} (the run goes on with windowing), "
+    "`context.compaction_pending` {waited_seconds, fallback, from_seq?, to_seq?, run_id?} (a "
+    "compaction outlasted compaction_wait_seconds: the run goes on with windowing while it "
+    "finishes in the background), "
     "`entry.committed` {seq, kind, id}, "
     "`usage` {input_tokens, output_tokens, cached_tokens, cost_usd}, and exactly one terminal "
     "event: `run.completed` {text, usage, finish_reason: stop | length (cut off by "
@@ -52,6 +55,7 @@ EVENT_TYPES = (
     "context.compacting",
     "context.compacted",
     "context.compaction_failed",
+    "context.compaction_pending",
     "entry.committed",
     "usage",
     "run.completed",

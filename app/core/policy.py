@@ -40,6 +40,12 @@ class ContextPolicy(BaseModel):
         "only POST /compact writes one; auto: also compact before a model call once the "
         "context reaches compress_threshold or history no longer fits.",
     )
+    compaction_wait_seconds: Annotated[float, Field(ge=0, le=3600)] = Field(
+        default=10.0,
+        description="The longest an ask waits for a compaction (its run's automatic one, or a "
+        "compaction job queued before it); past it, the ask is answered from windowing and "
+        "the compaction goes on in the background (its summary serves later asks).",
+    )
     summary_role: Literal["system", "user"] = "system"
     include_kinds: tuple[Kind, ...] = Field(
         default=ALL_KINDS, description="Entry kinds the model may see."
@@ -75,6 +81,10 @@ class ContextPolicy(BaseModel):
     def _room_for_input(self) -> ContextPolicy:
         if self.reserve >= self.max_input_tokens:
             raise ValueError("reserve_output_tokens must be smaller than max_input_tokens")
+        if "message" not in self.include_kinds:
+            # Without messages the run's own question is left out: the model would be sent an
+            # empty history (the ask's dry run, which adds it as pending, would not notice).
+            raise ValueError("include_kinds must include message: the newest turn is always sent")
         return self
 
     @property

@@ -31,6 +31,9 @@ from app.core.tokens import (
 # The most of the budget the injected memory may take; beyond, fewer of its lines are shown.
 MEMORY_SHARE = 0.25
 SUMMARY_PREFIX = "Summary of the earlier conversation:\n"
+# Ends a summary cut to the room left in the context (one too large for the reading model's
+# budget: appended by a client, or written for a model with a larger window).
+SUMMARY_CUT_MARK = "\n[… the rest of this summary was cut to fit the context window]"
 INTERRUPTED_RESULT = "Tool call interrupted: no result was recorded."
 # How much more than the budget a loader reads when entries must be recounted (another
 # encoding, or the heuristic), since stored counts then only approximate the real ones.
@@ -88,6 +91,9 @@ class ProjectionMeta:
     budget: int
     summary_used: bool
     summary_seq: int | None
+    # The checkpoint did not fit next to the newest turn: it was cut to the room left (with
+    # SUMMARY_CUT_MARK) or, with no room even for that, left out (summary_used false).
+    summary_truncated: bool
     entries_included: int
     entries_total: int
     needs_summary: bool
@@ -110,12 +116,17 @@ class Projection:
 
 
 class ContextOverflow(ValueError):
-    """Even the newest turn cannot fit: the ask must be refused, not truncated."""
+    """Even the newest turn cannot fit: the ask must be refused, not truncated.
+
+    `details`: tokens (the newest turn's), budget, required_tokens (= tokens) and fixed_tokens
+    (system prompt, memory and tools: what the turn must share the budget with; a summary is
+    not among them, since it is cut to make room rather than refusing the ask)."""
 
     def __init__(self, details: dict[str, int]) -> None:
         super().__init__(
-            f"the newest turn needs {details['required_tokens']} tokens and the fixed segments "
-            f"{details['fixed_tokens']}, over the budget of {details['budget']}"
+            f"the newest turn needs {details['tokens']} tokens, and with the "
+            f"{details['fixed_tokens']} tokens of system prompt, memory and tools it exceeds "
+            f"the budget of {details['budget']} tokens"
         )
         self.details = details
 
@@ -167,23 +178,34 @@ def project(source: ProjectionInput) -> Projection:
     head = _head(source, summary, tokens_of)
     tools = _with_output_reader(source.tools, history_groups)
     tool_tokens = tools_tokens(tools, counter)
-    fixed = (
-        REPLY_PRIMING + tool_tokens + head.system_tokens + head.memory_tokens + head.summary_tokens
-    )
     older, required = _split_at_newest_turn(history_groups, pending_groups)
     required_tokens = sum(g.tokens for g in required)
     margin = 0.0 if source.exact else policy.estimate_margin
     budget = math.floor(policy.budget / (1 + margin))
-    if fixed + required_tokens > budget:
+    base = REPLY_PRIMING + tool_tokens + head.system_tokens + head.memory_tokens
+    if base + required_tokens > budget:
         raise ContextOverflow(
-            {"budget": budget, "fixed_tokens": fixed, "required_tokens": required_tokens}
+            {
+                "tokens": required_tokens,
+                "budget": budget,
+                "fixed_tokens": base,
+                "required_tokens": required_tokens,
+            }
         )
+    summary_truncated = False
+    if summary is not None and base + head.summary_tokens + required_tokens > budget:
+        # Degrade rather than refuse: a checkpoint too large for this model's budget would
+        # otherwise fail every ask from now on.
+        head = _head(source, summary, tokens_of, room=budget - base - required_tokens)
+        summary_truncated = True
+    fixed = base + head.summary_tokens
 
     start = _window_start(older, required, budget - fixed - required_tokens, complete, policy)
     window = older[start:] + required
     raw = fixed + sum(g.tokens for g in window)
     estimated = math.ceil(raw * (1 + margin))
-    truncated = start > 0 or not complete
+    truncated = start > 0 or not complete or summary_truncated
+    summary_sent = summary is not None and head.summary_tokens > 0
     history_in_window = [g for g in window if not g.pending]
     meta = ProjectionMeta(
         basis_rev=source.rev,
@@ -192,9 +214,10 @@ def project(source: ProjectionInput) -> Projection:
         truncated=truncated,
         estimated_tokens=estimated,
         budget=policy.budget,
-        summary_used=summary is not None,
+        summary_used=summary_sent,
         summary_seq=summary.seq if summary else None,
-        entries_included=sum(g.entries for g in history_in_window) + (1 if summary else 0),
+        summary_truncated=summary_truncated,
+        entries_included=sum(g.entries for g in history_in_window) + summary_sent,
         entries_total=source.rev,
         needs_summary=truncated or estimated >= policy.compress_threshold * policy.budget,
         window_start_seq=history_in_window[0].first_seq if history_in_window else None,
@@ -366,7 +389,14 @@ def _memory_block(source: ProjectionInput) -> str:
     return memory_block(source.memory, source.memory_namespace, lines=low)
 
 
-def _head(source: ProjectionInput, summary: JournalEntry | None, tokens_of: Any) -> _Head:
+def _head(
+    source: ProjectionInput,
+    summary: JournalEntry | None,
+    tokens_of: Any,
+    room: int | None = None,
+) -> _Head:
+    """The fixed segments; with `room`, the summary message takes at most that many tokens
+    (cut with SUMMARY_CUT_MARK, or left out when not even the mark fits)."""
     counter, policy = source.counter, source.policy
     messages: list[Message] = []
     system_tokens = memory_tokens = summary_tokens = 0
@@ -388,17 +418,40 @@ def _head(source: ProjectionInput, summary: JournalEntry | None, tokens_of: Any)
     if system:
         messages.append(Message("system", system))
     if summary is not None:
-        content = (
-            {"type": "text", "text": SUMMARY_PREFIX},
-            {"type": "text", "text": str(summary.payload["content"])},
-        )
-        messages.append(Message(policy.summary_role, content))
-        summary_tokens = (
-            message_overhead(policy.summary_role, counter)
-            + counter.count(SUMMARY_PREFIX)
-            + tokens_of(summary)
-        )
+        text = str(summary.payload["content"])
+        wrapping = message_overhead(policy.summary_role, counter) + counter.count(SUMMARY_PREFIX)
+        text_tokens: int | None = tokens_of(summary)
+        if room is not None:
+            cut = cut_to_tokens(text, counter, room - wrapping, SUMMARY_CUT_MARK)
+            text, text_tokens = (cut, counter.count(cut)) if cut is not None else ("", None)
+        if text_tokens is not None:
+            content = (
+                {"type": "text", "text": SUMMARY_PREFIX},
+                {"type": "text", "text": text},
+            )
+            messages.append(Message(policy.summary_role, content))
+            summary_tokens = wrapping + text_tokens
     return _Head(tuple(messages), system_tokens, memory_tokens, summary_tokens)
+
+
+# How many characters per token a cut may assume at most: it bounds the prefix searched, so
+# cutting a huge text costs a few counts of a bounded prefix, not of the whole text.
+MAX_CHARS_PER_TOKEN = 16
+
+
+def cut_to_tokens(text: str, counter: TokenCounter, limit: int, mark: str) -> str | None:
+    """The longest prefix of `text` that, followed by `mark`, counts at most `limit` tokens
+    (found by bisection: deterministic); None when not even the mark fits."""
+    if counter.count(mark) > limit:
+        return None
+    low, high = 0, min(len(text), max(limit, 0) * MAX_CHARS_PER_TOKEN)
+    while low < high:
+        middle = (low + high + 1) // 2
+        if counter.count(text[:middle] + mark) <= limit:
+            low = middle
+        else:
+            high = middle - 1
+    return text[:low] + mark
 
 
 def _groups(

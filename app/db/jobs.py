@@ -15,13 +15,15 @@ RUN_TASK = "threadline:run_ask"
 RUN_QUEUE = "runs"
 
 
-def session_lock(session_id: str) -> str:
-    """Jobs sharing a procrastinate lock run one at a time, in order: runs of a session never
-    overlap."""
-    return f"session:{session_id}"
+def session_lock(session_id: str, kind: str = "ask") -> str:
+    """Jobs sharing a procrastinate lock run one at a time, in order: asks of a session never
+    overlap, nor do its compactions. A compaction has a lock of its own so that an ask is never
+    stuck in the queue behind a slow summarizer: it waits for it a bounded time instead
+    (app/worker/compaction.py), and the compaction waits for the asks running before it."""
+    return f"session:{session_id}" if kind == "ask" else f"session:{session_id}:{kind}"
 
 
-async def defer_run(conn: AsyncConnection, run_id: str, session_id: str) -> int:
+async def defer_run(conn: AsyncConnection, run_id: str, session_id: str, kind: str = "ask") -> int:
     query = text(
         "SELECT (procrastinate_defer_jobs_v1(ARRAY[ROW(:queue, :task, 0, :lock, NULL,"
         " CAST(:args AS jsonb), NULL)::procrastinate_job_to_defer_v1]))[1]"
@@ -29,7 +31,7 @@ async def defer_run(conn: AsyncConnection, run_id: str, session_id: str) -> int:
     params = {
         "queue": RUN_QUEUE,
         "task": RUN_TASK,
-        "lock": session_lock(session_id),
+        "lock": session_lock(session_id, kind),
         "args": json.dumps({"run_id": run_id}),
     }
     return int((await conn.execute(query, params)).scalar_one())

@@ -29,7 +29,8 @@ from app.core.compaction import (
 )
 from app.core.entries import EntryKind
 from app.core.policy import ContextPolicy
-from app.core.tokens import request_tokens
+from app.core.projection import SUMMARY_CUT_MARK, cut_to_tokens
+from app.core.tokens import TokenCounter, request_tokens
 from app.db import journal as journal_db
 from app.db import runs as runs_db
 from app.db import sessions as sessions_db
@@ -73,6 +74,9 @@ class PreparedCompaction:
     focus: str | None
     summary_tokens: int  # the cap on the summary's length (the call's max_output_tokens)
     chunk_tokens: int  # the most transcript one summarizer call may carry
+    previous: str | None  # the summary folded in, cut if it would crowd the transcript out
+    reader_counting: ModelCounting  # how the model that reads the summary counts it
+    reader_tokens: int  # the most the summary may take by that count (margin included)
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,7 @@ class Summary:
     model: str  # the model that wrote it
     usage: UsageReport | None
     calls: int  # summarizer calls: one per transcript chunk
+    cut: bool = False  # longer than its cap (an upstream ignoring max_tokens): cut with a mark
 
 
 def summarization_model(config: Mapping[str, Any], settings: Settings) -> str:
@@ -115,7 +120,8 @@ async def prepare(
         layers = (settings.context_policy, config.get("context_policy"), policy_overrides)
         policy = resolve_policy(context_window(model), *layers)
         reader = answer_model or config.get("model") or settings.default_model
-        reader_budget = resolve_policy(context_window(reader), *layers).budget
+        reader_policy = resolve_policy(context_window(reader), *layers)
+        reader_budget = reader_policy.budget
         thread = sessions_db.thread_of(session)
         tail, _ = await journal_db.read_tail(conn, thread, reaches_checkpoint)
         # Runs not ended have answers to come: their turns are never summarized.
@@ -132,15 +138,19 @@ async def prepare(
     summary_tokens = max(
         16, min(policy.reserve, policy.budget // 4, reader_budget // 4, SUMMARY_MAX_TOKENS)
     )
-    previous = str(plan.previous.payload["content"]) if plan.previous is not None else ""
     counter = counting.counter
     words = _words(summary_tokens)
-    # The fixed part of every call: instructions, labels, focus, and the summary so far (at
-    # most as long as the longer of the previous summary and the cap on a new one).
-    fixed = request_tokens(summary_request("-", [""], focus, words), (), counter)
-    fixed += max(summary_tokens, counter.count(previous))
     margin = 0.0 if counting.exact else policy.estimate_margin
     room = math.floor(policy.budget / (1 + margin) * (1 - CHUNK_SLACK)) - CHUNK_SLACK_TOKENS
+    # The fixed part of every call: instructions, labels, focus, and the summary so far (at
+    # most as long as the longer of the previous summary and the cap on a new one).
+    instructions = request_tokens(summary_request("-", [""], focus, words), (), counter)
+    previous = str(plan.previous.payload["content"]) if plan.previous is not None else None
+    if previous is not None:
+        # A previous summary too large for this summarizer (a client's, or one written for a
+        # larger window) is folded in cut, rather than making every compaction fail.
+        previous = _fit(previous, counter, max(summary_tokens, (room - instructions) // 2))
+    fixed = instructions + max(summary_tokens, counter.count(previous or ""))
     chunk_tokens = room - fixed
     if chunk_tokens < MIN_CHUNK_TOKENS:
         raise Invalid(
@@ -149,6 +159,11 @@ async def prepare(
             f"the conversation after {fixed} tokens of instructions and summary",
             {"model": model, "budget": policy.budget, "fixed_tokens": fixed},
         )
+    reader_counting = counting_for(reader, reader_policy.token_estimator)
+    reader_margin = 0.0 if reader_counting.exact else reader_policy.estimate_margin
+    reader_tokens = max(
+        16, math.floor(min(reader_budget // 4, SUMMARY_MAX_TOKENS) / (1 + reader_margin))
+    )
     return PreparedCompaction(
         tenant_id,
         session_id,
@@ -160,7 +175,17 @@ async def prepare(
         focus,
         summary_tokens,
         chunk_tokens,
+        previous,
+        reader_counting,
+        reader_tokens,
     )
+
+
+def _fit(text: str, counter: TokenCounter, limit: int) -> str:
+    """`text`, or its longest prefix that fits `limit` tokens with SUMMARY_CUT_MARK."""
+    if counter.count(text) <= limit:
+        return text
+    return cut_to_tokens(text, counter, limit, SUMMARY_CUT_MARK) or ""
 
 
 def _words(tokens: int) -> int:
@@ -172,9 +197,10 @@ async def summarize(router: Router, prepared: PreparedCompaction) -> Summary:
 
     Raises ProviderError when the model fails, CompactionFailed when it answers with nothing."""
     plan, counter = prepared.plan, prepared.counting.counter
-    content = str(plan.previous.payload["content"]) if plan.previous is not None else None
+    content = prepared.previous
     usage: UsageReport | None = None
     used = prepared.model
+    cut = False
     chunks = chunk_lines(transcript_lines(plan.entries), counter, prepared.chunk_tokens)
     for chunk in chunks:
         messages = summary_request(content, chunk, prepared.focus, _words(prepared.summary_tokens))
@@ -198,9 +224,15 @@ async def summarize(router: Router, prepared: PreparedCompaction) -> Summary:
         text = "".join(parts).strip()
         if not text:
             raise CompactionFailed("empty_summary", "the summarization model answered nothing")
-        content = text
+        # Not every upstream honours max_tokens: the next call folds this in, so it must fit.
+        content = _fit(text, counter, prepared.summary_tokens)
+        cut = content != text
     assert content is not None
-    return Summary(content, used, usage, len(chunks))
+    # Checked as the model that reads it counts: a summary over its share of that model's
+    # budget would crowd out the turns after it (or, over the budget, be cut at every ask).
+    reader = prepared.reader_counting.counter
+    fitted = _fit(content, reader, prepared.reader_tokens)
+    return Summary(fitted, used, usage, len(chunks), cut or fitted != content)
 
 
 async def commit(

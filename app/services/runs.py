@@ -66,7 +66,7 @@ async def queue_run(conn: AsyncConnection, **values: Any) -> RowMapping:
         "model": run["model"],
     }
     await events_db.insert_events(conn, event_rows(run_id, 1, [("run.created", created)]))
-    job_id = await jobs_db.defer_run(conn, run_id, session_id)
+    job_id = await jobs_db.defer_run(conn, run_id, session_id, str(run["kind"]))
     run = await runs_db.update_run(conn, run_id, {"job_id": job_id})
     await conn.execute(
         update(sessions)

@@ -63,7 +63,8 @@ async def worker_pool(settings: Settings, concurrency: int) -> AsyncIterator[Non
     engine = create_engine(settings)
     await asyncio.to_thread(stored_counter)  # load the vocabulary now, not on the first ask
     writer = EventWriter(engine, settings.event_tick_seconds)
-    runtimes.install(runtimes.Runtime(engine, settings, Router(settings), writer))
+    runtime = runtimes.Runtime(engine, settings, Router(settings), writer)
+    runtimes.install(runtime)
     app = queue_app(settings)
     async with app.open_async():
         background = [
@@ -88,6 +89,12 @@ async def worker_pool(settings: Settings, concurrency: int) -> AsyncIterator[Non
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
+            # Summaries still being written for asks that stopped waiting: lost, not harmful
+            # (nothing was committed; a later ask compacts again).
+            for pending in list(runtime.compactions.values()):
+                pending.task.cancel()
+                with contextlib.suppress(BaseException):
+                    await pending.task
             with contextlib.suppress(Exception):
                 await writer.flush()
             runtimes.install(None)

@@ -46,7 +46,12 @@ from app.services.journal import NewEntry, append_in
 from app.services.projection import SessionProjection, offered_tools, project_for_run
 from app.services.runs import Outcome, entry_id, event_rows, finish_run
 from app.tools.registry import ToolContext, ToolOutcome, execute
-from app.worker.compaction import auto_compact, compaction_job
+from app.worker.compaction import (
+    auto_compact,
+    await_compaction_jobs,
+    await_earlier_asks,
+    compaction_job,
+)
 from app.worker.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -61,7 +66,8 @@ class _Progress:
     text: list[str] = field(default_factory=list)  # the current model turn's
     usage: UsageReport | None = None  # summed over the run's model turns
     model: str | None = None
-    compaction_failed: bool = False  # once a summary failed, this run only windows
+    # once a summary failed, or is still being written after the wait, this run only windows
+    compaction_failed: bool = False
 
     def add_usage(self, usage: UsageReport | None) -> None:
         if usage is not None:
@@ -74,6 +80,11 @@ async def execute_run(
     """Execute a run. procrastinate stops a job by cancelling its task: a user's cancel ends
     the run `cancelled` with what arrived; a worker shutdown re-raises, so the job is retried
     and the run resumes elsewhere."""
+    try:
+        await await_earlier_asks(runtime, run_id)  # a compaction job, queued behind asks
+    except asyncio.CancelledError:
+        if abort_reason() != "user_request":
+            raise  # else: _claim ends the run cancelled
     claimed = await _claim(runtime, run_id)
     if claimed is None:
         return
@@ -195,6 +206,8 @@ async def _converse(runtime: Runtime, run: RowMapping, progress: _Progress) -> O
     config: dict[str, Any] = session["config"] if session is not None else {}
     tools = offered_tools(config, run["params"].get("tools") or [])
     tokens_before = int(session["input_tokens"]) + int(session["output_tokens"]) if session else 0
+    if await await_compaction_jobs(runtime, run, config):
+        progress.compaction_failed = True  # one is still summarizing: no second one meanwhile
     while True:
         async with runtime.engine.connect() as conn:
             done = await journal_db.run_entries(conn, session_id, run["user_entry_seq"], run_id)

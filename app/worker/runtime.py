@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+from dataclasses import dataclass, field
 
+from sqlalchemy import RowMapping
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import Settings
 from app.llm.router import Router
+from app.services.compaction import PreparedCompaction, Summary
 from app.worker.events import EventWriter
+
+
+@dataclass(frozen=True)
+class PendingCompaction:
+    """An automatic compaction summarizing (then committing) in its own task."""
+
+    prepared: PreparedCompaction
+    task: asyncio.Task[tuple[Summary, RowMapping]]
 
 
 @dataclass
@@ -17,6 +28,9 @@ class Runtime:
     settings: Settings
     router: Router
     writer: EventWriter
+    # Automatic compactions still summarizing, by session: an ask that stopped waiting for one
+    # leaves it running here, and the session's next ask joins it instead of starting another.
+    compactions: dict[str, PendingCompaction] = field(default_factory=dict)
 
 
 _current: Runtime | None = None

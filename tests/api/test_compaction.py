@@ -3,6 +3,8 @@ failures) and a run compacting its own full context (auto, and its fallback to w
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from typing import Any
 
 import httpx
@@ -10,11 +12,23 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.core.entries import EntryKind
+from app.core.projection import SUMMARY_CUT_MARK
 from app.core.tool_loop import thread_call_id
 from app.db.tables import sessions
 from app.services.journal import NewEntry, append_entries
 from tests.fakes.long_session import is_summarization
-from tests.fakes.upstream import Fail, FakeUpstream, Stall, Text, ToolCall, Usage
+from tests.fakes.upstream import (
+    Fail,
+    FakeUpstream,
+    Hold,
+    ReceivedRequest,
+    Responder,
+    Script,
+    Stall,
+    Text,
+    ToolCall,
+    Usage,
+)
 from tests.helpers import history, new_session
 from tests.sse_client import collect
 
@@ -368,3 +382,186 @@ async def test_a_summary_cut_off_at_its_length_limit_is_not_committed(
     run = await compact(api, sid, keep_last_turns=1)
     assert run["status"] == "failed" and run["error"]["code"] == "summary_truncated"
     assert not summaries(await history(api, sid))
+
+
+SMALL_POLICY = {"max_input_tokens": 1000, "reserve_output_tokens": 100}
+
+
+async def test_a_summary_larger_than_the_budget_is_cut_and_an_oversized_ask_refused(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    sid = (await new_session(api, config={"context_policy": SMALL_POLICY}))["id"]
+    await converse(api, upstream, sid, 2)
+    # A checkpoint far larger than the budget (a client's import, or written for a model with a
+    # larger window): every later ask was refused with context_overflow.
+    content = "".join(f"Decision {i}: keep the billing API stable. " for i in range(800))
+    summary = {"kind": "summary", "payload": {"from_seq": 1, "to_seq": 4, "content": content}}
+    appended = await api.post(f"/v1/sessions/{sid}/entries", json={"entries": [summary]})
+    assert appended.is_success, appended.text
+    upstream.script(Text("still here"))
+    answered = await ask(api, sid, "what did we decide?")
+    assert answered["text"] == "still here"
+    sent = upstream.requests[-1].body["messages"]
+    assert sent[0]["role"] == "system" and "Decision 0: keep" in str(sent[0]["content"])
+    assert "cut to fit the context window" in str(sent[0]["content"])
+    assert "Decision 799" not in str(sent)
+    assert sent[-1]["content"] == "what did we decide?"
+    dry = (await api.post(f"/v1/sessions/{sid}/projection", json={})).json()
+    assert dry["meta"]["summary_truncated"] and dry["meta"]["summary_used"]
+    # A newest turn larger than the budget is refused at the door, naming its size and the
+    # budget, and nothing is written.
+    rev = (await api.get(f"/v1/sessions/{sid}")).json()["rev"]
+    refused = await api.post(
+        f"/v1/sessions/{sid}/ask", json={"input": "word " * 3000, "stream": False}
+    )
+    assert refused.status_code == 422, refused.text
+    error = refused.json()["error"]
+    assert error["code"] == "context_overflow"
+    assert error["details"]["budget"] == 900 and error["details"]["tokens"] > 3000
+    assert str(error["details"]["tokens"]) in error["message"]
+    assert (await api.get(f"/v1/sessions/{sid}")).json()["rev"] == rev
+
+
+async def test_a_summary_over_its_cap_is_cut_to_fit_the_reading_model(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    sid = (await new_session(api, config={"context_policy": SMALL_POLICY}))["id"]
+    await converse(api, upstream, sid, 4)
+    # An upstream that ignores max_tokens and answers at length (a finish reason of "stop").
+    rambling = "".join(f"Point {i}: the user asked about billing. " for i in range(600))
+    upstream.script(Text(rambling))
+    run = await compact(api, sid, keep_last_turns=1)
+    assert run["status"] == "completed", run
+    assert (
+        upstream.requests[-1].body["max_completion_tokens"] == 100
+    )  # the cap it was asked to keep
+    [summary] = summaries(await history(api, sid))
+    content = summary["payload"]["content"]
+    assert content.endswith(SUMMARY_CUT_MARK) and content.startswith("Point 0: the user")
+    assert summary["token_count"] <= 100
+    # The next ask reads it whole: it fits the budget next to the turns after it.
+    dry = (await api.post(f"/v1/sessions/{sid}/projection", json={})).json()
+    assert dry["meta"]["summary_used"] and not dry["meta"]["summary_truncated"]
+
+
+async def test_a_previous_summary_too_large_for_the_summarizer_is_folded_in_cut(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    policy = {**SMALL_POLICY, "summarization": "use_existing"}  # only /compact summarizes
+    sid = (await new_session(api, config={"context_policy": policy}))["id"]
+    await converse(api, upstream, sid, 2)
+    content = "".join(f"Decision {i}: keep the billing API stable. " for i in range(800))
+    summary = {"kind": "summary", "payload": {"from_seq": 1, "to_seq": 4, "content": content}}
+    assert (await api.post(f"/v1/sessions/{sid}/entries", json={"entries": [summary]})).is_success
+    await converse(api, upstream, sid, 3, first=2)
+    upstream.script(Text("A SMALLER SUMMARY"))
+    run = await compact(api, sid, keep_last_turns=1)
+    assert run["status"] == "completed", run  # was: summarizer_window_too_small, at every try
+    prompt = user_text(upstream.requests[-1].body)
+    assert prompt.startswith("The summary so far:\nDecision 0: keep")
+    assert SUMMARY_CUT_MARK in prompt and "question 3" in prompt
+    newest = summaries(await history(api, sid))[-1]
+    assert newest["payload"]["content"] == "A SMALLER SUMMARY"
+
+
+def held_summarizer(release: threading.Event, summary: str, answer: str) -> Responder:
+    """A summarizer that answers only once `release` is set; any other request is answered
+    at once (so the order in which the two reach the upstream does not matter)."""
+
+    def respond(request: ReceivedRequest) -> Script:
+        if is_summarization(request.body):
+            return Script((Hold(release), Text(summary)))
+        return Script((Text(answer),))
+
+    return respond
+
+
+async def landed_summary(api: httpx.AsyncClient, sid: str) -> dict[str, Any]:
+    """The summary a background compaction commits (no run event announces it)."""
+    for _ in range(600):  # up to 30 s on a loaded machine
+        if found := summaries(await history(api, sid)):
+            return found[-1]
+        await asyncio.sleep(0.05)
+    raise AssertionError("the background summary never landed")
+
+
+async def test_an_ask_waits_for_its_auto_compaction_at_most_the_bound(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    policy = {**AUTO_POLICY, "compaction_wait_seconds": 0.5}
+    sid = (await new_session(api, config={"context_policy": policy}))["id"]
+    filler = "lorem ipsum dolor sit amet " * 25
+    for i in range(3):
+        upstream.script(Text(f"noted {i}"))
+        await ask(api, sid, f"fact {i}: {filler}")
+    release = threading.Event()
+    upstream.respond_with(held_summarizer(release, "LATE SUMMARY", "answered from windowing"))
+    try:
+        body = {"input": f"fact 3: {filler} " * 6}
+        events = await asyncio.wait_for(
+            collect(api, "POST", f"/v1/sessions/{sid}/ask", json=body), timeout=60
+        )
+        # The run completed while the summarizer was still held.
+        assert not release.is_set()
+        types = [e.type for e in events]
+        assert types[-1] == "run.completed", events[-1]
+        assert events[-1].data["text"] == "answered from windowing"
+        assert types.index("context.compacting") < types.index("context.compaction_pending")
+        assert types.index("context.compaction_pending") < types.index("message.delta")
+        pending = next(e.data for e in events if e.type == "context.compaction_pending")
+        assert pending["fallback"] == "windowing" and pending["waited_seconds"] == 0.5
+        assert "context.compacted" not in types and "context.compaction_failed" not in types
+        summarizing, answering = upstream.requests[-2:]
+        assert is_summarization(summarizing.body) and not is_summarization(answering.body)
+        assert "fact 0" not in str(answering.body["messages"])  # windowed out
+        assert not summaries(await history(api, sid))
+        # The next ask joins the compaction under way (one summarizer call, not two).
+        again = await asyncio.wait_for(
+            collect(api, "POST", f"/v1/sessions/{sid}/ask", json={"input": "fact 4?"}), timeout=60
+        )
+        assert not release.is_set()
+        assert again[-1].type == "run.completed", again[-1]
+        assert "context.compaction_pending" in [e.type for e in again]
+        assert sum(is_summarization(r.body) for r in upstream.requests) == 1
+    finally:
+        release.set()
+    summary = await landed_summary(api, sid)
+    assert summary["payload"]["content"] == "LATE SUMMARY"
+    assert summary["refs"]["run_id"] == events[0].data["run_id"]
+    # Later asks use it.
+    await ask(api, sid, "and fact 5?", context_policy={"summarization": "use_existing"})
+    sent = upstream.requests[-1].body["messages"]
+    assert "LATE SUMMARY" in str(sent[0]["content"])
+
+
+async def test_an_ask_behind_a_slow_compaction_job_is_answered_from_windowing(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    sid = (await new_session(api, config={"context_policy": {"compaction_wait_seconds": 0.5}}))[
+        "id"
+    ]
+    await converse(api, upstream, sid, 4)
+    release = threading.Event()
+    upstream.respond_with(held_summarizer(release, "JOB SUMMARY", "answered meanwhile"))
+    try:
+        job = (await api.post(f"/v1/sessions/{sid}/compact", json={"keep_last_turns": 1})).json()
+        await collect(api, "GET", f"/v1/runs/{job['id']}/events", until="context.compacting")
+        events = await asyncio.wait_for(
+            collect(api, "POST", f"/v1/sessions/{sid}/ask", json={"input": "question 4"}),
+            timeout=60,
+        )
+        # The ask completed while the summarizer was still held.
+        assert not release.is_set()
+        assert events[-1].type == "run.completed", events[-1]
+        assert events[-1].data["text"] == "answered meanwhile"
+        pending = next(e.data for e in events if e.type == "context.compaction_pending")
+        assert pending["run_id"] == job["id"] and pending["fallback"] == "windowing"
+        assert "context.compacting" not in [e.type for e in events]  # no second summarizer
+        assert (await api.get(f"/v1/runs/{job['id']}")).json()["status"] == "running"
+    finally:
+        release.set()
+    ended = (await api.get(f"/v1/runs/{job['id']}", params={"wait": "true", "timeout": 20})).json()
+    assert ended["status"] == "completed" and ended["result"] == "JOB SUMMARY"
+    await ask(api, sid, "question 5")
+    sent = upstream.requests[-1].body["messages"]
+    assert "JOB SUMMARY" in str(sent[0]["content"])

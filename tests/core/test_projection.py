@@ -22,6 +22,8 @@ from app.core.messages import Message, ToolSpec, canonical_json
 from app.core.policy import ContextPolicy
 from app.core.projection import (
     INTERRUPTED_RESULT,
+    SUMMARY_CUT_MARK,
+    SUMMARY_PREFIX,
     ContextOverflow,
     JournalEntry,
     PendingEntry,
@@ -218,6 +220,53 @@ def test_newest_user_message_always_fits_or_overflows() -> None:
         j.project(policy=ContextPolicy(max_input_tokens=1000, reserve_output_tokens=100))
     assert caught.value.details["budget"] == 900
     assert caught.value.details["required_tokens"] > 900
+    assert caught.value.details["tokens"] == caught.value.details["required_tokens"]
+    assert f"{caught.value.details['tokens']} tokens" in str(caught.value)
+
+
+def huge_summary_journal(question: str = "what did we decide?") -> tuple[Journal, str]:
+    j = Journal()
+    for i in range(4):
+        j.user(f"question {i}")
+        j.assistant(f"answer {i}")
+    content = "".join(f"Decision {i}: keep the billing API stable. " for i in range(800))
+    j.add("summary", {"from_seq": 1, "to_seq": 8, "content": content})
+    j.user("a raw turn after the checkpoint")
+    j.assistant("a raw answer")
+    j.user(question)
+    return j, content
+
+
+SMALL = ContextPolicy(max_input_tokens=1000, reserve_output_tokens=100)
+
+
+def test_a_summary_larger_than_the_budget_is_cut_with_a_mark_not_refused() -> None:
+    j, content = huge_summary_journal()
+    p = j.project(policy=SMALL, system_prompt=SYSTEM)
+    assert p.meta.summary_used and p.meta.summary_truncated and p.meta.truncated
+    assert p.meta.needs_summary  # so an auto-compaction may write a smaller one
+    prefix, summary = (part["text"] for part in p.messages[1].content)
+    assert prefix == SUMMARY_PREFIX and summary.endswith(SUMMARY_CUT_MARK)
+    kept = summary.removesuffix(SUMMARY_CUT_MARK)
+    assert kept and content.startswith(kept) and len(kept) < len(content)
+    assert texts(p)[-1] == "what did we decide?"
+    openai = to_openai(p.messages, p.tool_spec)
+    assert openai_request_tokens(openai, O200K) == p.meta.estimated_tokens <= SMALL.budget
+    assert validate_openai(openai) == []
+    assert j.project(policy=SMALL, system_prompt=SYSTEM) == p  # deterministic
+    # The same holds for a model counted by estimate (margin included).
+    estimated = j.project(policy=SMALL, counter=HeuristicCounter(), exact=False)
+    assert estimated.meta.summary_truncated and estimated.meta.estimated_tokens <= SMALL.budget
+
+
+def test_a_summary_with_no_room_left_is_left_out() -> None:
+    j, _ = huge_summary_journal(question="y " * 888)  # the newest turn leaves no room for it
+    p = j.project(policy=SMALL)
+    assert not p.meta.summary_used and p.meta.summary_truncated
+    assert p.meta.summary_seq == 9 and p.meta.summary_tokens == 0
+    assert all(SUMMARY_PREFIX not in t for t in texts(p))
+    assert texts(p) == ["y " * 888]
+    assert p.meta.estimated_tokens <= SMALL.budget
 
 
 def test_pending_is_always_included_after_history() -> None:
@@ -563,7 +612,9 @@ def journals(draw: st.DrawFn) -> tuple[Journal, list[PendingEntry]]:
             j.result("nobody", "orphan")
         if draw(st.integers(0, 7)) == 0 and len(j.entries) > 2:
             to_seq = draw(st.integers(1, len(j.entries) - 1))
-            j.add("summary", {"from_seq": 1, "to_seq": to_seq, "content": f"summary to {to_seq}"})
+            size = draw(st.sampled_from([1, 1, 3000]))  # sometimes larger than any budget
+            content = f"summary to {to_seq} " * size
+            j.add("summary", {"from_seq": 1, "to_seq": to_seq, "content": content})
         if draw(st.integers(0, 9)) == 0 and len(j.entries) > 3:
             low = draw(st.integers(2, len(j.entries)))
             j.add("rollback", {"from_seq": low, "to_seq": draw(st.integers(low, len(j.entries)))})

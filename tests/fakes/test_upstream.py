@@ -8,7 +8,7 @@ import time
 
 import httpx
 
-from tests.fakes.upstream import FakeUpstream, ReceivedRequest, Script, Stall, Text
+from tests.fakes.upstream import FakeUpstream, Hold, ReceivedRequest, Script, Stall, Text
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
 
@@ -88,3 +88,22 @@ def test_stop_does_not_wait_out_a_stall() -> None:
     assert time.monotonic() - started < 5
     worker.join(timeout=5)
     assert not worker.is_alive()
+
+
+def test_a_hold_answers_only_once_released() -> None:
+    release = threading.Event()
+    answers: list[str] = []
+    with FakeUpstream() as up:
+        up.script(Hold(release), Text("late"))
+        url = f"{up.openai_base_url}/chat/completions"
+        worker = threading.Thread(
+            target=lambda: answers.append(chat_text(httpx.post(url, json=CHAT, timeout=60))),
+            daemon=True,
+        )
+        worker.start()
+        while not up.requests:
+            time.sleep(0.01)
+        assert answers == []  # received, and held
+        release.set()
+        worker.join(timeout=30)
+    assert answers == ["late"]

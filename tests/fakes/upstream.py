@@ -94,7 +94,15 @@ class Stall:
     seconds: float
 
 
-Step = Text | ToolCall | Usage | Fail | FailMidStream | Stall
+@dataclass(frozen=True)
+class Hold:
+    """Send nothing until the test sets `release` (or the fake stops); leading holds hold back
+    the response headers too. A deliberately slow upstream, without guessing a duration."""
+
+    release: threading.Event
+
+
+Step = Text | ToolCall | Usage | Fail | FailMidStream | Stall | Hold
 
 
 @dataclass(frozen=True)
@@ -274,11 +282,21 @@ class FakeUpstream:
             await asyncio.sleep(min(0.02, remaining))
             remaining = deadline - time.monotonic()
 
+    async def _hold(self, release: threading.Event) -> None:
+        # Waited for in a thread (the test sets it from its own), in steps so stop() ends it.
+        while not self._stopping.is_set():
+            if await asyncio.to_thread(release.wait, 0.1):
+                return
+
     async def _lead_in(self, script: Script) -> tuple[Fail | None, Sequence[Step]]:
-        """Leading stalls (before headers) and an up-front failure; the rest is streamed."""
+        """Leading stalls and holds (before headers) and an up-front failure; the rest is
+        streamed."""
         steps = list(script.steps)
-        while steps and isinstance(first := steps[0], Stall):
-            await self._sleep(first.seconds)
+        while steps and isinstance(first := steps[0], Stall | Hold):
+            if isinstance(first, Hold):
+                await self._hold(first.release)
+            else:
+                await self._sleep(first.seconds)
             del steps[0]
         if steps and isinstance(steps[0], Fail):
             return steps[0], ()
@@ -335,6 +353,8 @@ class FakeUpstream:
                 calls += 1
             elif isinstance(step, Stall):
                 await self._sleep(step.seconds)
+            elif isinstance(step, Hold):
+                await self._hold(step.release)
             elif isinstance(step, FailMidStream | Fail):
                 if isinstance(step, FailMidStream) and step.disconnect:
                     raise _Disconnect()
@@ -423,6 +443,8 @@ class FakeUpstream:
                 yield _event("content_block_stop", _block_stop(index))
             elif isinstance(step, Stall):
                 await self._sleep(step.seconds)
+            elif isinstance(step, Hold):
+                await self._hold(step.release)
             elif isinstance(step, FailMidStream | Fail):
                 if isinstance(step, FailMidStream) and step.disconnect:
                     raise _Disconnect()
