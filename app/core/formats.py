@@ -9,6 +9,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.core.content import sendable_parts
 from app.core.messages import Content, Message, ToolCall, ToolSpec, canonical_json, text_of
 from app.core.tokens import (
     IMAGE_TOKENS,
@@ -82,7 +83,10 @@ def _openai_message(message: Message) -> Json:
             "tool_call_id": message.tool_call_id or "",
             "content": text_of(message.content),
         }
-    wire: Json = {"role": message.role, "content": _openai_content(message.content)}
+    wire: Json = {
+        "role": message.role,
+        "content": _openai_content(message.role, message.content),
+    }
     if message.name:
         wire["name"] = message.name
     if message.tool_calls:
@@ -91,10 +95,10 @@ def _openai_message(message: Message) -> Json:
     return wire
 
 
-def _openai_content(content: Content) -> str | list[Json]:
+def _openai_content(role: str, content: Content) -> str | list[Json]:
     if isinstance(content, str):
         return content
-    return [_openai_part(p) for p in content]
+    return [_openai_part(p) for p in sendable_parts(role, content)]
 
 
 def _openai_part(part: Json) -> Json:
@@ -136,7 +140,7 @@ CONTINUATION_NOTE = "(conversation continues)"
 def to_anthropic(messages: Sequence[Message], tools: Sequence[ToolSpec]) -> Json:
     leading = _leading_system_count(messages)
     request: Json = {}
-    system = _nonblank([_text_block(text_of(m.content)) for m in messages[:leading]])
+    system = _nonblank([_text_block(_sendable_text(m)) for m in messages[:leading]])
     if system:
         request["system"] = system
     turns = [_anthropic_turn(m) for m in messages[leading:]]
@@ -165,10 +169,10 @@ def _leading_system_count(messages: Sequence[Message]) -> int:
 def _anthropic_turn(message: Message) -> tuple[str, list[Json]]:
     if message.role == "system":
         # Anthropic has no system role mid-conversation: the note travels as user text.
-        return "user", [_text_block(SYSTEM_NOTE_PREFIX + text_of(message.content))]
+        return "user", [_text_block(SYSTEM_NOTE_PREFIX + _sendable_text(message))]
     if message.role == "tool":
         return "user", [_tool_result_block(message)]
-    blocks = _anthropic_content(message.content)
+    blocks = _anthropic_content(message.role, message.content)
     blocks += [
         {"type": "tool_use", "id": c.id, "name": c.name, "input": _canonical(c.arguments)}
         for c in message.tool_calls
@@ -176,10 +180,17 @@ def _anthropic_turn(message: Message) -> tuple[str, list[Json]]:
     return message.role, blocks
 
 
-def _anthropic_content(content: Content) -> list[Json]:
+def _anthropic_content(role: str, content: Content) -> list[Json]:
     if isinstance(content, str):
         return [_text_block(content)]
-    return [_anthropic_part(p) for p in content]
+    return [_anthropic_part(p) for p in sendable_parts(role, content)]
+
+
+def _sendable_text(message: Message) -> str:
+    """A system message as text: Anthropic's system parameter and notes take text only, so
+    an image stored there becomes a visible note, never silently nothing."""
+    content = message.content
+    return content if isinstance(content, str) else text_of(sendable_parts("system", content))
 
 
 def _anthropic_part(part: Json) -> Json:
