@@ -3,6 +3,7 @@ and validators of each provider's pairing and ordering rules."""
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 from collections.abc import Iterable, Sequence
@@ -330,7 +331,41 @@ def _openai_content_problems(at: int, message: Json) -> list[str]:
         return [f"messages[{at}]: content is missing"]
     if content is not None and not isinstance(content, str | list):
         return [f"messages[{at}]: content must be a string or a list of parts"]
-    return []
+    if isinstance(content, list) and not content:
+        return [f"messages[{at}]: content is an empty array"]
+    problems: list[str] = []
+    for part in content if isinstance(content, list) else []:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text" and not isinstance(part.get("text"), str):
+            problems.append(f"messages[{at}]: text part without text")
+        elif kind == "image_url":
+            if message.get("role") != "user":
+                problems.append(f"messages[{at}]: image_url parts are for user messages only")
+            url = (part.get("image_url") or {}).get("url")
+            if not (_is_web_url(url) or _is_image_data(url)):
+                problems.append(f"messages[{at}]: image url {str(url)[:40]!r} is not supported")
+        elif kind != "text":
+            problems.append(f"messages[{at}]: unknown content part type {kind!r}")
+    return problems
+
+
+_WIRE_IMAGE_DATA = re.compile(r"data:(image/(?:jpeg|png|gif|webp));base64,(.+)", re.DOTALL)
+
+
+def _is_web_url(url: Any) -> bool:
+    return isinstance(url, str) and re.fullmatch(r"https?://[^\s/]+\S*", url) is not None
+
+
+def _is_image_data(url: Any) -> bool:
+    data = _WIRE_IMAGE_DATA.fullmatch(url) if isinstance(url, str) else None
+    return data is not None and _is_base64(data.group(2))
+
+
+def _is_base64(text: Any) -> bool:
+    try:
+        return isinstance(text, str) and bool(base64.b64decode(text, validate=True))
+    except ValueError:
+        return False
 
 
 def _openai_call_problems(at: int, calls: Any, seen_ids: set[str]) -> list[str]:
@@ -375,11 +410,15 @@ def validate_anthropic(request: Json) -> list[str]:
     problems: list[str] = []
     if messages[0].get("role") != "user":
         problems.append("messages[0]: the first message must have role 'user'")
+    system = request.get("system", [])
+    if not isinstance(system, str) and any(b.get("type") != "text" for b in system):
+        problems.append("system: only text blocks are allowed")
     seen_ids: set[str] = set()
     for at, message in enumerate(messages):
         problems += _anthropic_role_problems(at, message, messages[at - 1] if at else None)
         blocks = _blocks_of(message.get("content"))
         problems += _anthropic_content_problems(at, blocks)
+        problems += _anthropic_image_problems(at, message.get("role"), blocks)
         problems += _tool_use_problems(at, message, blocks, seen_ids)
         problems += _tool_result_problems(at, message, blocks, messages[at - 1] if at else None)
         following = messages[at + 1] if at + 1 < len(messages) else None
@@ -416,6 +455,26 @@ def _anthropic_content_problems(at: int, blocks: list[Json]) -> list[str]:
         is_error_result = block.get("type") == "tool_result" and block.get("is_error")
         if is_error_result and not _blocks_text(block.get("content")).strip():
             problems.append(f"messages[{at}]: error tool_result without content")
+    return problems
+
+
+def _anthropic_image_problems(at: int, role: Any, blocks: list[Json]) -> list[str]:
+    problems: list[str] = []
+    for block in blocks:
+        if block.get("type") != "image":
+            continue
+        if role != "user":
+            problems.append(f"messages[{at}]: image blocks are for user messages only")
+        source = block.get("source") or {}
+        if source.get("type") == "url":
+            ok = _is_web_url(source.get("url"))
+        else:
+            media_type, data = source.get("media_type"), source.get("data")
+            ok = source.get("type") == "base64" and _is_image_data(
+                f"data:{media_type};base64,{data}"
+            )
+        if not ok:
+            problems.append(f"messages[{at}]: image source is not supported")
     return problems
 
 
