@@ -13,14 +13,13 @@ from typing import Any
 from app.core.content import sendable_parts
 from app.core.messages import Content, Message, ToolCall, ToolSpec, canonical_json, text_of
 from app.core.tokens import (
-    IMAGE_TOKENS,
-    IMAGE_TOKENS_LOW,
     PER_MESSAGE,
     PER_NAME,
     PER_TOOL_CALL,
     PER_TOOL_DEFINITION,
     REPLY_PRIMING,
     TokenCounter,
+    part_image_tokens,
 )
 
 Json = dict[str, Any]
@@ -191,7 +190,9 @@ def _sendable_text(message: Message) -> str:
     """A system message as text: Anthropic's system parameter and notes take text only, so
     an image stored there becomes a visible note, never silently nothing."""
     content = message.content
-    return content if isinstance(content, str) else text_of(sendable_parts("system", content))
+    return (
+        content if isinstance(content, str) else text_of(tuple(sendable_parts("system", content)))
+    )
 
 
 def _anthropic_part(part: Json) -> Json:
@@ -580,8 +581,8 @@ def _wire_content_tokens(content: str | list[Json] | None, counter: TokenCounter
 def _wire_part_tokens(part: Json, counter: TokenCounter) -> int:
     if part["type"] == "text":
         return counter.count(part["text"])
-    low = part.get("image_url", {}).get("detail") == "low"
-    return IMAGE_TOKENS_LOW if low else IMAGE_TOKENS
+    image = part.get("image_url", {})
+    return part_image_tokens(str(image.get("url", "")), image.get("detail"), counter)
 
 
 def _wire_tool_tokens(tool: Json, counter: TokenCounter) -> int:

@@ -719,7 +719,7 @@ def test_wire_count_by_hand() -> None:
         Message("assistant", "", tool_calls=(ToolCall("c 1", "f", {}),)),
         Message("tool", "a b c", tool_call_id="c 1"),
     ]
-    # priming 3; user 3+1 + 3 words + 85 + 765 + name 1+1; assistant 3+1 + call 3+2+1+1;
-    # tool 3+1 + 3 + id 2
-    expected = 3 + (4 + 3 + 85 + 765 + 2) + (4 + 7) + (4 + 3 + 2)
+    # priming 3; user 3+1 + 3 words + low 85 + a 1x1 PNG's one tile 85+170 + name 1+1;
+    # assistant 3+1 + call 3+2+1+1; tool 3+1 + 3 + id 2
+    expected = 3 + (4 + 3 + 85 + 255 + 2) + (4 + 7) + (4 + 3 + 2)
     assert openai_request_tokens(to_openai(messages, []), Words()) == expected

@@ -24,6 +24,9 @@ ALLOWED = {
     "hashlib",
     "operator",
     "decimal",
+    "base64",  # decoding inline images' headers (app.core.content)
+    "binascii",
+    "struct",
 }
 
 
