@@ -7,6 +7,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
+from app.core.content import content_problems
+
 
 class EntryKind(StrEnum):
     MESSAGE = "message"
@@ -180,6 +182,12 @@ def normalize_entry(
         canonical_payload = model.model_dump(mode="json", exclude_none=True)
     except ValidationError as exc:
         errors += _located(exc, "payload")
+    if kind == EntryKind.MESSAGE and canonical_payload:
+        # What a provider would refuse: checked once, here, for every way an entry is written.
+        errors += [
+            p.as_error("payload", "content")
+            for p in content_problems(canonical_payload["role"], canonical_payload["content"])
+        ]
     try:
         canonical_refs = _REFS.validate_python(refs).model_dump(mode="json", exclude_none=True)
     except ValidationError as exc:

@@ -3,22 +3,23 @@ and validators of each provider's pairing and ordering rules."""
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.core.content import sendable_parts
 from app.core.messages import Content, Message, ToolCall, ToolSpec, canonical_json, text_of
 from app.core.tokens import (
-    IMAGE_TOKENS,
-    IMAGE_TOKENS_LOW,
     PER_MESSAGE,
     PER_NAME,
     PER_TOOL_CALL,
     PER_TOOL_DEFINITION,
     REPLY_PRIMING,
     TokenCounter,
+    part_image_tokens,
 )
 
 Json = dict[str, Any]
@@ -82,7 +83,10 @@ def _openai_message(message: Message) -> Json:
             "tool_call_id": message.tool_call_id or "",
             "content": text_of(message.content),
         }
-    wire: Json = {"role": message.role, "content": _openai_content(message.content)}
+    wire: Json = {
+        "role": message.role,
+        "content": _openai_content(message.role, message.content),
+    }
     if message.name:
         wire["name"] = message.name
     if message.tool_calls:
@@ -91,10 +95,10 @@ def _openai_message(message: Message) -> Json:
     return wire
 
 
-def _openai_content(content: Content) -> str | list[Json]:
+def _openai_content(role: str, content: Content) -> str | list[Json]:
     if isinstance(content, str):
         return content
-    return [_openai_part(p) for p in content]
+    return [_openai_part(p) for p in sendable_parts(role, content)]
 
 
 def _openai_part(part: Json) -> Json:
@@ -136,7 +140,7 @@ CONTINUATION_NOTE = "(conversation continues)"
 def to_anthropic(messages: Sequence[Message], tools: Sequence[ToolSpec]) -> Json:
     leading = _leading_system_count(messages)
     request: Json = {}
-    system = _nonblank([_text_block(text_of(m.content)) for m in messages[:leading]])
+    system = _nonblank([_text_block(_sendable_text(m)) for m in messages[:leading]])
     if system:
         request["system"] = system
     turns = [_anthropic_turn(m) for m in messages[leading:]]
@@ -165,10 +169,10 @@ def _leading_system_count(messages: Sequence[Message]) -> int:
 def _anthropic_turn(message: Message) -> tuple[str, list[Json]]:
     if message.role == "system":
         # Anthropic has no system role mid-conversation: the note travels as user text.
-        return "user", [_text_block(SYSTEM_NOTE_PREFIX + text_of(message.content))]
+        return "user", [_text_block(SYSTEM_NOTE_PREFIX + _sendable_text(message))]
     if message.role == "tool":
         return "user", [_tool_result_block(message)]
-    blocks = _anthropic_content(message.content)
+    blocks = _anthropic_content(message.role, message.content)
     blocks += [
         {"type": "tool_use", "id": c.id, "name": c.name, "input": _canonical(c.arguments)}
         for c in message.tool_calls
@@ -176,10 +180,19 @@ def _anthropic_turn(message: Message) -> tuple[str, list[Json]]:
     return message.role, blocks
 
 
-def _anthropic_content(content: Content) -> list[Json]:
+def _anthropic_content(role: str, content: Content) -> list[Json]:
     if isinstance(content, str):
         return [_text_block(content)]
-    return [_anthropic_part(p) for p in content]
+    return [_anthropic_part(p) for p in sendable_parts(role, content)]
+
+
+def _sendable_text(message: Message) -> str:
+    """A system message as text: Anthropic's system parameter and notes take text only, so
+    an image stored there becomes a visible note, never silently nothing."""
+    content = message.content
+    return (
+        content if isinstance(content, str) else text_of(tuple(sendable_parts("system", content)))
+    )
 
 
 def _anthropic_part(part: Json) -> Json:
@@ -319,7 +332,41 @@ def _openai_content_problems(at: int, message: Json) -> list[str]:
         return [f"messages[{at}]: content is missing"]
     if content is not None and not isinstance(content, str | list):
         return [f"messages[{at}]: content must be a string or a list of parts"]
-    return []
+    if isinstance(content, list) and not content:
+        return [f"messages[{at}]: content is an empty array"]
+    problems: list[str] = []
+    for part in content if isinstance(content, list) else []:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text" and not isinstance(part.get("text"), str):
+            problems.append(f"messages[{at}]: text part without text")
+        elif kind == "image_url":
+            if message.get("role") != "user":
+                problems.append(f"messages[{at}]: image_url parts are for user messages only")
+            url = (part.get("image_url") or {}).get("url")
+            if not (_is_web_url(url) or _is_image_data(url)):
+                problems.append(f"messages[{at}]: image url {str(url)[:40]!r} is not supported")
+        elif kind != "text":
+            problems.append(f"messages[{at}]: unknown content part type {kind!r}")
+    return problems
+
+
+_WIRE_IMAGE_DATA = re.compile(r"data:(image/(?:jpeg|png|gif|webp));base64,(.+)", re.DOTALL)
+
+
+def _is_web_url(url: Any) -> bool:
+    return isinstance(url, str) and re.fullmatch(r"https?://[^\s/]+\S*", url) is not None
+
+
+def _is_image_data(url: Any) -> bool:
+    data = _WIRE_IMAGE_DATA.fullmatch(url) if isinstance(url, str) else None
+    return data is not None and _is_base64(data.group(2))
+
+
+def _is_base64(text: Any) -> bool:
+    try:
+        return isinstance(text, str) and bool(base64.b64decode(text, validate=True))
+    except ValueError:
+        return False
 
 
 def _openai_call_problems(at: int, calls: Any, seen_ids: set[str]) -> list[str]:
@@ -364,11 +411,15 @@ def validate_anthropic(request: Json) -> list[str]:
     problems: list[str] = []
     if messages[0].get("role") != "user":
         problems.append("messages[0]: the first message must have role 'user'")
+    system = request.get("system", [])
+    if not isinstance(system, str) and any(b.get("type") != "text" for b in system):
+        problems.append("system: only text blocks are allowed")
     seen_ids: set[str] = set()
     for at, message in enumerate(messages):
         problems += _anthropic_role_problems(at, message, messages[at - 1] if at else None)
         blocks = _blocks_of(message.get("content"))
         problems += _anthropic_content_problems(at, blocks)
+        problems += _anthropic_image_problems(at, message.get("role"), blocks)
         problems += _tool_use_problems(at, message, blocks, seen_ids)
         problems += _tool_result_problems(at, message, blocks, messages[at - 1] if at else None)
         following = messages[at + 1] if at + 1 < len(messages) else None
@@ -405,6 +456,26 @@ def _anthropic_content_problems(at: int, blocks: list[Json]) -> list[str]:
         is_error_result = block.get("type") == "tool_result" and block.get("is_error")
         if is_error_result and not _blocks_text(block.get("content")).strip():
             problems.append(f"messages[{at}]: error tool_result without content")
+    return problems
+
+
+def _anthropic_image_problems(at: int, role: Any, blocks: list[Json]) -> list[str]:
+    problems: list[str] = []
+    for block in blocks:
+        if block.get("type") != "image":
+            continue
+        if role != "user":
+            problems.append(f"messages[{at}]: image blocks are for user messages only")
+        source = block.get("source") or {}
+        if source.get("type") == "url":
+            ok = _is_web_url(source.get("url"))
+        else:
+            media_type, data = source.get("media_type"), source.get("data")
+            ok = source.get("type") == "base64" and _is_image_data(
+                f"data:{media_type};base64,{data}"
+            )
+        if not ok:
+            problems.append(f"messages[{at}]: image source is not supported")
     return problems
 
 
@@ -510,8 +581,8 @@ def _wire_content_tokens(content: str | list[Json] | None, counter: TokenCounter
 def _wire_part_tokens(part: Json, counter: TokenCounter) -> int:
     if part["type"] == "text":
         return counter.count(part["text"])
-    low = part.get("image_url", {}).get("detail") == "low"
-    return IMAGE_TOKENS_LOW if low else IMAGE_TOKENS
+    image = part.get("image_url", {})
+    return part_image_tokens(str(image.get("url", "")), image.get("detail"), counter)
 
 
 def _wire_tool_tokens(tool: Json, counter: TokenCounter) -> int:

@@ -22,8 +22,11 @@ from app.core.policy import ContextPolicy
 from app.core.tokens import (
     REPLY_PRIMING,
     STORED_ENCODING,
+    STORED_IMAGES,
     TokenCounter,
     entry_tokens,
+    has_images,
+    images_of,
     message_overhead,
     tools_tokens,
 )
@@ -302,9 +305,15 @@ def _loader_tokens(entry: JournalEntry, policy: ContextPolicy, recount: bool) ->
 
 
 def _entry_counter(counter: TokenCounter) -> Any:
-    if counter.name == STORED_ENCODING:
+    def recount(e: JournalEntry) -> int:
+        return entry_tokens(EntryKind(e.kind), e.payload, e.refs, counter)
+
+    if counter.name != STORED_ENCODING:
+        return recount
+    if images_of(counter) == STORED_IMAGES:
         return lambda e: e.token_count  # counted once, at append: read, not recomputed
-    return lambda e: entry_tokens(EntryKind(e.kind), e.payload, e.refs, counter)
+    # Same encoding, another image rule (e.g. gpt-4o-mini): only entries with images differ.
+    return lambda e: recount(e) if has_images(e.kind, e.payload) else e.token_count
 
 
 def in_run_order(entries: list[JournalEntry], run_id: str | None) -> list[JournalEntry]:

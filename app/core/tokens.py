@@ -9,10 +9,13 @@ are our documented estimates, applied identically wherever a request is counted.
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
+from app.core.content import image_of
 from app.core.entries import EntryKind
 from app.core.messages import Content, Message, ToolCall, ToolSpec, canonical_json, result_text
 
@@ -22,8 +25,6 @@ PER_NAME = 1
 REPLY_PRIMING = 3
 PER_TOOL_CALL = 3
 PER_TOOL_DEFINITION = 8
-IMAGE_TOKENS = 765  # a 512x512 tile at high detail; low detail costs 85
-IMAGE_TOKENS_LOW = 85
 
 
 class TokenCounter(Protocol):
@@ -35,14 +36,172 @@ class TokenCounter(Protocol):
     def count(self, text: str) -> int: ...
 
 
+# Text is cut into the pieces tiktoken-style BPE pre-tokenizers make (a word with its leading
+# space, up to 3 digits, a run of symbols, a run of whitespace); each piece is at least one token.
+_PIECE = re.compile(r" ?[^\W\d]+| ?\d{1,3}| ?[^\s\w]+|\s+")
+# Tokens per character inside a piece, by script class. Calibrated against the larger of
+# tiktoken's o200k_base and cl100k_base counts on prose, code, CJK and emoji samples
+# (tests/core/token_samples.py): never under, at most ~1.3x over (tests/core/test_tokens.py).
+# Other vendors' tokenizers are not public; the margin over the larger of two OpenAI encodings
+# and the +3 per text are the allowance for them.
+_ASCII_LETTER = 0.18  # common words are one token; rare ones split at ~3-5 letters
+_ASCII_SYMBOL = 0.3  # operators and brackets pair up: "()", "==", "->"
+_TWO_BYTE = 1.0  # accented Latin, Greek, Cyrillic, Hebrew, Arabic
+_HANGUL = 1.4
+_CJK = 1.3  # Han, kana: about one token a character, more in cl100k
+_THREE_BYTE_SYMBOL = 1.5  # e.g. ☺, ❤, variation selectors, ZWJ
+_FOUR_BYTE = 3.0  # emoji and other astral characters: 4 UTF-8 bytes, 2-4 tokens
+_PER_TEXT = 3
+
+
+def _char_tokens(char: str) -> float:
+    size = len(char.encode())
+    if size == 1:
+        return _ASCII_LETTER if char.isalpha() or char == "_" else _ASCII_SYMBOL
+    if size == 2:
+        return _TWO_BYTE
+    if size == 4:
+        return _FOUR_BYTE
+    if "\uac00" <= char <= "\ud7a3":
+        return _HANGUL
+    return _CJK if char.isalpha() else _THREE_BYTE_SYMBOL
+
+
+_WHITESPACE_RUNS = re.compile(r"\n+|[^\n]+")
+
+
+def _piece_tokens(piece: str) -> int:
+    if piece.isspace():  # newlines and the indentation after them are separate tokens
+        return len(_WHITESPACE_RUNS.findall(piece))
+    if piece.lstrip(" ").isdigit():
+        return 1
+    return max(1, math.ceil(sum(_char_tokens(c) for c in piece.lstrip(" "))))
+
+
 @dataclass(frozen=True)
 class HeuristicCounter:
-    """About four characters per token, rounded up: the classic estimate, no vocabulary."""
+    """An estimate without a vocabulary, calibrated by script class so it is never under and
+    at most ~1.3x over a real BPE count for prose, code, CJK and emoji."""
 
     name: str = "heuristic"
 
     def count(self, text: str) -> int:
-        return (len(text) + 3) // 4
+        if not text:
+            return 0
+        return _PER_TEXT + sum(_piece_tokens(p) for p in _PIECE.findall(text))
+
+
+# --- Images -------------------------------------------------------------------------------
+# Each model family's documented rule. OpenAI ("Images and vision" guide, "Calculating costs",
+# platform.openai.com/docs/guides/images-vision#calculating-costs):
+# - tiles: fit in 2048x2048, then shortest side down to 768, count 512 px tiles; tokens =
+#   base + per_tile * tiles (detail "low": base only). gpt-4o/4.1/4.5/4-turbo 85+170,
+#   gpt-4o-mini 2833+5667, gpt-5 70+140, o1/o3 75+150.
+# - patches (gpt-4.1-mini/nano, gpt-5-mini/nano, o4-mini): 32 px patches, scaled down to fit
+#   1536 of them, times a model multiplier (1.62, 2.46, 1.62, 2.46, 1.72).
+# Anthropic ("Vision", "Evaluate image size", docs.anthropic.com/en/docs/build-with-claude/
+# vision): tokens = width * height / 750 after scaling to a long edge of at most 1568 px and
+# about 1.15-1.19 megapixels (1092x1092 for 1:1 in its table; so at most ~1600 tokens).
+# An image of unknown size (a web URL) counts as the largest its rule allows: conservative.
+
+
+@dataclass(frozen=True)
+class ImageRule:
+    family: str
+    kind: Literal["tiles", "patches", "pixels"]
+    base: int = 0
+    per_tile: int = 0
+    multiplier: float = 1.0
+
+
+TILES_GPT_4O = ImageRule("gpt-4o", "tiles", 85, 170)
+ANTHROPIC_IMAGES = ImageRule("anthropic", "pixels")
+_OPENAI_IMAGES: tuple[tuple[str, ImageRule], ...] = (  # most specific prefix first
+    ("gpt-4o-mini", ImageRule("gpt-4o-mini", "tiles", 2833, 5667)),
+    ("gpt-4.1-mini", ImageRule("gpt-4.1-mini", "patches", multiplier=1.62)),
+    ("gpt-4.1-nano", ImageRule("gpt-4.1-nano", "patches", multiplier=2.46)),
+    ("gpt-5-mini", ImageRule("gpt-5-mini", "patches", multiplier=1.62)),
+    ("gpt-5-nano", ImageRule("gpt-5-nano", "patches", multiplier=2.46)),
+    ("o4-mini", ImageRule("o4-mini", "patches", multiplier=1.72)),
+    ("gpt-5", ImageRule("gpt-5", "tiles", 70, 140)),
+    ("o1", ImageRule("o1", "tiles", 75, 150)),
+    ("o3", ImageRule("o3", "tiles", 75, 150)),
+)
+# Entries' stored token_count counts images by this rule; projections for models of another
+# rule recount the entries that hold images.
+STORED_IMAGES = TILES_GPT_4O
+_MAX_PATCHES = 1536
+_ANTHROPIC_LONG_EDGE = 1568
+_ANTHROPIC_MAX_PIXELS = 1092 * 1092  # the docs' largest unresized 1:1 size
+_ANTHROPIC_MAX_TOKENS = 1600
+
+
+def image_rule_for(model: str) -> ImageRule:
+    """The image rule of a "provider:name" model; the gpt-4o tiles for anything else."""
+    provider, _, name = model.partition(":")
+    if provider == "anthropic":
+        return ANTHROPIC_IMAGES
+    if provider == "openai":
+        for prefix, rule in _OPENAI_IMAGES:
+            if name.startswith(prefix):
+                return rule
+    return TILES_GPT_4O
+
+
+def image_tokens(rule: ImageRule, width: int | None, height: int | None, detail: Any) -> int:
+    if rule.kind == "tiles":
+        if detail == "low":
+            return rule.base
+        if not width or not height:
+            return rule.base + rule.per_tile * 8  # the most tiles a resized image can need
+        return rule.base + rule.per_tile * _tiles(width, height)
+    if rule.kind == "patches":
+        if not width or not height:
+            return math.ceil(_MAX_PATCHES * rule.multiplier)
+        return math.ceil(_patches(width, height) * rule.multiplier)
+    if not width or not height:
+        return _ANTHROPIC_MAX_TOKENS
+    scale = min(
+        1.0,
+        _ANTHROPIC_LONG_EDGE / max(width, height),
+        math.sqrt(_ANTHROPIC_MAX_PIXELS / (width * height)),
+    )
+    return math.ceil(int(width * scale) * int(height * scale) / 750)
+
+
+def _tiles(width: int, height: int) -> int:
+    scale = min(1.0, 2048 / max(width, height))
+    w, h = width * scale, height * scale
+    scale = min(1.0, 768 / min(w, h))
+    return math.ceil(w * scale / 512) * math.ceil(h * scale / 512)
+
+
+def _patches(width: int, height: int) -> int:
+    patches = math.ceil(width / 32) * math.ceil(height / 32)
+    if patches <= _MAX_PATCHES:
+        return patches
+    shrink = math.sqrt(32 * 32 * _MAX_PATCHES / (width * height))
+    w, h = width * shrink / 32, height * shrink / 32
+    shrink *= min(math.floor(w) / w, math.floor(h) / h)  # whole patches along each side
+    return min(
+        _MAX_PATCHES, math.ceil(int(width * shrink) / 32) * math.ceil(int(height * shrink) / 32)
+    )
+
+
+def images_of(counter: TokenCounter) -> ImageRule:
+    """The image rule a counter counts by (a model's counter carries one; others the stored)."""
+    rule = getattr(counter, "images", STORED_IMAGES)
+    return rule if isinstance(rule, ImageRule) else STORED_IMAGES
+
+
+def part_image_tokens(url: str, detail: Any, counter: TokenCounter) -> int:
+    image = image_of(url)
+    return image_tokens(images_of(counter), image.width, image.height, detail)
+
+
+def has_images(kind: str, payload: dict[str, Any]) -> bool:
+    content = payload.get("content") if kind == EntryKind.MESSAGE else None
+    return isinstance(content, list) and any(p.get("type") == "image_url" for p in content)
 
 
 def content_tokens(content: Content, counter: TokenCounter) -> int:
@@ -53,7 +212,7 @@ def content_tokens(content: Content, counter: TokenCounter) -> int:
         if part.get("type") == "text":
             total += counter.count(str(part.get("text", "")))
         else:
-            total += IMAGE_TOKENS_LOW if part.get("detail") == "low" else IMAGE_TOKENS
+            total += part_image_tokens(str(part.get("url", "")), part.get("detail"), counter)
     return total
 
 

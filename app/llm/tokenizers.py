@@ -7,7 +7,14 @@ from dataclasses import dataclass
 
 import tiktoken
 
-from app.core.tokens import STORED_ENCODING, HeuristicCounter, TokenCounter
+from app.core.tokens import (
+    STORED_ENCODING,
+    STORED_IMAGES,
+    HeuristicCounter,
+    ImageRule,
+    TokenCounter,
+    image_rule_for,
+)
 from app.llm.vocab import VOCABS, default_cache_dir, install_vocab
 
 PROVIDERS = frozenset({"openai", "anthropic", "compat", "local"})
@@ -42,6 +49,21 @@ def stored_counter() -> TiktokenCounter:
 
 
 @dataclass(frozen=True)
+class ModelCounter:
+    """A text counter plus the image rule of the model's family (app.core.tokens)."""
+
+    text: TokenCounter
+    images: ImageRule
+
+    @property
+    def name(self) -> str:
+        return self.text.name
+
+    def count(self, text: str) -> int:
+        return self.text.count(text)
+
+
+@dataclass(frozen=True)
 class ModelCounting:
     counter: TokenCounter
     exact: bool  # False: an estimate, to be given a safety margin
@@ -58,6 +80,14 @@ def counting_for(model: str, estimator: str = "exact") -> ModelCounting:
         raise ValueError(f"model must be provider:name with provider in {sorted(PROVIDERS)}")
     if estimator not in ESTIMATORS:
         raise ValueError(f"estimator must be one of {sorted(ESTIMATORS)}, not {estimator!r}")
+    counting = _text_counting(provider, name, estimator)
+    images = image_rule_for(model)
+    if images == STORED_IMAGES:
+        return counting
+    return ModelCounting(ModelCounter(counting.counter, images), counting.exact)
+
+
+def _text_counting(provider: str, name: str, estimator: str) -> ModelCounting:
     if estimator == "heuristic":
         return ModelCounting(HeuristicCounter(), exact=False)
     if provider == "openai":

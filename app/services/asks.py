@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.config import Settings
 from app.core import run_policy as run_policies
+from app.core.content import content_problems
 from app.core.entries import EntryKind
 from app.core.projection import PendingEntry
 from app.core.tool_loop import RunTools, next_step
@@ -28,7 +29,7 @@ from app.db import journal as journal_db
 from app.db import runs as runs_db
 from app.db import sessions as sessions_db
 from app.db.tables import RUN_TERMINAL
-from app.services.errors import Conflict, Invalid, NotFound, session_not_found
+from app.services.errors import Conflict, Invalid, NotFound, entries_refused, session_not_found
 from app.services.journal import NewEntry, append_in
 from app.services.projection import project_session
 from app.services.runs import Outcome, entry_id, event_rows, finish_run, queue_run
@@ -72,7 +73,11 @@ async def ask(
         if earlier is not None:
             return AskResult(earlier, created=False)
     user_payload = {"role": "user", "content": params.content}
-    # Validation, before anything is written: the policy resolves, and the ask fits.
+    # Validation, before anything is written: the content suits every provider, the policy
+    # resolves, and the ask fits.
+    refused = [p.as_error("input") for p in content_problems("user", params.content)]
+    if refused:
+        raise entries_refused(refused)
     checked = await project_session(
         engine,
         settings,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from app.core.content import RULES as CONTENT_RULES
+
 
 class ServiceError(Exception):
     def __init__(self, code: str, message: str, details: dict[str, Any] | None = None) -> None:
@@ -31,3 +33,13 @@ class PreconditionFailed(ServiceError):
 
 def session_not_found(session_id: str) -> NotFound:
     return NotFound("session_not_found", f"no session {session_id}", {"session_id": session_id})
+
+
+def entries_refused(errors: list[dict[str, Any]]) -> Invalid:
+    """422 naming the first offending path; `invalid_content` when every error is content a
+    provider would refuse (the rule is each error's `type`)."""
+    where = ".".join(str(p) for p in errors[0]["loc"])
+    if all(e["type"] in CONTENT_RULES for e in errors):
+        message = f"content a provider would refuse at {where}: {errors[0]['msg']}"
+        return Invalid("invalid_content", message, {"errors": errors})
+    return Invalid("invalid_entries", "some entries do not fit their kind", {"errors": errors})

@@ -19,7 +19,7 @@ from app.db import journal as journal_db
 from app.db import sessions as sessions_db
 from app.db.engine import read_snapshot
 from app.llm.tokenizers import stored_counter
-from app.services.errors import Conflict, Invalid, session_not_found
+from app.services.errors import Conflict, entries_refused, session_not_found
 
 # A concurrent append of the same entry id loses the unique-index race at most once; the retry
 # then finds the id and answers with the original seq.
@@ -186,7 +186,7 @@ def _prepare(new_entries: Sequence[NewEntry]) -> list[dict[str, Any]]:
             }
         )
     if errors:
-        raise Invalid("invalid_entries", "some entries do not fit their kind", {"errors": errors})
+        raise entries_refused(errors)
     return rows
 
 

@@ -13,6 +13,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from app.config import Settings
 from app.core import policy as policies
 from app.core.builtin_tools import with_builtin_schema
+from app.core.content import content_problems
+from app.core.entries import EntryKind
 from app.core.lineage import Segment
 from app.core.memory import MEMORY_TOOLS
 from app.core.messages import ToolSpec
@@ -32,7 +34,7 @@ from app.db.engine import read_snapshot
 from app.db.memory import get_memory
 from app.llm.catalog import context_window
 from app.llm.tokenizers import counting_for
-from app.services.errors import Invalid, session_not_found
+from app.services.errors import Invalid, entries_refused, session_not_found
 
 
 @dataclass(frozen=True)
@@ -66,7 +68,16 @@ async def project_session(
     extra_tools: Sequence[Mapping[str, Any]] = (),
 ) -> SessionProjection:
     """Exactly what an ask would send now; reads only the tail the budget can use, writes
-    nothing. Raises Invalid (context_overflow, invalid_policy) when there is no valid answer."""
+    nothing. Raises Invalid (context_overflow, invalid_policy, invalid_content) when there is no
+    valid answer."""
+    refused = [
+        p.as_error("pending", at, "payload", "content")
+        for at, e in enumerate(pending)
+        if e.kind == EntryKind.MESSAGE
+        for p in content_problems(str(e.payload["role"]), e.payload["content"])
+    ]
+    if refused:
+        raise entries_refused(refused)
     async with read_snapshot(engine) as conn:
         session = await sessions_db.get_session(conn, tenant_id, session_id)
         if session is None:

@@ -41,10 +41,11 @@ def test_token_count_heuristic() -> None:
     def count_entry_tokens(kind: EntryKind, payload: dict[str, object]) -> int:
         return entry_tokens(kind, payload, {}, HeuristicCounter())
 
-    assert count_entry_tokens(EntryKind.MESSAGE, {"role": "user", "content": "abcdefgh"}) == 2
+    # 3 per text, then each word-like piece at least one token (app.core.tokens).
+    assert count_entry_tokens(EntryKind.MESSAGE, {"role": "user", "content": "abcdefgh"}) == 5
     parts = {
         "role": "user",
         "content": [{"type": "text", "text": "abcd"}, {"type": "text", "text": "e"}],
     }
-    assert count_entry_tokens(EntryKind.MESSAGE, parts) == 2
+    assert count_entry_tokens(EntryKind.MESSAGE, parts) == 8
     assert count_entry_tokens(EntryKind.RUN_START, {"run_id": "r"}) == 0

@@ -21,6 +21,7 @@ from app.core.formats import (
 )
 from app.core.messages import Message, ToolCall, ToolSpec
 from app.core.tokens import HeuristicCounter, request_tokens
+from tests.images import PNG_URL, data_url, jpeg
 
 Json = dict[str, Any]
 
@@ -289,7 +290,7 @@ def test_empty_text_is_dropped_and_an_empty_message_gets_a_placeholder() -> None
 IMAGE_PARTS = (
     {"type": "text", "text": "What is this?"},
     {"type": "image_url", "url": "https://example.com/cat.png", "detail": "low"},
-    {"type": "image_url", "url": "data:image/png;base64,iVBORw0KGgo="},
+    {"type": "image_url", "url": PNG_URL},
 )
 
 
@@ -300,7 +301,7 @@ def test_images_openai() -> None:
             "type": "image_url",
             "image_url": {"url": "https://example.com/cat.png", "detail": "low"},
         },
-        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}},
+        {"type": "image_url", "image_url": {"url": PNG_URL}},
     ]
 
 
@@ -310,9 +311,57 @@ def test_images_anthropic() -> None:
         {"type": "image", "source": {"type": "url", "url": "https://example.com/cat.png"}},
         {
             "type": "image",
-            "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="},
+            "source": {
+                "type": "base64",
+                "media_type": "image/png",
+                "data": PNG_URL.partition(",")[2],
+            },
         },
     ]
+
+
+def test_an_image_where_a_provider_refuses_it_becomes_a_visible_note() -> None:
+    # Stored before the door checked content: never sent where refused, never silently dropped.
+    image = {"type": "image_url", "url": PNG_URL}
+    messages = [
+        Message("system", ({"type": "text", "text": "Be brief."}, image)),
+        Message("user", "hi"),
+        Message("assistant", ({"type": "text", "text": "look"}, image)),
+        Message("system", (image,)),
+        Message("user", ()),
+    ]
+    note = "[image not sent: system messages cannot carry images (only user)]"
+    anthropic = to_anthropic(messages, [])
+    assert validate_anthropic(anthropic) == []
+    assert anthropic["system"] == [{"type": "text", "text": "Be brief." + note}]
+    assert anthropic["messages"][1]["content"][1] == {
+        "type": "text",
+        "text": "[image not sent: assistant messages cannot carry images (only user)]",
+    }
+    assert anthropic["messages"][2]["content"] == [
+        {"type": "text", "text": "System note: " + note},
+        {"type": "text", "text": "(empty)"},
+    ]
+    openai = to_openai(messages, [])
+    assert validate_openai(openai) == []
+    assert openai["messages"][0]["content"][1] == {"type": "text", "text": note}
+    assert openai["messages"][4]["content"] == [{"type": "text", "text": "(empty)"}]
+
+
+def test_validators_refuse_content_the_providers_refuse() -> None:
+    image = {"type": "image_url", "image_url": {"url": PNG_URL}}
+    openai_cases = [
+        {"role": "system", "content": [image]},
+        {"role": "user", "content": []},
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:x"}}]},
+        {"role": "user", "content": [{"type": "file", "file": {}}]},
+    ]
+    for message in openai_cases:
+        assert validate_openai({"messages": [message]}), message
+    block = {"type": "image", "source": {"type": "base64", "media_type": "image/svg+xml"}}
+    assert validate_anthropic({"messages": [{"role": "user", "content": [block]}]})
+    png = {"type": "image", "source": {"type": "url", "url": "https://e.com/a.png"}}
+    assert validate_anthropic({"system": [png], "messages": [{"role": "user", "content": "hi"}]})
 
 
 def test_anthropic_output_is_deterministic_and_does_not_alias_the_input() -> None:
@@ -482,7 +531,7 @@ arguments = st.dictionaries(st.text(max_size=6), json_values, max_size=4)
 texts = st.text(max_size=20) | st.sampled_from(["", " ", "\n"])
 names = st.none() | st.sampled_from(["ann", "bob_2"])
 image_urls = st.sampled_from(
-    ["https://example.com/a.png", "http://example.com/b.jpg", "data:image/jpeg;base64,/9j/4AAQ"]
+    ["https://example.com/a.png", "http://example.com/b.jpg", data_url("image/jpeg", jpeg(9, 7))]
 )
 text_parts = st.builds(lambda t: {"type": "text", "text": t}, texts)
 image_parts = st.builds(
@@ -492,8 +541,9 @@ image_parts = st.builds(
     image_urls,
     st.sampled_from([None, "low", "high", "auto"]),
 )
-user_content = texts | st.lists(text_parts | image_parts, max_size=3).map(tuple)
-assistant_content = texts | st.lists(text_parts, max_size=2).map(tuple)
+# Content the door accepts (app.core.content): part lists are never empty, images are user-only.
+user_content = texts | st.lists(text_parts | image_parts, min_size=1, max_size=3).map(tuple)
+assistant_content = texts | st.lists(text_parts, min_size=1, max_size=2).map(tuple)
 tool_specs = st.lists(
     st.builds(
         ToolSpec,
@@ -628,7 +678,8 @@ tool_calls = st.lists(
     st.builds(ToolCall, st.text(max_size=8), st.text(max_size=8), arguments), max_size=3
 ).map(tuple)
 any_message = st.one_of(
-    st.builds(Message, st.sampled_from(["system", "user"]), user_content, name=names),
+    st.builds(Message, st.just("user"), user_content, name=names),
+    st.builds(Message, st.just("system"), assistant_content, name=names),
     st.builds(
         Message,
         st.just("assistant"),
@@ -668,7 +719,7 @@ def test_wire_count_by_hand() -> None:
         Message("assistant", "", tool_calls=(ToolCall("c 1", "f", {}),)),
         Message("tool", "a b c", tool_call_id="c 1"),
     ]
-    # priming 3; user 3+1 + 3 words + 85 + 765 + name 1+1; assistant 3+1 + call 3+2+1+1;
-    # tool 3+1 + 3 + id 2
-    expected = 3 + (4 + 3 + 85 + 765 + 2) + (4 + 7) + (4 + 3 + 2)
+    # priming 3; user 3+1 + 3 words + low 85 + a 1x1 PNG's one tile 85+170 + name 1+1;
+    # assistant 3+1 + call 3+2+1+1; tool 3+1 + 3 + id 2
+    expected = 3 + (4 + 3 + 85 + 255 + 2) + (4 + 7) + (4 + 3 + 2)
     assert openai_request_tokens(to_openai(messages, []), Words()) == expected

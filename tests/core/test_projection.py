@@ -39,7 +39,8 @@ from app.core.tokens import (
     request_tokens,
     tools_tokens,
 )
-from app.llm.tokenizers import stored_counter
+from app.llm.tokenizers import counting_for, stored_counter
+from tests.images import data_url, png
 
 O200K = stored_counter()
 
@@ -703,3 +704,17 @@ def test_the_default_eviction_threshold_shrinks_with_a_small_window() -> None:
     assert small.eviction_tokens == 750  # a quarter of the 3,000-token budget
     explicit = ContextPolicy(max_input_tokens=4000, tool_output_eviction_tokens=5000)
     assert explicit.eviction_tokens == 5000
+
+
+def test_image_entries_are_recounted_for_a_model_with_another_image_rule() -> None:
+    """Stored counts price images as gpt-4o does; gpt-4o-mini's 2833 + 5667 a tile is ~33x
+    more, so its projection recounts the entries holding images (and only those)."""
+    j = Journal()
+    j.user("hello")
+    url = data_url("image/png", png(1024, 1024))
+    j.add("message", {"role": "user", "content": [{"type": "image_url", "url": url}]})
+    policy = ContextPolicy(max_input_tokens=100_000)
+    stored = j.project(policy=policy).meta.estimated_tokens
+    mini_counter = counting_for("openai:gpt-4o-mini").counter
+    mini = j.project(policy=policy, counter=mini_counter).meta.estimated_tokens
+    assert mini - stored == (2833 + 4 * 5667) - 765

@@ -25,6 +25,9 @@ ALLOWED = {
     "operator",
     "decimal",
     "unicodedata",
+    "base64",  # decoding inline images' headers (app.core.content)
+    "binascii",
+    "struct",
 }
 
 

@@ -99,9 +99,10 @@ def test_counting_for_exact(model: str, encoding: str, exact: bool) -> None:
 @pytest.mark.parametrize("model", ["openai:gpt-4o", "anthropic:claude-haiku-4-5"])
 def test_counting_for_heuristic(model: str) -> None:
     counting = counting_for(model, estimator="heuristic")
-    assert counting.counter == HeuristicCounter()
+    assert counting.counter.name == HeuristicCounter().name
     assert counting.exact is False
-    assert counting.counter.count("hello world") == 3
+    # 3 per text, one per word piece (the script-class estimate of app.core.tokens).
+    assert counting.counter.count("hello world") == 5
 
 
 @pytest.mark.parametrize("model", ["gpt-4o", "openai:", "mistral:large", ""])

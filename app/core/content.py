@@ -1,0 +1,219 @@
+"""What every provider accepts as message content: the rules checked at the door, image sizes,
+and the one visible conversion of stored content that breaks a rule.
+
+A session may switch model per ask, per PATCH and by failover, so content must suit every
+provider a session may use: the rules are what both OpenAI Chat Completions and Anthropic
+Messages accept.
+- Images only in user messages (OpenAI: image_url parts are user-only; Anthropic: the system
+  parameter takes text blocks only, and an image is input, not something the assistant said).
+- An image is an http(s) URL or a base64 data URL of image/jpeg, image/png, image/gif or
+  image/webp (the four types both document), whose bytes are that type and at most 8000 px a
+  side (Anthropic refuses larger).
+- A list of parts is not empty, and a text part has non-whitespace text (Anthropic refuses
+  empty text blocks; OpenAI refuses an empty content array).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+IMAGE_MEDIA_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
+MAX_IMAGE_SIDE = 8000
+IMAGE_ROLES = frozenset({"user"})
+_DATA_URL = re.compile(r"data:([^;,]*);base64,(.*)", re.DOTALL)
+# A host, then no whitespace or control characters anywhere (both providers fetch it).
+_WEB_URL = re.compile(r"https?://[^\s/?#\x00-\x1f\x7f]+[^\s\x00-\x1f\x7f]*")
+_BASE64 = re.compile(r"[A-Za-z0-9+/]*={0,2}")
+
+# Stable rule codes (the `type` of each error a refusal lists).
+EMPTY_CONTENT = "empty_content"
+BLANK_TEXT = "blank_text"
+IMAGE_ROLE = "image_not_allowed_in_role"
+IMAGE_URL = "invalid_image_url"
+IMAGE_MEDIA_TYPE = "unsupported_image_type"
+IMAGE_BASE64 = "invalid_base64"
+IMAGE_BYTES = "image_type_mismatch"
+IMAGE_SIDE = "image_too_large"
+NOT_A_PART = "invalid_part"
+UNKNOWN_PART = "unknown_part_type"
+RULES = frozenset(
+    {EMPTY_CONTENT, BLANK_TEXT, IMAGE_ROLE, IMAGE_URL, IMAGE_MEDIA_TYPE, IMAGE_BASE64}
+    | {IMAGE_BYTES, IMAGE_SIDE, NOT_A_PART, UNKNOWN_PART}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ContentProblem:
+    loc: tuple[str | int, ...]  # relative to the content: (1, "url") is content[1].url
+    rule: str
+    message: str
+
+    def as_error(self, *prefix: str | int) -> dict[str, Any]:
+        """The pydantic-style error dict the API lists in `details.errors`."""
+        return {"loc": [*prefix, *self.loc], "msg": self.message, "type": self.rule}
+
+
+@dataclass(frozen=True, slots=True)
+class Image:
+    """An image part as providers read it: inline bytes' type and size when known."""
+
+    media_type: str | None  # None: a web URL, fetched by the provider
+    width: int | None = None
+    height: int | None = None
+
+
+def content_problems(role: str, content: str | Sequence[Any]) -> list[ContentProblem]:
+    """Everything in a message's content that some provider would refuse; [] when none."""
+    if isinstance(content, str):
+        return []
+    if not content:
+        return [ContentProblem((), EMPTY_CONTENT, "content needs at least one part")]
+    problems: list[ContentProblem] = []
+    for at, part in enumerate(content):
+        problems += [
+            ContentProblem((at, *p.loc), p.rule, p.message) for p in part_problems(role, part)
+        ]
+    return problems
+
+
+def part_problems(role: str, part: Any) -> list[ContentProblem]:
+    if not isinstance(part, dict):
+        return [ContentProblem((), NOT_A_PART, "a part must be an object")]
+    kind = part.get("type")
+    if kind == "text":
+        text = part.get("text")
+        if not isinstance(text, str) or not text.strip():
+            return [ContentProblem(("text",), BLANK_TEXT, "a text part needs non-blank text")]
+        return []
+    if kind == "image_url":
+        if role not in IMAGE_ROLES:
+            return [
+                ContentProblem(
+                    ("type",), IMAGE_ROLE, f"{role} messages cannot carry images (only user)"
+                )
+            ]
+        return [ContentProblem(("url",), r, m) for r, m in _url_problems(part.get("url"))]
+    return [ContentProblem(("type",), UNKNOWN_PART, f"unknown part type {kind!r}")]
+
+
+def _url_problems(url: Any) -> list[tuple[str, str]]:
+    if not isinstance(url, str):
+        return [(IMAGE_URL, "an image url must be a string")]
+    if _WEB_URL.fullmatch(url):
+        return []
+    data = _DATA_URL.fullmatch(url)
+    if data is None:
+        return [(IMAGE_URL, "an image url must be http(s)://host... or data:<type>;base64,...")]
+    media_type, encoded = data.group(1), data.group(2)
+    if media_type not in IMAGE_MEDIA_TYPES:
+        allowed = ", ".join(sorted(IMAGE_MEDIA_TYPES))
+        return [(IMAGE_MEDIA_TYPE, f"image type {media_type[:64]!r} is not one of {allowed}")]
+    raw = decode_base64(encoded)
+    if raw is None:
+        return [(IMAGE_BASE64, "the data URL's payload is not valid, non-empty base64")]
+    found = sniff_image(raw)
+    if found is None or found.media_type != media_type:
+        what = found.media_type if found else "not a recognizable image"
+        return [(IMAGE_BYTES, f"the data is {what}, not {media_type}")]
+    if found.width is None or found.height is None:
+        return [(IMAGE_BYTES, f"the data is a truncated {media_type} (no size in its header)")]
+    if max(found.width, found.height) > MAX_IMAGE_SIDE:
+        return [(IMAGE_SIDE, f"{found.width}x{found.height} px exceeds {MAX_IMAGE_SIDE} px a side")]
+    return []
+
+
+def decode_base64(encoded: str) -> bytes | None:
+    """Strict standard base64 (no whitespace, correct padding); None if invalid or empty."""
+    if not encoded or len(encoded) % 4 or not _BASE64.fullmatch(encoded):
+        return None
+    try:
+        return base64.b64decode(encoded, validate=True) or None
+    except (binascii.Error, ValueError):
+        return None
+
+
+def image_of(url: str) -> Image:
+    """What a (valid) image url holds: a web image of unknown size, or inline bytes' size."""
+    data = _DATA_URL.fullmatch(url)
+    if data is None:
+        return Image(None)
+    raw = decode_base64(data.group(2))
+    found = sniff_image(raw) if raw is not None else None
+    return found or Image(data.group(1))
+
+
+def sniff_image(raw: bytes) -> Image | None:
+    """The type and pixel size an image's own header declares (PNG, GIF, WebP, JPEG)."""
+    if raw.startswith(b"\x89PNG\r\n\x1a\n") and raw[12:16] == b"IHDR" and len(raw) >= 24:
+        width, height = struct.unpack(">II", raw[16:24])
+        return Image("image/png", width, height)
+    if raw[:6] in (b"GIF87a", b"GIF89a") and len(raw) >= 10:
+        width, height = struct.unpack("<HH", raw[6:10])
+        return Image("image/gif", width, height)
+    if raw[:4] == b"RIFF" and raw[8:12] == b"WEBP":
+        return _webp(raw)
+    if raw[:3] == b"\xff\xd8\xff":
+        return _jpeg(raw)
+    return None
+
+
+def _webp(raw: bytes) -> Image:
+    chunk = raw[12:16]
+    if chunk == b"VP8 " and len(raw) >= 30:
+        width, height = struct.unpack("<HH", raw[26:30])
+        return Image("image/webp", width & 0x3FFF, height & 0x3FFF)
+    if chunk == b"VP8L" and len(raw) >= 25:
+        bits = int.from_bytes(raw[21:25], "little")
+        return Image("image/webp", (bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1)
+    if chunk == b"VP8X" and len(raw) >= 30:
+        width = int.from_bytes(raw[24:27], "little") + 1
+        height = int.from_bytes(raw[27:30], "little") + 1
+        return Image("image/webp", width, height)
+    return Image("image/webp")
+
+
+_JPEG_FRAMES = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+
+
+def _jpeg(raw: bytes) -> Image:
+    at = 2
+    while at + 4 <= len(raw):
+        if raw[at] != 0xFF:
+            break
+        marker = raw[at + 1]
+        if marker == 0xFF:  # fill byte
+            at += 1
+            continue
+        if marker in (0x01, *range(0xD0, 0xD8)):  # markers without a length
+            at += 2
+            continue
+        length = int.from_bytes(raw[at + 2 : at + 4], "big")
+        if marker in _JPEG_FRAMES and at + 9 <= len(raw):
+            height, width = struct.unpack(">HH", raw[at + 5 : at + 9])
+            return Image("image/jpeg", width, height)
+        at += 2 + length
+    return Image("image/jpeg")
+
+
+def sendable_parts(role: str, parts: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Parts as they may be sent: a part that breaks a rule (stored before the rules were
+    checked at the door) becomes a text note saying what was not sent, never vanishes; an empty
+    list becomes a placeholder."""
+    sendable: list[dict[str, Any]] = []
+    for part in parts:
+        problems = part_problems(role, part)
+        if not problems or problems[0].rule == BLANK_TEXT:
+            sendable.append(dict(part))  # blank text is harmless; formats drop it where needed
+        else:
+            what = "image" if part.get("type") == "image_url" else "part"
+            sendable.append({"type": "text", "text": f"[{what} not sent: {problems[0].message}]"})
+    return sendable or [{"type": "text", "text": EMPTY_NOTE}]
+
+
+EMPTY_NOTE = "(empty)"
