@@ -135,12 +135,26 @@ class _Group:
 def project(source: ProjectionInput) -> Projection:
     policy, counter = source.policy, source.counter
     tokens_of = _entry_counter(counter)
-    kept = without_rolled_back(source.entries)
+    # Pending entries are projected as the journal will hold them once appended (at rev+1..,
+    # counted as the append counts them), through the same path as history: a dry run shows
+    # exactly what the ask that commits them sends.
+    pending = [
+        JournalEntry(
+            source.rev + 1 + i,
+            p.kind,
+            p.payload,
+            p.refs,
+            entry_tokens(EntryKind(p.kind), p.payload, p.refs, counter),
+        )
+        for i, p in enumerate(source.pending)
+    ]
+    entries = [*source.entries, *pending]
+    kept = without_rolled_back(entries)
     summary = _checkpoint(kept, policy)
     # History older than the checkpoint's coverage never matters: reaching it is reaching the
     # start (else every projection after a compaction would count as truncated).
     complete = source.complete or (
-        summary is not None and source.entries[0].seq <= int(summary.payload["to_seq"]) + 1
+        summary is not None and entries[0].seq <= covered_to(summary) + 1
     )
     history = in_run_order(
         [
@@ -149,28 +163,23 @@ def project(source: ProjectionInput) -> Projection:
             if e.kind in MODEL_KINDS
             and e.kind != EntryKind.SUMMARY
             and e.kind in policy.include_kinds
-            and (summary is None or e.seq > summary.payload["to_seq"])
+            and (summary is None or e.seq > covered_to(summary))
         ],
         source.run_id,
     )
-    offsets = _offsets(source.entries, source.token_total)
-    history_groups = _groups(history, tokens_of, counter, offsets, policy.eviction_tokens)
-    pending_groups = _groups(
-        [JournalEntry(0, p.kind, p.payload, p.refs) for p in source.pending],
-        lambda e: entry_tokens(EntryKind(e.kind), e.payload, e.refs, counter),
-        counter,
-        {},
-    )
-    for group in pending_groups:
-        group.pending = True
+    pending_total = sum(e.token_count for e in pending)
+    offsets = _offsets(entries, source.token_total + pending_total)
+    groups = _groups(history, tokens_of, counter, offsets, policy.eviction_tokens)
+    for group in groups:
+        group.pending = group.first_seq > source.rev
 
     head = _head(source, summary, tokens_of)
-    tools = _with_output_reader(source.tools, history_groups)
+    tools = _with_output_reader(source.tools, [g for g in groups if not g.pending])
     tool_tokens = tools_tokens(tools, counter)
     fixed = (
         REPLY_PRIMING + tool_tokens + head.system_tokens + head.memory_tokens + head.summary_tokens
     )
-    older, required = _split_at_newest_turn(history_groups, pending_groups)
+    older, required = _split_at_newest_turn(groups)
     required_tokens = sum(g.tokens for g in required)
     margin = 0.0 if source.exact else policy.estimate_margin
     budget = math.floor(policy.budget / (1 + margin))
@@ -210,14 +219,12 @@ def project(source: ProjectionInput) -> Projection:
     return Projection(messages, tools, meta)
 
 
-def _split_at_newest_turn(
-    history: list[_Group], pending: list[_Group]
-) -> tuple[list[_Group], list[_Group]]:
+def _split_at_newest_turn(groups: list[_Group]) -> tuple[list[_Group], list[_Group]]:
     """(older, required): from the newest user message on, and all that is pending, must be
     sent; older history is what the budget may drop."""
-    groups = history + pending
     turn_starts = [i for i, g in enumerate(groups) if g.starts_turn]
-    newest = min(turn_starts[-1] if turn_starts else len(groups), len(history))
+    first_pending = next((i for i, g in enumerate(groups) if g.pending), len(groups))
+    newest = min(turn_starts[-1] if turn_starts else len(groups), first_pending)
     return groups[:newest], groups[newest:]
 
 
@@ -243,7 +250,7 @@ def tail_suffices(entries: Sequence[JournalEntry], policy: ContextPolicy, recoun
     """
     kept = without_rolled_back(entries)
     summary = _checkpoint(kept, policy)
-    if summary is not None and entries and entries[0].seq <= summary.payload["to_seq"] + 1:
+    if summary is not None and entries and entries[0].seq <= covered_to(summary) + 1:
         return True
     model_entries = [e for e in kept if e.kind in MODEL_KINDS and e.kind in policy.include_kinds]
     tokens = sum(_loader_tokens(e, policy, recount) for e in model_entries)
@@ -312,8 +319,17 @@ def without_rolled_back(entries: Sequence[JournalEntry]) -> list[JournalEntry]:
     for entry in reversed(entries):
         if entry.kind != EntryKind.ROLLBACK or _within(entry.seq, removed):
             continue
-        removed.append((int(entry.payload["from_seq"]), int(entry.payload["to_seq"])))
+        removed.append((int(entry.payload["from_seq"]), covered_to(entry)))
     return [e for e in entries if e.kind != EntryKind.ROLLBACK and not _within(e.seq, removed)]
+
+
+def covered_to(entry: JournalEntry) -> int:
+    """The last seq a summary or rollback covers: its to_seq, but never itself or later.
+
+    Appends refuse ranges past the entry (app.core.entries.range_errors); journals written
+    before that may hold one, and it must not hide every later question from the model.
+    """
+    return min(int(entry.payload["to_seq"]), entry.seq - 1)
 
 
 def _within(seq: int, ranges: Iterable[tuple[int, int]]) -> bool:
@@ -410,8 +426,7 @@ def _groups(
 ) -> list[_Group]:
     """Atomic groups in order; tool calls gather their results, wherever those were written.
 
-    Results over `evict_above` tokens are shown as previews (None: never; pending entries have no
-    seq a reference could name).
+    Results over `evict_above` tokens are shown as previews (None: never).
     """
     results: dict[str, JournalEntry] = {}
     for entry in entries:

@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.config import Settings
 from app.core import policy as policies
+from app.core.entries import EntryKind, PayloadError, normalize_entry
 from app.core.lineage import Segment
 from app.core.memory import MEMORY_TOOLS
 from app.core.messages import ToolSpec
@@ -65,7 +66,9 @@ async def project_session(
     extra_tools: Sequence[Mapping[str, Any]] = (),
 ) -> SessionProjection:
     """Exactly what an ask would send now; reads only the tail the budget can use, writes
-    nothing. Raises Invalid (context_overflow, invalid_policy) when there is no valid answer."""
+    nothing. Raises Invalid (context_overflow, invalid_policy, invalid_entries) when there is no
+    valid answer."""
+    pending = canonical_pending(pending)
     async with read_snapshot(engine) as conn:
         session = await sessions_db.get_session(conn, tenant_id, session_id)
         if session is None:
@@ -74,6 +77,25 @@ async def project_session(
             conn, settings, session, pending, policy, model, run_id, extra_tools
         )
         return projected
+
+
+def canonical_pending(pending: Sequence[PendingEntry]) -> list[PendingEntry]:
+    """Pending entries as an append would store them (validated, defaults filled, unset
+    optionals left out), so that they project as they will once committed."""
+    errors: list[dict[str, Any]] = []
+    canonical: list[PendingEntry] = []
+    for index, entry in enumerate(pending):
+        try:
+            payload, refs = normalize_entry(EntryKind(entry.kind), entry.payload, entry.refs)
+        except PayloadError as exc:
+            errors += [{**e, "loc": ["pending", index, *e["loc"]]} for e in exc.errors]
+            continue
+        canonical.append(PendingEntry(entry.kind, payload, refs))
+    if errors:
+        raise Invalid(
+            "invalid_entries", "some pending entries do not fit their kind", {"errors": errors}
+        )
+    return canonical
 
 
 async def project_for_run(
