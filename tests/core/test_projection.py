@@ -22,6 +22,7 @@ from app.core.messages import Message, ToolSpec, canonical_json
 from app.core.policy import ContextPolicy
 from app.core.projection import (
     INTERRUPTED_RESULT,
+    SUMMARY_PREFIX,
     ContextOverflow,
     JournalEntry,
     PendingEntry,
@@ -735,3 +736,23 @@ def test_a_truncated_window_leaves_at_most_one_chunk_unused(
     fullest = _history(j, pending, policy.model_copy(update={"window_chunk_tokens": 0}))
     assert fullest is not None
     assert chunked.meta.history_tokens == fullest.meta.history_tokens, (unused, policy.chunk_tokens)
+
+
+def test_a_range_stored_past_its_entry_hides_nothing_after_it() -> None:
+    """Appends refuse such ranges now; journals written before must not hide every later
+    question, and a dry run shows what the ask will send."""
+    j = Journal()
+    j.user("first")
+    j.add("summary", {"from_seq": 1, "to_seq": 1_000_000, "content": "so far"})
+    j.user("second")
+    j.add("rollback", {"from_seq": 3, "to_seq": 1_000_000})
+    j.user("third")
+    policy = ContextPolicy(summarization="use_existing")
+    pending = [PendingEntry("message", {"role": "user", "content": "fourth"})]
+    assert texts(j.project(policy=policy, pending=pending)) == [
+        SUMMARY_PREFIX + "|so far",
+        "third",
+        "fourth",
+    ]
+    j.user("fourth")
+    assert texts(j.project(policy=policy)) == [SUMMARY_PREFIX + "|so far", "third", "fourth"]
