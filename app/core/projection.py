@@ -174,7 +174,7 @@ def project(source: ProjectionInput) -> Projection:
         group.pending = group.first_seq > source.rev
 
     head = _head(source, summary, tokens_of)
-    tools = _with_output_reader(source.tools, [g for g in groups if not g.pending])
+    tools = _with_output_reader(source.tools, groups)
     tool_tokens = tools_tokens(tools, counter)
     fixed = (
         REPLY_PRIMING + tool_tokens + head.system_tokens + head.memory_tokens + head.summary_tokens
