@@ -196,6 +196,13 @@ def journal_steps(draw: st.DrawFn) -> list[tuple[str, Any]]:
     return steps
 
 
+LOOKUP = {
+    "name": "lookup",
+    "description": "Look a number up.",
+    "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}},
+}
+
+
 @dataclass
 class Built:
     sid: str
@@ -237,6 +244,8 @@ async def _build(api: httpx.AsyncClient, sid: str, steps: list[tuple[str, Any]])
     budget=st.integers(1200, 6000),
     chunk=st.sampled_from([None, 0, 400]),
     system=st.booleans(),
+    ask_tools=st.sampled_from([None, [LOOKUP]]),
+    override=st.sampled_from([None, {"keep_last_turns": 3}, {"max_input_tokens": 3000}]),
 )
 async def test_the_dry_run_is_byte_identical_to_what_the_ask_sends(
     api: httpx.AsyncClient,
@@ -245,6 +254,8 @@ async def test_the_dry_run_is_byte_identical_to_what_the_ask_sends(
     budget: int,
     chunk: int | None,
     system: bool,
+    ask_tools: list[dict[str, Any]] | None,
+    override: dict[str, Any] | None,
 ) -> None:
     """Any journal (tool groups, interrupted calls, summaries, rollbacks, forks): POST
     /projection with the ask's input as pending shows exactly the messages the ask then sends,
@@ -261,10 +272,19 @@ async def test_the_dry_run_is_byte_identical_to_what_the_ask_sends(
     built = await _build(api, (await new_session(api, config=config))["id"], steps)
     sid = built.sid
     question = "the question " * 5
-    dry = await projection(api, sid, pending=[message(question)], format="openai")
+    # The ask's own tools and policy overrides, as the dry run takes them.
+    dry = await projection(
+        api,
+        sid,
+        pending=[message(question)],
+        format="openai",
+        tools=ask_tools,
+        policy=override,
+    )
     upstream.clear()
     upstream.script(Text("fine"))
-    asked = await api.post(f"/v1/sessions/{sid}/ask", json={"input": question, "stream": False})
+    ask_body = {"input": question, "stream": False, "tools": ask_tools, "context_policy": override}
+    asked = await api.post(f"/v1/sessions/{sid}/ask", json=ask_body)
     if dry.status_code == 422:  # nothing fits: the ask is refused the same way
         assert dry.json()["error"]["code"] == "context_overflow"
         assert asked.status_code == 422 and asked.json()["error"]["code"] == "context_overflow"
