@@ -36,7 +36,14 @@ async def projection(
         body.policy.model_dump(exclude_none=True) if body.policy is not None else None
     )
     result = await project_session(
-        engine, settings, tenant, str(session_id), pending=pending, policy=policy, model=body.model
+        engine,
+        settings,
+        tenant,
+        str(session_id),
+        pending=pending,
+        policy=policy,
+        model=body.model,
+        extra_tools=[t.model_dump(mode="json", exclude_none=True) for t in body.tools or []],
     )
     projected = result.projection
     return ProjectionResponse(

@@ -286,6 +286,9 @@ class ProjectionRequest(Strict):
         default=None, description="Per-request policy fields, over the session's."
     )
     model: ModelName | None = None
+    tools: Annotated[list[ToolDefinition], Field(max_length=128)] | None = Field(
+        default=None, description="An ask's own tools, over the session's (same name wins)."
+    )
     format: Literal["neutral", "openai", "anthropic"] = "neutral"
 
 

@@ -14,7 +14,13 @@ from dataclasses import dataclass
 
 from app.core.entries import EntryKind
 from app.core.messages import Message, canonical_json, result_text, text_of
-from app.core.projection import MODEL_KINDS, JournalEntry, in_run_order, without_rolled_back
+from app.core.projection import (
+    MODEL_KINDS,
+    JournalEntry,
+    covered_to,
+    in_run_order,
+    without_rolled_back,
+)
 from app.core.tokens import TokenCounter
 
 # A tool result longer than this is shown to the summarizer clipped (head and tail): its full
@@ -48,7 +54,7 @@ def reaches_checkpoint(entries: Sequence[JournalEntry]) -> bool:
     """Whether a tail read newest-first holds all a compaction needs: the latest summary and
     everything after what it covers (else the loader must keep reading, to the thread's start)."""
     summary = _latest_summary(without_rolled_back(entries))
-    return summary is not None and entries[0].seq <= int(summary.payload["to_seq"]) + 1
+    return summary is not None and entries[0].seq <= covered_to(summary) + 1
 
 
 def plan_compaction(
@@ -64,7 +70,7 @@ def plan_compaction(
     them stay raw too, whatever `keep_last_turns` says: their answers are still to come."""
     kept = without_rolled_back(entries)
     previous = _latest_summary(kept)
-    covered = int(previous.payload["to_seq"]) if previous is not None else 0
+    covered = covered_to(previous) if previous is not None else 0
     model = in_run_order(
         [e for e in kept if e.kind in MODEL_KINDS and e.kind != EntryKind.SUMMARY],
         run_id,
@@ -79,7 +85,10 @@ def plan_compaction(
         return None
     summarized = tuple(model[:boundary])
     return CompactionPlan(
-        from_seq=int(previous.payload["from_seq"]) if previous is not None else summarized[0].seq,
+        # max: a summary stored before appends checked ranges may start at 0, which no seq is.
+        from_seq=max(1, int(previous.payload["from_seq"]))
+        if previous is not None
+        else summarized[0].seq,
         to_seq=max(e.seq for e in summarized),
         previous=previous,
         entries=summarized,

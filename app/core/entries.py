@@ -5,7 +5,15 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from app.core.content import content_problems
 
@@ -79,18 +87,26 @@ class ToolResultPayload(_Strict):
     is_error: bool = False
 
 
+def _ordered_range(to_seq: int, info: ValidationInfo) -> int:
+    """A range's to_seq is not before its from_seq (reported at to_seq, the field to fix)."""
+    from_seq = info.data.get("from_seq")
+    if from_seq is not None and to_seq < from_seq:
+        raise ValueError(f"to_seq must be >= from_seq ({from_seq})")
+    return to_seq
+
+
 class SummaryPayload(_Strict):
-    from_seq: Annotated[int, Field(ge=0)]
-    to_seq: Annotated[int, Field(ge=0)]
+    # Seqs start at 1: a range names entries that exist (see range_errors for its upper end).
+    from_seq: Annotated[int, Field(ge=1)]
+    to_seq: Annotated[int, Field(ge=1)]
     content: str
     model: str | None = None
     focus: str | None = None
 
-    @model_validator(mode="after")
-    def _ordered(self) -> SummaryPayload:
-        if self.to_seq < self.from_seq:
-            raise ValueError("to_seq must be >= from_seq")
-        return self
+    @field_validator("to_seq")
+    @classmethod
+    def _ordered(cls, to_seq: int, info: ValidationInfo) -> int:
+        return _ordered_range(to_seq, info)
 
 
 class RollbackPayload(_Strict):
@@ -98,11 +114,10 @@ class RollbackPayload(_Strict):
     to_seq: Annotated[int, Field(ge=1)]
     reason: str | None = None
 
-    @model_validator(mode="after")
-    def _ordered(self) -> RollbackPayload:
-        if self.to_seq < self.from_seq:
-            raise ValueError("to_seq must be >= from_seq")
-        return self
+    @field_validator("to_seq")
+    @classmethod
+    def _ordered(cls, to_seq: int, info: ValidationInfo) -> int:
+        return _ordered_range(to_seq, info)
 
 
 class RunStartPayload(_Open):
@@ -204,6 +219,29 @@ def normalize_entry(
     if errors:
         raise PayloadError(errors)
     return canonical_payload, canonical_refs
+
+
+RANGE_KINDS = frozenset({EntryKind.SUMMARY, EntryKind.ROLLBACK})
+
+
+def range_errors(kind: str, payload: dict[str, Any], seq: int) -> list[dict[str, Any]]:
+    """Why a summary's or rollback's range, in an entry appended at `seq`, names entries that do
+    not exist; [] when it names only entries before it.
+
+    Seqs are dense from 1, so "exists" is `to_seq < seq`: whatever precedes the entry in its
+    thread, including earlier entries of the same batch and a fork's inherited prefix. A range
+    reaching past it would hide entries appended later (every later question) from the model.
+    Checked at append time, once the seq is known; `payload` is already validated.
+    """
+    if kind not in RANGE_KINDS or int(payload["to_seq"]) < seq:
+        return []
+    return [
+        {
+            "loc": ["payload", "to_seq"],
+            "msg": f"to_seq must name an entry before this one (at most {seq - 1})",
+            "type": "range_past_end",
+        }
+    ]
 
 
 def _located(exc: ValidationError, prefix: str) -> list[dict[str, Any]]:

@@ -74,7 +74,8 @@ class ContextPolicy(BaseModel):
         default=None,
         description="When history must be dropped, drop it in chunks of about this many tokens "
         "so consecutive prompts share their prefix (prompt caches). Default: a quarter of the "
-        "budget; 0: slide by one group.",
+        "budget rounded down to a power of two; 0: slide by one group. A window never leaves "
+        "more than one chunk of the budget unused unless no turn start uses more.",
     )
 
     @model_validator(mode="after")
@@ -106,7 +107,11 @@ class ContextPolicy(BaseModel):
 
     @property
     def chunk_tokens(self) -> int:
-        return self.budget // 4 if self.window_chunk_tokens is None else self.window_chunk_tokens
+        """window_chunk_tokens, else a quarter of the budget rounded down to a power of two (so
+        that the anchors, and the prompt prefix, do not move with every change of budget)."""
+        if self.window_chunk_tokens is not None:
+            return self.window_chunk_tokens
+        return 1 << (max(1, self.budget // 4).bit_length() - 1)
 
 
 PRESETS: dict[str, dict[str, Any]] = {

@@ -10,7 +10,7 @@ window starts at chunk anchors (turn starts where the thread crosses a multiple 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -149,12 +149,26 @@ class _Group:
 def project(source: ProjectionInput) -> Projection:
     policy, counter = source.policy, source.counter
     tokens_of = _entry_counter(counter)
-    kept = without_rolled_back(source.entries)
+    # Pending entries are projected as the journal will hold them once appended (at rev+1..,
+    # counted as the append counts them), through the same path as history: a dry run shows
+    # exactly what the ask that commits them sends.
+    pending = [
+        JournalEntry(
+            source.rev + 1 + i,
+            p.kind,
+            p.payload,
+            p.refs,
+            entry_tokens(EntryKind(p.kind), p.payload, p.refs, counter),
+        )
+        for i, p in enumerate(source.pending)
+    ]
+    entries = [*source.entries, *pending]
+    kept = without_rolled_back(entries)
     summary = _checkpoint(kept, policy)
     # History older than the checkpoint's coverage never matters: reaching it is reaching the
     # start (else every projection after a compaction would count as truncated).
     complete = source.complete or (
-        summary is not None and source.entries[0].seq <= int(summary.payload["to_seq"]) + 1
+        summary is not None and entries[0].seq <= covered_to(summary) + 1
     )
     history = in_run_order(
         [
@@ -163,25 +177,20 @@ def project(source: ProjectionInput) -> Projection:
             if e.kind in MODEL_KINDS
             and e.kind != EntryKind.SUMMARY
             and e.kind in policy.include_kinds
-            and (summary is None or e.seq > summary.payload["to_seq"])
+            and (summary is None or e.seq > covered_to(summary))
         ],
         source.run_id,
     )
-    offsets = _offsets(source.entries, source.token_total)
-    history_groups = _groups(history, tokens_of, counter, offsets, policy.eviction_tokens)
-    pending_groups = _groups(
-        [JournalEntry(0, p.kind, p.payload, p.refs) for p in source.pending],
-        lambda e: entry_tokens(EntryKind(e.kind), e.payload, e.refs, counter),
-        counter,
-        {},
-    )
-    for group in pending_groups:
-        group.pending = True
+    pending_total = sum(e.token_count for e in pending)
+    offsets = _offsets(entries, source.token_total + pending_total)
+    groups = _groups(history, tokens_of, counter, offsets, policy.eviction_tokens)
+    for group in groups:
+        group.pending = group.first_seq > source.rev
 
     head = _head(source, summary, tokens_of)
-    tools = _with_output_reader(source.tools, history_groups)
+    tools = _with_output_reader(source.tools, groups)
     tool_tokens = tools_tokens(tools, counter)
-    older, required = _split_at_newest_turn(history_groups, pending_groups)
+    older, required = _split_at_newest_turn(groups)
     required_tokens = sum(g.tokens for g in required)
     margin = 0.0 if source.exact else policy.estimate_margin
     budget = math.floor(policy.budget / (1 + margin))
@@ -203,7 +212,10 @@ def project(source: ProjectionInput) -> Projection:
         summary_truncated = True
     fixed = base + head.summary_tokens
 
-    start = _window_start(older, required, budget - fixed - required_tokens, complete, policy)
+    def room_at(any_budget: int) -> int:
+        return math.floor(any_budget / (1 + margin)) - fixed - required_tokens
+
+    start = _window_start(older, required, room_at, complete, policy)
     window = older[start:] + required
     raw = fixed + sum(g.tokens for g in window)
     estimated = math.ceil(raw * (1 + margin))
@@ -236,14 +248,12 @@ def project(source: ProjectionInput) -> Projection:
     return Projection(messages, tools, meta)
 
 
-def _split_at_newest_turn(
-    history: list[_Group], pending: list[_Group]
-) -> tuple[list[_Group], list[_Group]]:
+def _split_at_newest_turn(groups: list[_Group]) -> tuple[list[_Group], list[_Group]]:
     """(older, required): from the newest user message on, and all that is pending, must be
     sent; older history is what the budget may drop."""
-    groups = history + pending
     turn_starts = [i for i, g in enumerate(groups) if g.starts_turn]
-    newest = min(turn_starts[-1] if turn_starts else len(groups), len(history))
+    first_pending = next((i for i, g in enumerate(groups) if g.pending), len(groups))
+    newest = min(turn_starts[-1] if turn_starts else len(groups), first_pending)
     return groups[:newest], groups[newest:]
 
 
@@ -269,7 +279,7 @@ def tail_suffices(entries: Sequence[JournalEntry], policy: ContextPolicy, recoun
     """
     kept = without_rolled_back(entries)
     summary = _checkpoint(kept, policy)
-    if summary is not None and entries and entries[0].seq <= summary.payload["to_seq"] + 1:
+    if summary is not None and entries and entries[0].seq <= covered_to(summary) + 1:
         return True
     model_entries = [e for e in kept if e.kind in MODEL_KINDS and e.kind in policy.include_kinds]
     tokens = sum(_loader_tokens(e, policy, recount) for e in model_entries)
@@ -344,8 +354,17 @@ def without_rolled_back(entries: Sequence[JournalEntry]) -> list[JournalEntry]:
     for entry in reversed(entries):
         if entry.kind != EntryKind.ROLLBACK or _within(entry.seq, removed):
             continue
-        removed.append((int(entry.payload["from_seq"]), int(entry.payload["to_seq"])))
+        removed.append((int(entry.payload["from_seq"]), covered_to(entry)))
     return [e for e in entries if e.kind != EntryKind.ROLLBACK and not _within(e.seq, removed)]
+
+
+def covered_to(entry: JournalEntry) -> int:
+    """The last seq a summary or rollback covers: its to_seq, but never itself or later.
+
+    Appends refuse ranges past the entry (app.core.entries.range_errors); journals written
+    before that may hold one, and it must not hide every later question from the model.
+    """
+    return min(int(entry.payload["to_seq"]), entry.seq - 1)
 
 
 def _within(seq: int, ranges: Iterable[tuple[int, int]]) -> bool:
@@ -472,8 +491,7 @@ def _groups(
 ) -> list[_Group]:
     """Atomic groups in order; tool calls gather their results, wherever those were written.
 
-    Results over `evict_above` tokens are shown as previews (None: never; pending entries have no
-    seq a reference could name).
+    Results over `evict_above` tokens are shown as previews (None: never).
     """
     answers = _pair_results(entries)
     wire_ids = _distinct_call_ids(entries)
@@ -658,47 +676,102 @@ def _tool_group(
 def _window_start(
     older: list[_Group],
     required: list[_Group],
-    room: int,
+    room_at: Callable[[int], int],
     complete: bool,
     policy: ContextPolicy,
 ) -> int:
-    """Index of the oldest group to send: newest-first fill, then snapped to a chunk anchor."""
-    cap = policy.max_messages
-    required_messages = sum(len(g.messages) for g in required)
-    start, used, messages = len(older), 0, required_messages
-    for index in range(len(older) - 1, -1, -1):
-        used += older[index].tokens
-        messages += len(older[index].messages)
-        if used > room or (cap and messages > cap):
+    """Index of the oldest group to send. `room_at(budget)`: the room older history has when
+    the policy's budget is `budget`.
+
+    Two properties hold whatever the history: the window never leaves more than a chunk of the
+    room unused when older history was dropped, unless no window start (a turn start) uses more;
+    and a larger budget never sends less. Within them, windows start at chunk anchors, so that
+    consecutive prompts share their prefix until the next jump.
+
+    An explicit window_chunk_tokens fixes the anchors, and each budget picks by `start_for`,
+    which is monotonic in the room. The default chunk follows the budget (a quarter of it,
+    rounded down to a power of two, so anchors move only where the budget doubles): the window
+    is the fullest of this level's and those the largest budget of each lower level would send,
+    so that crossing into a coarser level never sends less. The price: near the bottom of a
+    level, a finer level's window may win, whose start moves at its finer chunks.
+    """
+    plan = _WindowPlan(older, required, complete, policy)
+    room = room_at(policy.budget)
+    if policy.window_chunk_tokens is not None:
+        return plan.start_for(room, policy.window_chunk_tokens)
+    level = policy.chunk_tokens  # a power of two
+    chosen = plan.start_for(room, level)
+    while level > 1 and chosen > 0:
+        # The largest budget whose chunk is level // 2 is 4 * level - 1.
+        room = room_at(4 * level - 1)
+        level //= 2
+        if room < 0:
             break
-        start = index
-    if start == 0 and complete:
-        return 0  # everything fits
-    turn_starts = [i for i, g in enumerate(older) if g.starts_turn and (i > 0 or complete)]
-    candidates = [i for i in turn_starts if i >= start]
-    if not candidates:
-        return len(older)
-    chunk = policy.chunk_tokens
-    protected = _protected_start(turn_starts, policy.keep_last_turns)
-    if chunk > 0:
-        anchors = [
-            i
-            for previous, i in zip([None, *turn_starts], turn_starts, strict=False)
-            if i >= start
-            and (
-                (previous is None and complete)
-                or (
-                    previous is not None
-                    and older[previous].offset // chunk < older[i].offset // chunk
-                )
-            )
-        ]
-        chosen = anchors[0] if anchors else candidates[0]
-    else:
-        chosen = candidates[0]
-    if protected is not None and protected >= start:
-        chosen = min(chosen, protected)  # never chunk away the turns the policy protects
+        chosen = min(chosen, plan.start_for(room, level))
     return chosen
+
+
+class _WindowPlan:
+    """Where windows over `older` may start, and what each sends."""
+
+    def __init__(
+        self, older: list[_Group], required: list[_Group], complete: bool, policy: ContextPolicy
+    ) -> None:
+        self.older, self.complete, self.policy = older, complete, policy
+        self.required_messages = sum(len(g.messages) for g in required)
+        # suffix[i]: the tokens older[i:] adds.
+        self.suffix = [0] * (len(older) + 1)
+        for index in range(len(older) - 1, -1, -1):
+            self.suffix[index] = self.suffix[index + 1] + older[index].tokens
+        # Windows start at turn starts; the tail's first group only when it is the thread's.
+        self.turn_starts = [i for i, g in enumerate(older) if g.starts_turn and (i > 0 or complete)]
+        self.protected = _protected_start(self.turn_starts, policy.keep_last_turns)
+
+    def fill_start(self, room: int) -> int:
+        """The oldest group a newest-first fill reaches within `room` and the message cap."""
+        cap = self.policy.max_messages
+        start, messages = len(self.older), self.required_messages
+        for index in range(len(self.older) - 1, -1, -1):
+            messages += len(self.older[index].messages)
+            if self.suffix[index] > room or (cap and messages > cap):
+                break
+            start = index
+        return start
+
+    def start_for(self, room: int, chunk: int) -> int:
+        """The window start for `room` with anchors every `chunk` tokens (0: none).
+
+        The first anchor the fill reaches, when it leaves at most `chunk` of the room unused;
+        else the fullest window (the oldest turn start the fill reaches). Monotonic in `room`:
+        a larger room moves the fill start, and so the first anchor and the fullest window, no
+        later, and an anchor good for a room stays good for a larger one only if it is reached
+        first (else the fuller window is taken).
+        """
+        start = self.fill_start(room)
+        if start == 0 and self.complete:
+            return 0  # everything fits
+        candidates = [i for i in self.turn_starts if i >= start]
+        if not candidates:
+            return len(self.older)
+        chosen = candidates[0]
+        if chunk > 0:
+            anchor = next((i for i in self._anchors(chunk) if i >= start), None)
+            if anchor is not None and self.suffix[anchor] >= room - chunk:
+                chosen = anchor
+        if self.protected is not None and self.protected >= start:
+            chosen = min(chosen, self.protected)  # never chunk away the turns the policy keeps
+        return chosen
+
+    def _anchors(self, chunk: int) -> list[int]:
+        """Turn starts where the thread crosses a multiple of `chunk` (by journal offsets, which
+        do not change as the thread grows: the same anchors on every later ask)."""
+        older, starts = self.older, self.turn_starts
+        return [
+            i
+            for previous, i in zip([None, *starts], starts, strict=False)
+            if (previous is None and self.complete)
+            or (previous is not None and older[previous].offset // chunk < older[i].offset // chunk)
+        ]
 
 
 def _protected_start(turn_starts: list[int], keep_last_turns: int) -> int | None:

@@ -12,14 +12,14 @@ from sqlalchemy import RowMapping
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from app.core.entries import EntryKind, PayloadError, normalize_entry
+from app.core.entries import EntryKind, PayloadError, normalize_entry, range_errors
 from app.core.lineage import lineage_from_json, segments
 from app.core.tokens import entry_tokens
 from app.db import journal as journal_db
 from app.db import sessions as sessions_db
 from app.db.engine import read_snapshot
 from app.llm.tokenizers import stored_counter
-from app.services.errors import Conflict, entries_refused, session_not_found
+from app.services.errors import Conflict, Invalid, entries_refused, session_not_found
 
 # A concurrent append of the same entry id loses the unique-index race at most once; the retry
 # then finds the id and answers with the original seq.
@@ -114,6 +114,17 @@ async def _append_rows(
             {"current_rev": current, "expected_rev": expected_rev},
         )
     first = rev - len(rows) + 1
+    # Only now is each entry's seq known. Raising rolls the transaction back, rev included: a
+    # batch with one bad range writes nothing.
+    errors = [
+        {**e, "loc": ["entries", i, *e["loc"]]}
+        for i, r in enumerate(rows)
+        for e in range_errors(r["kind"], r["payload"], first + i)
+    ]
+    if errors:
+        raise Invalid(
+            "invalid_entries", "some entries refer to entries that do not exist", {"errors": errors}
+        )
     stored = await journal_db.insert_entries(
         conn,
         session_id,

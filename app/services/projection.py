@@ -13,8 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from app.config import Settings
 from app.core import policy as policies
 from app.core.builtin_tools import with_builtin_schema
-from app.core.content import content_problems
-from app.core.entries import EntryKind
+from app.core.entries import EntryKind, PayloadError, normalize_entry
 from app.core.lineage import Segment
 from app.core.memory import MEMORY_TOOLS
 from app.core.messages import ToolSpec
@@ -68,16 +67,9 @@ async def project_session(
     extra_tools: Sequence[Mapping[str, Any]] = (),
 ) -> SessionProjection:
     """Exactly what an ask would send now; reads only the tail the budget can use, writes
-    nothing. Raises Invalid (context_overflow, invalid_policy, invalid_content) when there is no
-    valid answer."""
-    refused = [
-        p.as_error("pending", at, "payload", "content")
-        for at, e in enumerate(pending)
-        if e.kind == EntryKind.MESSAGE
-        for p in content_problems(str(e.payload["role"]), e.payload["content"])
-    ]
-    if refused:
-        raise entries_refused(refused)
+    nothing. Raises Invalid (context_overflow, invalid_policy, invalid_entries, invalid_content)
+    when there is no valid answer."""
+    pending = canonical_pending(pending)
     async with read_snapshot(engine) as conn:
         session = await sessions_db.get_session(conn, tenant_id, session_id)
         if session is None:
@@ -86,6 +78,23 @@ async def project_session(
             conn, settings, session, pending, policy, model, run_id, extra_tools
         )
         return projected
+
+
+def canonical_pending(pending: Sequence[PendingEntry]) -> list[PendingEntry]:
+    """Pending entries as an append would store them (validated, defaults filled, unset
+    optionals left out), so that they project as they will once committed."""
+    errors: list[dict[str, Any]] = []
+    canonical: list[PendingEntry] = []
+    for index, entry in enumerate(pending):
+        try:
+            payload, refs = normalize_entry(EntryKind(entry.kind), entry.payload, entry.refs)
+        except PayloadError as exc:
+            errors += [{**e, "loc": ["pending", index, *e["loc"]]} for e in exc.errors]
+            continue
+        canonical.append(PendingEntry(entry.kind, payload, refs))
+    if errors:
+        raise entries_refused(errors)
+    return canonical
 
 
 async def project_for_run(

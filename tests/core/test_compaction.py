@@ -203,3 +203,18 @@ def test_a_line_longer_than_a_chunk_is_cut_to_fit() -> None:
     assert cut.endswith(CUT_MARK) and counter.count(cut) + 1 <= 100
     with pytest.raises(ValueError):
         chunk_lines(["a"], counter, MIN_CHUNK_TOKENS - 1)
+
+
+def test_a_range_stored_past_its_entry_covers_only_what_precedes_it() -> None:
+    """Journals written before appends checked ranges: a summary reaching past its own seq
+    (from 0) must not leave everything after it unsummarizable, nor plan an invalid range."""
+    thread = Thread()
+    for i in range(3):
+        thread.turn(i)
+    thread.add("summary", {"from_seq": 0, "to_seq": 1_000_000, "content": "earlier"})
+    for i in range(3, 6):
+        thread.turn(i)
+    plan = plan_compaction(thread.entries, keep_last_turns=1)
+    assert plan is not None
+    assert (plan.from_seq, plan.to_seq) == (1, 11)
+    assert [e.seq for e in plan.entries] == [8, 9, 10, 11]

@@ -405,7 +405,8 @@ def test_keep_last_turns_are_never_chunked_away() -> None:
     protected = ContextPolicy(
         max_input_tokens=4000,
         reserve_output_tokens=500,
-        window_chunk_tokens=3000,
+        # Nearly the budget: a jump may leave up to a chunk unused, deep into the last turns.
+        window_chunk_tokens=3400,
         keep_last_turns=4,
     )
     unprotected = protected.model_copy(update={"keep_last_turns": 1})
@@ -718,3 +719,105 @@ def test_image_entries_are_recounted_for_a_model_with_another_image_rule() -> No
     mini_counter = counting_for("openai:gpt-4o-mini").counter
     mini = j.project(policy=policy, counter=mini_counter).meta.estimated_tokens
     assert mini - stored == (2833 + 4 * 5667) - 765
+
+
+# --- windowing uses the room it has (issue 12, point 5) ---------------------------------------
+
+
+@st.composite
+def long_journals(draw: st.DrawFn) -> tuple[Journal, list[PendingEntry]]:
+    """Longer than most budgets: windows must drop history, at every kind of boundary."""
+    j = Journal()
+    words = st.integers(0, 90)
+    for turn in range(draw(st.integers(8, 50))):
+        j.user(f"q{turn} " + "lorem " * draw(words))
+        if draw(st.integers(0, 3)) == 0:
+            turn_id = f"c{turn}"
+            j.call(f"call_{turn}", "search", turn=turn_id, q=turn)
+            j.result(f"call_{turn}", "found " * draw(words), turn=turn_id)
+        if draw(st.integers(0, 4)):
+            j.assistant(f"a{turn} " + "ipsum " * draw(words))
+    pending = [PendingEntry("message", {"role": "user", "content": "the new ask"})]
+    return j, pending if draw(st.booleans()) else []
+
+
+window_policies = st.builds(
+    ContextPolicy,
+    max_input_tokens=st.integers(700, 5000),
+    reserve_output_tokens=st.integers(0, 300),
+    keep_last_turns=st.integers(0, 3),
+    max_messages=st.sampled_from([0, 0, 0, 12]),
+    window_chunk_tokens=st.sampled_from([None, None, 0, 300, 1000]),
+    tool_output_eviction_tokens=st.just(20_000),
+)
+budget_steps = st.one_of(st.integers(0, 40), st.integers(0, 5000))
+
+
+def _history(j: Journal, pending: list[PendingEntry], policy: ContextPolicy) -> Projection | None:
+    try:
+        return j.project(policy=policy, pending=pending, system_prompt=SYSTEM)
+    except ContextOverflow:
+        return None
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(long_journals(), window_policies, budget_steps)
+def test_a_larger_budget_never_sends_less_history(
+    generated: tuple[Journal, list[PendingEntry]], policy: ContextPolicy, more: int
+) -> None:
+    j, pending = generated
+    larger = policy.model_copy(update={"max_input_tokens": policy.max_input_tokens + more})
+    small, large = _history(j, pending, policy), _history(j, pending, larger)
+    if small is None:
+        return
+    assert large is not None  # what fits a budget fits a larger one
+    assert large.meta.history_tokens >= small.meta.history_tokens
+    assert large.meta.entries_included >= small.meta.entries_included
+    # More of the same history: the smaller window is the end of the larger one.
+    small_window, large_window = _window_messages(small), _window_messages(large)
+    assert large_window[len(large_window) - len(small_window) :] == small_window
+
+
+def _window_messages(p: Projection) -> list[Message]:
+    """The messages after the system message and the summary."""
+    head = 1 if p.messages and p.messages[0].role == "system" else 0
+    return list(p.messages[head + p.meta.summary_used :])
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(long_journals(), window_policies)
+def test_a_truncated_window_leaves_at_most_one_chunk_unused(
+    generated: tuple[Journal, list[PendingEntry]], policy: ContextPolicy
+) -> None:
+    j, pending = generated
+    chunked = _history(j, pending, policy)
+    if chunked is None or not chunked.meta.truncated:
+        return  # nothing dropped: all history is in
+    unused = policy.budget - chunked.meta.estimated_tokens
+    if unused <= policy.chunk_tokens:
+        return
+    # More is left only when no window start could use it: the fullest window (sliding, no
+    # chunks) sends no more.
+    fullest = _history(j, pending, policy.model_copy(update={"window_chunk_tokens": 0}))
+    assert fullest is not None
+    assert chunked.meta.history_tokens == fullest.meta.history_tokens, (unused, policy.chunk_tokens)
+
+
+def test_a_range_stored_past_its_entry_hides_nothing_after_it() -> None:
+    """Appends refuse such ranges now; journals written before must not hide every later
+    question, and a dry run shows what the ask will send."""
+    j = Journal()
+    j.user("first")
+    j.add("summary", {"from_seq": 1, "to_seq": 1_000_000, "content": "so far"})
+    j.user("second")
+    j.add("rollback", {"from_seq": 3, "to_seq": 1_000_000})
+    j.user("third")
+    policy = ContextPolicy(summarization="use_existing")
+    pending = [PendingEntry("message", {"role": "user", "content": "fourth"})]
+    assert texts(j.project(policy=policy, pending=pending)) == [
+        SUMMARY_PREFIX + "|so far",
+        "third",
+        "fourth",
+    ]
+    j.user("fourth")
+    assert texts(j.project(policy=policy)) == [SUMMARY_PREFIX + "|so far", "third", "fourth"]

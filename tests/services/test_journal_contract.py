@@ -11,6 +11,9 @@ from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.core.entries import EntryKind
+from app.services.errors import Invalid
+from app.services.journal import NewEntry, append_in
 from tests.helpers import append, append_texts, history, message, new_session, texts
 
 
@@ -183,3 +186,114 @@ async def test_token_count_is_stored_at_write(client: httpx.AsyncClient) -> None
     assert counts == [stored_counter().count("x" * 400), stored_counter().count("y" * 40)]
     session = (await client.get(f"/v1/sessions/{sid}")).json()
     assert session["rev"] == 2
+
+
+# --- ranges name entries that exist (issue 12, point 1) ---------------------------------------
+
+
+def ranged(kind: str, from_seq: object, to_seq: object) -> dict[str, object]:
+    payload: dict[str, object] = {"from_seq": from_seq, "to_seq": to_seq}
+    if kind == "summary":
+        payload["content"] = "so far"
+    return {"kind": kind, "payload": payload}
+
+
+def error_locs(response: httpx.Response) -> list[list[object]]:
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["code"] in ("invalid_entries", "validation_error"), error
+    return [e["loc"] for e in error["details"]["errors"]]
+
+
+@pytest.mark.parametrize("kind", ["summary", "rollback"])
+async def test_a_range_past_the_end_is_refused_and_writes_nothing(
+    client: httpx.AsyncClient, kind: str
+) -> None:
+    sid = (await new_session(client))["id"]
+    await append_texts(client, sid, "one", "two")
+    before = await history(client, sid)
+    for to_seq in (1_000_000, 3):  # 3 would be the entry itself: it must name earlier ones
+        response = await append(client, sid, message("three"), ranged(kind, 1, to_seq + 1))
+        assert error_locs(response) == [["entries", 1, "payload", "to_seq"]]
+        assert await history(client, sid) == before  # no half-written batch
+        assert (await client.get(f"/v1/sessions/{sid}")).json()["rev"] == 2
+    # The session still works: a later question reaches the model.
+    await append_texts(client, sid, "a later question")
+    sent = (await client.post(f"/v1/sessions/{sid}/projection", json={})).json()
+    assert sent["request"]["messages"][-1]["content"] == "a later question"
+
+
+@pytest.mark.parametrize("kind", ["summary", "rollback"])
+@pytest.mark.parametrize(
+    ("from_seq", "to_seq", "field"),
+    [(2, 1, "to_seq"), (0, 1, "from_seq"), (-3, 1, "from_seq"), (1, -1, "to_seq")],
+)
+async def test_a_range_out_of_order_or_below_one_names_its_field(
+    client: httpx.AsyncClient, kind: str, from_seq: int, to_seq: int, field: str
+) -> None:
+    sid = (await new_session(client))["id"]
+    await append_texts(client, sid, "one", "two")
+    response = await append(client, sid, ranged(kind, from_seq, to_seq))
+    assert [loc[-1] for loc in error_locs(response)] == [field]
+    assert (await client.get(f"/v1/sessions/{sid}")).json()["rev"] == 2
+
+
+async def test_a_range_may_name_earlier_entries_of_its_own_batch(
+    client: httpx.AsyncClient,
+) -> None:
+    """An import brings a history with its summaries and rollbacks in one append."""
+    sid = (await new_session(client))["id"]
+    response = await append(
+        client,
+        sid,
+        message("old"),
+        message("older answer", role="assistant"),
+        ranged("summary", 1, 2),
+        message("oops"),
+        ranged("rollback", 4, 4),
+        message("now"),
+    )
+    assert response.status_code == 201, response.text
+    sent = (await client.post(f"/v1/sessions/{sid}/projection", json={})).json()
+    contents = [m["content"] for m in sent["request"]["messages"]]
+    assert contents[-1] == "now" and "oops" not in contents
+    # Not a later one, though: a range reaching into its own batch's future is refused.
+    ahead = await append(client, sid, ranged("summary", 1, 8), message("later"))
+    assert error_locs(ahead) == [["entries", 0, "payload", "to_seq"]]
+
+
+async def test_a_fork_may_name_its_inherited_prefix_but_not_beyond_it(
+    client: httpx.AsyncClient,
+) -> None:
+    parent = (await new_session(client))["id"]
+    await append_texts(client, parent, "p1", "p2", "p3", "p4")
+    fork = (await client.post(f"/v1/sessions/{parent}/fork", json={"at_seq": 2})).json()["id"]
+    # The parent's seq 3 exists, but not in the fork's thread (its rev is 2).
+    beyond = await append(client, fork, ranged("summary", 1, 3))
+    assert error_locs(beyond) == [["entries", 0, "payload", "to_seq"]]
+    assert (await append(client, fork, ranged("summary", 1, 2))).status_code == 201
+
+
+async def test_internal_appends_check_ranges_too(
+    engine: AsyncEngine, client: httpx.AsyncClient
+) -> None:
+    """The check is in the shared append mechanism, not the route: a use case appending inside
+    its own transaction gets the same refusal, and its transaction writes nothing."""
+    sid = (await new_session(client))["id"]
+    async with engine.connect() as conn:
+        query = text("SELECT tenant_id FROM sessions WHERE id = :sid")
+        tenant = str((await conn.execute(query, {"sid": sid})).scalar_one())
+    await append_texts(client, sid, "one")
+    with pytest.raises(Invalid) as refused:
+        async with engine.begin() as conn:
+            await append_in(
+                conn,
+                tenant,
+                sid,
+                [
+                    NewEntry(EntryKind.MESSAGE, {"role": "user", "content": "two"}, {}),
+                    NewEntry(EntryKind.ROLLBACK, {"from_seq": 1, "to_seq": 9}, {}),
+                ],
+            )
+    assert refused.value.details["errors"][0]["loc"] == ["entries", 1, "payload", "to_seq"]
+    assert texts(await history(client, sid)) == ["one"]
