@@ -10,6 +10,7 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import Settings
+from app.core.builtin_tools import with_builtin_schema
 from app.core.entries import EntryKind
 from app.core.memory import MEMORY_LINES, MEMORY_TOOLS
 from app.core.projection import PendingEntry
@@ -177,7 +178,9 @@ def test_memory_tools_are_offered_with_a_namespace_only() -> None:
         for t in offered_tools({"memory_namespace": "n", "tools": [mine, extra]}, [asked])
     }
     assert merged["read_memory"] is mine and merged["write_memory"] is asked
-    assert merged["update_memory"] is MEMORY_TOOLS[2] and merged["calculator"] is extra
+    # Built-ins reach the model with their own schema, whoever declared them.
+    assert merged["update_memory"] == MEMORY_TOOLS[2]
+    assert merged["calculator"] == with_builtin_schema(extra) != extra
     assert [t["name"] for t in offered_tools({"tools": [extra]}, [asked])] == [
         "calculator",
         "write_memory",
