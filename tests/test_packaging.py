@@ -30,8 +30,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     the test venv (a .pth line adds that site-packages without running its editable finder)."""
     out = tmp_path_factory.mktemp("wheel")
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q"]
-        + ["--wheel-dir", str(out), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(ROOT)],
         check=True,
         capture_output=True,
     )
