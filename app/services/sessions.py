@@ -14,6 +14,7 @@ from sqlalchemy import RowMapping
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.config import Settings
 from app.core.lineage import (
     fork_lineage,
     inherited_range,
@@ -22,7 +23,6 @@ from app.core.lineage import (
     lineage_to_json,
     without,
 )
-from app.config import Settings
 from app.core.metadata import MetadataError, merge_patch
 from app.db import journal as journal_db
 from app.db import sessions as sessions_db
