@@ -16,7 +16,10 @@ DEFAULT_ANTHROPIC_MODEL = "anthropic:claude-haiku-4-5"
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="THREADLINE_", env_file=".env", extra="ignore")
+    # An empty variable counts as unset (compose passes `KEY: ${KEY:-}` through as "").
+    model_config = SettingsConfigDict(
+        env_prefix="THREADLINE_", env_file=".env", extra="ignore", env_ignore_empty=True
+    )
 
     database_url: str | None = Field(
         default=None,

@@ -36,6 +36,11 @@ def no_threadline_environment(
             DEFAULT_OPENAI_MODEL,
         ),
         ({"THREADLINE_OPENAI_API_KEY": ""}, DEFAULT_LOCAL_MODEL),  # an empty key is no key
+        # compose passes unset variables through as empty ones
+        (
+            {"THREADLINE_OPENAI_API_KEY": "sk-x", "THREADLINE_DEFAULT_MODEL": ""},
+            DEFAULT_OPENAI_MODEL,
+        ),
         (
             {"THREADLINE_OPENAI_API_KEY": "sk-x", "THREADLINE_DEFAULT_MODEL": "local:mine"},
             "local:mine",

@@ -153,11 +153,14 @@ async def keyless(
         compat_endpoints={"vllm": "http://127.0.0.1:9/v1"},
     )
     application = create_app(bare)
-    async with application.router.lifespan_context(application), httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=application),
-        base_url="http://test",
-        headers={"Authorization": f"Bearer {await new_key()}"},
-    ) as client:
+    async with (
+        application.router.lifespan_context(application),
+        httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=application),
+            base_url="http://test",
+            headers={"Authorization": f"Bearer {await new_key()}"},
+        ) as client,
+    ):
         yield client
 
 
