@@ -128,7 +128,7 @@ def print_openapi() -> None:
     print(json.dumps(create_app(Settings()).openapi(), indent=2, sort_keys=True))
 
 
-def main(argv: list[str] | None = None) -> None:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="threadline", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     serve_cmd = commands.add_parser("serve", help="run the API (embedded Postgres by default)")
@@ -144,7 +144,17 @@ def main(argv: list[str] | None = None) -> None:
     create.add_argument("--tenant", required=True)
     create.add_argument("--name")
     commands.add_parser("openapi", help="print the OpenAPI document")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def command_names() -> list[str]:
+    """The top-level commands (`threadline <name>`)."""
+    (commands,) = [a for a in parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    return list(commands.choices)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
 
     settings = Settings()
     if args.command == "serve":
