@@ -27,12 +27,18 @@ def database(settings: Settings, *, own_cluster: bool) -> Iterator[Settings]:
     from app.db.embedded import EmbeddedPostgres
 
     cluster = EmbeddedPostgres(settings.data_dir)
+    progress(f"starting the embedded PostgreSQL in {cluster.pgdata}")
     url = cluster.start()
     try:
         yield settings.model_copy(update={"database_url": url})
     finally:
         if own_cluster or cluster.started_here:
             cluster.stop()
+
+
+def progress(step: str) -> None:
+    """A startup step that may take seconds, on stderr (stdout carries what commands print)."""
+    print(f"==> {step}", file=sys.stderr, flush=True)
 
 
 def serve(settings: Settings) -> None:
@@ -49,6 +55,7 @@ def serve(settings: Settings) -> None:
     embedded = settings.database_url is None
     with database(settings, own_cluster=True) as ready:
         assert ready.database_url is not None
+        progress("applying migrations")
         upgrade_to_head(ready.database_url)
         if embedded and ready.dev_key:
             key_file = ready.data_dir / "dev-key"
