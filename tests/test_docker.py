@@ -8,6 +8,7 @@ import json
 import os
 import pwd
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -106,16 +107,20 @@ def test_the_entry_command_serves_as_a_user_whose_home_is_not_writable(
             env = {k: v.replace(image_home, str(state)) for k, v in env.items()}
         else:
             env["HOME"] = str(state)  # root's, like a home created by useradd --system
+        # This checkout's code, readable by everyone as the image's installed package is
+        # (alembic checks the migrations with access(2), which ignores capabilities).
+        code = Path(root, "site")
+        shutil.copytree(ROOT / "app", code / "app", ignore=shutil.ignore_patterns("__pycache__"))
         port = free_port()
         env.update(
             PATH=f"{Path(sys.executable).parent}:/usr/bin:/bin",  # where `threadline` is
-            PYTHONPATH=str(ROOT),  # this checkout's code, as the image installs it
+            PYTHONPATH=str(code),
             THREADLINE_DATABASE_URL=open_cluster,
             THREADLINE_HOST="127.0.0.1",
             THREADLINE_PORT=str(port),
             THREADLINE_WORKER_CONCURRENCY="1",
         )
-        # Reading code anywhere (a checkout in a private directory) is not what is tested:
+        # Reading the venv anywhere (a checkout in a private directory) is not what is tested:
         # CAP_DAC_READ_SEARCH lets the user read and traverse, never write.
         command = [
             "setpriv",
