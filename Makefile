@@ -9,7 +9,9 @@ BIN := $(VENV)/bin
 SUM := $(shell cksum pyproject.toml | cut -d' ' -f1)
 RUN_STAMP := $(VENV)/.installed-run-$(SUM)
 TEST_STAMP := $(VENV)/.installed-test-$(SUM)
-PIP := $(BIN)/pip install --disable-pip-version-check --progress-bar on
+# --no-compile: byte-compiling every installed module took most of a cold install (~60 of
+# ~100 s); Python compiles the modules the service imports on first use instead.
+PIP := $(BIN)/pip install --disable-pip-version-check --progress-bar on --no-compile
 # pip is silent while it builds a wheel: with -v, keep its build progress lines ("[ 42%]",
 # "[12/96]") and its own lines; the whole log stays in the venv for when something fails.
 SHOW_PROGRESS := awk '/^ *\[ *[0-9]+(%|\/[0-9]+)\]|^(Collecting|Building|Installing|Successfully|ERROR|error)/ { print; fflush() }'
