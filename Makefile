@@ -41,7 +41,7 @@ $(BIN)/python:
 
 $(RUN_STAMP): pyproject.toml | $(BIN)/python
 	@echo "==> installing the service's packages (on a cold pip cache the llama.cpp build takes 6-12 minutes; pip caches the wheel)"
-	set -o pipefail; $(PIP) -v -e '.[local]' 2>&1 | tee $(VENV)/pip-install.log | $(SHOW_PROGRESS) \
+	@set -o pipefail; $(PIP) -v -e '.[local]' 2>&1 | tee $(VENV)/pip-install.log | $(SHOW_PROGRESS) \
 		|| { tail -n 40 $(VENV)/pip-install.log; echo "pip failed: see $(VENV)/pip-install.log"; exit 1; }
 	rm -f $(VENV)/.installed-run-* && touch $@
 
