@@ -25,7 +25,8 @@ def test_system_binaries_are_preferred() -> None:
 
 @pytest.mark.slow
 def test_pgserver_binaries_run_a_cluster_that_stops_cleanly(workdir: Path) -> None:
-    cluster = EmbeddedPostgres(workdir / "data", bindir=next(_pgserver_bindir()))
+    bindir = next(_pgserver_bindir())
+    cluster = EmbeddedPostgres(workdir / "data", bindir=bindir)
     try:
         url = cluster.start()
         assert cluster.started_here and cluster.running()
@@ -43,6 +44,8 @@ def test_pgserver_binaries_run_a_cluster_that_stops_cleanly(workdir: Path) -> No
         assert url.endswith(f"?host={cluster.socket_dir}")
     finally:
         cluster.stop()
+        if cluster.bindir != bindir:  # copied for the postgres user (a private checkout)
+            shutil.rmtree(cluster.bindir.parents[2], ignore_errors=True)
     assert not cluster.running()
     assert not (workdir / "data" / "pg" / "postmaster.pid").exists()
 
