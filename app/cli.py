@@ -27,12 +27,18 @@ def database(settings: Settings, *, own_cluster: bool) -> Iterator[Settings]:
     from app.db.embedded import EmbeddedPostgres
 
     cluster = EmbeddedPostgres(settings.data_dir)
+    progress(f"starting the embedded PostgreSQL in {cluster.pgdata}")
     url = cluster.start()
     try:
         yield settings.model_copy(update={"database_url": url})
     finally:
         if own_cluster or cluster.started_here:
             cluster.stop()
+
+
+def progress(step: str) -> None:
+    """A startup step that may take seconds, on stderr (stdout carries what commands print)."""
+    print(f"==> {step}", file=sys.stderr, flush=True)
 
 
 def serve(settings: Settings) -> None:
@@ -49,6 +55,7 @@ def serve(settings: Settings) -> None:
     embedded = settings.database_url is None
     with database(settings, own_cluster=True) as ready:
         assert ready.database_url is not None
+        progress("applying migrations")
         upgrade_to_head(ready.database_url)
         if embedded and ready.dev_key:
             key_file = ready.data_dir / "dev-key"
@@ -128,7 +135,7 @@ def print_openapi() -> None:
     print(json.dumps(create_app(Settings()).openapi(), indent=2, sort_keys=True))
 
 
-def main(argv: list[str] | None = None) -> None:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="threadline", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     serve_cmd = commands.add_parser("serve", help="run the API (embedded Postgres by default)")
@@ -144,7 +151,17 @@ def main(argv: list[str] | None = None) -> None:
     create.add_argument("--tenant", required=True)
     create.add_argument("--name")
     commands.add_parser("openapi", help="print the OpenAPI document")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def command_names() -> list[str]:
+    """The top-level commands (`threadline <name>`)."""
+    (commands,) = [a for a in parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    return list(commands.choices)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
 
     settings = Settings()
     if args.command == "serve":

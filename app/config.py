@@ -5,12 +5,21 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+# The embedded model: the default when no provider key is configured.
+DEFAULT_LOCAL_MODEL = "local:gemma-3-270m"
+# With a provider's key (and no THREADLINE_DEFAULT_MODEL), sessions default to its model.
+DEFAULT_OPENAI_MODEL = "openai:gpt-4o-mini"
+DEFAULT_ANTHROPIC_MODEL = "anthropic:claude-haiku-4-5"
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="THREADLINE_", env_file=".env", extra="ignore")
+    # An empty variable counts as unset (compose passes `KEY: ${KEY:-}` through as "").
+    model_config = SettingsConfigDict(
+        env_prefix="THREADLINE_", env_file=".env", extra="ignore", env_ignore_empty=True
+    )
 
     database_url: str | None = Field(
         default=None,
@@ -33,8 +42,12 @@ class Settings(BaseSettings):
         ),
     )
     default_model: str = Field(
-        default="local:gemma-3-270m",
-        description="The model of sessions that name none (provider:name).",
+        default=DEFAULT_LOCAL_MODEL,
+        description=(
+            "The model of sessions that name none (provider:name). Unset: "
+            f"{DEFAULT_OPENAI_MODEL} with an OpenAI key, else {DEFAULT_ANTHROPIC_MODEL} with an "
+            f"Anthropic key, else the embedded {DEFAULT_LOCAL_MODEL}."
+        ),
     )
     context_policy: dict[str, Any] = Field(
         default_factory=dict,
@@ -125,6 +138,17 @@ class Settings(BaseSettings):
         default=20, ge=1, description="Pooled connections per process (as many again overflow)."
     )
     log_level: str = Field(default="info", description="uvicorn/app log level.")
+
+    @model_validator(mode="after")
+    def _default_model_follows_the_keys(self) -> Settings:
+        """Zero configuration answers with the embedded model; a provider key, with that
+        provider's model (an explicit default_model always wins)."""
+        if "default_model" not in self.model_fields_set:
+            if self.openai_api_key:
+                self.default_model = DEFAULT_OPENAI_MODEL
+            elif self.anthropic_api_key:
+                self.default_model = DEFAULT_ANTHROPIC_MODEL
+        return self
 
     @property
     def embedded(self) -> bool:

@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from app.api import asks, compaction, entries, health, memory, projection, runs, search, sessions
+from app.api.docs import install_docs
 from app.api.errors import install_error_handlers
 from app.api.hub import EventHub
 from app.api.limits import BodySizeLimit
@@ -54,9 +55,12 @@ def create_app(settings: Settings | None = None, *, workers: int = 0) -> FastAPI
             "tenant-scoped API keys."
         ),
         lifespan=lifespan,
+        docs_url=None,  # install_docs serves them with local assets
+        redoc_url=None,
     )
     app.state.settings = settings
     install_error_handlers(app)
+    install_docs(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
     app.include_router(sessions.router)
     app.include_router(entries.router)

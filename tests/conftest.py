@@ -19,7 +19,7 @@ import uvicorn
 from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.config import Settings
+from app.config import DEFAULT_LOCAL_MODEL, Settings
 from app.db.embedded import throwaway_cluster
 from app.db.migrate import upgrade_to_head
 from app.main import create_app
@@ -53,7 +53,15 @@ def workdir() -> Iterator[Path]:
 
 @pytest.fixture(scope="session")
 def settings(database_url: str) -> Settings:
-    return Settings(database_url=database_url, db_pool_size=20)
+    """The in-process API's settings. It never calls a model, but sessions may only name
+    configured providers: both have (unused) keys, and the default stays the local model."""
+    return Settings(
+        database_url=database_url,
+        db_pool_size=20,
+        openai_api_key="sk-unused",
+        anthropic_api_key="sk-ant-unused",
+        default_model=DEFAULT_LOCAL_MODEL,
+    )
 
 
 @pytest.fixture(scope="session")

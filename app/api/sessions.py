@@ -22,13 +22,16 @@ router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
     status_code=201,
     responses=error_responses(400, 401, 413, 422),
 )
-async def create_session(body: SessionCreate, engine: Engine, tenant: Tenant) -> Session:
+async def create_session(
+    body: SessionCreate, engine: Engine, tenant: Tenant, settings: Config
+) -> Session:
     row = await service.create_session(
         engine,
         tenant,
         title=body.title,
         metadata=body.metadata,
         config=body.config.model_dump(mode="json", exclude_none=True),
+        settings=settings,
     )
     return Session.from_row(row)
 
@@ -72,7 +75,7 @@ async def get_session(session_id: UUID, engine: Engine, tenant: Tenant) -> Sessi
     responses=error_responses(400, 401, 404, 413, 422),
 )
 async def update_session(
-    session_id: UUID, body: SessionPatch, engine: Engine, tenant: Tenant
+    session_id: UUID, body: SessionPatch, engine: Engine, tenant: Tenant, settings: Config
 ) -> Session:
     changes = body.model_dump(mode="json", exclude_unset=True)
     if body.config is not None:
@@ -81,7 +84,7 @@ async def update_session(
         changes.pop("metadata", None)
     if changes.get("config") is None:
         changes.pop("config", None)
-    row = await service.update_session(engine, tenant, str(session_id), changes)
+    row = await service.update_session(engine, tenant, str(session_id), changes, settings)
     return Session.from_row(row)
 
 

@@ -2,7 +2,10 @@
 
 System binaries are preferred (Debian's /usr/lib/postgresql/N/bin or whatever is on PATH); the
 `pgserver` package's bundled binaries are the fallback. Postgres refuses to run as root, so as
-root every server command runs as the `postgres` user through runuser.
+root every server command runs as the `postgres` user through runuser. That user must be able to
+walk down to the binaries and the cluster: when a checkout lives in a directory only its owner
+can enter (root's home, a `mktemp -d` folder), the cluster is kept in a per-data-dir directory
+under /var/tmp instead (data_dir/pg links to it) and pgserver's binaries are copied there once.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ import asyncpg
 
 DATABASE = "threadline"
 SERVER_USER = "postgres"
+# Where clusters and binaries go when the postgres user cannot reach them (kept across reboots).
+RELOCATION_ROOT = Path("/var/tmp")
 # A Unix socket path may not exceed 107 bytes; ".s.PGSQL.5432" takes 14 of them.
 _MAX_SOCKET_DIR = 90
 
@@ -69,9 +74,13 @@ class EmbeddedPostgres:
 
     def __post_init__(self) -> None:
         self.data_dir = self.data_dir.resolve()
-        self.pgdata = self.data_dir / "pg"
-        self.logfile = self.pgdata / "server.log"
         self.as_root = os.geteuid() == 0
+        # The directory holding pg/ and run/: data_dir itself unless the server user cannot
+        # enter it (as root, in a private directory).
+        self.cluster_dir = self._choose_cluster_dir()
+        self.relocated = self.cluster_dir != self.data_dir
+        self.pgdata = self.cluster_dir / "pg"
+        self.logfile = self.pgdata / "server.log"
         self.socket_dir = self._choose_socket_dir()
         self.started_here = False  # False when start() found the cluster already running
 
@@ -84,7 +93,11 @@ class EmbeddedPostgres:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         if self.as_root:
             self._ensure_server_user()
-            self._check_reachable(self.data_dir)
+            if self.relocated:
+                self._prepare_relocated()
+            self._check_reachable(self.cluster_dir)
+            if not server_user_can_enter(self.bindir):
+                self.bindir = reachable_copy(self.bindir)
         self.socket_dir.mkdir(parents=True, exist_ok=True)
         self._own(self.socket_dir)
         if not (self.pgdata / "PG_VERSION").exists():
@@ -148,8 +161,31 @@ class EmbeddedPostgres:
         finally:
             await conn.close()
 
+    def _choose_cluster_dir(self) -> Path:
+        if not self.as_root or server_user_can_enter(self.data_dir):
+            return self.data_dir
+        digest = hashlib.sha1(str(self.data_dir).encode()).hexdigest()[:16]
+        return RELOCATION_ROOT / f"threadline-{digest}"
+
+    def _prepare_relocated(self) -> None:
+        """The cluster's directory, owned by the server user and private to it, and a link to
+        it from data_dir so the cluster can be found where it would otherwise be."""
+        self.cluster_dir.mkdir(mode=0o700, exist_ok=True)
+        info = self.cluster_dir.lstat()
+        owner = pwd.getpwnam(SERVER_USER).pw_uid
+        # A predictable name in a world-writable directory: refuse one someone else made.
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid not in (0, owner):
+            raise EmbeddedPostgresError(
+                f"{self.cluster_dir} exists and is not ours: remove it or set THREADLINE_DATA_DIR"
+            )
+        self._own(self.cluster_dir)
+        os.chmod(self.cluster_dir, 0o700)
+        link = self.data_dir / "pg"
+        if not link.exists() and not link.is_symlink():
+            link.symlink_to(self.pgdata)
+
     def _choose_socket_dir(self) -> Path:
-        preferred = self.data_dir / "run"
+        preferred = self.cluster_dir / "run"
         if len(str(preferred)) <= _MAX_SOCKET_DIR:
             return preferred
         digest = hashlib.sha1(str(self.data_dir).encode()).hexdigest()[:16]
@@ -195,12 +231,74 @@ class EmbeddedPostgres:
     def _check_reachable(path: Path) -> None:
         """The postgres user must be able to walk down to the data directory."""
         for parent in path.parents:
-            mode = parent.stat().st_mode
-            if not mode & stat.S_IXOTH:
+            if not _may_enter(parent, _server_ids()):
                 raise EmbeddedPostgresError(
                     f"the {SERVER_USER} user cannot enter {parent}: run `chmod o+x {parent}` "
                     "or set THREADLINE_DATA_DIR to a directory it can reach"
                 )
+
+
+def _server_ids() -> tuple[int, set[int]]:
+    """The server user's uid and groups; a user yet to be created is in none."""
+    try:
+        user = pwd.getpwnam(SERVER_USER)
+    except KeyError:
+        return -1, set()
+    groups = set(os.getgrouplist(SERVER_USER, user.pw_gid))
+    return user.pw_uid, groups
+
+
+def _may_enter(directory: Path, ids: tuple[int, set[int]]) -> bool:
+    uid, groups = ids
+    info = directory.stat()
+    if info.st_uid == uid:
+        return bool(info.st_mode & stat.S_IXUSR)
+    if info.st_gid in groups:
+        return bool(info.st_mode & stat.S_IXGRP)
+    return bool(info.st_mode & stat.S_IXOTH)
+
+
+def server_user_can_enter(path: Path) -> bool:
+    """Whether the server user may walk down to `path` (its existing part; it may enter `path`
+    itself too when it is a directory)."""
+    ids = _server_ids()
+    existing = path if path.exists() else next(p for p in path.parents if p.exists())
+    directories = [existing, *existing.parents] if existing.is_dir() else list(existing.parents)
+    return all(_may_enter(directory, ids) for directory in directories)
+
+
+def reachable_copy(bindir: Path) -> Path:
+    """Binaries the server user can run: a copy of `bindir`'s installation under /var/tmp.
+
+    pgserver's binaries find their libraries relative to themselves (pginstall/lib and, for the
+    client tools, ../../../pgserver.libs), so the copy keeps that layout. Made once per source
+    and version, atomically: concurrent starts share it.
+    """
+    install = bindir.parent
+    siblings = install.parent.parent  # site-packages, for pgserver's layout
+    libs = siblings / "pgserver.libs"
+    version = (bindir / "postgres").stat()
+    source_key = f"{bindir}:{version.st_size}:{version.st_mtime_ns}"
+    digest = hashlib.sha1(source_key.encode()).hexdigest()[:16]
+    target = RELOCATION_ROOT / f"threadline-pgbin-{digest}"
+    relative = install.relative_to(siblings)
+    copied_bindir = target / relative / bindir.name
+    if (copied_bindir / "postgres").exists():
+        return copied_bindir
+    staging = Path(tempfile.mkdtemp(prefix="threadline-pgbin-", dir=RELOCATION_ROOT))
+    try:
+        staging.chmod(0o755)
+        shutil.copytree(install, staging / relative, symlinks=True)
+        if libs.is_dir():
+            shutil.copytree(libs, staging / libs.name, symlinks=True)
+        try:
+            staging.rename(target)
+        except OSError:
+            if not (copied_bindir / "postgres").exists():  # not a concurrent copy that won
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return copied_bindir
 
 
 @contextmanager

@@ -12,7 +12,8 @@ from sqlalchemy import text
 from sqlalchemy.exc import ProgrammingError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
+# Package data (the wheel ships it): found beside this module wherever the package is installed.
+MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 
 
 def alembic_config(database_url: str | None = None) -> Config:

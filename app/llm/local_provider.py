@@ -21,7 +21,8 @@ import asyncio
 import hashlib
 import os
 import threading
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -271,15 +272,38 @@ def _load(configured: Path | None, n_ctx: int, n_threads: int | None) -> Any:
             "unavailable", f"no model file at {path} (THREADLINE_LOCAL_MODEL_PATH names a GGUF)"
         )
     try:
-        return Llama(
-            model_path=str(path),
-            n_ctx=n_ctx,
-            n_threads=n_threads,
-            chat_format=CHAT_FORMAT,
-            verbose=False,
-        )
+        with _without_extra_buffers():
+            return Llama(
+                model_path=str(path),
+                n_ctx=n_ctx,
+                n_threads=n_threads,
+                chat_format=CHAT_FORMAT,
+                verbose=False,
+            )
     except (ValueError, RuntimeError, OSError) as error:
         raise ProviderError("unavailable", f"cannot load {path}: {error}") from error
+
+
+@contextmanager
+def _without_extra_buffers() -> Iterator[None]:
+    """Load with llama.cpp's extra CPU buffer types off: on CPUs with AMX, a build for the native
+    CPU multiplies through AMX buffers and crashes the process (SIGSEGV in
+    ggml_backend_amx_mul_mat) on the first decode. Llama() does not expose use_extra_bufts, so
+    its default parameters are adjusted while it loads (callers hold _LOADING)."""
+    import llama_cpp.llama_cpp as low_level
+
+    defaults = low_level.llama_model_default_params
+
+    def without_extra() -> Any:
+        params = defaults()
+        params.use_extra_bufts = False
+        return params
+
+    low_level.llama_model_default_params = without_extra
+    try:
+        yield
+    finally:
+        low_level.llama_model_default_params = defaults
 
 
 def bundled_model_path() -> Path:

@@ -79,6 +79,19 @@ class Router:
             raise ProviderError("unavailable", f"unknown provider {prefix!r} in {model!r}")
         return factory(rest)
 
+    def configured_providers(self) -> list[str]:
+        """The providers model strings may name with these settings: "openai", "anthropic",
+        "compat:<endpoint>" for each endpoint, "local", and any registered prefix."""
+        settings = self._settings
+        needs = {"openai": settings.openai_api_key, "anthropic": settings.anthropic_api_key}
+        names: list[str] = []
+        for prefix in self._factories:
+            if prefix == "compat":
+                names += [f"compat:{name}" for name in sorted(settings.compat_endpoints)]
+            elif needs.get(prefix, True):
+                names.append(prefix)
+        return names
+
     def provider_for(self, model: str) -> tuple[Provider, str]:
         """The provider serving `model` and the model's name there."""
         route = self.route(model)

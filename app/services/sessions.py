@@ -14,6 +14,7 @@ from sqlalchemy import RowMapping
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.config import Settings
 from app.core.lineage import (
     fork_lineage,
     inherited_range,
@@ -25,10 +26,14 @@ from app.core.lineage import (
 from app.core.metadata import MetadataError, merge_patch
 from app.db import journal as journal_db
 from app.db import sessions as sessions_db
+from app.llm.base import ProviderError
+from app.llm.router import Router
 from app.services.errors import Conflict, Invalid, session_not_found
 
 # A fork retries when a session in its lineage is deleted under it (the lineage is then rewritten).
 _FORK_ATTEMPTS = 5
+# The config fields naming a model: each must name a provider these settings configure.
+MODEL_FIELDS = ("model", "fallback_model", "summarization_model")
 
 
 @dataclass(frozen=True)
@@ -44,7 +49,11 @@ async def create_session(
     title: str | None,
     metadata: dict[str, str],
     config: dict[str, Any],
+    settings: Settings | None = None,
 ) -> RowMapping:
+    """With `settings`, the config's models must name configured providers (else 422)."""
+    if settings is not None:
+        check_models(settings, config)
     async with engine.begin() as conn:
         return await sessions_db.insert_session(
             conn, tenant_id=tenant_id, title=title, metadata=metadata, config=config
@@ -79,9 +88,18 @@ async def list_sessions(
 
 
 async def update_session(
-    engine: AsyncEngine, tenant_id: str, session_id: str, changes: dict[str, Any]
+    engine: AsyncEngine,
+    tenant_id: str,
+    session_id: str,
+    changes: dict[str, Any],
+    settings: Settings | None = None,
 ) -> RowMapping:
-    """Apply a patch: `title` replaces, `metadata` and `config` merge (a null removes a key)."""
+    """Apply a patch: `title` replaces, `metadata` and `config` merge (a null removes a key).
+
+    With `settings`, models the patch sets must name configured providers (else 422).
+    """
+    if settings is not None:
+        check_models(settings, changes.get("config") or {})
     async with engine.begin() as conn:
         row = await sessions_db.get_session(conn, tenant_id, session_id, lock=True)
         if row is None:
@@ -180,6 +198,25 @@ async def fork_session(
         "the session's lineage kept changing while forking; retry",
         {"session_id": session_id},
     )
+
+
+def check_models(settings: Settings, config: dict[str, Any]) -> None:
+    """Refuse a config naming a model no configured provider serves: a session whose asks could
+    only fail. The 422 names the providers that are configured."""
+    router = Router(settings)  # only resolves model strings here: no provider is built
+    for name in MODEL_FIELDS:
+        model = config.get(name)
+        if model is None:
+            continue
+        try:
+            router.route(str(model))
+        except ProviderError as error:
+            configured = router.configured_providers()
+            raise Invalid(
+                "provider_not_configured",
+                f"{error.message}; configured providers: {', '.join(configured)}",
+                {"loc": ["body", "config", name], "model": model, "configured": configured},
+            ) from error
 
 
 def _encode_cursor(created_at: datetime, session_id: Any) -> str:

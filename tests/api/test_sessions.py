@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-import httpx
+from collections.abc import AsyncIterator, Awaitable, Callable
 
+import httpx
+import pytest
+
+from app.config import DEFAULT_LOCAL_MODEL, Settings
+from app.main import create_app
 from tests.helpers import append_texts, new_session
 
 
@@ -135,3 +140,63 @@ async def test_service_written_kinds_cannot_be_appended(client: httpx.AsyncClien
     forged = {"entries": [{"kind": "run_end", "payload": {"run_id": "r", "status": "completed"}}]}
     response = await client.post(f"/v1/sessions/{session['id']}/entries", json=forged)
     assert response.status_code == 422
+
+
+@pytest.fixture
+async def keyless(
+    settings: Settings, new_key: Callable[[], Awaitable[str]]
+) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of an API configured with no provider key, one compat endpoint."""
+    bare = Settings(
+        database_url=settings.database_url,
+        db_pool_size=2,
+        compat_endpoints={"vllm": "http://127.0.0.1:9/v1"},
+    )
+    application = create_app(bare)
+    async with (
+        application.router.lifespan_context(application),
+        httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=application),
+            base_url="http://test",
+            headers={"Authorization": f"Bearer {await new_key()}"},
+        ) as client,
+    ):
+        yield client
+
+
+async def test_a_model_of_an_unconfigured_provider_is_refused(keyless: httpx.AsyncClient) -> None:
+    refused = await keyless.post("/v1/sessions", json={"config": {"model": "openai:gpt-4o-mini"}})
+    assert refused.status_code == 422
+    error = refused.json()["error"]
+    assert error["code"] == "provider_not_configured"
+    assert error["details"]["loc"] == ["body", "config", "model"]
+    assert error["details"]["configured"] == ["compat:vllm", "local"]
+    assert "THREADLINE_OPENAI_API_KEY" in error["message"]
+    assert "compat:vllm, local" in error["message"]
+
+    fallback = {"model": "local:x", "fallback_model": "anthropic:claude-haiku-4-5"}
+    refused = await keyless.post("/v1/sessions", json={"config": fallback})
+    assert refused.status_code == 422
+    assert refused.json()["error"]["details"]["loc"] == ["body", "config", "fallback_model"]
+    assert (await keyless.get("/v1/sessions")).json()["data"] == []  # nothing was created
+
+    created = await keyless.post("/v1/sessions", json={"config": {"model": "compat:vllm/q"}})
+    assert created.status_code == 201
+    sid = created.json()["id"]
+    patch = {"config": {"summarization_model": "compat:other"}}
+    refused = await keyless.patch(f"/v1/sessions/{sid}", json=patch)
+    assert refused.status_code == 422
+    assert refused.json()["error"]["details"]["loc"] == ["body", "config", "summarization_model"]
+    kept = (await keyless.get(f"/v1/sessions/{sid}")).json()["config"]
+    assert "summarization_model" not in kept  # the session is unchanged
+    patched = await keyless.patch(f"/v1/sessions/{sid}", json={"config": {"model": "local:y"}})
+    assert patched.status_code == 200 and patched.json()["config"]["model"] == "local:y"
+
+
+async def test_with_no_key_sessions_default_to_the_local_model(
+    keyless: httpx.AsyncClient,
+) -> None:
+    created = (await keyless.post("/v1/sessions", json={})).json()
+    context = await keyless.get(f"/v1/sessions/{created['id']}/context")
+    assert context.status_code == 200
+    assert context.json()["model"] == DEFAULT_LOCAL_MODEL

@@ -1,0 +1,161 @@
+"""The Docker image's entry command starts as its non-root user with the environment the
+Dockerfile sets, even though that user's login home is not writable (no Docker engine here: the
+command runs on this machine as `nobody`). Also: the build context stays small."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from app.db.embedded import throwaway_cluster
+from tests.conftest import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCKERFILE = (ROOT / "Dockerfile").read_text()
+RUN_AS = "nobody"  # a non-root user whose home (/nonexistent) cannot be written
+
+
+def instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs, continuation lines joined, comments dropped."""
+    logical: list[str] = []
+    pending = ""
+    for line in DOCKERFILE.splitlines():
+        if not pending and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        if line.rstrip().endswith("\\"):
+            pending += line.rstrip()[:-1] + " "
+        else:
+            logical.append(pending + line)
+            pending = ""
+    pairs = []
+    for entry in logical:
+        keyword, _, rest = entry.strip().partition(" ")
+        pairs.append((keyword.upper(), rest.strip()))
+    return pairs
+
+
+def image_env() -> dict[str, str]:
+    env: dict[str, str] = {}
+    for keyword, rest in instructions():
+        if keyword == "ENV":
+            for assignment in shlex.split(rest):
+                name, _, value = assignment.partition("=")
+                env[name] = value
+    return env
+
+
+def image_command() -> list[str]:
+    (command,) = [json.loads(rest) for keyword, rest in instructions() if keyword == "CMD"]
+    assert isinstance(command, list)
+    return [str(part) for part in command]
+
+
+def test_the_image_runs_as_a_non_root_user() -> None:
+    users = [rest for keyword, rest in instructions() if keyword == "USER"]
+    assert users and users[-1] not in ("root", "0")
+
+
+def test_the_build_context_keeps_only_what_the_image_copies() -> None:
+    ignored = (ROOT / ".dockerignore").read_text().splitlines()
+    assert "*" in ignored  # everything is excluded unless listed
+    allowed = {line[1:].rstrip("/") for line in ignored if line.startswith("!")}
+    copied = set()
+    for keyword, rest in instructions():
+        if keyword == "COPY":
+            copied |= {part.rstrip("/") for part in rest.split()[:-1]}
+    assert copied and copied <= allowed, copied - allowed
+
+
+@pytest.fixture
+def open_cluster() -> Iterator[str]:
+    """A migrated cluster whose socket other users may connect to (the image's user is not
+    the postgres user, as with a real database server)."""
+    with throwaway_cluster("threadline-docker-", {"unix_socket_permissions": "0777"}) as url:
+        yield url
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching to another user needs root")
+def test_the_entry_command_serves_as_a_user_whose_home_is_not_writable(
+    open_cluster: str,
+) -> None:
+    user = pwd.getpwnam(RUN_AS)
+    assert not os.access(user.pw_dir, os.W_OK) or not Path(user.pw_dir).exists()
+    env = image_env()
+    image_home = env.get("HOME")
+    with tempfile.TemporaryDirectory(prefix="threadline-image-") as root:
+        Path(root).chmod(0o755)
+        # The image's state directory (its HOME, which the Dockerfile makes the user's own),
+        # mapped to a fresh directory of the same owner. A Dockerfile that sets no HOME gets
+        # what Docker gives: the user's passwd home, which nothing made writable.
+        state = Path(root, "state")
+        state.mkdir()
+        if image_home:
+            os.chown(state, user.pw_uid, user.pw_gid)
+            env = {k: v.replace(image_home, str(state)) for k, v in env.items()}
+        else:
+            env["HOME"] = str(state)  # root's, like a home created by useradd --system
+        # This checkout's code, readable by everyone as the image's installed package is
+        # (alembic checks the migrations with access(2), which ignores capabilities).
+        code = Path(root, "site")
+        shutil.copytree(ROOT / "app", code / "app", ignore=shutil.ignore_patterns("__pycache__"))
+        port = free_port()
+        env.update(
+            PATH=f"{Path(sys.executable).parent}:/usr/bin:/bin",  # where `threadline` is
+            PYTHONPATH=str(code),
+            THREADLINE_DATABASE_URL=open_cluster,
+            THREADLINE_HOST="127.0.0.1",
+            THREADLINE_PORT=str(port),
+            THREADLINE_WORKER_CONCURRENCY="1",
+        )
+        # Reading the venv anywhere (a checkout in a private directory) is not what is tested:
+        # CAP_DAC_READ_SEARCH lets the user read and traverse, never write.
+        command = [
+            "setpriv",
+            f"--reuid={user.pw_uid}",
+            f"--regid={user.pw_gid}",
+            "--clear-groups",
+            "--inh-caps=+dac_read_search",
+            "--ambient-caps=+dac_read_search",
+            *image_command(),
+        ]
+        log = Path(root, "log")
+        with log.open("wb") as output:
+            server = subprocess.Popen(
+                command, cwd=root, env=env, stdout=output, stderr=subprocess.STDOUT
+            )
+            try:
+                ready = _wait_ready(f"http://127.0.0.1:{port}", server, log)
+                assert ready.json()["status"] == "ready"
+            finally:
+                server.terminate()
+                server.wait(timeout=60)
+        # The tokenizer's vocabulary went where the image's environment says.
+        tiktoken_cache = Path(env.get("TIKTOKEN_CACHE_DIR") or Path(env["HOME"], ".cache"))
+        assert tiktoken_cache.is_relative_to(state)
+        assert any(tiktoken_cache.rglob("*")), "the vocabulary should be cached"
+
+
+def _wait_ready(url: str, server: subprocess.Popen[bytes], log: Path) -> httpx.Response:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and server.poll() is None:
+        try:
+            response = httpx.get(f"{url}/readyz", timeout=5)
+            if response.status_code == 200:
+                return response
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"the image's command never became ready:\n{log.read_text()[-3000:]}")
