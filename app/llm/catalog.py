@@ -131,7 +131,8 @@ async def _ask_window(base_url: str, model: str) -> int | None:
     chosen = next((e for e in listed if e.get("id") == model), listed[0] if listed else None)
     if chosen is None:
         return None
-    meta = chosen.get("meta") if isinstance(chosen.get("meta"), dict) else {}
+    said = chosen.get("meta")
+    meta: dict[str, Any] = said if isinstance(said, dict) else {}
     for value in (chosen.get("max_model_len"), meta.get("n_ctx"), meta.get("n_ctx_train")):
         window = _positive(value)
         if window is not None:

@@ -2,7 +2,8 @@
 
 Events come out as text/tool-call deltas, then one UsageReport, then Finish last. A server that
 reports no usage (several OpenAI-compatible ones ignore stream_options) gets its usage counted
-here with the stored tokenizer and marked estimated, never left at 0. Every failure, before or during the stream, is raised as a ProviderError.
+here with the stored tokenizer and marked estimated, never left at 0. Every failure, before or
+during the stream, is raised as a ProviderError.
 Retries are the router's job, so the SDK's own are off.
 """
 
@@ -146,9 +147,7 @@ def _usage(chunk: ChatCompletionChunk) -> UsageReport:
 def estimated_usage(wire: dict[str, Any], output: str) -> UsageReport:
     """The usage of a call whose server reported none, counted with the stored tokenizer."""
     counter = stored_counter()
-    return UsageReport(
-        openai_request_tokens(wire, counter), counter.count(output), estimated=True
-    )
+    return UsageReport(openai_request_tokens(wire, counter), counter.count(output), estimated=True)
 
 
 def classify_openai(error: openai.APIError) -> ProviderError:
