@@ -32,7 +32,7 @@ SUMMARY_TOKENS = 96  # the endpoint's output limit: what a summary may use
 
 
 @pytest.fixture(scope="module")
-def llama_server() -> Iterator[str]:
+def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """`python -m llama_cpp.server` on a free port; its OpenAI base URL."""
     port = free_port()
     command = [
@@ -47,22 +47,26 @@ def llama_server() -> Iterator[str]:
         str(port),
         "--n_ctx",
         str(WINDOW),
+        "--verbose",
+        "False",
     ]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # Its log goes to a file: a pipe nobody reads would fill and block the server.
+    log = tmp_path_factory.mktemp("llama-server") / "server.log"
+    with log.open("wb") as sink:
+        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/v1"
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 300
         while True:
             if process.poll() is not None:
-                error = process.stderr.read().decode(errors="replace") if process.stderr else ""
-                pytest.fail(f"llama_cpp.server exited: {error[-2000:]}")
+                pytest.fail(f"llama_cpp.server exited: {log.read_text(errors='replace')[-2000:]}")
             try:
                 if httpx.get(f"{url}/models", timeout=2).status_code == 200:
                     break
             except httpx.TransportError:
                 pass
             if time.monotonic() > deadline:
-                pytest.fail("llama_cpp.server did not start within 120 s")
+                pytest.fail(f"llama_cpp.server did not start: {log.read_text()[-2000:]}")
             time.sleep(0.2)
         yield url
     finally:
