@@ -21,8 +21,11 @@ from app.llm.base import ModelRequest, TextDelta, UsageReport
 from app.llm.local_provider import LocalProvider
 
 SYSTEM = "You are a helpful assistant. Answer in one or two short sentences."
-SHORT_PROMPT = "Say hello."
-LATENCY_RUNS = 7
+# Short prompts that differ after the system prompt: each run evaluates its own question (a
+# repeated prompt would be a KV-cache hit, flattering the first token).
+SHORT_PROMPTS = tuple(
+    f"Say hello to {name}." for name in ("Ada", "Ben", "Cleo", "Dev", "Eve", "Finn", "Gus")
+)
 THROUGHPUT_TOKENS = 128
 QUESTIONS = (
     "What is the capital of France?",
@@ -116,8 +119,8 @@ async def main() -> None:
         started = time.perf_counter()
         await asyncio.to_thread(provider.load)
         load = time.perf_counter() - started
-        await first_token_seconds(provider, SHORT_PROMPT)  # warm-up
-        latencies = [await first_token_seconds(provider, SHORT_PROMPT) for _ in range(LATENCY_RUNS)]
+        await first_token_seconds(provider, "Say hi.")  # warm-up
+        latencies = [await first_token_seconds(provider, p) for p in SHORT_PROMPTS]
         speed = await tokens_per_second(provider)
         rows.append((label, load, statistics.median(latencies), speed, provider.context_window))
         answers[label] = [await answer(provider, q) for q in QUESTIONS]
@@ -128,7 +131,8 @@ async def main() -> None:
         print(f"\n## {label}")
         for number, (question, reply) in enumerate(zip(QUESTIONS, said, strict=True), 1):
             print(f"{number:2}. {question}\n    -> {reply}")
-    print(f"\n(prompt batches of {local_provider.PROMPT_BATCH_TOKENS} tokens, {LATENCY_RUNS} runs)")
+    batch = local_provider.PROMPT_BATCH_TOKENS
+    print(f"\n(prompt batches of {batch} tokens, {len(SHORT_PROMPTS)} first-token runs)")
 
 
 if __name__ == "__main__":
