@@ -27,6 +27,7 @@ WINDOW_OVERRIDES: dict[str, int] = {
 # A compat server that neither says its window nor has one configured: small enough for the
 # usual local servers, so history is windowed rather than refused by the server.
 COMPAT_DEFAULT_WINDOW = 8192
+LOCAL_FALLBACK_WINDOW = 8192  # a local model whose GGUF cannot be read (not installed)
 DISCOVERY_TIMEOUT_SECONDS = 3.0
 DISCOVERY_RETRY_SECONDS = 60.0  # a server that did not answer is asked again after this
 
@@ -39,9 +40,13 @@ async def context_window_for(settings: Settings, model: str) -> int:
     """Tokens a prompt plus its answer may use with `model` ("provider:name") as configured."""
     provider, _, rest = model.partition(":")
     if provider == "local":
+        from app.llm.base import ProviderError
         from app.llm.local_provider import local_context_window
 
-        return await asyncio.to_thread(local_context_window, settings.local_model_path)
+        try:
+            return await asyncio.to_thread(local_context_window, settings.local_model_path)
+        except ProviderError:  # no model to read: the ask fails as unavailable when it runs
+            return LOCAL_FALLBACK_WINDOW
     if provider == "compat":
         return await _compat_window(settings, rest)
     return context_window(model)
@@ -144,7 +149,7 @@ async def _get_json(client: httpx.AsyncClient, url: str) -> Any:
     try:
         response = await client.get(url)
         return response.json() if response.status_code == 200 else None
-    except (httpx.HTTPError, ValueError):
+    except (httpx.HTTPError, httpx.InvalidURL, ValueError):  # a server that cannot say
         return None
 
 

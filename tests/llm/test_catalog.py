@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -63,3 +64,10 @@ async def test_a_server_that_says_nothing_gets_a_small_window_not_200k(
 async def test_the_local_window_comes_from_the_gguf() -> None:
     # SmolLM2-135M-Instruct says llama.context_length = 8192 in its metadata.
     assert await context_window_for(Settings(_env_file=None), "local:anything") == 8192
+
+
+async def test_a_local_model_that_cannot_be_read_still_gets_a_window(tmp_path: Path) -> None:
+    """Projections (dry runs, session context) must not fail for it: the ask says unavailable."""
+    settings = Settings(_env_file=None, local_model_path=tmp_path / "missing.gguf")
+
+    assert await context_window_for(settings, "local:x") == catalog.LOCAL_FALLBACK_WINDOW
