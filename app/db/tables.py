@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     CheckConstraint,
     Column,
     Computed,
@@ -178,6 +179,8 @@ runs = Table(
     Column("input_tokens", BigInteger, nullable=False, server_default=text("0")),
     Column("output_tokens", BigInteger, nullable=False, server_default=text("0")),
     Column("cached_tokens", BigInteger, nullable=False, server_default=text("0")),
+    # The server reported no usage: the counts above are our tokenizer's estimate.
+    Column("usage_estimated", Boolean, nullable=False, server_default=text("false")),
     Column("cost_usd", Numeric(20, 10)),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("started_at", DateTime(timezone=True)),

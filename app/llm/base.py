@@ -17,6 +17,9 @@ class ModelRequest:
     tools: Sequence[ToolSpec] = ()
     max_output_tokens: int | None = None
     temperature: float | None = None
+    # The tokens the projection kept free for the answer (the policy's reserve): the answer's
+    # length for providers that need one when max_output_tokens is unset (local, compat).
+    answer_room: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,15 +42,18 @@ class UsageReport:
     input_tokens: int
     output_tokens: int
     cached_tokens: int = 0
+    # Counted by us with a tokenizer because the server reported none: an estimate.
+    estimated: bool = False
 
     def plus(self, other: UsageReport | None) -> UsageReport:
-        """Usage summed over several model calls."""
+        """Usage summed over several model calls (estimated if any of them was)."""
         if other is None:
             return self
         return UsageReport(
             self.input_tokens + other.input_tokens,
             self.output_tokens + other.output_tokens,
             self.cached_tokens + other.cached_tokens,
+            self.estimated or other.estimated,
         )
 
 

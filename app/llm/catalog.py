@@ -1,11 +1,21 @@
-"""What we know about models: context windows, from genai-prices with our own corrections."""
+"""What we know about models: context windows (genai-prices with our own corrections, the local
+GGUF's metadata, what a compat server says or is configured with) and prices."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
 from decimal import Decimal
 from functools import cache
+from typing import Any
 
+import httpx
+
+from app.config import Settings
 from app.core.policy import DEFAULT_CONTEXT_WINDOW
+
+log = logging.getLogger(__name__)
 
 # genai-prices gives the total context, which for some models is not what a prompt may use:
 # the GPT-5 family takes at most 272k input tokens of its 400k; gpt-4.1's window is 1,047,576.
@@ -13,13 +23,38 @@ from app.core.policy import DEFAULT_CONTEXT_WINDOW
 WINDOW_OVERRIDES: dict[str, int] = {
     "openai:gpt-5": 272_000,
     "openai:gpt-4.1": 1_047_576,
-    "local:gemma-3-270m": 8_192,  # the n_ctx the local provider loads it with
 }
+# A compat server that neither says its window nor has one configured: small enough for the
+# usual local servers, so history is windowed rather than refused by the server.
+COMPAT_DEFAULT_WINDOW = 8192
+LOCAL_FALLBACK_WINDOW = 8192  # a local model whose GGUF cannot be read (not installed)
+DISCOVERY_TIMEOUT_SECONDS = 3.0
+DISCOVERY_RETRY_SECONDS = 60.0  # a server that did not answer is asked again after this
+
+# Discovered windows by base URL: (window or None, monotonic time of the answer).
+_DISCOVERED: dict[str, tuple[int | None, float]] = {}
+_DISCOVERING: dict[str, asyncio.Lock] = {}
+
+
+async def context_window_for(settings: Settings, model: str) -> int:
+    """Tokens a prompt plus its answer may use with `model` ("provider:name") as configured."""
+    provider, _, rest = model.partition(":")
+    if provider == "local":
+        from app.llm.base import ProviderError
+        from app.llm.local_provider import local_context_window
+
+        try:
+            return await asyncio.to_thread(local_context_window, settings.local_model_path)
+        except ProviderError:  # no model to read: the ask fails as unavailable when it runs
+            return LOCAL_FALLBACK_WINDOW
+    if provider == "compat":
+        return await _compat_window(settings, rest)
+    return context_window(model)
 
 
 @cache
 def context_window(model: str) -> int:
-    """Tokens a prompt plus its answer may use with `model` ("provider:name")."""
+    """The window of a hosted model ("openai:..." or "anthropic:..."), from what is published."""
     matches = [p for p in WINDOW_OVERRIDES if model.startswith(p)]
     if matches:
         return WINDOW_OVERRIDES[max(matches, key=len)]
@@ -34,6 +69,92 @@ def context_window(model: str) -> int:
         if info.context_window:
             return int(info.context_window)
     return DEFAULT_CONTEXT_WINDOW
+
+
+async def _compat_window(settings: Settings, rest: str) -> int:
+    from app.llm.base import ProviderError
+    from app.llm.router import compat_endpoint_of
+
+    try:
+        endpoint, name = compat_endpoint_of(settings, rest)
+    except ProviderError:
+        return COMPAT_DEFAULT_WINDOW  # the ask fails as unavailable when it gets there
+    config = settings.compat_endpoint(endpoint)
+    assert config is not None
+    if config.context_window is not None:
+        return config.context_window
+    discovered = await discovered_window(config.url, name or endpoint)
+    return discovered if discovered is not None else COMPAT_DEFAULT_WINDOW
+
+
+async def discovered_window(base_url: str, model: str) -> int | None:
+    """The context window an OpenAI-compatible server says it serves, None if it does not.
+
+    Read from /models (vLLM's max_model_len; llama.cpp's meta.n_ctx or n_ctx_train) or
+    llama.cpp's /props (the n_ctx it runs with). Answers are kept; silence is retried later.
+    """
+    known = _DISCOVERED.get(base_url)
+    if known is not None and (known[0] is not None or _fresh(known[1])):
+        return known[0]
+    lock = _DISCOVERING.setdefault(base_url, asyncio.Lock())
+    async with lock:
+        known = _DISCOVERED.get(base_url)
+        if known is not None and (known[0] is not None or _fresh(known[1])):
+            return known[0]
+        window = await _ask_window(base_url, model)
+        if window is None:
+            log.warning(
+                "%s does not say its context window: assuming %d tokens (set context_window "
+                "in THREADLINE_COMPAT_ENDPOINTS)",
+                base_url,
+                COMPAT_DEFAULT_WINDOW,
+            )
+        _DISCOVERED[base_url] = (window, time.monotonic())
+        return window
+
+
+def _fresh(at: float) -> bool:
+    return time.monotonic() - at < DISCOVERY_RETRY_SECONDS
+
+
+async def _ask_window(base_url: str, model: str) -> int | None:
+    base = base_url.rstrip("/")
+    root = base.removesuffix("/v1")
+    async with httpx.AsyncClient(timeout=DISCOVERY_TIMEOUT_SECONDS) as client:
+        props = await _get_json(client, f"{root}/props")
+        if isinstance(props, dict):
+            settings = props.get("default_generation_settings")
+            for source in (settings, props):
+                window = _positive(source.get("n_ctx")) if isinstance(source, dict) else None
+                if window is not None:
+                    return window
+        models = await _get_json(client, f"{base}/models")
+    entries = models.get("data") if isinstance(models, dict) else None
+    if not isinstance(entries, list):
+        return None
+    listed = [e for e in entries if isinstance(e, dict)]
+    chosen = next((e for e in listed if e.get("id") == model), listed[0] if listed else None)
+    if chosen is None:
+        return None
+    said = chosen.get("meta")
+    meta: dict[str, Any] = said if isinstance(said, dict) else {}
+    for value in (chosen.get("max_model_len"), meta.get("n_ctx"), meta.get("n_ctx_train")):
+        window = _positive(value)
+        if window is not None:
+            return window
+    return None
+
+
+async def _get_json(client: httpx.AsyncClient, url: str) -> Any:
+    try:
+        response = await client.get(url)
+        return response.json() if response.status_code == 200 else None
+    except (httpx.HTTPError, httpx.InvalidURL, ValueError):  # a server that cannot say
+        return None
+
+
+def _positive(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def cost_usd(

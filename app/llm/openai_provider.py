@@ -1,7 +1,9 @@
 """OpenAI Chat Completions streaming (also any OpenAI-compatible server: vLLM, Ollama, llama.cpp).
 
-Events come out as text/tool-call deltas, then one UsageReport (when the server reports usage),
-then Finish last. Every failure, before or during the stream, is raised as a ProviderError.
+Events come out as text/tool-call deltas, then one UsageReport, then Finish last. A server that
+reports no usage (several OpenAI-compatible ones ignore stream_options) gets its usage counted
+here with the stored tokenizer and marked estimated, never left at 0. Every failure, before or
+during the stream, is raised as a ProviderError.
 Retries are the router's job, so the SDK's own are off.
 """
 
@@ -13,7 +15,7 @@ from typing import Any, cast
 import openai
 from openai.types.chat import ChatCompletionChunk
 
-from app.core.formats import to_openai
+from app.core.formats import openai_request_tokens, to_openai
 from app.llm.base import (
     ErrorKind,
     Finish,
@@ -25,6 +27,7 @@ from app.llm.base import (
     UsageReport,
     classified,
 )
+from app.llm.tokenizers import stored_counter
 
 
 class OpenAIProvider:
@@ -32,6 +35,9 @@ class OpenAIProvider:
 
     `legacy_max_tokens` sends the output cap as "max_tokens": OpenAI's current models take
     only "max_completion_tokens", but many compatible servers know only the older name.
+    `output_limit` caps every answer (the endpoint's own limit); `answer_in_room` caps an answer
+    the caller left uncapped at the room the projection kept for it (request.answer_room), so
+    that a server with a small window is never asked for more than prompt and answer fit.
     """
 
     def __init__(
@@ -41,11 +47,23 @@ class OpenAIProvider:
         timeout: float = 120.0,
         *,
         legacy_max_tokens: bool = False,
+        output_limit: int | None = None,
+        answer_in_room: bool = False,
     ) -> None:
         self._client = openai.AsyncOpenAI(
             api_key=api_key, base_url=base_url, max_retries=0, timeout=timeout
         )
         self._legacy_max_tokens = legacy_max_tokens
+        self._output_limit = output_limit
+        self._answer_in_room = answer_in_room
+
+    def _output_cap(self, request: ModelRequest) -> int | None:
+        cap = request.max_output_tokens
+        if cap is None and self._answer_in_room:
+            cap = request.answer_room
+        if self._output_limit is not None:
+            cap = self._output_limit if cap is None else min(cap, self._output_limit)
+        return cap
 
     @property
     def base_url(self) -> str:
@@ -59,7 +77,8 @@ class OpenAIProvider:
 
     async def _stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
         wire = to_openai(request.messages, request.tools)
-        cap = request.max_output_tokens if request.max_output_tokens is not None else openai.omit
+        limit = self._output_cap(request)
+        cap = limit if limit is not None else openai.omit
         legacy = self._legacy_max_tokens
         chunks = await self._client.chat.completions.create(
             model=request.model,
@@ -73,20 +92,24 @@ class OpenAIProvider:
         )
         finish: str | None = None
         usage: UsageReport | None = None
+        output: list[str] = []  # what the model wrote, to count when the server does not
         async with chunks:
             async for chunk in chunks:
                 for event in _chunk_events(chunk):
                     if isinstance(event, Finish):
                         finish = event.reason
-                    else:
-                        yield event
+                        continue
+                    if isinstance(event, TextDelta):
+                        output.append(event.text)
+                    elif isinstance(event, ToolCallDelta):
+                        output.append((event.name or "") + event.arguments)
+                    yield event
                 if chunk.usage is not None:
                     usage = _usage(chunk)
         if finish is None:
             # A body that ends cleanly but unfinished must not pass for a complete answer.
             raise ProviderError("server", "the stream ended without a finish reason")
-        if usage is not None:
-            yield usage
+        yield usage if usage is not None else estimated_usage(wire, "".join(output))
         yield Finish(finish)
 
 
@@ -119,6 +142,12 @@ def _usage(chunk: ChatCompletionChunk) -> UsageReport:
     details = usage.prompt_tokens_details
     cached = (details.cached_tokens or 0) if details is not None else 0
     return UsageReport(usage.prompt_tokens, usage.completion_tokens, cached)
+
+
+def estimated_usage(wire: dict[str, Any], output: str) -> UsageReport:
+    """The usage of a call whose server reported none, counted with the stored tokenizer."""
+    counter = stored_counter()
+    return UsageReport(openai_request_tokens(wire, counter), counter.count(output), estimated=True)
 
 
 def classify_openai(error: openai.APIError) -> ProviderError:

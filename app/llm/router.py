@@ -3,8 +3,8 @@ circuit breaker.
 
 A model string is "<prefix>:<rest>": openai:<name>, anthropic:<name>, compat:<endpoint> or
 compat:<endpoint>/<name> (an OpenAI-compatible server from settings.compat_endpoints), or
-local:<name> (settings.local_model_path, else the bundled Gemma 3 270M, run in-process, whatever
-the name). Other prefixes are served by factories registered with `Router.register`.
+local:<name> (settings.local_model_path, else the bundled SmolLM2-135M-Instruct, run in-process,
+whatever the name). Other prefixes are served by factories registered with `Router.register`.
 
 A call is retried only while nothing has been yielded: once the caller has seen a delta, a
 failure propagates unchanged and the caller keeps what it got as an incomplete answer.
@@ -118,23 +118,23 @@ class Router:
         )
 
     def _compat(self, rest: str) -> Route:
-        endpoints = self._settings.compat_endpoints
-        endpoint, _, name = rest.partition("/")
-        if rest in endpoints:  # an endpoint configured under a name with a slash in it
-            endpoint, name = rest, ""
-        base_url = endpoints.get(endpoint)
-        if base_url is None:
-            known = ", ".join(sorted(endpoints)) or "none"
-            raise ProviderError(
-                "unavailable", f"unknown compat endpoint {endpoint!r} (configured: {known})"
-            )
+        endpoint, name = compat_endpoint_of(self._settings, rest)
+        config = self._settings.compat_endpoint(endpoint)
+        assert config is not None
         # Local servers mostly ignore the key, but the SDK insists on one.
         api_key = self._settings.compat_api_key or "unused"
         timeout = self._settings.llm_request_timeout_seconds
         return Route(
             f"compat:{endpoint}",
             name or endpoint,
-            lambda: OpenAIProvider(api_key, base_url, timeout, legacy_max_tokens=True),
+            lambda: OpenAIProvider(
+                api_key,
+                config.url,
+                timeout,
+                legacy_max_tokens=True,
+                output_limit=config.max_output_tokens,
+                answer_in_room=True,
+            ),
         )
 
     def _local(self, name: str) -> Route:
@@ -253,6 +253,20 @@ class Router:
             close = getattr(provider, "aclose", None)
             if close is not None:
                 await close()
+
+
+def compat_endpoint_of(settings: Settings, rest: str) -> tuple[str, str]:
+    """(endpoint, model name on it, "" for the server's own) of a compat model string's tail."""
+    endpoints = settings.compat_endpoints
+    endpoint, _, name = rest.partition("/")
+    if rest in endpoints:  # an endpoint configured under a name with a slash in it
+        endpoint, name = rest, ""
+    if endpoint not in endpoints:
+        known = ", ".join(sorted(endpoints)) or "none"
+        raise ProviderError(
+            "unavailable", f"unknown compat endpoint {endpoint!r} (configured: {known})"
+        )
+    return endpoint, name
 
 
 def _require(value: str | None, provider: str, variable: str) -> str:

@@ -36,7 +36,7 @@ from app.db import runs as runs_db
 from app.db import sessions as sessions_db
 from app.db.engine import read_snapshot
 from app.llm.base import Finish, ModelRequest, TextDelta, UsageReport
-from app.llm.catalog import context_window
+from app.llm.catalog import context_window_for
 from app.llm.router import Router
 from app.llm.tokenizers import ModelCounting, counting_for
 from app.services.asks import run_by_idempotency_key
@@ -118,9 +118,9 @@ async def prepare(
         config = session["config"]
         model = model or summarization_model(config, settings)
         layers = (settings.context_policy, config.get("context_policy"), policy_overrides)
-        policy = resolve_policy(context_window(model), *layers)
+        policy = resolve_policy(await context_window_for(settings, model), *layers)
         reader = answer_model or config.get("model") or settings.default_model
-        reader_policy = resolve_policy(context_window(reader), *layers)
+        reader_policy = resolve_policy(await context_window_for(settings, reader), *layers)
         reader_budget = reader_policy.budget
         thread = sessions_db.thread_of(session)
         tail, _ = await journal_db.read_tail(conn, thread, reaches_checkpoint)

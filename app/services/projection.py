@@ -31,7 +31,7 @@ from app.db import journal as journal_db
 from app.db import sessions as sessions_db
 from app.db.engine import read_snapshot
 from app.db.memory import get_memory
-from app.llm.catalog import context_window
+from app.llm.catalog import context_window_for
 from app.llm.tokenizers import counting_for
 from app.services.errors import Invalid, entries_refused, session_not_found
 
@@ -146,7 +146,7 @@ async def _project(
 ) -> tuple[SessionProjection, list[Segment]]:
     config = session["config"]
     model = model_override or config.get("model") or settings.default_model
-    window = context_window(model)
+    window = await context_window_for(settings, model)
     policy = resolve_policy(
         window, settings.context_policy, config.get("context_policy"), overrides
     )

@@ -108,6 +108,8 @@ async def finish_run(
             "cached_tokens": usage.cached_tokens,
             "model": model,
         }
+        if usage.estimated:
+            usage_payload["estimated"] = True
         if cost is not None:
             usage_payload["cost_usd"] = float(cost)
         entries.append(
@@ -141,6 +143,7 @@ async def finish_run(
             "input_tokens": usage.input_tokens if usage else 0,
             "output_tokens": usage.output_tokens if usage else 0,
             "cached_tokens": usage.cached_tokens if usage else 0,
+            "usage_estimated": usage.estimated if usage else False,
             "cost_usd": cost,
             "ended_at": func.now(),
             "end_entry_seq": end_seq,
@@ -170,6 +173,7 @@ async def finish_run(
             "input_tokens": usage.input_tokens,
             "output_tokens": usage.output_tokens,
             "cached_tokens": usage.cached_tokens,
+            "estimated": usage.estimated,
         }
         if usage
         else None

@@ -286,6 +286,7 @@ async def _model_turn(
         tools=projection.tool_spec,
         max_output_tokens=params.get("max_output_tokens"),
         temperature=params.get("temperature"),
+        answer_room=projected.policy.reserve,
     )
     progress.text = []
     pieces: list[tuple[int, str | None, str | None, str]] = []

@@ -29,7 +29,12 @@ async def test_ask_streams_and_commits(api: httpx.AsyncClient, upstream: FakeUps
     assert [e.id for e in events] == list(range(1, len(events) + 1))
     assert deltas(events) == "Hello, world"
     assert events[-1].data["text"] == "Hello, world"
-    assert events[-1].data["usage"] == {"input_tokens": 12, "output_tokens": 3, "cached_tokens": 0}
+    assert events[-1].data["usage"] == {
+        "input_tokens": 12,
+        "output_tokens": 3,
+        "cached_tokens": 0,
+        "estimated": False,
+    }
     committed = [e.data["kind"] for e in events if e.type == "entry.committed"]
     assert committed == ["message", "usage", "run_end"]
     journal = await history(api, sid)

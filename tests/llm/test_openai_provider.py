@@ -91,6 +91,8 @@ async def test_sends_the_formatted_conversation(
 
     [received] = upstream.requests
     wire = to_openai(CONVERSATION, (WEATHER,))
+    # Servers that render a chat template (llama.cpp) answer a null content with a 500.
+    assert received.body["messages"][2]["content"] == ""
     assert received.path == "/v1/chat/completions"
     assert received.headers["authorization"] == "Bearer sk-test"
     assert received.body == {
@@ -232,3 +234,47 @@ async def test_nothing_listening_is_a_connection_error() -> None:
         await provider.aclose()
 
     assert caught.value.kind == "connection"
+
+
+async def test_a_server_that_reports_no_usage_gets_an_estimate(
+    provider: OpenAIProvider, upstream: FakeUpstream
+) -> None:
+    upstream.script(Text("The answer is forty-two."), report_usage=False)
+
+    events = await collect(provider.stream(ModelRequest("gpt-test", CONVERSATION)))
+
+    usage, finish = events[-2:]
+    assert isinstance(usage, UsageReport) and isinstance(finish, Finish)
+    assert usage.estimated
+    # The prompt holds five messages, the answer six or so tokens: counted, not left at 0.
+    assert usage.input_tokens > 20
+    assert 3 <= usage.output_tokens <= 12
+    reported = await collect(provider.stream(HELLO))
+    assert not next(e for e in reported if isinstance(e, UsageReport)).estimated
+
+
+async def test_compat_answers_are_capped_by_the_room_left_and_the_endpoint_limit(
+    upstream: FakeUpstream,
+) -> None:
+    upstream.clear()
+    roomy = replace(HELLO, answer_room=300)
+    capped = OpenAIProvider(
+        "none", upstream.openai_base_url, 5, legacy_max_tokens=True, answer_in_room=True
+    )
+    limited = OpenAIProvider(
+        "none",
+        upstream.openai_base_url,
+        5,
+        legacy_max_tokens=True,
+        answer_in_room=True,
+        output_limit=100,
+    )
+    try:
+        await collect(capped.stream(roomy))
+        await collect(limited.stream(roomy))
+        await collect(limited.stream(replace(roomy, max_output_tokens=40)))
+    finally:
+        await capped.aclose()
+        await limited.aclose()
+
+    assert [r.body["max_tokens"] for r in upstream.requests] == [300, 100, 40]
