@@ -317,7 +317,7 @@ def _load(configured: Path | None, n_threads: int | None) -> _Model:
     from llama_cpp import Llama
 
     try:
-        with _without_extra_buffers():
+        with without_extra_buffers():
             llm = Llama(
                 model_path=str(path),
                 n_ctx=window,
@@ -388,7 +388,7 @@ def _model_file(configured: Path | None) -> Path:
 
 
 @contextmanager
-def _without_extra_buffers() -> Iterator[None]:
+def without_extra_buffers() -> Iterator[None]:
     """Load with llama.cpp's extra CPU buffer types off: on CPUs with AMX, a build for the native
     CPU multiplies through AMX buffers and crashes the process (SIGSEGV in
     ggml_backend_amx_mul_mat) on the first decode. Llama() does not expose use_extra_bufts, so

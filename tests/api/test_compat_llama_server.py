@@ -35,10 +35,16 @@ SUMMARY_TOKENS = 96  # the endpoint's output limit: what a summary may use
 def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """`python -m llama_cpp.server` on a free port; its OpenAI base URL."""
     port = free_port()
+    # The real server, loading its model as the service does (llama.cpp's extra CPU buffer types
+    # off: a native build crashes in its AMX kernels on CPUs that have them).
+    launch = (
+        "import runpy; from app.llm.local_provider import without_extra_buffers\n"
+        "with without_extra_buffers(): runpy.run_module('llama_cpp.server', run_name='__main__')"
+    )
     command = [
         sys.executable,
-        "-m",
-        "llama_cpp.server",
+        "-c",
+        launch,
         "--model",
         str(bundled_model_path()),
         "--host",
