@@ -14,7 +14,7 @@ from procrastinate import JobContext
 from app.config import Settings
 from app.db import events as events_db
 from app.db.engine import create_engine
-from app.db.jobs import RUN_QUEUE
+from app.db.jobs import RUN_QUEUE, RUN_TASK
 from app.llm.router import Router
 from app.llm.tokenizers import stored_counter
 from app.services.asks import expire_waiting_runs
@@ -24,16 +24,6 @@ from app.worker.events import EventWriter
 from app.worker.run import execute_run
 
 log = logging.getLogger(__name__)
-tasks = procrastinate.Blueprint()
-
-
-@tasks.task(name="run_ask", queue=RUN_QUEUE, pass_context=True)
-async def run_ask(context: JobContext, run_id: str) -> None:
-    def abort_reason() -> str | None:
-        reason = context.abort_reason()
-        return reason.value if reason is not None else None
-
-    await execute_run(runtimes.current(), run_id, abort_reason)
 
 
 def libpq_url(database_url: str) -> str:
@@ -44,7 +34,8 @@ def libpq_url(database_url: str) -> str:
     return database_url
 
 
-def queue_app(settings: Settings) -> procrastinate.App:
+def queue_app(settings: Settings, runtime: runtimes.Runtime) -> procrastinate.App:
+    """A procrastinate app whose workers execute runs with `runtime`."""
     assert settings.database_url is not None
     # The pool serves job fetches, finishes, heartbeats and LISTEN: psycopg_pool's default of 4
     # starves a worker running many runs at once.
@@ -53,7 +44,19 @@ def queue_app(settings: Settings) -> procrastinate.App:
         conninfo=libpq_url(settings.database_url), min_size=2, max_size=size
     )
     app = procrastinate.App(connector=connector)
-    app.add_tasks_from(tasks, namespace="threadline")
+
+    # The task is registered on each app with its pool's runtime, not through a module-level
+    # Blueprint and a process-wide runtime: procrastinate renames a blueprint's tasks in place
+    # when it is added, so a second pool in the same process (tests, embedding) knew only
+    # "threadline:threadline:run_ask", and the pools shared one runtime (engine, event loop).
+    @app.task(name=RUN_TASK, queue=RUN_QUEUE, pass_context=True)
+    async def run_ask(context: JobContext, run_id: str) -> None:
+        def abort_reason() -> str | None:
+            reason = context.abort_reason()
+            return reason.value if reason is not None else None
+
+        await execute_run(runtime, run_id, abort_reason)
+
     return app
 
 
@@ -64,12 +67,11 @@ async def worker_pool(settings: Settings, concurrency: int) -> AsyncIterator[Non
     await asyncio.to_thread(stored_counter)  # load the vocabulary now, not on the first ask
     writer = EventWriter(engine, settings.event_tick_seconds)
     runtime = runtimes.Runtime(engine, settings, Router(settings), writer)
-    runtimes.install(runtime)
-    app = queue_app(settings)
+    app = queue_app(settings, runtime)
     async with app.open_async():
         background = [
             asyncio.create_task(writer.run(), name="event-writer"),
-            asyncio.create_task(_retry_stalled(app, settings), name="stalled-jobs"),
+            asyncio.create_task(_retry_stalled(app, runtime), name="stalled-jobs"),
             asyncio.create_task(_prune_events(engine, settings), name="event-pruner"),
             asyncio.create_task(
                 app.run_worker_async(
@@ -97,14 +99,14 @@ async def worker_pool(settings: Settings, concurrency: int) -> AsyncIterator[Non
                     await pending.task
             with contextlib.suppress(Exception):
                 await writer.flush()
-            runtimes.install(None)
             await aclose_shared_client()
             await engine.dispose()
 
 
-async def _retry_stalled(app: procrastinate.App, settings: Settings) -> None:
+async def _retry_stalled(app: procrastinate.App, runtime: runtimes.Runtime) -> None:
     """Jobs whose worker stopped sending heartbeats go back to the queue; the run resumes
     from the journal on whichever worker takes it."""
+    settings = runtime.settings
     while True:
         await asyncio.sleep(settings.stall_check_seconds)
         try:
@@ -117,7 +119,7 @@ async def _retry_stalled(app: procrastinate.App, settings: Settings) -> None:
             await app.job_manager.prune_stalled_workers(
                 seconds_since_heartbeat=settings.stalled_after_seconds
             )
-            await expire_waiting_runs(runtimes.current().engine)
+            await expire_waiting_runs(runtime.engine)
         except Exception:
             log.exception("checking for stalled jobs failed")
 

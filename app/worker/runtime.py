@@ -1,4 +1,4 @@
-"""What a worker process shares among its jobs: engine, settings, model router, event writer."""
+"""What a worker pool shares among its jobs: engine, settings, model router, event writer."""
 
 from __future__ import annotations
 
@@ -31,18 +31,3 @@ class Runtime:
     # Automatic compactions still summarizing, by session: an ask that stopped waiting for one
     # leaves it running here, and the session's next ask joins it instead of starting another.
     compactions: dict[str, PendingCompaction] = field(default_factory=dict)
-
-
-_current: Runtime | None = None
-
-
-def install(runtime: Runtime | None) -> None:
-    """procrastinate calls tasks as plain functions; they find their process's runtime here."""
-    global _current
-    _current = runtime
-
-
-def current() -> Runtime:
-    if _current is None:
-        raise RuntimeError("no worker runtime in this process")
-    return _current
