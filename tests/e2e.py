@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -43,8 +44,8 @@ def upstream() -> Iterator[FakeUpstream]:
         yield fake
 
 
-def create_database(database_url: str, prefix: str) -> str:
-    """A new, migrated database in the test cluster; returns its URL."""
+def create_database(database_url: str, prefix: str, *, migrate: bool = True) -> str:
+    """A new database in the test cluster, migrated unless told not to; returns its URL."""
     name = f"{prefix}_{uuid.uuid4().hex[:10]}"
 
     async def create() -> None:
@@ -57,8 +58,26 @@ def create_database(database_url: str, prefix: str) -> str:
     asyncio.run(create())
     base, _, query = database_url.partition("?")
     url = f"{base.rsplit('/', 1)[0]}/{name}" + (f"?{query}" if query else "")
-    upgrade_to_head(url)
+    if migrate:
+        upgrade_to_head(url)
     return url
+
+
+def wait_ready(
+    url: str, server: subprocess.Popen[bytes], log: Path | None = None
+) -> httpx.Response:
+    """Poll `url`/readyz until it answers 200; fails with the server's log if it exits first."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and server.poll() is None:
+        try:
+            response = httpx.get(f"{url}/readyz", timeout=5)
+            if response.status_code == 200:
+                return response
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    output = log.read_text(errors="replace")[-3000:] if log else ""
+    raise AssertionError(f"{url} never became ready (exit: {server.poll()})\n{output}")
 
 
 @pytest.fixture(scope="session")

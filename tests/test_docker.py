@@ -12,15 +12,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from app.db.embedded import throwaway_cluster
 from tests.conftest import free_port
+from tests.e2e import wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = (ROOT / "Dockerfile").read_text()
@@ -137,7 +136,7 @@ def test_the_entry_command_serves_as_a_user_whose_home_is_not_writable(
                 command, cwd=root, env=env, stdout=output, stderr=subprocess.STDOUT
             )
             try:
-                ready = _wait_ready(f"http://127.0.0.1:{port}", server, log)
+                ready = wait_ready(f"http://127.0.0.1:{port}", server, log)
                 assert ready.json()["status"] == "ready"
             finally:
                 server.terminate()
@@ -146,16 +145,3 @@ def test_the_entry_command_serves_as_a_user_whose_home_is_not_writable(
         tiktoken_cache = Path(env.get("TIKTOKEN_CACHE_DIR") or Path(env["HOME"], ".cache"))
         assert tiktoken_cache.is_relative_to(state)
         assert any(tiktoken_cache.rglob("*")), "the vocabulary should be cached"
-
-
-def _wait_ready(url: str, server: subprocess.Popen[bytes], log: Path) -> httpx.Response:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and server.poll() is None:
-        try:
-            response = httpx.get(f"{url}/readyz", timeout=5)
-            if response.status_code == 200:
-                return response
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"the image's command never became ready:\n{log.read_text()[-3000:]}")

@@ -2,24 +2,20 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import subprocess
 import sys
 import sysconfig
 import tempfile
-import time
-import uuid
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
-import asyncpg
 import httpx
 import pytest
 
-from app.worker.pool import libpq_url
 from tests.conftest import free_port
+from tests.e2e import create_database, wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -84,7 +80,9 @@ def test_installed_wheel_migrates_and_serves_outside_the_checkout(
 ) -> None:
     venv = installed.parent / "venv"
     threadline = str(venv / "bin" / "threadline")
-    fresh = _empty_database(database_url)  # `threadline migrate` must create the schema
+    fresh = create_database(
+        database_url, "wheel", migrate=False
+    )  # `threadline migrate` must create the schema
     with tempfile.TemporaryDirectory() as elsewhere:
         where = subprocess.run(
             [venv / "bin" / "python", "-c", "import app; print(app.__file__)"],
@@ -112,39 +110,10 @@ def test_installed_wheel_migrates_and_serves_outside_the_checkout(
             stderr=subprocess.DEVNULL,
         )
         try:
-            ready = _wait_ready(f"http://127.0.0.1:{port}", server)
+            ready = wait_ready(f"http://127.0.0.1:{port}", server)
             assert ready.json()["status"] == "ready"
             assert httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
             assert httpx.get(f"http://127.0.0.1:{port}/docs").status_code == 200
         finally:
             server.terminate()
             server.wait(timeout=60)
-
-
-def _empty_database(database_url: str) -> str:
-    """A new database with no schema in the test cluster; returns its URL."""
-    name = f"wheel_{uuid.uuid4().hex[:10]}"
-
-    async def create() -> None:
-        conn = await asyncpg.connect(libpq_url(database_url))
-        try:
-            await conn.execute(f'CREATE DATABASE "{name}"')
-        finally:
-            await conn.close()
-
-    asyncio.run(create())
-    base, _, query = database_url.partition("?")
-    return f"{base.rsplit('/', 1)[0]}/{name}" + (f"?{query}" if query else "")
-
-
-def _wait_ready(url: str, server: subprocess.Popen[bytes]) -> httpx.Response:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and server.poll() is None:
-        try:
-            response = httpx.get(f"{url}/readyz", timeout=5)
-            if response.status_code == 200:
-                return response
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"the installed service never became ready (exit: {server.poll()})")

@@ -18,6 +18,7 @@ from app.core.projection import (
     MODEL_KINDS,
     JournalEntry,
     covered_to,
+    cut_to_tokens,
     in_run_order,
     without_rolled_back,
 )
@@ -192,7 +193,8 @@ def chunk_lines(lines: Sequence[str], counter: TokenCounter, limit: int) -> list
     for line in lines:
         tokens = counter.count(line) + 1
         if tokens > limit:
-            line = _cut_to(line, counter, limit - 1)
+            # limit >= MIN_CHUNK_TOKENS: the mark always fits.
+            line = cut_to_tokens(line, counter, limit - 1, CUT_MARK) or CUT_MARK
             tokens = counter.count(line) + 1
         if current and used + tokens > limit:
             chunks.append(current)
@@ -205,15 +207,3 @@ def chunk_lines(lines: Sequence[str], counter: TokenCounter, limit: int) -> list
 
 
 CUT_MARK = " [… cut to fit the summarizer's window]"
-
-
-def _cut_to(line: str, counter: TokenCounter, limit: int) -> str:
-    """The longest prefix (plus a mark) within `limit` tokens, found by bisection."""
-    low, high = 0, len(line)
-    while low < high:
-        middle = (low + high + 1) // 2
-        if counter.count(line[:middle] + CUT_MARK) <= limit:
-            low = middle
-        else:
-            high = middle - 1
-    return line[:low] + CUT_MARK
