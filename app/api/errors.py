@@ -91,9 +91,7 @@ async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
         for e in exc.errors()
     ]
     if any(e["type"] == "json_invalid" for e in errors):
-        return error_json(
-            400, "invalid_json", _INVALID_JSON, {"errors": errors}
-        )
+        return error_json(400, "invalid_json", _INVALID_JSON, {"errors": errors})
     where = ".".join(str(p) for p in errors[0]["loc"]) if errors else "request"
     message = f"invalid request at {where}: {errors[0]['msg']}" if errors else "invalid request"
     return error_json(422, "validation_error", message, {"errors": errors})

@@ -34,7 +34,11 @@ WRONG_TYPES: list[tuple[str, dict[str, Any], list[Any]]] = [
     ("/entries", {"entries": [message("x")], "expected_rev": False}, ["body", "expected_rev"]),
     (
         "/entries",
-        {"entries": [{"kind": "summary", "payload": {"from_seq": 0, "to_seq": False, "content": "s"}}]},
+        {
+            "entries": [
+                {"kind": "summary", "payload": {"from_seq": 0, "to_seq": False, "content": "s"}}
+            ]
+        },
         ["body", "entries", 0, "summary", "payload", "to_seq"],
     ),
     (
