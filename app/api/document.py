@@ -16,13 +16,14 @@ def install_document(app: FastAPI, settings: Settings) -> None:
     """Serve a document whose page-size maxima are the ones this server enforces."""
 
     def openapi() -> dict[str, Any]:
-        if app.openapi_schema is None:
-            document = FastAPI.openapi(app)  # builds and caches app.openapi_schema
-            for operations in document["paths"].values():
-                for operation in operations.values():
-                    if operation.get("operationId") in PAGED_OPERATIONS:
-                        _cap_limit(operation, settings.max_page_size)
-        return app.openapi_schema
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        document = FastAPI.openapi(app)  # builds and caches app.openapi_schema
+        for operations in document["paths"].values():
+            for operation in operations.values():
+                if operation.get("operationId") in PAGED_OPERATIONS:
+                    _cap_limit(operation, settings.max_page_size)
+        return document
 
     app.openapi = openapi  # type: ignore[method-assign]
 
