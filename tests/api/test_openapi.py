@@ -21,6 +21,7 @@ from schemathesis.checks import (
     response_schema_conformance,
     status_code_conformance,
 )
+from schemathesis.config import CheckConfig
 
 from app.config import Settings
 from app.main import create_app
@@ -97,6 +98,11 @@ def api_schema(live_server: LiveServer) -> Any:
     # which cases it sent without a key (and expects 401 for them).
     loaded.config.update(
         base_url=live_server.url, headers={"Authorization": f"Bearer {live_server.key}"}
+    )
+    # Schema-violating requests must be refused with one of the documented refusals (413 for a
+    # body over the limit, 412 for a failed precondition included), never accepted.
+    loaded.config.checks.negative_data_rejection = CheckConfig(
+        expected_statuses=[400, 401, 404, 405, 409, 412, 413, 422]
     )
     return loaded
 
