@@ -41,9 +41,23 @@ _DESCRIPTIONS = {
 }
 
 
+_HEADERS: dict[int, dict[str, Any]] = {
+    401: {
+        "WWW-Authenticate": {
+            "description": "The scheme to authenticate with: Bearer.",
+            "schema": {"type": "string"},
+        }
+    },
+}
+
+
 def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI documentation of the error responses a route can give."""
-    return {s: {"model": ErrorResponse, "description": _DESCRIPTIONS[s]} for s in statuses}
+    """OpenAPI documentation of the error responses a route can give (and headers they send)."""
+    return {
+        s: {"model": ErrorResponse, "description": _DESCRIPTIONS[s]}
+        | ({"headers": _HEADERS[s]} if s in _HEADERS else {})
+        for s in statuses
+    }
 
 
 _STATUS_OF: list[tuple[type[ServiceError], int]] = [

@@ -89,6 +89,19 @@ def test_sent_headers_are_documented(app: FastAPI) -> None:
     memory = app.openapi()["paths"]["/v1/memory/{namespace}"]
     for method, status in (("get", "200"), ("put", "200"), ("put", "201"), ("patch", "200")):
         assert "ETag" in memory[method]["responses"][status]["headers"], (method, status)
+    for path, operations in app.openapi()["paths"].items():
+        for method, operation in operations.items():
+            if "401" in operation["responses"]:
+                assert "WWW-Authenticate" in operation["responses"]["401"]["headers"], (
+                    method,
+                    path,
+                )
+
+
+async def test_401_sends_the_documented_header(client: httpx.AsyncClient) -> None:
+    response = await client.get("/v1/sessions", headers={"Authorization": "Bearer nope"})
+    assert response.status_code == 401
+    assert response.headers["www-authenticate"] == "Bearer"
 
 
 @pytest.fixture(scope="session")
