@@ -152,7 +152,9 @@ class Settings(BaseSettings):
     max_append_entries: int = Field(
         default=1000, ge=1, description="Most entries one append request may carry."
     )
-    max_page_size: int = Field(default=500, ge=1, description="Largest `limit` a list accepts.")
+    max_page_size: int = Field(
+        default=500, ge=1, le=1000, description="Largest `limit` a list accepts (at most 1000)."
+    )
     db_pool_size: int = Field(
         default=20, ge=1, description="Pooled connections per process (as many again overflow)."
     )

@@ -11,6 +11,7 @@ from fastapi import FastAPI
 
 from app.api import asks, compaction, entries, health, memory, projection, runs, search, sessions
 from app.api.docs import install_docs
+from app.api.document import install_document
 from app.api.errors import install_error_handlers
 from app.api.hub import EventHub
 from app.api.limits import BodySizeLimit
@@ -71,4 +72,5 @@ def create_app(settings: Settings | None = None, *, workers: int = 0) -> FastAPI
     app.include_router(memory.router)
     app.include_router(compaction.router)
     app.include_router(health.router)
+    install_document(app, settings)
     return app

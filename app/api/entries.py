@@ -81,7 +81,7 @@ async def append_entries(
             service.NewEntry(
                 kind=EntryKind(e.kind),
                 payload=e.payload.model_dump(mode="json", exclude_none=True),
-                refs=e.refs,
+                refs=e.refs_json(),
                 id=e.id,
             )
             for e in body.entries

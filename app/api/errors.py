@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import logging
+import re
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -39,9 +41,23 @@ _DESCRIPTIONS = {
 }
 
 
+_HEADERS: dict[int, dict[str, Any]] = {
+    401: {
+        "WWW-Authenticate": {
+            "description": "The scheme to authenticate with: Bearer.",
+            "schema": {"type": "string"},
+        }
+    },
+}
+
+
 def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI documentation of the error responses a route can give."""
-    return {s: {"model": ErrorResponse, "description": _DESCRIPTIONS[s]} for s in statuses}
+    """OpenAPI documentation of the error responses a route can give (and headers they send)."""
+    return {
+        s: {"model": ErrorResponse, "description": _DESCRIPTIONS[s]}
+        | ({"headers": _HEADERS[s]} if s in _HEADERS else {})
+        for s in statuses
+    }
 
 
 _STATUS_OF: list[tuple[type[ServiceError], int]] = [
@@ -52,6 +68,9 @@ _STATUS_OF: list[tuple[type[ServiceError], int]] = [
 ]
 
 _HTTP_CODES = {
+    # FastAPI raises a bare 400 only when it cannot read the body at all (e.g. invalid UTF-8):
+    # to a client that is the same mistake as a JSON syntax error, so it gets the same code.
+    400: "invalid_json",
     401: "unauthorized",
     404: "not_found",
     405: "method_not_allowed",
@@ -70,6 +89,9 @@ def error_json(
     return JSONResponse(body, status_code=status, headers=headers)
 
 
+_INVALID_JSON = "the request body is not valid JSON"
+
+
 async def _service_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ServiceError)
     status = next(s for cls, s in _STATUS_OF if isinstance(exc, cls))
@@ -83,19 +105,43 @@ async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
         for e in exc.errors()
     ]
     if any(e["type"] == "json_invalid" for e in errors):
-        return error_json(
-            400, "invalid_json", "the request body is not valid JSON", {"errors": errors}
-        )
+        return error_json(400, "invalid_json", _INVALID_JSON, {"errors": errors})
     where = ".".join(str(p) for p in errors[0]["loc"]) if errors else "request"
     message = f"invalid request at {where}: {errors[0]['msg']}" if errors else "invalid request"
     return error_json(422, "validation_error", message, {"errors": errors})
 
 
-async def _http_error(_: Request, exc: Exception) -> JSONResponse:
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     code = _HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}")
-    headers = dict(exc.headers) if exc.headers else None
-    return error_json(exc.status_code, code, str(exc.detail), headers=headers)
+    headers = dict(exc.headers) if exc.headers else {}
+    message = _INVALID_JSON if exc.status_code == 400 else str(exc.detail)
+    if exc.status_code == 405 and (allowed := allowed_methods(request)):
+        # Starlette names only the methods of the first route that matched the path.
+        headers["Allow"] = ", ".join(allowed)
+    return error_json(exc.status_code, code, message, headers=headers or None)
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method the OpenAPI document lists at the request's path (RFC 9110's Allow), HEAD
+    with GET; [] for a path the document does not describe."""
+    methods: set[str] = set()
+    for template, operations in request.app.openapi()["paths"].items():
+        if _template_pattern(template).fullmatch(request.url.path):
+            methods |= {m.upper() for m in operations if m.upper() in _HTTP_METHODS}
+    if "GET" in methods:
+        methods.add("HEAD")  # Starlette answers HEAD wherever GET is served
+    return sorted(methods)
+
+
+_HTTP_METHODS = {"GET", "PUT", "POST", "DELETE", "OPTIONS", "HEAD", "PATCH", "TRACE"}
+
+
+@functools.cache
+def _template_pattern(template: str) -> re.Pattern[str]:
+    """/v1/sessions/{session_id} -> a pattern where each parameter is one path segment."""
+    parts = re.split(r"(\{[^}/]+\})", template)
+    return re.compile("".join("[^/]+" if p.startswith("{") else re.escape(p) for p in parts))
 
 
 async def _database_error(request: Request, exc: Exception) -> JSONResponse:

@@ -31,6 +31,14 @@ IfMatch = Annotated[
     ),
 ]
 
+# Documented on every response that sends it (the memory's `etag` field, as a header).
+ETAG_HEADER = {
+    "ETag": {
+        "description": "The memory's version: send it as If-Match to write.",
+        "schema": {"type": "string"},
+    }
+}
+
 
 def _memory(memory: service.Memory, response: Response) -> Memory:
     response.headers["ETag"] = memory.etag
@@ -83,7 +91,11 @@ async def list_memory(
     )
 
 
-@router.get("/{namespace}", operation_id="getMemory", responses=error_responses(401, 404, 422))
+@router.get(
+    "/{namespace}",
+    operation_id="getMemory",
+    responses={200: {"headers": ETAG_HEADER}, **error_responses(401, 404, 422)},
+)
 async def get_memory(
     namespace: Namespace, engine: Engine, tenant: Tenant, response: Response
 ) -> Memory:
@@ -95,7 +107,8 @@ async def get_memory(
     "/{namespace}",
     operation_id="putMemory",
     responses={
-        201: {"model": Memory, "description": "Created."},
+        200: {"headers": ETAG_HEADER},
+        201: {"model": Memory, "description": "Created.", "headers": ETAG_HEADER},
         **error_responses(400, 401, 412, 413, 422),
     },
 )
@@ -123,7 +136,7 @@ async def put_memory(
 @router.patch(
     "/{namespace}",
     operation_id="patchMemory",
-    responses=error_responses(400, 401, 404, 412, 413, 422),
+    responses={200: {"headers": ETAG_HEADER}, **error_responses(400, 401, 404, 412, 413, 422)},
 )
 async def patch_memory(
     namespace: Namespace,

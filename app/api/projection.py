@@ -29,7 +29,7 @@ async def projection(
 ) -> ProjectionResponse:
     """Exactly the messages and meta an ask would send now. Writes nothing."""
     pending = [
-        PendingEntry(e.kind, e.payload.model_dump(mode="json", exclude_none=True), e.refs)
+        PendingEntry(e.kind, e.payload.model_dump(mode="json", exclude_none=True), e.refs_json())
         for e in body.pending
     ]
     policy: dict[str, Any] | None = (

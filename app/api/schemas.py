@@ -14,6 +14,7 @@ from app.core.entries import (
     ContentPart,
     FinishReason,
     MessagePayload,
+    Refs,
     RollbackPayload,
     SummaryPayload,
     ToolCallPayload,
@@ -24,8 +25,9 @@ from app.core.policy import ContextPolicyPatch
 from app.core.projection import ProjectionMeta
 from app.core.run_policy import RunPolicy
 
-# Postgres integers are 64-bit; anything larger is a mistake, not a seq.
-MAX_SEQ = 2**62
+# Anything larger is a mistake, not a seq. 2**53 - 1: the largest integer every JSON client
+# (and validator) reads exactly, so the documented maximum is the one enforced.
+MAX_SEQ = 2**53 - 1
 
 Seq = Annotated[int, Field(ge=0, le=MAX_SEQ)]
 MetadataKey = Annotated[
@@ -52,7 +54,8 @@ MemoryNamespace = Annotated[
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: a JSON boolean is not an integer (nor 1 a boolean), as the OpenAPI document says.
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class ToolDefinition(Strict):
@@ -184,12 +187,17 @@ EntryId = Annotated[
         "Ids starting with `run:` are reserved for the entries runs write."
     ),
 ]
-Refs = Annotated[dict[str, Any], Field(description="run_id, request_id, call_id, tool_call_id…")]
 
 
 class _EntryIn(Strict):
     id: EntryId | None = None
-    refs: Refs = Field(default_factory=dict)
+    refs: Refs = Field(
+        default_factory=Refs,
+        description="Links to other records; tool_call and tool_result entries need tool_call_id.",
+    )
+
+    def refs_json(self) -> dict[str, Any]:
+        return self.refs.model_dump(mode="json", exclude_none=True)
 
 
 class MessageEntryIn(_EntryIn):

@@ -35,7 +35,8 @@ RUN_ENTRY_PREFIX = "run:"  # ids of the entries runs write (run:<run_id>:<part>)
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: false is not a seq, 1 is not a boolean (what the JSON schema of these types says).
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class _Open(BaseModel):
@@ -83,7 +84,8 @@ class ToolCallPayload(_Strict):
 
 class ToolResultPayload(_Strict):
     name: Annotated[str, Field(min_length=1, max_length=128)] | None = None
-    content: Any
+    # Any JSON, null included; canonical forms leave null out, so absent means null too.
+    content: Any = None
     is_error: bool = False
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
@@ -134,7 +134,9 @@ def _optional(name: str) -> Any:
     info = ContextPolicy.model_fields[name]
     annotation: Any = info.annotation
     constrained = Annotated[(annotation, *info.metadata)] if info.metadata else annotation
-    return (constrained | None, Field(default=None, description=info.description))
+    # The patch is strict, except that a JSON array is a tuple (strict wants a Python tuple).
+    lax: dict[str, Any] = {"strict": False} if get_origin(annotation) is tuple else {}
+    return (constrained | None, Field(default=None, description=info.description, **lax))
 
 
 Preset = Literal["short_context", "long_context", "tool_focused"]
@@ -144,7 +146,7 @@ _patch_fields["preset"] = (Preset | None, Field(default=None, description="Start
 # A partial policy, as sessions and requests give it: every field optional, same constraints,
 # plus a preset to start from.
 ContextPolicyPatch: type[BaseModel] = create_model(
-    "ContextPolicyPatch", __config__=ConfigDict(extra="forbid"), **_patch_fields
+    "ContextPolicyPatch", __config__=ConfigDict(extra="forbid", strict=True), **_patch_fields
 )
 
 

@@ -9,7 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class RunPolicy(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: a JSON boolean is not a count (what the JSON schema of these fields says).
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     max_iterations: Annotated[int, Field(ge=1, le=1000)] = Field(
         default=10, description="Model turns with tool calls per run."

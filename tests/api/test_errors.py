@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import httpx
@@ -100,3 +101,37 @@ async def test_limits(client: httpx.AsyncClient) -> None:
         422,
         "too_many_entries",
     )
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b'{"title": ', b'{"title": "\xff"}', b"\xfe\xff\x00{", b'{"title": "caf\xe9"}'],
+    ids=["truncated", "invalid-utf8", "bad-bom", "latin1"],
+)
+async def test_an_unreadable_body_has_one_code(client: httpx.AsyncClient, body: bytes) -> None:
+    response = await client.post(
+        "/v1/sessions", content=body, headers={"content-type": "application/json"}
+    )
+    error = assert_error(response, 400, "invalid_json")
+    assert error["message"] == "the request body is not valid JSON"
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "allowed"),
+    [
+        ("PUT", "/v1/sessions", "GET, POST"),
+        ("POST", "/v1/sessions/{id}", "DELETE, GET, PATCH"),
+        ("OPTIONS", "/v1/sessions/{id}/entries", "GET, POST"),
+        ("POST", "/v1/memory/notes", "DELETE, GET, PATCH, PUT"),
+        ("DELETE", "/v1/runs/{id}/cancel", "POST"),
+    ],
+)
+async def test_405_allows_every_method_of_the_path(
+    client: httpx.AsyncClient, method: str, path: str, allowed: str
+) -> None:
+    response = await client.request(method, path.format(id=uuid.uuid4()))
+    assert_error(response, 405, "method_not_allowed")
+    # HEAD comes with GET (Starlette serves it); the rest is what the OpenAPI document lists.
+    listed = [m.strip() for m in response.headers["allow"].split(",")]
+    assert [m for m in listed if m != "HEAD"] == allowed.split(", ")
+    assert ("HEAD" in listed) == ("GET" in listed)

@@ -1,0 +1,37 @@
+"""The OpenAPI document as this deployment serves it: FastAPI's, plus its configured limits."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+
+from app.config import Settings
+
+# Operations whose `limit` is capped by settings.max_page_size (refused above it, 422).
+PAGED_OPERATIONS = ("listSessions", "listEntries", "listMemory")
+
+
+def install_document(app: FastAPI, settings: Settings) -> None:
+    """Serve a document whose page-size maxima are the ones this server enforces."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        document = FastAPI.openapi(app)  # builds and caches app.openapi_schema
+        for operations in document["paths"].values():
+            for operation in operations.values():
+                if operation.get("operationId") in PAGED_OPERATIONS:
+                    _cap_limit(operation, settings.max_page_size)
+        return document
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _cap_limit(operation: dict[str, Any], max_page_size: int) -> None:
+    for parameter in operation.get("parameters", []):
+        if parameter["in"] == "query" and parameter["name"] == "limit":
+            parameter["schema"]["maximum"] = max_page_size
+            parameter["description"] = (
+                f"Items per page, at most {max_page_size} (THREADLINE_MAX_PAGE_SIZE)."
+            )
