@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -192,6 +192,20 @@ def _words(tokens: int) -> int:
     return max(10, int(tokens * 0.6))  # English runs about 1.3 tokens a word; leave room
 
 
+def _word_target(cap_tokens: int, chunk: Sequence[str], counter: TokenCounter) -> int:
+    """Words to ask for: the cap, but no more than about a third of what is summarized (a short
+    conversation asked for ~900 words made small models ramble to their limit)."""
+    transcript = sum(counter.count(line) for line in chunk)
+    return min(_words(cap_tokens), max(_words(transcript // 3), 40))
+
+
+def _complete_part(text: str) -> str:
+    """What an answer cut off at its length limit said completely: up to its last line break or
+    sentence end, when that keeps at least half of it."""
+    end = max(text.rfind("\n"), *(text.rfind(stop) + 1 for stop in (". ", "! ", "? ")))
+    return text[:end].rstrip() if end >= len(text) // 2 else text.rstrip()
+
+
 async def summarize(router: Router, prepared: PreparedCompaction) -> Summary:
     """Fold the transcript into the summary so far, one chunk per call (usually a single one).
 
@@ -203,13 +217,15 @@ async def summarize(router: Router, prepared: PreparedCompaction) -> Summary:
     cut = False
     chunks = chunk_lines(transcript_lines(plan.entries), counter, prepared.chunk_tokens)
     for chunk in chunks:
-        messages = summary_request(content, chunk, prepared.focus, _words(prepared.summary_tokens))
+        words = _word_target(prepared.summary_tokens, chunk, counter)
+        messages = summary_request(content, chunk, prepared.focus, words)
         request = ModelRequest(
             model=prepared.model.partition(":")[2],
             messages=messages,
             max_output_tokens=prepared.summary_tokens,
         )
         parts: list[str] = []
+        reached_limit = False
         async for model, event in router.stream(prepared.model, request):
             used = model
             if isinstance(event, TextDelta):
@@ -217,16 +233,17 @@ async def summarize(router: Router, prepared: PreparedCompaction) -> Summary:
             elif isinstance(event, UsageReport):
                 usage = event.plus(usage)
             elif isinstance(event, Finish) and event.reason in TRUNCATED:
-                raise CompactionFailed(
-                    "summary_truncated",
-                    f"the summary reached its limit of {prepared.summary_tokens} tokens unfinished",
-                )
+                reached_limit = True
         text = "".join(parts).strip()
+        if reached_limit and text:
+            # Cut off at its limit: kept up to what it said completely, marked as cut, rather
+            # than failing (a small model that rambles would otherwise never compact).
+            text = _complete_part(text) + SUMMARY_CUT_MARK
         if not text:
             raise CompactionFailed("empty_summary", "the summarization model answered nothing")
         # Not every upstream honours max_tokens: the next call folds this in, so it must fit.
         content = _fit(text, counter, prepared.summary_tokens)
-        cut = content != text
+        cut = cut or reached_limit or content != text
     assert content is not None
     # Checked as the model that reads it counts: a summary over its share of that model's
     # budget would crowd out the turns after it (or, over the budget, be cut at every ask).
