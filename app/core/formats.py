@@ -13,6 +13,7 @@ from typing import Any
 from app.core.content import sendable_parts
 from app.core.messages import Content, Message, ToolCall, ToolSpec, canonical_json, text_of
 from app.core.tokens import (
+    JOINED_ROLES,
     PER_MESSAGE,
     PER_NAME,
     PER_TOOL_CALL,
@@ -100,7 +101,13 @@ def _openai_message(message: Message) -> Json:
 def _openai_content(role: str, content: Content) -> str | list[Json]:
     if isinstance(content, str):
         return content
-    return [_openai_part(p) for p in sendable_parts(role, content)]
+    parts = [_openai_part(p) for p in sendable_parts(role, content)]
+    if role in JOINED_ROLES:
+        # Only text is sendable in these roles; it goes as one string: OpenAI reads text parts
+        # joined as they are, and OpenAI-compatible servers (llama.cpp's among them) refuse a
+        # list of parts there (a summary's system turn was answered with a 500).
+        return "".join(str(p["text"]) for p in parts)
+    return parts
 
 
 def _openai_part(part: Json) -> Json:

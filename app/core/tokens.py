@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from app.core.content import image_of
+from app.core.content import image_of, sendable_parts
 from app.core.entries import EntryKind
 from app.core.messages import Content, Message, ToolCall, ToolSpec, canonical_json, result_text
 
@@ -204,9 +204,17 @@ def has_images(kind: str, payload: dict[str, Any]) -> bool:
     return isinstance(content, list) and any(p.get("type") == "image_url" for p in content)
 
 
-def content_tokens(content: Content, counter: TokenCounter) -> int:
+# Roles whose content is sent as one string on the OpenAI wire, text parts joined (only text is
+# sendable there, and OpenAI-compatible servers refuse lists of parts): counted joined too.
+JOINED_ROLES = frozenset({"system", "assistant"})
+
+
+def content_tokens(content: Content, counter: TokenCounter, role: str | None = None) -> int:
     if isinstance(content, str):
         return counter.count(content)
+    if role in JOINED_ROLES:
+        sent = sendable_parts(role, content)
+        return counter.count("".join(str(p.get("text", "")) for p in sent))
     total = 0
     for part in content:
         if part.get("type") == "text":
@@ -241,7 +249,8 @@ def name_tokens(name: str | None, counter: TokenCounter) -> int:
 
 
 def message_tokens(message: Message, counter: TokenCounter) -> int:
-    total = message_overhead(message.role, counter) + content_tokens(message.content, counter)
+    total = message_overhead(message.role, counter)
+    total += content_tokens(message.content, counter, message.role)
     total += name_tokens(message.name, counter)
     total += sum(call_tokens(c, counter) for c in message.tool_calls)
     if message.tool_call_id is not None:
@@ -283,7 +292,8 @@ def entry_tokens(
     if kind == EntryKind.MESSAGE:
         content = payload["content"]
         parts = content if isinstance(content, str) else tuple(content)
-        return content_tokens(parts, counter) + name_tokens(payload.get("name"), counter)
+        role = str(payload.get("role"))
+        return content_tokens(parts, counter, role) + name_tokens(payload.get("name"), counter)
     if kind == EntryKind.TOOL_CALL:
         call = ToolCall(str(refs.get("tool_call_id", "")), payload["name"], payload["arguments"])
         return call_tokens(call, counter)

@@ -142,7 +142,7 @@ async def ask(api: httpx.AsyncClient, sid: str, text: str) -> dict[str, Any]:
 
 
 def assert_answered(run: dict[str, Any]) -> None:
-    assert run["status"] == "completed", run
+    assert run["status"] == "completed", run.get("error")
     assert run["result"] and run["result"].strip()
     usage = run["usage"]
     assert usage["input_tokens"] > 0 and 0 < usage["output_tokens"] <= ANSWER_TOKENS
@@ -217,12 +217,14 @@ async def test_a_compaction(api: httpx.AsyncClient) -> None:
     assert response.status_code == 202, response.text
     run = await finished(api, response.json()["id"])
 
-    # A small model may run past the cap: then it fails as truncated, never as a server error.
-    if run["status"] == "completed":
-        [summary] = [e for e in await history(api, sid) if e["kind"] == "summary"]
-        assert summary["payload"]["content"].strip()
-        assert run["usage"]["input_tokens"] > 0
-    else:
-        assert run["error"]["code"] == "summary_truncated", run
-    # Either way the session answers on.
+    # A small model may run past the cap: its summary is then kept cut, never refused.
+    assert run["status"] == "completed", run
+    [summary] = [e for e in await history(api, sid) if e["kind"] == "summary"]
+    assert summary["payload"]["content"].strip()
+    assert run["usage"]["input_tokens"] > 0
+    # The session answers on: its summary goes to the server as the system turn's text (a list
+    # of text parts there was answered with a 500).
+    dry = (await api.post(f"/v1/sessions/{sid}/projection", json={"format": "openai"})).json()
+    system = dry["request"]["messages"][0]
+    assert system["role"] == "system" and summary["payload"]["content"] in system["content"]
     assert_answered(await ask(api, sid, "What do I drink?"))

@@ -344,8 +344,23 @@ def test_an_image_where_a_provider_refuses_it_becomes_a_visible_note() -> None:
     ]
     openai = to_openai(messages, [])
     assert validate_openai(openai) == []
-    assert openai["messages"][0]["content"][1] == {"type": "text", "text": note}
+    # System and assistant text goes as one string (what OpenAI-compatible servers accept).
+    assert openai["messages"][0]["content"] == "Be brief." + note
     assert openai["messages"][4]["content"] == [{"type": "text", "text": "(empty)"}]
+
+
+def test_system_text_goes_as_one_string_user_parts_stay_parts() -> None:
+    # llama.cpp's server refused a summary's system turn sent as a list of text parts (500).
+    summary = Message(
+        "system", ({"type": "text", "text": "Summary:\n"}, {"type": "text", "text": "S"})
+    )
+    pictured = Message(
+        "user", ({"type": "text", "text": "see"}, {"type": "image_url", "url": PNG_URL})
+    )
+    wire = to_openai([summary, pictured], [])
+    assert validate_openai(wire) == []
+    assert wire["messages"][0]["content"] == "Summary:\nS"
+    assert [p["type"] for p in wire["messages"][1]["content"]] == ["text", "image_url"]
 
 
 def test_validators_refuse_content_the_providers_refuse() -> None:
