@@ -36,7 +36,7 @@ WRONG_TYPES: list[tuple[str, dict[str, Any], list[Any]]] = [
         "/entries",
         {
             "entries": [
-                {"kind": "summary", "payload": {"from_seq": 0, "to_seq": False, "content": "s"}}
+                {"kind": "summary", "payload": {"from_seq": 1, "to_seq": False, "content": "s"}}
             ]
         },
         ["body", "entries", 0, "summary", "payload", "to_seq"],
