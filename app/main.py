@@ -11,7 +11,7 @@ from fastapi import FastAPI
 
 from app.api import asks, compaction, entries, health, memory, projection, runs, search, sessions
 from app.api.docs import install_docs
-from app.api.document import install_document
+from app.api.openapi_document import install_document
 from app.api.errors import install_error_handlers
 from app.api.hub import EventHub
 from app.api.limits import BodySizeLimit
