@@ -11,10 +11,10 @@ from fastapi import FastAPI
 
 from app.api import asks, compaction, entries, health, memory, projection, runs, search, sessions
 from app.api.docs import install_docs
-from app.api.openapi_document import install_document
 from app.api.errors import install_error_handlers
 from app.api.hub import EventHub
 from app.api.limits import BodySizeLimit
+from app.api.openapi_document import install_document
 from app.config import Settings
 from app.db.engine import create_engine
 from app.llm.tokenizers import stored_counter
