@@ -61,10 +61,11 @@ async def test_a_thousand_turns_stay_within_budget_and_lose_nothing(
     to_seqs = [s["payload"]["to_seq"] for s in summaries]
     assert to_seqs == sorted(set(to_seqs))
     last_ask = asks[-1]["messages"]
-    prefix, summary_text = last_ask[1]["content"]
-    assert prefix["text"] == SUMMARY_PREFIX
-    assert summary_text["text"] == summaries[-1]["payload"]["content"]
-    assert summary_text["text"].startswith("The user and the assistant went through turns 0 to")
+    # The checkpoint goes as one system text: the prefix, then the summary exactly.
+    assert last_ask[1]["content"] == SUMMARY_PREFIX + summaries[-1]["payload"]["content"]
+    assert summaries[-1]["payload"]["content"].startswith(
+        "The user and the assistant went through turns 0 to"
+    )
     assert scenario.SECRET not in str(last_ask)  # long gone from the window…
 
     # …but still found by search, in turn 3's own entry.
