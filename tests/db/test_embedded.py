@@ -30,17 +30,7 @@ def test_pgserver_binaries_run_a_cluster_that_stops_cleanly(workdir: Path) -> No
     try:
         url = cluster.start()
         assert cluster.started_here and cluster.running()
-
-        async def version() -> str:
-            conn = await asyncpg.connect(
-                host=str(cluster.socket_dir), user="postgres", database="threadline"
-            )
-            try:
-                return str(await conn.fetchval("SHOW server_version"))
-            finally:
-                await conn.close()
-
-        assert asyncio.run(version())
+        assert _server_version(cluster)
         assert url.endswith(f"?host={cluster.socket_dir}")
     finally:
         cluster.stop()
