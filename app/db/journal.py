@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sqlalchemy import RowMapping, and_, func, literal, or_, select, text, union_all
+from sqlalchemy import RowMapping, and_, false, func, literal, or_, select, text, union_all
 from sqlalchemy.dialects.postgresql import UUID
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql import Select
@@ -160,7 +160,8 @@ async def count_kind(conn: AsyncConnection, segments: Sequence[Segment], kind: s
     """How many entries of `kind` the thread holds; meant for rare, indexed kinds (summaries)."""
     if not segments:  # an empty thread
         return 0
-    in_thread = or_(*(_in_segment(s, None, None) for s in segments))
+    # An empty thread (a new session) matches nothing; or_() with no clause is deprecated.
+    in_thread = or_(false(), *(_in_segment(s, None, None) for s in segments))
     query = select(func.count()).select_from(entries).where(in_thread, entries.c.kind == kind)
     return int((await conn.execute(query)).scalar_one())
 
@@ -201,7 +202,8 @@ async def search_entries(
     excerpt = func.ts_headline("english", readable, tsquery, "MaxWords=35, MinWords=12").label(
         "excerpt"
     )
-    in_thread = or_(*(_in_segment(s, None, None) for s in segments))
+    # An empty thread (a new session) matches nothing; or_() with no clause is deprecated.
+    in_thread = or_(false(), *(_in_segment(s, None, None) for s in segments))
     select_query = (
         select(entries.c.seq, entries.c.id, entries.c.kind, entries.c.created_at, rank, excerpt)
         .where(in_thread, entries.c.search.op("@@")(tsquery))

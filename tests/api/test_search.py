@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import httpx
+import pytest
 
 from tests.helpers import append, append_texts, message, new_session
 
@@ -14,6 +15,13 @@ async def search(
     assert response.status_code == 200, response.text
     hits: list[dict[str, object]] = response.json()["data"]
     return hits
+
+
+# The fuzzer found it: an empty thread built `or_()` with no clause, which SQLAlchemy deprecates.
+@pytest.mark.filterwarnings("error::sqlalchemy.exc.SADeprecationWarning")
+async def test_a_new_session_searches_to_nothing(client: httpx.AsyncClient) -> None:
+    sid = (await new_session(client))["id"]
+    assert await search(client, sid, "anything") == []
 
 
 async def test_finds_facts_anywhere_in_the_thread(client: httpx.AsyncClient) -> None:
