@@ -8,13 +8,14 @@ from uuid import UUID
 from fastapi import APIRouter, Header, Response
 from fastapi.responses import JSONResponse
 
+from app.api.bodies import JSONRoute
 from app.api.deps import Config, Engine, Hub, IdempotencyKey, Tenant
 from app.api.errors import error_responses
 from app.api.schemas import AskRequest, Run
 from app.api.sse import RUN_INSTEAD_OF_STREAM, SSE_RESPONSE, event_stream, resume_point
 from app.services import asks as service
 
-router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["runs"])
+router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["runs"], route_class=JSONRoute)
 
 
 @router.post(

@@ -7,6 +7,7 @@ from uuid import UUID
 from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 
+from app.api.bodies import JSONRoute
 from app.api.deps import Config, Engine, Hub, IdempotencyKey, Tenant
 from app.api.errors import error_responses
 from app.api.schemas import CompactRequest, Run
@@ -14,7 +15,7 @@ from app.api.sse import RUN_INSTEAD_OF_STREAM, SSE_RESPONSE, event_stream
 from app.services import asks as asks_service
 from app.services import compaction as service
 
-router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["context"])
+router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["context"], route_class=JSONRoute)
 
 
 @router.post(

@@ -7,6 +7,7 @@ from uuid import UUID
 
 from fastapi import APIRouter, Query, Response
 
+from app.api.bodies import JSONRoute
 from app.api.deps import Config, Engine, Tenant
 from app.api.errors import error_responses
 from app.api.schemas import MAX_SEQ, AppendRequest, AppendResponse, Entry, EntryPage
@@ -14,7 +15,9 @@ from app.core.entries import EntryKind
 from app.services import journal as service
 from app.services.errors import Invalid
 
-router = APIRouter(prefix="/v1/sessions/{session_id}/entries", tags=["entries"])
+router = APIRouter(
+    prefix="/v1/sessions/{session_id}/entries", tags=["entries"], route_class=JSONRoute
+)
 
 
 @router.get("", operation_id="listEntries", responses=error_responses(401, 404, 422))

@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field
 from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from app.api.bodies import InvalidUnicode
 from app.services.errors import Conflict, Invalid, NotFound, PreconditionFailed, ServiceError
 
 log = logging.getLogger(__name__)
@@ -111,6 +112,12 @@ async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
     return error_json(422, "validation_error", message, {"errors": errors})
 
 
+async def _invalid_unicode(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, InvalidUnicode)
+    error = {"loc": exc.loc, "msg": exc.reason, "type": "invalid_unicode"}
+    return error_json(422, "invalid_unicode", str(exc.detail), {"errors": [error]})
+
+
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     code = _HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}")
@@ -163,5 +170,6 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ServiceError, _service_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(InvalidUnicode, _invalid_unicode)
     app.add_exception_handler(DBAPIError, _database_error)
     app.add_exception_handler(Exception, _unexpected)

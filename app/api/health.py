@@ -6,12 +6,13 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import SQLAlchemyError
 
+from app.api.bodies import JSONRoute
 from app.api.deps import Engine
 from app.api.errors import error_json, error_responses
 from app.api.schemas import Health
 from app.db.migrate import current_revision, head_revision
 
-router = APIRouter(tags=["health"])
+router = APIRouter(tags=["health"], route_class=JSONRoute)
 
 
 @router.get("/healthz", operation_id="healthz")

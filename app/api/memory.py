@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Path, Query, Response
 
+from app.api.bodies import JSONRoute
 from app.api.deps import Config, Engine, Tenant
 from app.api.errors import error_responses
 from app.api.schemas import Memory, MemoryList, MemoryPatch, MemoryPut, MemorySummary
@@ -13,7 +14,7 @@ from app.core.memory import NAMESPACE_PATTERN
 from app.services import memory as service
 from app.services.errors import Invalid
 
-router = APIRouter(prefix="/v1/memory", tags=["memory"])
+router = APIRouter(prefix="/v1/memory", tags=["memory"], route_class=JSONRoute)
 
 Namespace = Annotated[
     str,

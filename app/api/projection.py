@@ -7,6 +7,7 @@ from uuid import UUID
 
 from fastapi import APIRouter
 
+from app.api.bodies import JSONRoute
 from app.api.deps import Config, Engine, Tenant
 from app.api.errors import error_responses
 from app.api.schemas import Compaction, ContextUsage, ProjectionRequest, ProjectionResponse
@@ -14,7 +15,7 @@ from app.core.formats import to_anthropic, to_neutral, to_openai
 from app.core.projection import PendingEntry
 from app.services.projection import project_session, session_context
 
-router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["context"])
+router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["context"], route_class=JSONRoute)
 
 _FORMATS = {"neutral": to_neutral, "openai": to_openai, "anthropic": to_anthropic}
 

@@ -9,6 +9,7 @@ from uuid import UUID
 
 from fastapi import APIRouter, Header, Query, Response
 
+from app.api.bodies import JSONRoute
 from app.api.deps import Config, Engine, Hub, Tenant
 from app.api.errors import error_responses
 from app.api.schemas import Run, ToolOutputsRequest
@@ -16,7 +17,7 @@ from app.api.sse import NOTHING_LEFT, SSE_RESPONSE, event_stream, resume_point
 from app.db.tables import RUN_TERMINAL
 from app.services import asks as service
 
-router = APIRouter(prefix="/v1/runs/{run_id}", tags=["runs"])
+router = APIRouter(prefix="/v1/runs/{run_id}", tags=["runs"], route_class=JSONRoute)
 
 
 @router.get("", operation_id="getRun", responses=error_responses(401, 404, 422))

@@ -9,12 +9,13 @@ from uuid import UUID
 from fastapi import APIRouter, Query
 from pydantic import BaseModel
 
+from app.api.bodies import JSONRoute
 from app.api.deps import Engine, Tenant
 from app.api.errors import error_responses
 from app.core.entries import EntryKind
 from app.services.search import search_history
 
-router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["entries"])
+router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["entries"], route_class=JSONRoute)
 
 
 class SearchHit(BaseModel):

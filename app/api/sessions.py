@@ -7,13 +7,14 @@ from uuid import UUID
 
 from fastapi import APIRouter, Query, Response
 
+from app.api.bodies import JSONRoute
 from app.api.deps import Config, Engine, Tenant
 from app.api.errors import error_responses
 from app.api.schemas import ForkRequest, Session, SessionCreate, SessionList, SessionPatch
 from app.services import sessions as service
 from app.services.errors import Invalid
 
-router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
+router = APIRouter(prefix="/v1/sessions", tags=["sessions"], route_class=JSONRoute)
 
 
 @router.post(

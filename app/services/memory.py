@@ -240,7 +240,7 @@ def _check_size(content: str) -> None:
     try:
         size = len(content.encode())
     except UnicodeEncodeError as exc:  # a lone surrogate: not storable text
-        raise Invalid("invalid_value", f"the content is not valid Unicode: {exc.reason}") from exc
+        raise Invalid("invalid_unicode", f"the content is not valid Unicode: {exc.reason}") from exc
     if size > MAX_MEMORY_BYTES:
         raise Invalid(
             "memory_too_large",
