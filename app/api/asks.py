@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Annotated
 from uuid import UUID
 
-from fastapi import APIRouter, Header, Response
+from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 
 from app.api.bodies import JSONRoute
 from app.api.deps import Config, Engine, Hub, IdempotencyKey, Tenant
 from app.api.errors import error_responses
 from app.api.schemas import AskRequest, Run
-from app.api.sse import RUN_INSTEAD_OF_STREAM, SSE_RESPONSE, event_stream, resume_point
+from app.api.sse import RUN_INSTEAD_OF_STREAM, SSE_RESPONSE, ResumeAfter, event_stream
 from app.services import asks as service
 
 router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["runs"], route_class=JSONRoute)
@@ -93,12 +92,12 @@ async def join_stream(
     tenant: Tenant,
     settings: Config,
     hub: Hub,
-    last_event_id: Annotated[str | None, Header(max_length=32)] = None,
+    after: ResumeAfter,
 ) -> Response:
-    """Reattach to the session's active run (e.g. after a page refresh)."""
+    """Reattach to the session's active run (e.g. after a page refresh): its events after
+    Last-Event-ID (or starting_after), then live ones."""
     run = await service.active_run(engine, tenant, str(session_id))
     if run is None:
         return Response(status_code=204)
-    after = resume_point(last_event_id, None)
     stream = await event_stream(hub, str(run["id"]), after, settings.sse_heartbeat_seconds)
     return stream or Response(status_code=204)

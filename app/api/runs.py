@@ -7,13 +7,13 @@ import contextlib
 from typing import Annotated
 from uuid import UUID
 
-from fastapi import APIRouter, Header, Query, Response
+from fastapi import APIRouter, Query, Response
 
 from app.api.bodies import JSONRoute
 from app.api.deps import Config, Engine, Hub, Tenant
 from app.api.errors import error_responses
 from app.api.schemas import Run, ToolOutputsRequest
-from app.api.sse import NOTHING_LEFT, SSE_RESPONSE, event_stream, resume_point
+from app.api.sse import NOTHING_LEFT, SSE_RESPONSE, ResumeAfter, event_stream
 from app.db.tables import RUN_TERMINAL
 from app.services import asks as service
 
@@ -61,13 +61,11 @@ async def run_events(
     tenant: Tenant,
     settings: Config,
     hub: Hub,
-    last_event_id: Annotated[str | None, Header(max_length=32)] = None,
-    starting_after: Annotated[int | None, Query(ge=0, le=2**31)] = None,
+    after: ResumeAfter,
 ) -> Response:
     """Every event after Last-Event-ID (or starting_after) exactly once, then live ones; the
     stream ends after the terminal event. 204 when the run is over and nothing is left to send."""
     await service.get_run(engine, tenant, str(run_id))  # 404 for others' runs
-    after = resume_point(last_event_id, starting_after)
     stream = await event_stream(hub, str(run_id), after, settings.sse_heartbeat_seconds)
     return stream or Response(status_code=204)
 

@@ -11,8 +11,10 @@ import asyncio
 import json
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Annotated, Any
 
+from fastapi import Depends, Header, Query
+from fastapi.exceptions import RequestValidationError
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from app.api.hub import EventHub
@@ -132,10 +134,48 @@ async def event_stream(
     )
 
 
+# Past the largest seq (events_db.MAX_SEQ): a client that has "everything" may say so. A larger
+# resume point is no seq at all: refused like any invalid parameter, before a stream starts.
+MAX_RESUME = MAX_SEQ + 1
+LAST_EVENT_ID = (
+    f"The last event seen (its `id:`): resume after it. A value that is not a seq (ASCII "
+    f"digits) is ignored; a seq above {MAX_RESUME} answers 422."
+)
+STARTING_AFTER = "Resume after this seq when there is no Last-Event-ID (e.g. a new EventSource)."
+
+
 def resume_point(last_event_id: str | None, starting_after: int | None) -> int:
     """Where a reconnecting client resumes: after Last-Event-ID (when it is a seq: ASCII
-    digits), else after starting_after; a point past every possible seq is past the last."""
+    digits), else after starting_after. A seq beyond MAX_RESUME raises the same validation
+    error (422) as such a starting_after."""
     digits = last_event_id.strip() if last_event_id is not None else ""
     if re.fullmatch(r"[0-9]+", digits):
-        return min(int(digits), MAX_SEQ)
+        value = int(digits)  # at most 32 digits: the header's max_length
+        if value > MAX_RESUME:
+            raise RequestValidationError(
+                [
+                    {
+                        "type": "less_than_equal",
+                        "loc": ("header", "last-event-id"),
+                        "msg": f"Input should be less than or equal to {MAX_RESUME}",
+                        "input": digits,
+                        "ctx": {"le": MAX_RESUME},
+                    }
+                ]
+            )
+        return min(value, MAX_SEQ)
     return min(starting_after or 0, MAX_SEQ)
+
+
+async def resume_after(
+    last_event_id: Annotated[str | None, Header(max_length=32, description=LAST_EVENT_ID)] = None,
+    starting_after: Annotated[
+        int | None, Query(ge=0, le=MAX_RESUME, description=STARTING_AFTER)
+    ] = None,
+) -> int:
+    """The resume point of a stream request (a dependency: it is validated with the other
+    parameters, before the route looks anything up)."""
+    return resume_point(last_event_id, starting_after)
+
+
+ResumeAfter = Annotated[int, Depends(resume_after)]

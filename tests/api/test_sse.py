@@ -39,7 +39,7 @@ async def test_resuming_a_finished_run_after_its_terminal_event_ends_at_once(
     seen_it_all: list[dict[str, Any]] = [
         {"headers": {"Last-Event-ID": str(terminal)}},
         {"headers": {"Last-Event-ID": str(terminal + 7)}},
-        {"headers": {"Last-Event-ID": "9" * 32}},  # past any seq the database can hold
+        {"headers": {"Last-Event-ID": str(2**31)}},  # past any seq the database can hold
         {"params": {"starting_after": terminal}},
         {"params": {"starting_after": 2**31}},
     ]
@@ -62,6 +62,42 @@ async def test_resuming_a_finished_run_after_its_terminal_event_ends_at_once(
         api, "GET", f"/v1/sessions/{sid}/stream", headers={"Last-Event-ID": str(terminal)}
     )
     assert joined.status == 204  # no run in progress
+
+
+async def test_a_resume_point_past_any_seq_is_refused_before_a_stream_starts(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    """A Last-Event-ID or starting_after beyond 2**31 (one past the largest seq) is no seq: 422,
+    whether the run is live or over, on both streams; never a stream that cannot resume."""
+    sid = (await new_session(api))["id"]
+    upstream.script(Text("first"), Stall(600), Text("never"))  # live until cancelled
+    started = await collect(
+        api, "POST", f"/v1/sessions/{sid}/ask", json={"input": "go"}, until="message.delta"
+    )
+    run_id = started[0].data["run_id"]
+    urls = (f"/v1/runs/{run_id}/events", f"/v1/sessions/{sid}/stream")
+    too_far = ("99999999999999999999", str(2**31 + 1), "9" * 32)
+    try:
+        for url in urls:
+            for value in too_far:
+                for resume, where in (
+                    ({"headers": {"Last-Event-ID": value}}, ["header", "last-event-id"]),
+                    ({"params": {"starting_after": value}}, ["query", "starting_after"]),
+                ):
+                    refused = await read_to_end(api, "GET", url, **resume)
+                    assert refused.status == 422 and refused.events == [], (url, resume)
+                    error = json.loads(refused.body)["error"]
+                    assert error["code"] == "validation_error", error
+                    assert error["details"]["errors"][0]["loc"] == where, error
+            # The largest accepted point is past every seq: the live run's stream, nothing in it
+            # yet (the existing resume tests read such streams to their end).
+            async with api.stream("GET", url, params={"starting_after": 2**31}) as beyond:
+                assert beyond.status_code == 200
+    finally:
+        assert (await api.post(f"/v1/runs/{run_id}/cancel")).status_code == 200
+    for url in urls[:1]:  # over now: still refused, not 204
+        refused = await read_to_end(api, "GET", url, headers={"Last-Event-ID": too_far[0]})
+        assert refused.status == 422
 
 
 async def test_a_run_whose_events_are_gone_answers_at_once(
