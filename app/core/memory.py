@@ -131,9 +131,22 @@ class AmbiguousMatch(ValueError):
         self.count = count
 
 
-def find_replace(content: str, old: str, new: str, *, replace_all: bool = False) -> Replacement:
+class ReplacementTooLarge(ValueError):
+    """The replaced text would be over the size limit (`size`: its bytes of UTF-8)."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(f"the memory would hold {size} bytes of UTF-8")
+        self.size = size
+
+
+def find_replace(
+    content: str, old: str, new: str, *, replace_all: bool = False, max_bytes: int | None = None
+) -> Replacement:
     """Replace `old` by `new`: exactly one (non-overlapping) occurrence, or all with
-    `replace_all`; raises NoMatch or AmbiguousMatch rather than guess."""
+    `replace_all`; raises NoMatch or AmbiguousMatch rather than guess, and ReplacementTooLarge
+    when the result would be over `max_bytes` of UTF-8: computed from the sizes before the
+    text is built (each of a quarter million occurrences replaced by a megabyte would be
+    hundreds of gigabytes)."""
     if not old:
         raise ValueError("old_string must not be empty")
     count = content.count(old)
@@ -141,4 +154,14 @@ def find_replace(content: str, old: str, new: str, *, replace_all: bool = False)
         raise NoMatch("old_string was not found in the memory")
     if count > 1 and not replace_all:
         raise AmbiguousMatch(count)
+    if max_bytes is not None:
+        size = _utf8_size(content) + count * (_utf8_size(new) - _utf8_size(old))
+        if size > max_bytes:
+            raise ReplacementTooLarge(size)
     return Replacement(content.replace(old, new), count)
+
+
+def _utf8_size(text: str) -> int:
+    # surrogatepass: a lone surrogate is counted (3 bytes), not raised here; storing it is
+    # refused where the text is checked for storage.
+    return len(text.encode("utf-8", "surrogatepass"))

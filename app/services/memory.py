@@ -24,6 +24,7 @@ from app.core.memory import (
     NAMESPACE_PATTERN,
     AmbiguousMatch,
     NoMatch,
+    ReplacementTooLarge,
     find_replace,
     memory_lines,
 )
@@ -192,8 +193,14 @@ async def update_memory(
         _check_preconditions(namespace, current, if_match, None)
         try:
             replaced = find_replace(
-                current["content"], old_string, new_string, replace_all=replace_all
+                current["content"],
+                old_string,
+                new_string,
+                replace_all=replace_all,
+                max_bytes=MAX_MEMORY_BYTES,
             )
+        except ReplacementTooLarge as exc:
+            raise _too_large(exc.size) from exc
         except AmbiguousMatch as exc:
             raise Invalid(
                 "ambiguous_match", str(exc), {"namespace": namespace, "count": exc.count}
@@ -242,12 +249,15 @@ def _check_size(content: str) -> None:
     except UnicodeEncodeError as exc:  # a lone surrogate: not storable text
         raise Invalid("invalid_unicode", f"the content is not valid Unicode: {exc.reason}") from exc
     if size > MAX_MEMORY_BYTES:
-        raise Invalid(
-            "memory_too_large",
-            f"a memory may hold at most {MAX_MEMORY_BYTES} bytes of UTF-8; this one would "
-            f"hold {size}",
-            {"limit_bytes": MAX_MEMORY_BYTES, "bytes": size},
-        )
+        raise _too_large(size)
+
+
+def _too_large(size: int) -> Invalid:
+    return Invalid(
+        "memory_too_large",
+        f"a memory may hold at most {MAX_MEMORY_BYTES} bytes of UTF-8; this one would hold {size}",
+        {"limit_bytes": MAX_MEMORY_BYTES, "bytes": size},
+    )
 
 
 def _check_preconditions(

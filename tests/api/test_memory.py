@@ -272,6 +272,16 @@ async def test_content_limit_is_256_kib_of_utf8(client: httpx.AsyncClient) -> No
     grown = await patch(client, "big", "x", "yy", replace_all=True)
     assert grown.status_code == 422 and error(grown)["code"] == "memory_too_large"
     assert (await client.get("/v1/memory/big")).json()["version"] == 1
+    # Refused from the sizes alone, before the text is built: replacing each of the 256 Ki
+    # characters by a long string would make hundreds of gigabytes.
+    huge = "y" * 1_000_000
+    grown = await patch(client, "big", "x", huge, replace_all=True)
+    assert grown.status_code == 422 and error(grown)["code"] == "memory_too_large", grown.text
+    assert error(grown)["details"] == {
+        "limit_bytes": MAX_MEMORY_BYTES,
+        "bytes": MAX_MEMORY_BYTES * len(huge),
+    }
+    assert (await client.get("/v1/memory/big")).json()["version"] == 1
     nul = await put(client, "nul", "a\x00b")
     assert nul.status_code == 422
 

@@ -17,6 +17,7 @@ from app.core.memory import (
     NAMESPACE_PATTERN,
     AmbiguousMatch,
     NoMatch,
+    ReplacementTooLarge,
     find_replace,
     memory_block,
     memory_lines,
@@ -65,6 +66,27 @@ def test_find_replace() -> None:
     assert find_replace("aaa", "aa", "b").content == "ba"  # non-overlapping: one match
     with pytest.raises(ValueError):
         find_replace("abc", "", "x")
+
+
+@given(
+    content=st.text(alphabet="ab é😀", max_size=40),
+    old=st.text(alphabet="ab é😀", min_size=1, max_size=3),
+    new=st.text(alphabet="xy é😀", max_size=5),
+)
+def test_find_replace_knows_the_size_before_building_the_text(
+    content: str, old: str, new: str
+) -> None:
+    """The size it refuses by is the size the text would have: over max_bytes is refused
+    (with that size), at max_bytes is not."""
+    if old not in content:
+        return
+    size = len(content.replace(old, new).encode())
+    assert find_replace(content, old, new, replace_all=True, max_bytes=size).content == (
+        content.replace(old, new)
+    )
+    with pytest.raises(ReplacementTooLarge) as refused:
+        find_replace(content, old, new, replace_all=True, max_bytes=size - 1)
+    assert refused.value.size == size
 
 
 # Text written to forge the block's structure: the service's own delimiters (fences of any
