@@ -24,7 +24,8 @@ _OWN: tuple[dict[str, Any], ...] = (
     {
         "name": "calculator",
         "description": "Evaluate an arithmetic expression exactly: numbers, parentheses and "
-        "+ - * / // % ** (exponents up to 1000). Returns the number.",
+        "+ - * / // % ** (exponents up to 1000, integers up to 4000 digits, expressions up to "
+        "10000 characters). Returns the number, or an error for what is out of bounds.",
         "parameters": {
             "type": "object",
             "properties": {

@@ -2,4 +2,4 @@
 
 # Built-ins that live in modules of their own register when imported; importing them here (they
 # import app.tools.registry, never the reverse) registers them whenever any tool code is loaded.
-from app.tools import memory, tool_output  # noqa: F401
+from app.tools import calculator, memory, tool_output  # noqa: F401

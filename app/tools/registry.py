@@ -5,9 +5,7 @@ Errors and timeouts become results the model can read, never crashes of the run.
 
 from __future__ import annotations
 
-import ast
 import asyncio
-import operator
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -101,38 +99,6 @@ async def execute(
 async def current_time(arguments: dict[str, Any], context: ToolContext) -> str:
     """The current date and time, UTC, ISO 8601."""
     return datetime.now(UTC).isoformat(timespec="seconds")
-
-
-_OPERATORS: dict[type, Callable[..., Any]] = {
-    ast.Add: operator.add,
-    ast.Sub: operator.sub,
-    ast.Mult: operator.mul,
-    ast.Div: operator.truediv,
-    ast.FloorDiv: operator.floordiv,
-    ast.Mod: operator.mod,
-    ast.Pow: operator.pow,
-    ast.USub: operator.neg,
-    ast.UAdd: operator.pos,
-}
-
-
-@builtin("calculator")
-async def calculator(arguments: dict[str, Any], context: ToolContext) -> Any:
-    """Arithmetic on numbers (+ - * / // % **), evaluated without eval()."""
-    expression = str(arguments.get("expression", ""))
-    return _evaluate(ast.parse(expression, mode="eval").body)
-
-
-def _evaluate(node: ast.AST) -> Any:
-    if isinstance(node, ast.Constant) and isinstance(node.value, int | float):
-        return node.value
-    if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
-        if isinstance(node.op, ast.Pow) and abs(_evaluate(node.right)) > 1000:
-            raise ValueError("exponent too large")
-        return _OPERATORS[type(node.op)](_evaluate(node.left), _evaluate(node.right))
-    if isinstance(node, ast.UnaryOp) and type(node.op) in _OPERATORS:
-        return _OPERATORS[type(node.op)](_evaluate(node.operand))
-    raise ValueError("only numbers and + - * / // % ** are allowed")
 
 
 @builtin("search_history")
