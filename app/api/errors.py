@@ -7,14 +7,16 @@ import logging
 import re
 from typing import Any
 
+import asyncpg
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.api.bodies import InvalidUnicode
+from app.db.outage import database_unavailable
 from app.services.errors import Conflict, Invalid, NotFound, PreconditionFailed, ServiceError
 
 log = logging.getLogger(__name__)
@@ -38,7 +40,8 @@ _DESCRIPTIONS = {
     412: "A precondition (If-Match, If-None-Match) does not hold; details give the current ETag.",
     413: "The request body is larger than the configured limit.",
     422: "Well-formed, but a value is invalid; details name the offending path.",
-    503: "Not ready.",
+    503: "The database cannot be reached now (`database_unavailable`): retry after the "
+    "Retry-After header's seconds. /readyz also says `migrations_pending`.",
 }
 
 
@@ -49,16 +52,36 @@ _HEADERS: dict[int, dict[str, Any]] = {
             "schema": {"type": "string"},
         }
     },
+    503: {
+        "Retry-After": {
+            "description": "Seconds to wait before trying again.",
+            "schema": {"type": "integer", "minimum": 1},
+        }
+    },
 }
+
+# Seconds a client should wait when the database is unreachable: about a restart's length.
+RETRY_AFTER_SECONDS = 5
 
 
 def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI documentation of the error responses a route can give (and headers they send)."""
+    """OpenAPI documentation of the error responses a route can give (and headers they send).
+    Every route documenting its errors needs the database: 503 is always among them."""
     return {
         s: {"model": ErrorResponse, "description": _DESCRIPTIONS[s]}
         | ({"headers": _HEADERS[s]} if s in _HEADERS else {})
-        for s in statuses
+        for s in sorted({*statuses, 503})
     }
+
+
+def unavailable(message: str = "the database cannot be reached now") -> JSONResponse:
+    """503 database_unavailable, with when to try again."""
+    return error_json(
+        503,
+        "database_unavailable",
+        f"{message}: retry after {RETRY_AFTER_SECONDS} s",
+        headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+    )
 
 
 _STATUS_OF: list[tuple[type[ServiceError], int]] = [
@@ -152,16 +175,30 @@ def _template_pattern(template: str) -> re.Pattern[str]:
 
 
 async def _database_error(request: Request, exc: Exception) -> JSONResponse:
+    """SQLAlchemy's errors, and OSErrors (the driver lets a failed connect's through)."""
+    if database_unavailable(exc):
+        # An outage, not a fault of the request nor a bug: a warning without the traceback
+        # (during an outage every request has one).
+        log.warning("database unavailable: %s", _first_line(exc))
+        return unavailable()
     # SQLSTATE class 22 ("data exception"): a value the schema let through but Postgres cannot
     # store, e.g. a NUL character in text. The transaction was rolled back: nothing was written.
     sqlstate = str(getattr(getattr(exc, "orig", None), "sqlstate", "") or "")
-    if sqlstate.startswith("22"):
+    if isinstance(exc, DBAPIError) and sqlstate.startswith("22"):
         reason = str(getattr(exc, "orig", exc)).splitlines()[0]
         return error_json(422, "invalid_value", f"a value cannot be stored: {reason}")
     return await _unexpected(request, exc)
 
 
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+
+
 async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+    if database_unavailable(exc):  # e.g. wrapped in an ExceptionGroup by a task group
+        log.warning("database unavailable: %s", _first_line(exc))
+        return unavailable()
     log.exception("unhandled error", exc_info=exc)
     return error_json(500, "internal_error", "an internal error occurred")
 
@@ -171,5 +208,10 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(InvalidUnicode, _invalid_unicode)
-    app.add_exception_handler(DBAPIError, _database_error)
+    # Handled here rather than by the catch-all: Starlette re-raises what reaches that one, so
+    # every request of an outage would also be logged as an ASGI application crash.
+    app.add_exception_handler(SQLAlchemyError, _database_error)
+    app.add_exception_handler(OSError, _database_error)
+    app.add_exception_handler(asyncpg.PostgresError, _database_error)
+    app.add_exception_handler(asyncpg.InterfaceError, _database_error)
     app.add_exception_handler(Exception, _unexpected)

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+
+import asyncpg
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import SQLAlchemyError
 
 from app.api.bodies import JSONRoute
 from app.api.deps import Engine
-from app.api.errors import error_json, error_responses
+from app.api.errors import error_json, error_responses, unavailable
 from app.api.schemas import Health
 from app.db.migrate import current_revision, head_revision
+
+READY_TIMEOUT_SECONDS = 5.0
 
 router = APIRouter(tags=["health"], route_class=JSONRoute)
 
@@ -25,12 +30,11 @@ async def healthz() -> Health:
 async def readyz(engine: Engine) -> Health | JSONResponse:
     """The database answers and its schema is at the migrations' head."""
     try:
-        async with engine.connect() as conn:
+        # An unreachable host could keep a connect waiting a minute: a probe answers sooner.
+        async with asyncio.timeout(READY_TIMEOUT_SECONDS), engine.connect() as conn:
             revision = await current_revision(conn)
-    except (SQLAlchemyError, OSError) as exc:
-        return error_json(
-            503, "database_unavailable", f"database unreachable: {type(exc).__name__}"
-        )
+    except (SQLAlchemyError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        return unavailable(f"the database cannot be reached now ({type(exc).__name__})")
     head = head_revision()
     if revision != head:
         return error_json(

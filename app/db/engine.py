@@ -11,11 +11,15 @@ from app.config import Settings
 
 
 def create_engine(settings: Settings) -> AsyncEngine:
+    # pool_pre_ping: a pooled connection is tested (one round trip) when it is checked out, and
+    # replaced if it died. After a database restart, every pooled connection is dead: without
+    # the ping, the first use of each one fails the request (or the run step) that drew it.
     return create_async_engine(
         settings.sqlalchemy_url,
         pool_size=settings.db_pool_size,
         max_overflow=settings.db_pool_size,
         pool_recycle=1800,
+        pool_pre_ping=True,
     )
 
 
