@@ -5,6 +5,12 @@ followed run in one query and hands each row to that run's subscribers. A subscr
 catches up from the table (replay), then takes live rows, skipping what it has and refilling
 any gap from the table: every event exactly once, in order, on any API instance. It ends with
 the run: after the terminal event, or once the run is seen to be over with nothing left to send.
+
+A database outage does not end a follower: its reads are retried with backoff (the SSE response
+keeps the client's connection open with its heartbeats meanwhile), and the LISTEN connection is
+made again, after which everything followed is fetched; the stream goes on where it was, every
+event still exactly once. Only an outage longer than `outage_seconds` ends it, with the error:
+the client reconnects with Last-Event-ID, and loses nothing either.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,9 +27,21 @@ import asyncpg
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db import events as events_db
+from app.db.outage import database_unavailable
 
 log = logging.getLogger(__name__)
 PAGE = 1000
+# Waits between attempts while the database is unreachable: doubling, up to the maximum.
+RETRY_FIRST_SECONDS = 0.25
+RETRY_MAX_SECONDS = 5.0
+OUTAGE_SECONDS = 300.0  # how long a follower waits for the database before giving up
+
+
+def _backoff() -> Iterator[float]:
+    delay = RETRY_FIRST_SECONDS
+    while True:
+        yield delay
+        delay = min(delay * 2, RETRY_MAX_SECONDS)
 
 
 @dataclass
@@ -33,10 +51,17 @@ class _Feed:
 
 
 class EventHub:
-    def __init__(self, engine: AsyncEngine, libpq_url: str, poll_seconds: float = 2.0) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        libpq_url: str,
+        poll_seconds: float = 2.0,
+        outage_seconds: float = OUTAGE_SECONDS,
+    ) -> None:
         self._engine = engine
         self._url = libpq_url
         self._poll = poll_seconds
+        self._outage_seconds = outage_seconds
         self._feeds: dict[str, _Feed] = {}
         self._listener: asyncpg.Connection | None = None
         self._wanted: dict[str, int] | None = {}  # runs to fetch; None: all of them
@@ -75,7 +100,7 @@ class EventHub:
         feed.subscribers.add(queue)  # before the replay: nothing committed later is missed
         last, positioned = after_seq, False
         try:
-            backlog = await self._read(run_id, last)
+            backlog = await self._read_through_outages(run_id, last)
             while True:
                 for row in backlog.rows:
                     yield row
@@ -83,7 +108,7 @@ class EventHub:
                     if row["type"] in events_db.TERMINAL_TYPES:
                         return
                 if len(backlog.rows) == PAGE:  # more in the table
-                    backlog = await self._read(run_id, last)
+                    backlog = await self._read_through_outages(run_id, last)
                     continue
                 if backlog.ended:  # read once the run was over: that was all of it
                     return
@@ -112,17 +137,31 @@ class EventHub:
             try:
                 row = await asyncio.wait_for(queue.get(), timeout=self._poll)
             except TimeoutError:
-                return await self._read(run_id, last)
+                return await self._read_through_outages(run_id, last)
             if row["seq"] == last + 1:
                 return events_db.Backlog([row], ended=False, last_seq=row["seq"])
             if row["seq"] > last:  # a gap: refill it from the table
-                return await self._read(run_id, last)
+                return await self._read_through_outages(run_id, last)
             if row["type"] in events_db.TERMINAL_TYPES:  # one it resumed past: the run is over
                 return events_db.Backlog([], ended=True, last_seq=row["seq"])
 
     async def _read(self, run_id: str, after_seq: int, limit: int = PAGE) -> events_db.Backlog:
         async with self._engine.connect() as conn:
             return await events_db.read_backlog(conn, run_id, after_seq, limit)
+
+    async def _read_through_outages(self, run_id: str, after_seq: int) -> events_db.Backlog:
+        """_read, tried again with backoff while the database is unreachable (for at most
+        outage_seconds; then the error is raised). Other errors are raised at once."""
+        deadline = asyncio.get_running_loop().time() + self._outage_seconds
+        for delay in _backoff():
+            try:
+                return await self._read(run_id, after_seq)
+            except Exception as exc:
+                if not database_unavailable(exc) or asyncio.get_running_loop().time() > deadline:
+                    raise
+                log.info("run %s: database unavailable, reading again in %g s", run_id, delay)
+            await asyncio.sleep(delay)
+        raise AssertionError("unreachable: the backoff never ends")
 
     def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
         try:
@@ -155,8 +194,11 @@ class EventHub:
             try:
                 async with self._engine.connect() as conn:
                     rows = await events_db.read_events_of_runs(conn, cursors)
-            except Exception:
-                log.exception("fetching run events failed")
+            except Exception as exc:
+                if database_unavailable(exc):  # followers poll meanwhile; LISTEN refetches
+                    log.warning("fetching run events failed: the database is unavailable")
+                else:
+                    log.exception("fetching run events failed")
                 self._wanted = None  # try everything again on the next wake
                 continue
             for row in rows:
@@ -168,21 +210,28 @@ class EventHub:
                     queue.put_nowait(dict(row))
 
     async def _listen(self) -> None:
-        """Keep one LISTEN connection; after any reconnect, fetch everything followed."""
+        """Keep one LISTEN connection; after any reconnect, fetch everything followed. While
+        the database is unreachable, try again with backoff (followers poll the table)."""
+        delays = _backoff()
         while True:
             try:
                 lost = asyncio.Event()
                 self._listener = await asyncpg.connect(self._url)
                 self._listener.add_termination_listener(lambda _conn, lost=lost: lost.set())
                 await self._listener.add_listener(events_db.CHANNEL, self._on_notify)
+                delays = _backoff()  # connected: the next loss starts over from the first wait
                 self._want(None)
                 await lost.wait()
+                log.warning("event hub LISTEN connection lost; reconnecting")
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.exception("event hub LISTEN connection failed; reconnecting")
+            except Exception as exc:
+                if database_unavailable(exc):
+                    log.warning("event hub LISTEN connection failed: the database is unavailable")
+                else:
+                    log.exception("event hub LISTEN connection failed; reconnecting")
             finally:
                 if self._listener is not None:
                     with contextlib.suppress(Exception):
                         await self._listener.close()
-            await asyncio.sleep(1)
+            await asyncio.sleep(next(delays))

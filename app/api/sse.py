@@ -121,6 +121,12 @@ async def event_stream(
                     id=str(row["seq"]),
                 )
             finished = True
+        except Exception:
+            # Ours, not the client's: e.g. an outage longer than the hub waits. The connection
+            # is dropped (no clean end: that would read as "the run is over"); the client
+            # resumes with Last-Event-ID. Not a reason to cancel the run.
+            finished = True
+            raise
         finally:
             # sse-starlette ends the generator with CancelledError when the client leaves;
             # that is not a cancel of the run, unless the ask asked for it.

@@ -10,9 +10,11 @@ from typing import Any
 
 import httpx
 import pytest
+from asyncpg.exceptions import CannotConnectNowError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.api.hub import EventHub
+from app.api import hub as hub_module
+from app.api.hub import PAGE, EventHub
 from app.config import Settings
 from app.db import events as events_db
 from app.worker.pool import libpq_url
@@ -75,3 +77,72 @@ async def test_a_follower_past_a_live_runs_last_event_ends_when_the_run_ends(
     rows = await whole
     assert rows[-1]["type"] == "run.cancelled"
     assert [r["seq"] for r in rows] == list(range(1, len(rows) + 1))
+
+
+def failing_reads(
+    hub: EventHub, monkeypatch: pytest.MonkeyPatch, error: Exception, times: int
+) -> list[int]:
+    """Make the hub's table reads fail with `error` `times` times (then read for real); the
+    returned list counts the attempts."""
+    real, attempts = hub._read, []
+
+    async def read(run_id: str, after_seq: int, limit: int = PAGE) -> events_db.Backlog:
+        attempts.append(after_seq)
+        if len(attempts) <= times:
+            raise error
+        return await real(run_id, after_seq, limit)
+
+    monkeypatch.setattr(hub, "_read", read)
+    monkeypatch.setattr(hub_module, "RETRY_FIRST_SECONDS", 0.001)
+    return attempts
+
+
+async def finished_run(api: httpx.AsyncClient, upstream: FakeUpstream) -> tuple[str, list[int]]:
+    sid = (await new_session(api))["id"]
+    upstream.script(Text("done"))
+    events = await collect(api, "POST", f"/v1/sessions/{sid}/ask", json={"input": "q"})
+    return str(events[0].data["run_id"]), [e.id for e in events]
+
+
+async def test_a_follower_reads_through_an_outage(
+    hub: EventHub, api: httpx.AsyncClient, upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reads that fail because the database is unreachable are tried again: the follower gets
+    every event once, as if nothing happened."""
+    run_id, seqs = await finished_run(api, upstream)
+    attempts = failing_reads(hub, monkeypatch, CannotConnectNowError("starting up"), times=3)
+    assert [r["seq"] for r in await followed(hub, run_id, 0)] == seqs
+    assert len(attempts) == 4
+
+
+async def test_before_a_stream_an_outage_is_not_waited_for(
+    hub: EventHub, api: httpx.AsyncClient, upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """has_more decides whether to open a stream: it fails at once (the route answers 503)."""
+    run_id, _ = await finished_run(api, upstream)
+    attempts = failing_reads(hub, monkeypatch, CannotConnectNowError("starting up"), times=1)
+    with pytest.raises(CannotConnectNowError):
+        await hub.has_more(run_id, 0)
+    assert len(attempts) == 1
+
+
+async def test_a_long_outage_or_another_error_ends_the_follower_with_it(
+    e2e_engine: AsyncEngine,
+    e2e_settings: Settings,
+    api: httpx.AsyncClient,
+    upstream: FakeUpstream,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Past outage_seconds the follower gives up (the client resumes with Last-Event-ID); an
+    error that is no outage is raised at once."""
+    run_id, _ = await finished_run(api, upstream)
+    impatient = EventHub(e2e_engine, libpq_url(e2e_settings.database_url), outage_seconds=0)
+    down = failing_reads(impatient, monkeypatch, CannotConnectNowError("down"), times=10**6)
+    with pytest.raises(CannotConnectNowError):
+        await followed(impatient, run_id, 0)
+    assert len(down) >= 1
+    broken = EventHub(e2e_engine, libpq_url(e2e_settings.database_url))
+    bug = failing_reads(broken, monkeypatch, ValueError("a bug"), times=10**6)
+    with pytest.raises(ValueError, match="a bug"):
+        await followed(broken, run_id, 0)
+    assert len(bug) == 1
