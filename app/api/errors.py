@@ -196,7 +196,7 @@ def _first_line(exc: BaseException) -> str:
 
 
 async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-    if database_unavailable(exc):  # e.g. wrapped in an ExceptionGroup by a task group
+    if database_unavailable(exc):  # e.g. in an ExceptionGroup, or raised from by a service
         log.warning("database unavailable: %s", _first_line(exc))
         return unavailable()
     log.exception("unhandled error", exc_info=exc)

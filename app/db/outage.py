@@ -27,6 +27,8 @@ def database_unavailable(error: BaseException) -> bool:
         seen.add(id(current))
         if _is_outage(current):
             return True
+        if isinstance(current, BaseExceptionGroup):  # from a task group
+            return any(database_unavailable(e) for e in current.exceptions)
         orig = getattr(current, "orig", None)
         current = (
             orig if isinstance(orig, BaseException) else (current.__cause__ or current.__context__)

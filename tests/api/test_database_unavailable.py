@@ -73,6 +73,8 @@ async def test_an_outage_is_recognised_however_it_is_wrapped() -> None:
         raise RuntimeError("in a service") from raised.value
     except RuntimeError as chained:
         assert database_unavailable(chained)
+    assert database_unavailable(ExceptionGroup("task group", [ValueError(), raised.value]))
+    assert not database_unavailable(ExceptionGroup("task group", [ValueError()]))
 
 
 @pytest.fixture
