@@ -50,10 +50,10 @@ from app.db import journal as journal_db
 from app.db import sessions as sessions_db
 from app.db.embedded import throwaway_cluster
 from app.db.engine import create_engine
+from app.runs.model import entry_id
 from app.services.journal import NewEntry, append_entries, append_in
 from app.services.keys import create_key, tenant_for_key
 from app.services.projection import project_session
-from app.services.runs import entry_id
 from app.services.sessions import create_session
 from app.tools.registry import ToolContext, builtin, execute
 from app.worker.pool import libpq_url

@@ -139,9 +139,6 @@ entries = Table(
     ),
 )
 
-RUN_ACTIVE = ("queued", "running", "requires_action")
-RUN_TERMINAL = ("completed", "failed", "cancelled", "interrupted")
-
 runs = Table(
     "runs",
     metadata,

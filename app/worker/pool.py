@@ -17,10 +17,10 @@ from app.db.engine import create_engine
 from app.db.jobs import RUN_QUEUE, RUN_TASK
 from app.llm.router import Router
 from app.llm.tokenizers import stored_counter
+from app.runs.writer import EventWriter
 from app.services.asks import expire_waiting_runs
 from app.tools.webhook import aclose_shared_client
 from app.worker import runtime as runtimes
-from app.worker.events import EventWriter
 from app.worker.run import execute_run
 
 log = logging.getLogger(__name__)

@@ -13,8 +13,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import RowMapping, func
-
 from app.core.entries import EntryKind, FinishReason
 from app.core.messages import result_text
 from app.core.projection import ProjectionMeta
@@ -28,11 +26,9 @@ from app.core.tool_loop import (
     next_step,
     thread_call_id,
 )
-from app.db import events as events_db
 from app.db import journal as journal_db
 from app.db import runs as runs_db
 from app.db import sessions as sessions_db
-from app.db.tables import RUN_TERMINAL
 from app.llm.base import (
     Finish,
     ModelRequest,
@@ -41,10 +37,12 @@ from app.llm.base import (
     ToolCallDelta,
     UsageReport,
 )
+from app.runs.machine import committed_events
+from app.runs.model import Outcome, Run, RunKind, entry_id
+from app.services import runs
 from app.services.errors import ServiceError
 from app.services.journal import NewEntry, append_in
 from app.services.projection import SessionProjection, offered_tools, project_for_run
-from app.services.runs import Outcome, entry_id, event_rows, finish_run
 from app.tools.registry import ToolContext, ToolOutcome, execute
 from app.worker.compaction import (
     auto_compact,
@@ -88,18 +86,15 @@ async def execute_run(
     claimed = await _claim(runtime, run_id)
     if claimed is None:
         return
-    run, after_crash = claimed
+    run = claimed
     writer = runtime.writer
-    progress = _Progress(model=run["model"])
+    progress = _Progress(model=run.model)
     try:
-        if after_crash:  # what clients saw of the attempt that died is void
-            writer.emit(run_id, "message.reset", {"reason": "retry", "attempt": run["attempts"]})
-        writer.emit(run_id, "run.started", {"attempt": run["attempts"]}, urgent=True)
-        policy = RunPolicy.model_validate(run["params"].get("run_policy") or {})
+        policy = RunPolicy.model_validate(run.params.run_policy or {})
         outcome: Outcome | Pause
         try:
             async with asyncio.timeout(policy.max_run_seconds):
-                if run["kind"] == "compaction":
+                if run.kind is RunKind.COMPACTION:
                     outcome = await compaction_job(runtime, run)
                 else:
                     outcome = await _converse(runtime, run, progress)
@@ -131,12 +126,9 @@ async def _finish(runtime: Runtime, run_id: str, outcome: Outcome) -> None:
     await runtime.writer.flush()
     async with runtime.engine.begin() as conn:
         locked = await runs_db.get_run(conn, run_id, lock=True)
-        if locked is None or locked["status"] in RUN_TERMINAL:
+        if locked is None or not locked.active:
             return
-        if locked["cancel_mode"] and outcome.status == "completed":
-            # the answer finished before the cancel landed: still, it was cancelled
-            outcome = Outcome("cancelled", outcome.text, outcome.usage, model=outcome.model)
-        await finish_run(conn, locked, outcome, runtime.writer.next_seq(run_id))
+        await runs.finish(conn, locked, outcome)
 
 
 async def _pause(runtime: Runtime, run_id: str, pause: Pause) -> None:
@@ -145,47 +137,29 @@ async def _pause(runtime: Runtime, run_id: str, pause: Pause) -> None:
     timeout = runtime.settings.tool_outputs_timeout_seconds
     async with runtime.engine.begin() as conn:
         locked = await runs_db.get_run(conn, run_id, lock=True)
-        if locked is None or locked["status"] in RUN_TERMINAL:
+        if locked is None or not locked.active:
             return
-        seq = runtime.writer.next_seq(run_id)
-        if locked["cancel_mode"]:
-            await finish_run(conn, locked, Outcome("cancelled"), seq)
+        if locked.cancel_mode:
+            await runs.finish(conn, locked, Outcome("cancelled"))
             return
-        run = await runs_db.update_run(
-            conn,
-            run_id,
-            {
-                "status": "requires_action",
-                "action_expires_at": func.now() + func.make_interval(0, 0, 0, 0, 0, 0, timeout),
-            },
-        )
         calls = [
             {"tool_call_id": c.tool_call_id, "name": c.name, "arguments": c.arguments}
             for c in pause.calls
         ]
-        event = {"tool_calls": calls, "expires_at": run["action_expires_at"].isoformat()}
-        await events_db.insert_events(
-            conn, event_rows(run_id, seq, [("run.requires_action", event)])
-        )
-        await events_db.notify(conn, {run_id: seq})
+        await runs.await_tool_outputs(conn, locked, calls, timeout)
 
 
-async def _claim(runtime: Runtime, run_id: str) -> tuple[RowMapping, bool] | None:
-    """Start an attempt, or end a run that was cancelled before it started; None: nothing to do.
-    The flag says whether an earlier attempt died mid-run (its worker crashed)."""
+async def _claim(runtime: Runtime, run_id: str) -> Run | None:
+    """Start an attempt (a retry, if an earlier one died mid-run), or end a run that was
+    cancelled before it started; None: nothing to do."""
     async with runtime.engine.begin() as conn:
         run = await runs_db.get_run(conn, run_id, lock=True)
-        if run is None or run["status"] in RUN_TERMINAL:
+        if run is None or not run.active:
             return None
-        next_seq = await events_db.last_seq(conn, run_id) + 1
-        if run["cancel_mode"]:
-            await finish_run(conn, run, Outcome("cancelled"), next_seq)
+        if run.cancel_mode:
+            await runs.finish(conn, run, Outcome("cancelled"))
             return None
-        started = await runs_db.start_attempt(conn, run_id)
-    if started is None:
-        return None
-    runtime.writer.open(run_id, next_seq)
-    return started, run["status"] == "running"
+        return await runs.start(conn, run)
 
 
 @dataclass(frozen=True)
@@ -195,22 +169,22 @@ class Pause:
     calls: tuple[PendingCall, ...]
 
 
-async def _converse(runtime: Runtime, run: RowMapping, progress: _Progress) -> Outcome | Pause:
+async def _converse(runtime: Runtime, run: Run, progress: _Progress) -> Outcome | Pause:
     """Model turns and tool calls until a final answer, a failure or a limit; each step is
     decided from what the journal holds, so a retried run picks up where this one stopped."""
-    run_id, session_id = str(run["id"]), str(run["session_id"])
-    policy = RunPolicy.model_validate(run["params"].get("run_policy") or {})
+    session_id = run.session_id
+    policy = RunPolicy.model_validate(run.params.run_policy or {})
     # Read once: a run keeps the tools it started with, and the session's earlier spending.
     async with runtime.engine.connect() as conn:
-        session = await sessions_db.get_session(conn, str(run["tenant_id"]), session_id)
+        session = await sessions_db.get_session(conn, run.tenant_id, session_id)
     config: dict[str, Any] = session["config"] if session is not None else {}
-    tools = offered_tools(config, run["params"].get("tools") or [])
+    tools = offered_tools(config, run.params.tools)
     tokens_before = int(session["input_tokens"]) + int(session["output_tokens"]) if session else 0
     if await await_compaction_jobs(runtime, run, config):
         progress.compaction_failed = True  # one is still summarizing: no second one meanwhile
     while True:
         async with runtime.engine.connect() as conn:
-            done = await journal_db.run_entries(conn, session_id, run["user_entry_seq"], run_id)
+            done = await journal_db.run_entries(conn, session_id, run.input_seq, run.id)
         step = _over_budget(policy, tokens_before, progress) or next_step(
             done, policy.max_iterations
         )
@@ -241,11 +215,9 @@ def _over_budget(policy: RunPolicy, tokens_before: int, progress: _Progress) -> 
     return None
 
 
-async def _violation(
-    runtime: Runtime, run: RowMapping, stop: StopRun, progress: _Progress
-) -> Outcome:
+async def _violation(runtime: Runtime, run: Run, stop: StopRun, progress: _Progress) -> Outcome:
     """Record the broken limit in the journal and end the run with it."""
-    run_id = str(run["id"])
+    run_id = run.id
     violation = {"rule": stop.rule, "message": stop.message}
     entry = NewEntry(
         EntryKind.POLICY_VIOLATION, violation, {"run_id": run_id}, entry_id(run_id, stop.rule)
@@ -257,13 +229,13 @@ async def _violation(
 
 async def _model_turn(
     runtime: Runtime,
-    run: RowMapping,
+    run: Run,
     iteration: int,
     progress: _Progress,
 ) -> Outcome | None:
     """One model call; an Outcome if the run ends with it, None if it asked for tools (then
     committed as one assistant turn: its text and one tool_call entry per call)."""
-    run_id, params = str(run["id"]), run["params"]
+    run_id, params = run.id, run.params
     try:
         projected = await _project(runtime, run)
         meta = projected.projection.meta
@@ -281,19 +253,19 @@ async def _model_turn(
         )
     projection = projected.projection
     request = ModelRequest(
-        model=run["model"].partition(":")[2],
+        model=run.model.partition(":")[2],
         messages=projection.messages,
         tools=projection.tool_spec,
-        max_output_tokens=params.get("max_output_tokens"),
-        temperature=params.get("temperature"),
+        max_output_tokens=params.max_output_tokens,
+        temperature=params.temperature,
         answer_room=projected.policy.reserve,
     )
     progress.text = []
     pieces: list[tuple[int, str | None, str | None, str]] = []
-    user_seq = int(run["user_entry_seq"])
+    user_seq = run.input_seq
     finish: FinishReason | None = None
     positions: dict[int, int] = {}  # a streamed call's index -> its place in the turn
-    stream = runtime.router.stream(run["model"], request, fallback=params.get("fallback_model"))
+    stream = runtime.router.stream(run.model, request, fallback=params.fallback_model)
     try:
         async for model, event in stream:
             progress.model = model
@@ -332,7 +304,7 @@ async def _model_turn(
     return None
 
 
-async def _project(runtime: Runtime, run: RowMapping) -> SessionProjection:
+async def _project(runtime: Runtime, run: Run) -> SessionProjection:
     return await project_for_run(runtime.engine, runtime.settings, run)
 
 
@@ -386,14 +358,14 @@ def _tool_turn(
 
 async def _run_tools(
     runtime: Runtime,
-    run: RowMapping,
+    run: Run,
     calls: tuple[PendingCall, ...],
     tools: list[Any],
     policy: RunPolicy,
 ) -> list[str]:
     """Execute a turn's unanswered calls concurrently and commit one result per call; returns
     the names of calls the policy refused (they get an error result instead)."""
-    run_id = str(run["id"])
+    run_id = run.id
     denied = [c.name for c in calls if not policy.allows(c.name)]
     for call in calls:
         runtime.writer.emit(
@@ -408,8 +380,8 @@ async def _run_tools(
         # slower call runs, the finished ones are never executed again.
         if policy.allows(call.name):
             context = ToolContext(
-                str(run["tenant_id"]),
-                str(run["session_id"]),
+                run.tenant_id,
+                run.session_id,
                 run_id,
                 call.tool_call_id,
                 runtime.engine,
@@ -445,16 +417,12 @@ def _refused(name: str) -> ToolOutcome:
     return ToolOutcome(f"Error: the policy does not allow the tool {name!r}.", is_error=True)
 
 
-async def _commit(runtime: Runtime, run: RowMapping, entries: list[NewEntry]) -> None:
+async def _commit(runtime: Runtime, run: Run, entries: list[NewEntry]) -> None:
     """Append a step's entries (idempotent: ids derive from the run) and announce them."""
     async with runtime.engine.begin() as conn:
-        appended = await append_in(conn, str(run["tenant_id"]), str(run["session_id"]), entries)
-    for entry in appended.entries:
-        runtime.writer.emit(
-            str(run["id"]),
-            "entry.committed",
-            {"seq": int(entry["seq"]), "kind": entry["kind"], "id": entry["id"]},
-        )
+        appended = await append_in(conn, run.tenant_id, run.session_id, entries)
+    for kind, data in committed_events(appended.entries):
+        runtime.writer.emit(run.id, kind, data)
 
 
 def _warn_if_full(runtime: Runtime, run_id: str, meta: ProjectionMeta) -> None:

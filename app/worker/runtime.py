@@ -10,8 +10,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import Settings
 from app.llm.router import Router
+from app.runs.writer import EventWriter
 from app.services.compaction import PreparedCompaction, Summary
-from app.worker.events import EventWriter
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from app.config import Settings
 from app.db.jobs import RUN_QUEUE, RUN_TASK
 from app.llm.router import Router
-from app.worker.events import EventWriter
+from app.runs.writer import EventWriter
 from app.worker.pool import queue_app
 from app.worker.runtime import Runtime
 
