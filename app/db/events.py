@@ -22,15 +22,20 @@ MAX_SEQ = 2**31 - 1
 
 
 async def append_events(
-    conn: AsyncConnection, events: Sequence[tuple[str, str, Mapping[str, Any]]]
+    conn: AsyncConnection,
+    events: Sequence[tuple[str, str, Mapping[str, Any]]],
+    attempts: Mapping[str, int] | None = None,
 ) -> dict[str, int]:
     """Append (run_id, type, data) events in one INSERT; returns each run's last seq.
 
     The only place run events are inserted, and the one seq allocator: each run's events take
     the seqs after its highest one, in order, so a run's seqs are dense whoever writes them.
-    Two writers of one run at once conflict on the primary key instead of interleaving."""
+    With `attempts` (a worker's writes), a run's events are written only while the run is
+    still at that attempt: those of a superseded attempt are dropped (its run is missing from
+    the answer). The run row is share-locked, so a takeover waits for the write or fences it."""
     if not events:
         return {}
+    fenced = attempts is not None
     order: dict[str, int] = {}
     ords = []
     for run_id, _, _ in events:
@@ -42,10 +47,18 @@ async def append_events(
         "  COALESCE((SELECT max(x.seq) FROM run_events x WHERE x.run_id = e.run_id), 0) + e.ord,"
         "  e.type, e.data"
         " FROM unnest(CAST(:run_ids AS uuid[]), CAST(:ords AS int[]), CAST(:types AS text[]),"
-        "  CAST(CAST(:datas AS text[]) AS jsonb[])) AS e(run_id, ord, type, data)"
-        " RETURNING run_id, seq"
+        "  CAST(CAST(:datas AS text[]) AS jsonb[]), CAST(:attempts AS int[]))"
+        "  AS e(run_id, ord, type, data, attempt)"
+        + (
+            " JOIN runs r ON r.id = e.run_id AND r.attempts = e.attempt"
+            " AND r.status IN ('running', 'requires_action') FOR SHARE OF r"
+            if fenced
+            else ""
+        )
+        + " RETURNING run_id, seq"
     )
     params = {
+        "attempts": [(attempts or {}).get(e[0], 0) for e in events],
         "run_ids": [e[0] for e in events],
         "ords": ords,
         "types": [str(e[1]) for e in events],

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.db.tables import runs
@@ -52,10 +53,11 @@ async def update_run(conn: AsyncConnection, run_id: str, values: dict[str, Any])
     return Run.from_row((await conn.execute(query)).mappings().one())
 
 
-async def start_attempt(conn: AsyncConnection, run_id: str, status: RunStatus) -> Run:
-    """Count a new attempt of the run, now `status` (running)."""
+async def start_attempt(conn: AsyncConnection, run_id: str, status: RunStatus, lease: int) -> Run:
+    """Count a new attempt of the run, now `status` (running) under the worker's `lease`."""
     values = {
         "status": status.value,
+        "lease": lease,
         "attempts": runs.c.attempts + 1,
         "started_at": func.coalesce(runs.c.started_at, func.now()),
     }
@@ -85,3 +87,43 @@ async def count_asks(conn: AsyncConnection, session_id: str) -> int:
 
 def _run(row: Any) -> Run | None:
     return None if row is None else Run.from_row(row)
+
+
+# The leases held in this database: a bigint advisory lock key shows in pg_locks as classid
+# (its high 32 bits) and objid (its low 32 bits), with objsubid 1.
+HELD_LEASES = (
+    "SELECT (l.classid::bigint << 32) | l.objid::bigint FROM pg_locks l"
+    " WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1"
+    " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+)
+
+
+async def lease_held(conn: AsyncConnection, lease: int | None) -> bool:
+    if lease is None:
+        return False
+    query = text(f"SELECT CAST(:lease AS bigint) IN ({HELD_LEASES})")
+    return bool((await conn.execute(query, {"lease": lease})).scalar_one())
+
+
+@dataclass(frozen=True)
+class Orphan:
+    """An unfinished run nobody will finish: its worker's lease is gone, or its job ended."""
+
+    run: Run
+    job_status: str | None  # None: the job row is gone
+
+
+async def orphaned_runs(conn: AsyncConnection, limit: int = 100) -> list[Orphan]:
+    """Runs `queued` or `running` whose job has ended (failed, aborted, or succeeded without
+    ending the run) or is gone, and runs `running` whose lease is no longer held; locked
+    (skipping any another worker is looking at)."""
+    query = text(
+        "SELECT r.*, j.status AS job_status FROM runs r"
+        " LEFT JOIN procrastinate_jobs j ON j.id = r.job_id"
+        " WHERE r.status IN ('queued', 'running') AND ("
+        "  j.id IS NULL OR j.status NOT IN ('todo', 'doing')"
+        "  OR (r.status = 'running' AND (r.lease IS NULL OR r.lease NOT IN (" + HELD_LEASES + ")))"
+        " ) ORDER BY r.created_at LIMIT :limit FOR UPDATE OF r SKIP LOCKED"
+    )
+    rows = (await conn.execute(query, {"limit": limit})).mappings().all()
+    return [Orphan(Run.from_row(r), r["job_status"]) for r in rows]

@@ -101,6 +101,8 @@ class Run:
     error: dict[str, Any] | None = None
     cancel_mode: CancelMode | None = None  # set when a cancel was requested
     job_id: int | None = None
+    lease: int | None = None  # the worker lease of the current attempt
+    workers_lost: int = 0  # workers that died while running it
     action_expires_at: datetime | None = None
     input_tokens: int = 0
     output_tokens: int = 0
@@ -130,6 +132,8 @@ class Run:
             error=row["error"],
             cancel_mode=row["cancel_mode"],
             job_id=row["job_id"],
+            lease=row["lease"],
+            workers_lost=int(row["workers_lost"]),
             action_expires_at=row["action_expires_at"],
             input_tokens=int(row["input_tokens"]),
             output_tokens=int(row["output_tokens"]),

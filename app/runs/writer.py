@@ -40,6 +40,13 @@ class EventWriter:
         self._wake = asyncio.Event()
         self._flushing = asyncio.Lock()
         self._first_delta_sent: set[str] = set()
+        self._attempts: dict[str, int] = {}  # the attempt each open run is at, here
+        self.superseded: set[str] = set()  # runs whose attempt here was taken over
+
+    def open(self, run_id: str, attempt: int) -> None:
+        """Write the run's events as its attempt `attempt`: fenced once another one starts."""
+        self._attempts[run_id] = attempt
+        self.superseded.discard(run_id)
 
     def emit(self, run_id: str, kind: str, data: dict[str, Any], *, urgent: bool = False) -> None:
         queue = self._pending.setdefault(run_id, [])
@@ -55,6 +62,8 @@ class EventWriter:
         """Forget a run that has ended here (its events were flushed with its end)."""
         self._pending.pop(run_id, None)
         self._first_delta_sent.discard(run_id)
+        self._attempts.pop(run_id, None)
+        self.superseded.discard(run_id)
 
     async def flush(self) -> None:
         async with self._flushing:
@@ -64,15 +73,21 @@ class EventWriter:
             for run in batch:
                 self._pending[run] = []
             rows = [(run, kind, data) for run, events in batch.items() for kind, data in events]
+            attempts = {run: self._attempts.get(run, 0) for run in batch}
             try:
                 async with self._engine.begin() as conn:
-                    last = await events_db.append_events(conn, rows)
+                    last = await events_db.append_events(conn, rows, attempts)
                     await events_db.notify(conn, last)
             except Exception:
                 # Put them back in front: the next tick tries again, in the same order.
                 for run, events in batch.items():
                     self._pending[run] = events + self._pending.get(run, [])
                 raise
+            for run in batch.keys() - last.keys():
+                log.warning(
+                    "run %s was taken over by another attempt: its events here dropped", run
+                )
+                self.superseded.add(run)
 
     async def run(self) -> None:
         """Flush every tick (or at once when woken) until cancelled."""

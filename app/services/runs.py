@@ -21,8 +21,11 @@ from app.db import runs as runs_db
 from app.db.tables import sessions
 from app.llm.catalog import cost_usd
 from app.runs import machine, writer
-from app.runs.model import CancelMode, Outcome, Run, RunKind, RunParams, entry_id
+from app.runs.model import CancelMode, Outcome, Run, RunKind, RunParams, RunStatus, entry_id
 from app.services.journal import NewEntry, append_in
+
+# A run whose workers died this many times while running it fails instead of being passed on.
+MAX_WORKERS_LOST = 2
 
 
 async def create(
@@ -61,12 +64,37 @@ async def create(
     return run
 
 
-async def start(conn: AsyncConnection, run: Run) -> Run:
-    """A worker takes the run (locked by the caller, active, not being cancelled)."""
+async def start(conn: AsyncConnection, run: Run, lease: int) -> Run:
+    """A worker holding `lease` takes the run (locked by the caller, active, not being
+    cancelled). A run whose workers died too often while running it fails instead: whatever
+    it does takes its worker down."""
+    if run.status is RunStatus.RUNNING and run.workers_lost >= MAX_WORKERS_LOST:
+        message = (
+            f"the workers running this run died {run.workers_lost} times (crashed, killed, or "
+            "blocked by a tool); it is not passed on again"
+        )
+        return await finish(
+            conn, run, Outcome("failed", error={"code": "worker_lost", "message": message})
+        )
     step = machine.start(run)
-    started = await runs_db.start_attempt(conn, run.id, step.status)
+    started = await runs_db.start_attempt(conn, run.id, step.status, lease)
     await writer.append(conn, run.id, step.events)
     return started
+
+
+async def recover(conn: AsyncConnection, orphan: runs_db.Orphan) -> Run:
+    """An unfinished run nobody will finish (locked by the caller): its worker died (its lease
+    is gone), or its job ended without ending it. Its job is queued again, and the run resumes
+    from the journal on whichever worker takes it."""
+    run = orphan.run
+    if run.status is RunStatus.RUNNING and not await runs_db.lease_held(conn, run.lease):
+        run = await runs_db.update_run(conn, run.id, {"workers_lost": run.workers_lost + 1})
+    if run.job_id is not None:
+        await jobs_db.end_job(conn, run.job_id)
+    if run.cancel_mode:
+        return await finish(conn, run, Outcome("cancelled"))
+    job_id = await jobs_db.defer_run(conn, run.id, run.session_id, run.kind.value)
+    return await runs_db.update_run(conn, run.id, {"job_id": job_id})
 
 
 async def await_tool_outputs(
@@ -103,8 +131,12 @@ async def request_cancel(conn: AsyncConnection, run: Run, mode: CancelMode) -> R
     """With the run row locked: mark it, and end it now when no worker has it; a worker that
     has it stops and commits what it received."""
     run = await runs_db.update_run(conn, run.id, {"cancel_mode": mode})
-    waiting = run.job_id is None or await jobs_db.cancel_job(conn, run.job_id)
-    if waiting:
+    if run.job_id is None:
+        return await finish(conn, run, Outcome("cancelled"))
+    if run.status is RunStatus.RUNNING and not await runs_db.lease_held(conn, run.lease):
+        await jobs_db.end_job(conn, run.job_id)  # its worker died: nobody else will end it
+        return await finish(conn, run, Outcome("cancelled"))
+    if await jobs_db.cancel_job(conn, run.job_id):  # no worker had taken it yet
         return await finish(conn, run, Outcome("cancelled"))
     return run
 

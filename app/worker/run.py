@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from sqlalchemy import text
+
 from app.core.entries import EntryKind, FinishReason
 from app.core.messages import result_text
 from app.core.projection import ProjectionMeta
@@ -29,6 +31,7 @@ from app.core.tool_loop import (
 from app.db import journal as journal_db
 from app.db import runs as runs_db
 from app.db import sessions as sessions_db
+from app.db.engine import database_unreachable, retrying
 from app.llm.base import (
     Finish,
     ModelRequest,
@@ -53,6 +56,9 @@ from app.worker.compaction import (
 from app.worker.runtime import Runtime
 
 log = logging.getLogger(__name__)
+# Database outages one attempt waits out before it gives up (then its job fails, and the run
+# is picked up again once the database is back: app/worker/pool.py).
+MAX_OUTAGES = 5
 WARNING_SHARE, LIMIT_SHARE = 0.8, 1.0
 PREVIEW_CHARS = 500
 
@@ -88,16 +94,14 @@ async def execute_run(
         return
     run = claimed
     writer = runtime.writer
+    writer.open(run_id, run.attempts)
     progress = _Progress(model=run.model)
     try:
         policy = RunPolicy.model_validate(run.params.run_policy or {})
         outcome: Outcome | Pause
         try:
             async with asyncio.timeout(policy.max_run_seconds):
-                if run.kind is RunKind.COMPACTION:
-                    outcome = await compaction_job(runtime, run)
-                else:
-                    outcome = await _converse(runtime, run, progress)
+                outcome = await _attempt(runtime, run, progress)
         except TimeoutError:
             limit = StopRun(
                 "max_run_seconds", f"the run took longer than {policy.max_run_seconds} s"
@@ -106,6 +110,9 @@ async def execute_run(
             outcome = Outcome(
                 "failed", "".join(progress.text), progress.usage, outcome.error, progress.model
             )
+        except Superseded:
+            log.warning("run %s: taken over by another worker; this attempt stops", run_id)
+            return
         except asyncio.CancelledError:
             if abort_reason() != "user_request":
                 raise
@@ -114,30 +121,65 @@ async def execute_run(
         except Exception as exc:  # a bug must still end the run, clearly
             log.exception("run %s crashed", run_id)
             outcome = Outcome("failed", error={"code": "internal_error", "message": str(exc)})
+        # Its end is written whatever happens to the database meanwhile: retried until it is back.
         if isinstance(outcome, Pause):
-            await _pause(runtime, run_id, outcome)
+            await retrying(lambda: _pause(runtime, run, outcome))
         else:
-            await _finish(runtime, run_id, outcome)
+            await retrying(lambda: _finish(runtime, run, outcome))
     finally:
         writer.close(run_id)
 
 
-async def _finish(runtime: Runtime, run_id: str, outcome: Outcome) -> None:
+async def _attempt(runtime: Runtime, run: Run, progress: _Progress) -> Outcome | Pause:
+    """The run's work. A database that cannot be reached mid-run (a restart, a failover) is
+    waited for, then the work goes on from what the journal holds; clients are told to drop
+    the partial answer they saw (`message.reset`), which streams again."""
+    outages = 0
+    while True:
+        try:
+            if run.kind is RunKind.COMPACTION:
+                return await compaction_job(runtime, run)
+            return await _converse(runtime, run, progress)
+        except Exception as exc:
+            if not database_unreachable(exc) or outages >= MAX_OUTAGES:
+                raise
+            outages += 1
+            log.warning("run %s: the database cannot be reached; resuming once it is back", run.id)
+        await retrying(lambda: _ping(runtime))
+        progress.text = []
+        runtime.writer.emit(run.id, "message.reset", {"reason": "retry", "attempt": run.attempts})
+
+
+async def _ping(runtime: Runtime) -> None:
+    async with runtime.engine.connect() as conn:
+        await conn.execute(text("SELECT 1"))
+
+
+class Superseded(Exception):
+    """Another worker took the run over (this one was thought dead): it stops writing."""
+
+
+def _check_fence(runtime: Runtime, run_id: str) -> None:
+    if run_id in runtime.writer.superseded:
+        raise Superseded(run_id)
+
+
+async def _finish(runtime: Runtime, run: Run, outcome: Outcome) -> None:
     await runtime.writer.flush()
     async with runtime.engine.begin() as conn:
-        locked = await runs_db.get_run(conn, run_id, lock=True)
-        if locked is None or not locked.active:
-            return
+        locked = await runs_db.get_run(conn, run.id, lock=True)
+        if locked is None or not locked.active or locked.attempts != run.attempts:
+            return  # ended meanwhile (a cancel after this worker was thought dead), or taken over
         await runs.finish(conn, locked, outcome)
 
 
-async def _pause(runtime: Runtime, run_id: str, pause: Pause) -> None:
+async def _pause(runtime: Runtime, run: Run, pause: Pause) -> None:
     """Park the run in requires_action until the client posts the outputs (or it expires)."""
     await runtime.writer.flush()
     timeout = runtime.settings.tool_outputs_timeout_seconds
     async with runtime.engine.begin() as conn:
-        locked = await runs_db.get_run(conn, run_id, lock=True)
-        if locked is None or not locked.active:
+        locked = await runs_db.get_run(conn, run.id, lock=True)
+        if locked is None or not locked.active or locked.attempts != run.attempts:
             return
         if locked.cancel_mode:
             await runs.finish(conn, locked, Outcome("cancelled"))
@@ -159,7 +201,8 @@ async def _claim(runtime: Runtime, run_id: str) -> Run | None:
         if run.cancel_mode:
             await runs.finish(conn, run, Outcome("cancelled"))
             return None
-        return await runs.start(conn, run)
+        started = await runs.start(conn, run, runtime.lease.key)
+    return started if started.active else None
 
 
 @dataclass(frozen=True)
@@ -268,6 +311,7 @@ async def _model_turn(
     stream = runtime.router.stream(run.model, request, fallback=params.fallback_model)
     try:
         async for model, event in stream:
+            _check_fence(runtime, run_id)
             progress.model = model
             if isinstance(event, TextDelta) and event.text:
                 progress.text.append(event.text)
@@ -378,6 +422,7 @@ async def _run_tools(
     async def settle(call: PendingCall) -> None:
         # Each result is committed the moment its tool returns: if the worker dies while a
         # slower call runs, the finished ones are never executed again.
+        _check_fence(runtime, run_id)
         if policy.allows(call.name):
             context = ToolContext(
                 run.tenant_id,
