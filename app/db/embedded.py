@@ -135,9 +135,10 @@ class EmbeddedPostgres:
         asyncio.run(self._ensure_database())
         return self.url
 
-    def stop(self) -> None:
+    def stop(self, mode: str = "fast") -> None:
+        """Stop the server; mode `immediate` is a crash (no checkpoint, clients cut off)."""
         if self.running():
-            self._run("pg_ctl", "stop", "-D", str(self.pgdata), "-m", "fast", "-w", "-t", "60")
+            self._run("pg_ctl", "stop", "-D", str(self.pgdata), "-m", mode, "-w", "-t", "60")
 
     def running(self) -> bool:
         if not (self.pgdata / "postmaster.pid").exists():

@@ -69,13 +69,14 @@ async def end_job(conn: AsyncConnection, job_id: int) -> None:
 
 
 async def unstarted_runs_jobs(conn: AsyncConnection, job_ids: list[int]) -> set[int]:
-    """Of these jobs, those whose run has not started (still queued): a stalled worker took
-    them but never began; a started run is its lease's to recover."""
+    """Of these jobs, those whose run has not started (still queued, or running between two
+    attempts): a stalled worker took them but never began; a started run is its lease's."""
     if not job_ids:
         return set()
     query = text(
         "SELECT j.id FROM procrastinate_jobs j JOIN runs r ON r.job_id = j.id"
-        " WHERE j.id = ANY(CAST(:ids AS bigint[])) AND r.status = 'queued'"
+        " WHERE j.id = ANY(CAST(:ids AS bigint[]))"
+        " AND (r.status = 'queued' OR (r.status = 'running' AND r.lease IS NULL))"
     )
     return {int(i) for i in (await conn.execute(query, {"ids": job_ids})).scalars()}
 

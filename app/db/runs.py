@@ -113,17 +113,25 @@ class Orphan:
     job_status: str | None  # None: the job row is gone
 
 
-async def orphaned_runs(conn: AsyncConnection, limit: int = 100) -> list[Orphan]:
+async def orphaned_runs(
+    conn: AsyncConnection, lease_grace_seconds: float, limit: int = 100
+) -> list[Orphan]:
     """Runs `queued` or `running` whose job has ended (failed, aborted, or succeeded without
     ending the run) or is gone, and runs `running` whose lease is no longer held; locked
-    (skipping any another worker is looking at)."""
+    (skipping any another worker is looking at).
+
+    A database restart drops every lease at once while their workers live on: for
+    `lease_grace_seconds` after the server started, leases are given time to be taken again."""
     query = text(
         "SELECT r.*, j.status AS job_status FROM runs r"
         " LEFT JOIN procrastinate_jobs j ON j.id = r.job_id"
         " WHERE r.status IN ('queued', 'running') AND ("
         "  j.id IS NULL OR j.status NOT IN ('todo', 'doing')"
-        "  OR (r.status = 'running' AND (r.lease IS NULL OR r.lease NOT IN (" + HELD_LEASES + ")))"
+        "  OR (r.status = 'running' AND r.lease IS NOT NULL"
+        "   AND r.lease NOT IN (" + HELD_LEASES + ")"
+        "   AND pg_postmaster_start_time() < now() - make_interval(secs => :grace))"
         " ) ORDER BY r.created_at LIMIT :limit FOR UPDATE OF r SKIP LOCKED"
     )
-    rows = (await conn.execute(query, {"limit": limit})).mappings().all()
+    params = {"limit": limit, "grace": lease_grace_seconds}
+    rows = (await conn.execute(query, params)).mappings().all()
     return [Orphan(Run.from_row(r), r["job_status"]) for r in rows]

@@ -87,8 +87,11 @@ async def recover(conn: AsyncConnection, orphan: runs_db.Orphan) -> Run:
     is gone), or its job ended without ending it. Its job is queued again, and the run resumes
     from the journal on whichever worker takes it."""
     run = orphan.run
-    if run.status is RunStatus.RUNNING and not await runs_db.lease_held(conn, run.lease):
-        run = await runs_db.update_run(conn, run.id, {"workers_lost": run.workers_lost + 1})
+    if run.status is RunStatus.RUNNING and run.lease is not None:
+        # Its attempt is over: no lease until a worker starts the next one, so the run is
+        # not taken for orphaned again meanwhile (and its worker is counted lost once).
+        lost = run.workers_lost + (not await runs_db.lease_held(conn, run.lease))
+        run = await runs_db.update_run(conn, run.id, {"workers_lost": lost, "lease": None})
     if run.job_id is not None:
         await jobs_db.end_job(conn, run.job_id)
     if run.cancel_mode:

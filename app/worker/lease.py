@@ -21,7 +21,7 @@ _LOW = 2**32
 
 
 class WorkerLease:
-    def __init__(self, engine: AsyncEngine, check_seconds: float = 1.0) -> None:
+    def __init__(self, engine: AsyncEngine, check_seconds: float = 0.5) -> None:
         self.key = _LOW + secrets.randbelow(2**62 - _LOW)
         self._engine = engine
         self._check = check_seconds

@@ -28,6 +28,9 @@ from app.worker.lease import WorkerLease
 from app.worker.run import execute_run
 
 log = logging.getLogger(__name__)
+# After a database restart, how long the workers (alive, but their leases dropped with their
+# connections) have to take their leases again before their runs count as orphaned.
+LEASE_GRACE_SECONDS = 5.0
 
 
 def libpq_url(database_url: str) -> str:
@@ -121,7 +124,7 @@ async def _recover_runs(runtime: runtimes.Runtime) -> None:
         await asyncio.sleep(runtime.settings.recovery_check_seconds)
         try:
             async with runtime.engine.begin() as conn:
-                for orphan in await runs_db.orphaned_runs(conn):
+                for orphan in await runs_db.orphaned_runs(conn, LEASE_GRACE_SECONDS):
                     log.warning("run %s has nobody to finish it: queued again", orphan.run.id)
                     await runs.recover(conn, orphan)
         except Exception:
