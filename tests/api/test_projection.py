@@ -10,7 +10,7 @@ import httpx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.core.formats import validate_anthropic, validate_openai
+from tests.core.format_oracles import validate_anthropic, validate_openai
 from tests.fakes.upstream import FakeUpstream, Text
 from tests.helpers import append, append_texts, history, message, new_session
 

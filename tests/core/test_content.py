@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 from app.core import content as rules
 from app.core.content import content_problems, image_of, sendable_parts, sniff_image
 from app.core.entries import EntryKind, PayloadError, normalize_entry
-from app.core.formats import to_anthropic, to_openai, validate_anthropic, validate_openai
+from app.core.formats import to_anthropic, to_openai
 from app.core.messages import Message
+from tests.core.format_oracles import validate_anthropic, validate_openai
 from tests.images import PNG_URL, data_url, gif, jpeg, png, webp
 
 Json = dict[str, Any]

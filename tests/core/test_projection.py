@@ -11,13 +11,7 @@ from hypothesis import strategies as st
 
 from app.core.entries import EntryKind
 from app.core.eviction import READ_TOOL_OUTPUT, output_ref, preview, sizes
-from app.core.formats import (
-    openai_request_tokens,
-    to_anthropic,
-    to_openai,
-    validate_anthropic,
-    validate_openai,
-)
+from app.core.formats import openai_request_tokens, to_anthropic, to_openai
 from app.core.messages import Message, ToolSpec, canonical_json
 from app.core.policy import ContextPolicy
 from app.core.projection import (
@@ -40,6 +34,7 @@ from app.core.tokens import (
     tools_tokens,
 )
 from app.llm.tokenizers import counting_for, stored_counter
+from tests.core.format_oracles import validate_anthropic, validate_openai
 from tests.images import data_url, png
 
 O200K = stored_counter()

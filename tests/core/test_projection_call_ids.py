@@ -6,15 +6,10 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.core.formats import (
-    openai_request_tokens,
-    to_anthropic,
-    to_openai,
-    validate_anthropic,
-    validate_openai,
-)
+from app.core.formats import openai_request_tokens, to_anthropic, to_openai
 from app.core.policy import ContextPolicy
 from app.core.projection import INTERRUPTED_RESULT
+from tests.core.format_oracles import validate_anthropic, validate_openai
 from tests.core.test_projection import O200K, Journal, roles
 
 
