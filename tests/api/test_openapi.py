@@ -166,7 +166,6 @@ def _never_hang(case: Any) -> bool:
 @schema.parametrize()
 @settings(
     max_examples=25,
-    deadline=None,
     derandomize=True,
     suppress_health_check=list(HealthCheck),
 )
@@ -200,7 +199,6 @@ def test_stateful_sequences_conform(api_schema: Any, live_server: LiveServer) ->
         settings=settings(
             max_examples=15,
             stateful_step_count=6,
-            deadline=None,
             derandomize=True,
             suppress_health_check=list(HealthCheck),
         )

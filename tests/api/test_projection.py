@@ -235,7 +235,6 @@ async def _build(api: httpx.AsyncClient, sid: str, steps: list[tuple[str, Any]])
 
 @settings(
     max_examples=12,
-    deadline=None,
     suppress_health_check=list(HealthCheck),
     derandomize=True,
 )

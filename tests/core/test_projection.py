@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.core.entries import EntryKind
@@ -636,7 +636,7 @@ policies = st.builds(
 )
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150)
 @given(journals(), policies, st.booleans())
 def test_every_projection_is_valid_within_budget_and_deterministic(
     generated: tuple[Journal, list[PendingEntry]], policy: ContextPolicy, with_system: bool
@@ -755,7 +755,7 @@ def _history(j: Journal, pending: list[PendingEntry], policy: ContextPolicy) -> 
         return None
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=120)
 @given(long_journals(), window_policies, budget_steps)
 def test_a_larger_budget_never_sends_less_history(
     generated: tuple[Journal, list[PendingEntry]], policy: ContextPolicy, more: int
@@ -779,7 +779,7 @@ def _window_messages(p: Projection) -> list[Message]:
     return list(p.messages[head + p.meta.summary_used :])
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=120)
 @given(long_journals(), window_policies)
 def test_a_truncated_window_leaves_at_most_one_chunk_unused(
     generated: tuple[Journal, list[PendingEntry]], policy: ContextPolicy

@@ -3,7 +3,7 @@ the service named its calls): every call keeps its own result and goes out under
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.core.formats import openai_request_tokens, to_anthropic, to_openai
@@ -47,7 +47,7 @@ def test_a_repeated_id_without_a_result_is_interrupted_not_answered_by_a_later_o
     assert validate_openai(to_openai(p.messages, ())) == []
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100)
 @given(
     st.lists(
         st.tuples(

@@ -67,7 +67,7 @@ async def _new(engine: AsyncEngine, tenant_id: str, entries: list[NewEntry]) -> 
     return sid
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=15, suppress_health_check=list(HealthCheck))
 @given(thread=threads(), data=st.data())
 async def test_a_fork_projects_like_the_same_thread_unforked(
     engine: AsyncEngine, settings: Settings, thread: list[NewEntry], data: st.DataObject
