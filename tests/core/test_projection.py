@@ -241,7 +241,9 @@ def test_a_summary_larger_than_the_budget_is_cut_with_a_mark_not_refused() -> No
     p = j.project(policy=SMALL, system_prompt=SYSTEM)
     assert p.meta.summary_used and p.meta.summary_truncated and p.meta.truncated
     assert p.meta.needs_summary  # so an auto-compaction may write a smaller one
-    prefix, summary = (part["text"] for part in p.messages[1].content)
+    parts = p.messages[1].content
+    assert not isinstance(parts, str)
+    prefix, summary = (part["text"] for part in parts)
     assert prefix == SUMMARY_PREFIX and summary.endswith(SUMMARY_CUT_MARK)
     kept = summary.removesuffix(SUMMARY_CUT_MARK)
     assert kept and content.startswith(kept) and len(kept) < len(content)

@@ -82,7 +82,7 @@ def test_repeated_ids_always_project_valid_and_within_budget(
     for at, message in enumerate(p.messages):
         for call in message.tool_calls:
             number = call.arguments["n"]
-            answer = next(m for m in p.messages[at:] if m.tool_call_id == call.id)
-            assert answer.content == INTERRUPTED_RESULT or str(answer.content).startswith(
+            reply = next(m for m in p.messages[at:] if m.tool_call_id == call.id)
+            assert reply.content == INTERRUPTED_RESULT or str(reply.content).startswith(
                 f"answer {number}."
             )
