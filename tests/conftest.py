@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import hypothesis
 import pytest
 import uvicorn
 from fastapi import FastAPI
@@ -26,6 +27,24 @@ from app.main import create_app
 from app.services.keys import create_key
 
 pytest_plugins = ["tests.e2e"]
+
+# The suite shares small machines with other work: an example that runs slowly there is load, not
+# a bug, so no test has a deadline and the too_slow health check is off (the other health checks
+# count examples and sizes, which load does not change). print_blob: a failure found at random
+# prints the @reproduce_failure line that replays it. Loaded before any test module is imported,
+# so a test's own @settings(max_examples=...) inherits the rest. HYPOTHESIS_PROFILE picks another:
+# "thorough" (more examples for the tests that do not set their own), or Hypothesis's "ci".
+hypothesis.settings.register_profile(
+    "threadline",
+    hypothesis.settings.get_profile("default"),  # not whatever Hypothesis loaded (CI: "ci")
+    deadline=None,
+    suppress_health_check=[hypothesis.HealthCheck.too_slow],
+    print_blob=True,
+)
+hypothesis.settings.register_profile(
+    "thorough", hypothesis.settings.get_profile("threadline"), max_examples=1000
+)
+hypothesis.settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "threadline"))
 
 
 @pytest.fixture(scope="session")

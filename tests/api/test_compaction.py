@@ -391,7 +391,9 @@ async def test_a_summary_cut_off_at_its_length_limit_keeps_what_it_said_complete
         summary["payload"]["content"] == "The user likes tea and lives in Oslo." + SUMMARY_CUT_MARK
     )
     # A short conversation is asked for a short summary, not for the cap's ~900 words.
-    asked = int(re.search(r"Use at most (\d+) words", user_text(upstream.requests[-1].body))[1])
+    cap = re.search(r"Use at most (\d+) words", user_text(upstream.requests[-1].body))
+    assert cap is not None
+    asked = int(cap[1])
     assert asked < 100
 
 

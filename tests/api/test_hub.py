@@ -23,6 +23,7 @@ from tests.sse_client import SAFETY_NET_SECONDS, collect
 
 @pytest.fixture
 async def hub(e2e_engine: AsyncEngine, e2e_settings: Settings) -> AsyncIterator[EventHub]:
+    assert e2e_settings.database_url is not None
     hub = EventHub(e2e_engine, libpq_url(e2e_settings.database_url), poll_seconds=3600)
     await hub.start()
     yield hub

@@ -10,9 +10,10 @@ import time
 import httpx
 import pytest
 
-from app.core.formats import openai_request_tokens, validate_openai
+from app.core.formats import openai_request_tokens
 from app.core.projection import SUMMARY_PREFIX
 from app.llm.tokenizers import encoding_counter
+from tests.core.format_oracles import validate_openai
 from tests.fakes import long_session as scenario
 from tests.fakes.upstream import FakeUpstream
 from tests.helpers import history, new_session
