@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -51,7 +52,10 @@ async def test_append_allocates_dense_seqs_per_run_in_order(engine: AsyncEngine)
     after its highest, in the order given, whichever batch they came in."""
     a = await run_with_events(engine, None)  # seqs 1, 2 already
     b = await run_with_events(engine, None)
-    batch = [(a, "message.delta", {"text": "a3"}), (b, "usage", {"n": 1})]
+    batch: list[tuple[str, str, dict[str, Any]]] = [
+        (a, "message.delta", {"text": "a3"}),
+        (b, "usage", {"n": 1}),
+    ]
     batch += [(a, "message.delta", {"text": "a4"}), (b, "run.completed", {"n": 2})]
     async with engine.begin() as conn:
         assert await events_db.append_events(conn, batch) == {a: 4, b: 4}

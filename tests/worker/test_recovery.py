@@ -119,11 +119,17 @@ async def test_a_run_whose_workers_die_twice_fails_instead_of_being_passed_on(
     assert (nxt["status"], nxt["result"]) == ("completed", "next")
 
 
-async def registered_workers(settings: Settings) -> int:
+async def until_registered(settings: Settings, count: int) -> None:
+    """Until exactly `count` workers are registered with procrastinate."""
     assert settings.database_url is not None
     conn = await asyncpg.connect(libpq_url(settings.database_url))
     try:
-        return int(await conn.fetchval("SELECT count(*) FROM procrastinate_workers"))
+        query = "SELECT count(*) FROM procrastinate_workers"
+        for _ in range(1200):
+            if await conn.fetchval(query) == count:
+                return
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"never {count} registered workers")
     finally:
         await conn.close()
 
@@ -142,12 +148,10 @@ async def test_a_paused_worker_keeps_its_run_and_takes_jobs_again(
     run = await ask(api_only, sid)
     await until_streaming(api_only, run["id"], 1)
     workers.start()
-    while await registered_workers(crash_settings) < 2:
-        await asyncio.sleep(0.1)
+    await until_registered(crash_settings, 2)
     workers.pause(paused)
     # Past the stall threshold the other worker prunes the paused one's registration.
-    while await registered_workers(crash_settings) != 1:
-        await asyncio.sleep(0.1)
+    await until_registered(crash_settings, 1)
     workers.resume(paused)
     release.set()
     done = await ended(api_only, run["id"])
