@@ -38,17 +38,19 @@ async def ended(api: httpx.AsyncClient, run_id: str) -> dict[str, Any]:
 
 
 async def until_streaming(api: httpx.AsyncClient, run_id: str, attempt: int) -> None:
-    """Until the run's attempt `attempt` has sent a delta."""
-    events = await collect(api, "GET", f"/v1/runs/{run_id}/events", until="message.delta")
-    while [e for e in events if e.type == "run.started"][-1].data["attempt"] != attempt:
-        after = events[-1].id
-        events += await collect(
-            api,
-            "GET",
-            f"/v1/runs/{run_id}/events",
-            until="message.delta",
-            headers={"Last-Event-ID": str(after)},
-        )
+    """Until the run's attempt `attempt` has sent a delta (a generous bound: a run nobody
+    takes over would keep the stream open, heartbeat after heartbeat)."""
+    async with asyncio.timeout(120):
+        events = await collect(api, "GET", f"/v1/runs/{run_id}/events", until="message.delta")
+        while [e for e in events if e.type == "run.started"][-1].data["attempt"] != attempt:
+            after = events[-1].id
+            events += await collect(
+                api,
+                "GET",
+                f"/v1/runs/{run_id}/events",
+                until="message.delta",
+                headers={"Last-Event-ID": str(after)},
+            )
 
 
 async def assert_one_terminal_and_dense(api: httpx.AsyncClient, run_id: str) -> list[Any]:
