@@ -70,7 +70,6 @@ from bench.streams import (
     client_for,
     cpu_sample,
     cpu_use,
-    free_port,
     loop_name,
     new_tag,
     percentile,
@@ -81,9 +80,8 @@ from bench.streams import (
     tenant_key,
     wait_ready,
 )
-
-# tests/fakes/upstream.py is not clean under mypy --strict: loaded untyped, as bench.streams does.
-from tests.fakes import upstream as fakes
+from testkit.server import free_port
+from testkit.upstream import Json, Script, Text, ToolCall
 
 # --- 1. Iteration overhead ------------------------------------------------------------------
 
@@ -360,23 +358,23 @@ def expression(iteration: int) -> str:
     return f"{iteration} * 7"
 
 
-def loop_scripts() -> list[Any]:
+def loop_scripts() -> list[Script]:
     """The model's answers for one run: a calculator call per iteration, then text."""
     calls = [
-        fakes.Script(
-            (fakes.ToolCall(f"call_{i}", "calculator", json.dumps({"expression": expression(i)})),),
+        Script(
+            (ToolCall(f"call_{i}", "calculator", json.dumps({"expression": expression(i)})),),
             TOKEN_DELAY,
         )
         for i in range(1, TOOL_ITERATIONS + 1)
     ]
-    return [*calls, fakes.Script(tuple(fakes.Text(t) for t in ANSWER), TOKEN_DELAY)]
+    return [*calls, Script(tuple(Text(t) for t in ANSWER), TOKEN_DELAY)]
 
 
 @dataclass
 class LoopPlan:
     """One run's scripts and what the upstream saw of it."""
 
-    scripts: deque[Any]
+    scripts: deque[Script]
     requests: int = 0
     fed: list[str] = field(default_factory=list)  # the last message of requests 2.. (tool)
 
@@ -404,7 +402,7 @@ class ToolUpstream(TimedUpstream):
             self._loops.clear()
         self.clear()
 
-    async def _receive(self, request: Request) -> tuple[dict[str, Any], Any]:
+    async def _receive(self, request: Request) -> tuple[Json, Script]:
         body, script = await super()._receive(request)
         sent = body.get("messages") or []
         found = TAG.search(json.dumps(sent))

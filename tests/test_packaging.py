@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import free_port
+from testkit.server import free_port
 from tests.e2e import create_database, wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]

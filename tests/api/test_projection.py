@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.core.formats import validate_anthropic, validate_openai
-from tests.fakes.upstream import FakeUpstream, Text
-from tests.helpers import append, append_texts, history, message, new_session
+from testkit.api import append, append_texts, history, message, new_session
+from testkit.upstream import FakeUpstream, Text
 
 WEATHER = [
     message("Weather in Oslo?"),

@@ -14,9 +14,9 @@ import httpx
 import pytest
 
 from app.core.formats import validate_anthropic, validate_openai
-from tests.fakes.upstream import FakeUpstream, ReceivedRequest, Script, Text, ToolCall
-from tests.helpers import history, new_session
-from tests.sse_client import collect
+from testkit.api import history, new_session
+from testkit.sse_client import collect
+from testkit.upstream import FakeUpstream, ReceivedRequest, Script, Text, ToolCall
 
 CALCULATOR = {"name": "calculator", "kind": "builtin"}
 ASKS = 20
