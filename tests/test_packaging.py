@@ -74,6 +74,12 @@ def test_the_wheel_ships_the_migrations(installed: Path) -> None:
     assert "app/db/migrations/script.py.mako" in names
 
 
+def test_the_wheel_ships_the_service_alone(installed: Path) -> None:
+    """testkit/, tests/ and bench/ run from the checkout: none of them is installed."""
+    tops = {name.split("/")[0] for name in zipfile.ZipFile(installed).namelist()}
+    assert {top for top in tops if not top.endswith(".dist-info")} == {"app"}
+
+
 @pytest.mark.slow
 def test_installed_wheel_migrates_and_serves_outside_the_checkout(
     installed: Path, database_url: str
