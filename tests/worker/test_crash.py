@@ -15,11 +15,12 @@ from fastapi import FastAPI, Request
 from app.config import Settings
 from app.core.tool_loop import thread_call_id
 from app.main import create_app
-from tests.conftest import issue_key, serve_in_thread, stop_thread_server
+from testkit.api import history, new_session
+from testkit.server import serve_in_thread, stop_thread_server
+from testkit.sse_client import collect
+from testkit.upstream import FakeUpstream, Text, ToolCall, Usage
+from tests.conftest import issue_key
 from tests.e2e import Process, e2e_env, process_env
-from tests.fakes.upstream import FakeUpstream, Text, ToolCall, Usage
-from tests.helpers import history, new_session
-from tests.sse_client import collect
 
 
 @pytest.fixture
