@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import tempfile
-import threading
-import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -16,7 +13,6 @@ from pathlib import Path
 import httpx
 import hypothesis
 import pytest
-import uvicorn
 from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -25,6 +21,7 @@ from app.db.embedded import throwaway_cluster
 from app.db.migrate import upgrade_to_head
 from app.main import create_app
 from app.services.keys import create_key
+from testkit.server import serve_in_thread, stop_thread_server
 
 pytest_plugins = ["tests.e2e"]
 
@@ -135,36 +132,10 @@ async def client(
     return make_client(await new_key())
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 @dataclass
 class LiveServer:
     url: str
     key: str
-
-
-def serve_in_thread(app: FastAPI) -> tuple[uvicorn.Server, threading.Thread, str]:
-    """A real uvicorn on 127.0.0.1 in a thread with its own event loop (SSE needs real HTTP)."""
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.05)
-    return server, thread, f"http://127.0.0.1:{port}"
-
-
-def stop_thread_server(server: uvicorn.Server, thread: threading.Thread) -> None:
-    server.should_exit = True
-    thread.join(timeout=30)
 
 
 def issue_key(settings: Settings, tenant: str) -> str:

@@ -17,8 +17,10 @@ from app.core.projection import SUMMARY_CUT_MARK
 from app.core.tool_loop import thread_call_id
 from app.db.tables import sessions
 from app.services.journal import NewEntry, append_entries
-from tests.fakes.long_session import is_summarization
-from tests.fakes.upstream import (
+from testkit.api import history, new_session
+from testkit.long_session import is_summarization
+from testkit.sse_client import collect
+from testkit.upstream import (
     Fail,
     FakeUpstream,
     Hold,
@@ -30,8 +32,6 @@ from tests.fakes.upstream import (
     ToolCall,
     Usage,
 )
-from tests.helpers import history, new_session
-from tests.sse_client import collect
 
 
 async def ask(api: httpx.AsyncClient, sid: str, text: str, **body: Any) -> dict[str, Any]:

@@ -16,9 +16,9 @@ from app.api.hub import EventHub
 from app.config import Settings
 from app.db import events as events_db
 from app.worker.pool import libpq_url
-from tests.fakes.upstream import FakeUpstream, Stall, Text
-from tests.helpers import new_session
-from tests.sse_client import SAFETY_NET_SECONDS, collect
+from testkit.api import new_session
+from testkit.sse_client import SAFETY_NET_SECONDS, collect
+from testkit.upstream import FakeUpstream, Stall, Text
 
 
 @pytest.fixture

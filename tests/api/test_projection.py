@@ -10,9 +10,9 @@ import httpx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from testkit.api import append, append_texts, history, message, new_session
+from testkit.upstream import FakeUpstream, Text
 from tests.core.format_oracles import validate_anthropic, validate_openai
-from tests.fakes.upstream import FakeUpstream, Text
-from tests.helpers import append, append_texts, history, message, new_session
 
 WEATHER = [
     message("Weather in Oslo?"),

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import httpx
 
-from tests.fakes.upstream import Fail, FailMidStream, FakeUpstream, Stall, Text, Usage
-from tests.helpers import history, new_session
-from tests.sse_client import collect
+from testkit.api import history, new_session
+from testkit.sse_client import collect
+from testkit.upstream import Fail, FailMidStream, FakeUpstream, Stall, Text, Usage
 
 
 async def ask(api: httpx.AsyncClient, sid: str, text: str) -> list:  # type: ignore[type-arg]

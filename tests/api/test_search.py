@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.helpers import append, append_texts, message, new_session
+from testkit.api import append, append_texts, message, new_session
 
 
 async def search(

@@ -20,9 +20,9 @@ from app.llm.base import (
     ToolCallDelta,
     UsageReport,
 )
-from tests.fakes import collect, joined_text, tool_calls
-from tests.fakes.upstream import Fail, FailMidStream, FakeUpstream, Stall, Text, Usage
-from tests.fakes.upstream import ToolCall as ScriptedCall
+from testkit.upstream import Fail, FailMidStream, FakeUpstream, Stall, Text, Usage
+from testkit.upstream import ToolCall as ScriptedCall
+from tests.llm.streamed import collect, joined_text, tool_calls
 
 WEATHER = ToolSpec(
     "get_weather",

@@ -23,7 +23,7 @@ from app.llm.local_provider import (
     chat_messages,
 )
 from app.llm.router import Router
-from tests.fakes import collect, joined_text
+from tests.llm.streamed import collect, joined_text
 
 SHORT = ModelRequest(
     "smollm2",

@@ -21,8 +21,7 @@ from app.llm.base import (
     UsageReport,
 )
 from app.llm.openai_provider import OpenAIProvider
-from tests.fakes import collect, joined_text, tool_calls
-from tests.fakes.upstream import (
+from testkit.upstream import (
     Fail,
     FailMidStream,
     FakeUpstream,
@@ -30,9 +29,10 @@ from tests.fakes.upstream import (
     Text,
     Usage,
 )
-from tests.fakes.upstream import (
+from testkit.upstream import (
     ToolCall as ScriptedCall,
 )
+from tests.llm.streamed import collect, joined_text, tool_calls
 
 WEATHER = ToolSpec(
     "get_weather",

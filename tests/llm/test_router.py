@@ -16,8 +16,8 @@ from app.llm.anthropic_provider import AnthropicProvider
 from app.llm.base import Finish, ModelRequest, ProviderError, StreamEvent, TextDelta
 from app.llm.openai_provider import OpenAIProvider
 from app.llm.router import Route, Router
-from tests.fakes import collect
-from tests.fakes.upstream import Fail, FailMidStream, FakeUpstream, Stall, Text
+from testkit.upstream import Fail, FailMidStream, FakeUpstream, Stall, Text
+from tests.llm.streamed import collect
 
 OPENAI = "openai:gpt-test"
 ANTHROPIC = "anthropic:claude-test"

@@ -13,9 +13,10 @@ import pytest
 
 from app.config import Settings
 from app.main import create_app
-from tests.conftest import issue_key, serve_in_thread, stop_thread_server
+from testkit.server import serve_in_thread, stop_thread_server
+from testkit.upstream import FakeUpstream
+from tests.conftest import issue_key
 from tests.e2e import Process, create_database, e2e_env, process_env
-from tests.fakes.upstream import FakeUpstream
 
 
 @pytest.fixture

@@ -12,10 +12,10 @@ import pytest
 from fastapi import FastAPI, Request
 
 from app.core.tool_loop import thread_call_id
-from tests.conftest import serve_in_thread, stop_thread_server
-from tests.fakes.upstream import FakeUpstream, Text, ToolCall, Usage
-from tests.helpers import history, new_session
-from tests.sse_client import collect
+from testkit.api import history, new_session
+from testkit.server import serve_in_thread, stop_thread_server
+from testkit.sse_client import collect
+from testkit.upstream import FakeUpstream, Text, ToolCall, Usage
 from tests.worker.conftest import Workers
 
 

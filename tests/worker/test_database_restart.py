@@ -20,11 +20,12 @@ import pytest
 from app.config import Settings
 from app.db.embedded import EmbeddedPostgres
 from app.db.migrate import upgrade_to_head
-from tests.conftest import free_port, issue_key
+from testkit.api import history, new_session
+from testkit.server import free_port
+from testkit.sse_client import TERMINAL, collect
+from testkit.upstream import FakeUpstream, Text
+from tests.conftest import issue_key
 from tests.e2e import Process, e2e_env, process_env
-from tests.fakes.upstream import FakeUpstream, Text
-from tests.helpers import history, new_session
-from tests.sse_client import TERMINAL, collect
 
 RUNS = 4
 

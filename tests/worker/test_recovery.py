@@ -14,9 +14,9 @@ import pytest
 
 from app.config import Settings
 from app.worker.pool import libpq_url
-from tests.fakes.upstream import FakeUpstream, Hold, Text
-from tests.helpers import new_session
-from tests.sse_client import collect
+from testkit.api import new_session
+from testkit.sse_client import collect
+from testkit.upstream import FakeUpstream, Hold, Text
 from tests.worker.conftest import Workers
 
 # Heartbeats would take over after an hour: only a lease can explain a takeover within a test.
