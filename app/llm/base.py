@@ -123,6 +123,18 @@ class ProviderError(Exception):
         return {"code": f"provider_{self.kind}", "message": self.message}
 
 
+@dataclass(frozen=True, slots=True)
+class Restart:
+    """What was streamed before this is void: that attempt failed after its output began, and
+    the model was asked again (the same request); its answer follows from the start. Only
+    callers that asked for restarts get one (Router.stream)."""
+
+    error: ProviderError  # why the earlier attempt was given up
+
+
+RoutedEvent = StreamEvent | Restart  # what Router.stream yields
+
+
 class Provider(Protocol):
     """One provider family (openai, anthropic, compat, local)."""
 
