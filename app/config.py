@@ -88,7 +88,10 @@ class Settings(BaseSettings):
     )
     compat_api_key: str | None = Field(default=None, description="Key sent to compat servers.")
     llm_max_retries: int = Field(
-        default=3, ge=0, description="Retries of a model call before its first delta (429/5xx)."
+        default=3,
+        ge=0,
+        description="Retries of a model call that failed transiently (429/5xx, timeouts, dropped "
+        "or garbled streams), before or after its first delta.",
     )
     llm_retry_base_seconds: float = Field(
         default=0.5, ge=0, description="First retry delay; doubles each retry, with jitter."

@@ -2,7 +2,8 @@
 
 The run resumes from the journal, never from memory: a run retried after its worker died starts
 over from its committed user entry (clients get `message.reset`), and its closing entries have
-ids derived from the run, so nothing is ever written twice.
+ids derived from the run, so nothing is ever written twice. A model call that fails after its
+output began is asked again in the same way, within the router's retries (`_void_attempt`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from app.llm.base import (
     Finish,
     ModelRequest,
     ProviderError,
+    Restart,
     TextDelta,
     ToolCallDelta,
     UsageReport,
@@ -61,6 +63,8 @@ log = logging.getLogger(__name__)
 MAX_OUTAGES = 5
 WARNING_SHARE, LIMIT_SHARE = 0.8, 1.0
 PREVIEW_CHARS = 500
+# Why a model call's partial answer was voided: `message.reset`'s reason, the rollback's.
+RESTART_REASON = "provider_retry"
 
 
 @dataclass
@@ -68,6 +72,7 @@ class _Progress:
     """What a run has received so far: committed as incomplete if it is stopped."""
 
     text: list[str] = field(default_factory=list)  # the current model turn's
+    restarts: int = 0  # model calls asked again after their output began (this attempt)
     usage: UsageReport | None = None  # summed over the run's model turns
     model: str | None = None
     # once a summary failed, or is still being written after the wait, this run only windows
@@ -308,12 +313,19 @@ async def _model_turn(
     user_seq = run.input_seq
     finish: FinishReason | None = None
     positions: dict[int, int] = {}  # a streamed call's index -> its place in the turn
-    stream = runtime.router.stream(run.model, request, fallback=params.fallback_model)
+    # restarts: a transient fault after output began is retried too; tools only ever run
+    # after a model turn that completed, so no call is executed for a voided attempt.
+    stream = runtime.router.stream(
+        run.model, request, fallback=params.fallback_model, restarts=True
+    )
     try:
         async for model, event in stream:
             _check_fence(runtime, run_id)
             progress.model = model
-            if isinstance(event, TextDelta) and event.text:
+            if isinstance(event, Restart):
+                await _void_attempt(runtime, run, iteration, progress, event.error)
+                pieces, positions, finish = [], {}, None
+            elif isinstance(event, TextDelta) and event.text:
                 progress.text.append(event.text)
                 runtime.writer.emit(run_id, "message.delta", {"text": event.text})
             elif isinstance(event, ToolCallDelta):
@@ -346,6 +358,43 @@ async def _model_turn(
     await _commit(runtime, run, turn)
     progress.text = []  # committed with its calls: not part of the final answer
     return None
+
+
+async def _void_attempt(
+    runtime: Runtime, run: Run, iteration: int, progress: _Progress, error: ProviderError
+) -> None:
+    """A model call failed after its output began and was asked again (the same request):
+    what it wrote is journaled as an incomplete answer and rolled back at once, so that no
+    projection (nor a summary) ever sends it, and clients are told to drop it."""
+    progress.restarts += 1
+    text, progress.text = "".join(progress.text), []
+    log.warning(
+        "run %s: the model call failed after its output began (%s: %s); asked again",
+        run.id,
+        error.kind,
+        error.message,
+    )
+    if text:
+        part = f"{iteration}:restart:{run.attempts}.{progress.restarts}"
+        refs = {"run_id": run.id, "call_id": f"{run.id}:{iteration}", "iteration": iteration}
+        said = {"role": "assistant", "content": text, "status": "incomplete"}
+        partial = NewEntry(EntryKind.MESSAGE, said, refs, entry_id(run.id, part))
+        async with runtime.engine.begin() as conn:
+            first = await append_in(conn, run.tenant_id, run.session_id, [partial])
+            seq = int(first.entries[0]["seq"])
+            taken_back = {"from_seq": seq, "to_seq": seq, "reason": RESTART_REASON}
+            rollback = NewEntry(
+                EntryKind.ROLLBACK,
+                taken_back,
+                {"run_id": run.id},
+                entry_id(run.id, f"{part}:rollback"),
+            )
+            second = await append_in(conn, run.tenant_id, run.session_id, [rollback])
+        for kind, data in committed_events([*first.entries, *second.entries]):
+            runtime.writer.emit(run.id, kind, data)
+    runtime.writer.emit(
+        run.id, "message.reset", {"reason": RESTART_REASON, "attempt": run.attempts}
+    )
 
 
 async def _project(runtime: Runtime, run: Run) -> SessionProjection:

@@ -25,8 +25,11 @@ from testkit.upstream import (
     Fail,
     FailMidStream,
     FakeUpstream,
+    Malformed,
     Stall,
+    Step,
     Text,
+    Truncate,
     Usage,
 )
 from testkit.upstream import (
@@ -191,10 +194,12 @@ async def test_errors_before_output_are_classified(
         (FailMidStream("overloaded"), "overloaded"),
         (FailMidStream("server", "The server had an error"), "server"),
         (FailMidStream(disconnect=True), "connection"),
+        (Truncate(), "server"),
+        (Malformed(), "bad_response"),
     ],
 )
 async def test_failure_mid_stream_comes_after_the_deltas(
-    provider: OpenAIProvider, upstream: FakeUpstream, failure: FailMidStream, expected: str
+    provider: OpenAIProvider, upstream: FakeUpstream, failure: Step, expected: str
 ) -> None:
     upstream.script(Text("Hel"), Text("lo"), failure)
     events: list[StreamEvent] = []
@@ -205,6 +210,19 @@ async def test_failure_mid_stream_comes_after_the_deltas(
     assert events == [TextDelta("Hel"), TextDelta("lo")]
     assert caught.value.kind == expected
     assert caught.value.retryable
+
+
+async def test_a_chunk_that_is_not_json_is_a_bad_response(
+    provider: OpenAIProvider, upstream: FakeUpstream
+) -> None:
+    upstream.script(Malformed("{not json"))
+
+    with pytest.raises(ProviderError) as caught:
+        await collect(provider.stream(HELLO))
+
+    assert caught.value.kind == "bad_response" and caught.value.retryable
+    assert caught.value.as_error()["code"] == "provider_bad_response"
+    assert "not JSON" in caught.value.message
 
 
 async def test_a_silent_upstream_times_out(upstream: FakeUpstream) -> None:
