@@ -22,9 +22,6 @@ import uuid
 
 import asyncpg
 import httpx
-from testkit.server import serve_in_thread, stop_thread_server
-from testkit.sse_client import events
-from testkit.upstream import FakeUpstream, Text
 
 from app.config import Settings
 from app.db.embedded import throwaway_cluster
@@ -32,6 +29,9 @@ from app.db.engine import create_engine
 from app.main import create_app
 from app.services.keys import create_key
 from app.worker.pool import libpq_url
+from testkit.server import serve_in_thread, stop_thread_server
+from testkit.sse_client import events
+from testkit.upstream import FakeUpstream, Text
 
 THREADLINE = os.path.join(os.path.dirname(sys.executable), "threadline")
 TOKENS, TOKEN_DELAY = 2000, 0.02  # a stream far longer than a trial
