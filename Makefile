@@ -25,8 +25,8 @@ test: $(TEST_STAMP) postgres lint
 	$(BIN)/pytest
 
 lint: $(TEST_STAMP)
-	$(BIN)/ruff check app tests bench
-	$(BIN)/ruff format --check app tests bench
+	$(BIN)/ruff check app tests bench testkit
+	$(BIN)/ruff format --check app tests bench testkit
 	$(BIN)/mypy
 
 openapi: $(RUN_STAMP)

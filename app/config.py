@@ -88,7 +88,10 @@ class Settings(BaseSettings):
     )
     compat_api_key: str | None = Field(default=None, description="Key sent to compat servers.")
     llm_max_retries: int = Field(
-        default=3, ge=0, description="Retries of a model call before its first delta (429/5xx)."
+        default=3,
+        ge=0,
+        description="Retries of a model call that failed transiently (429/5xx, timeouts, dropped "
+        "or garbled streams), before or after its first delta.",
     )
     llm_retry_base_seconds: float = Field(
         default=0.5, ge=0, description="First retry delay; doubles each retry, with jitter."
@@ -109,10 +112,20 @@ class Settings(BaseSettings):
         default=5, gt=0, description="How often a worker tells the queue it is alive."
     )
     stalled_after_seconds: float = Field(
-        default=30, gt=0, description="A worker silent this long is dead: its runs are retried."
+        default=30,
+        gt=0,
+        description="A worker that sent no heartbeat this long is deregistered, and the jobs it "
+        "took but never started are queued again. (A run it started stays its own while its "
+        "lease lives: a slow or paused worker is not robbed.)",
     )
     stall_check_seconds: float = Field(
-        default=10, gt=0, description="How often workers look for stalled runs."
+        default=10, gt=0, description="How often workers look for stalled jobs."
+    )
+    recovery_check_seconds: float = Field(
+        default=0.5,
+        gt=0,
+        description="How often workers look for runs nobody will finish: a worker that died "
+        "(its database lease is released at once) or a job that ended without ending its run.",
     )
     worker_shutdown_seconds: float = Field(
         default=30, ge=0, description="How long a stopping worker lets its runs finish."

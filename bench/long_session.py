@@ -3,7 +3,7 @@ against sending the whole history on every model call.
 
 Prints figures only. Run with `python -m bench.long_session [turns]`.
 
-The session is tests/fakes/long_session.py's: numbered turns of 15-60 words, a small tool call
+The session is testkit/long_session.py's: numbered turns of 15-60 words, a small tool call
 every 10 turns and a ~100 KB tool output every 50, under a 4,000-token window (3,500 of prompt)
 with summarization `auto`. `threadline serve` runs in this process (API and 2 workers, the
 scenario's tools as built-ins) on bench.journal's database; the fake OpenAI upstream answers
@@ -35,11 +35,11 @@ from app.main import create_app
 from app.services.keys import create_key
 from app.services.projection import tool_specs
 from bench.journal import database, report
-from tests.conftest import serve_in_thread, stop_thread_server
-from tests.fakes import long_session as scenario
-from tests.fakes.upstream import FakeUpstream
-from tests.helpers import history
-from tests.sse_client import collect
+from testkit import long_session as scenario
+from testkit.api import history
+from testkit.server import serve_in_thread, stop_thread_server
+from testkit.sse_client import collect
+from testkit.upstream import FakeUpstream
 
 TURNS = 1_000
 UNLIMITED = ContextPolicy(

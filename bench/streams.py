@@ -25,7 +25,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -49,11 +48,9 @@ from app.db.engine import create_engine
 from app.services.keys import create_key
 from app.worker.pool import libpq_url
 from bench.journal import report
-
-# tests/fakes/upstream.py is not clean under mypy --strict (mypy checks it only where it is
-# imported), so this bench loads it untyped.
-from tests.fakes import upstream as fakes
-from tests.sse_client import TERMINAL, events
+from testkit.server import free_port
+from testkit.sse_client import TERMINAL, events
+from testkit.upstream import FakeUpstream, Json, Script, Step, Text
 
 T = TypeVar("T")
 
@@ -104,11 +101,11 @@ class Trace:
 
 
 @dataclass(frozen=True)
-class TracedScript(fakes.Script):
+class TracedScript(Script):
     trace: Trace = field(default_factory=Trace)
 
 
-class TimedUpstream(fakes.FakeUpstream):
+class TimedUpstream(FakeUpstream):
     """FakeUpstream answering each request by the tag in its last message, with timestamps.
 
     The base class's FIFO is global; concurrent asks need their answer picked per request.
@@ -124,12 +121,12 @@ class TimedUpstream(fakes.FakeUpstream):
 
     def plan(self, tag: str, texts: Sequence[str], token_delay: float) -> Trace:
         """The answer to the request whose last message carries `tag`."""
-        script = TracedScript(tuple(fakes.Text(t) for t in texts), token_delay)
+        script = TracedScript(tuple(Text(t) for t in texts), token_delay)
         with self._lock:
             self._planned[tag] = script
         return script.trace
 
-    async def _receive(self, request: Request) -> tuple[dict[str, Any], Any]:
+    async def _receive(self, request: Request) -> tuple[Json, Script]:
         received = time.perf_counter()
         body, script = await super()._receive(request)
         found = TAG.search(json.dumps(body.get("messages", [])[-1:]))
@@ -141,10 +138,10 @@ class TimedUpstream(fakes.FakeUpstream):
         return body, planned
 
     async def _openai_chunks(
-        self, model: str, script: Any, steps: Sequence[Any], include_usage: bool
+        self, model: str, script: Script, steps: Sequence[Step], include_usage: bool
     ) -> AsyncIterator[str]:
         # The first chunk carries only the role; one chunk per Text step follows.
-        texts = sum(isinstance(step, fakes.Text) for step in steps)
+        texts = sum(isinstance(step, Text) for step in steps)
         index = 0
         async for chunk in super()._openai_chunks(model, script, steps, include_usage):
             if isinstance(script, TracedScript) and 1 <= index <= texts:
@@ -160,13 +157,6 @@ class TimedUpstream(fakes.FakeUpstream):
 class Server:
     url: str
     pid: int
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def server_env(database_url: str, upstream: TimedUpstream) -> dict[str, str]:

@@ -5,12 +5,17 @@ Prints figures only. Run with `python -m bench.tools`.
 
 1. Iteration overhead, in this process (bench.journal's database(): THREADLINE_DATABASE_URL,
    else a throwaway cluster at Postgres's defaults, durable). One iteration is what the worker
-   does between two model calls: commit the model's tool_call entry (append_in in a
-   transaction, as `_commit`), execute a no-op built-in through the registry's executor, commit
-   its tool_result, re-project the session for the run (the next model call's input). Timed on
-   10-, 10,000- and 100,000-entry sessions, alternately; beside it, the loop head the worker
-   also runs before each step (the run's entries and the session, next_step), not in the
-   total, and the full garbage collections of this process (each stalls its event loop).
+   does between two model calls, timed on the worker's own code: each session asks (the ask
+   service), and its run is executed here by app.worker.run.execute_run, with the runtime a
+   worker pool builds (engine, router, event writer flushing every tick) except that the
+   router's openai:* models are a script in this process (Router.register): each call answers
+   at once with one call of a no-op built-in, until the bench releases the final answer. An
+   iteration runs from the end of one model stream to the next model call: commit the tool
+   call, the loop head (the run's entries, next_step), execute through the registry, commit the
+   result, the loop head and the projection for the next call; stages are read off the events
+   the run emits. Timed on 10-, 10,000- and 100,000-entry sessions, alternately (the runs wait
+   at their model calls: one works at a time); beside it, the full garbage collections of this
+   process (each stalls its event loop).
 2. Concurrent tool loops: `threadline serve` (API and workers) and `threadline worker`, each its
    own OS process, on one throwaway cluster (durable; max_connections raised so the pools fit).
    Each run does three calculator iterations and then answers; the fake OpenAI upstream (a
@@ -22,6 +27,7 @@ Prints figures only. Run with `python -m bench.tools`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import json
 import os
@@ -29,10 +35,10 @@ import statistics
 import subprocess
 import tempfile
 import time
-import uuid
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
+from contextvars import ContextVar, copy_context
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -45,18 +51,23 @@ from starlette.requests import Request
 
 from app.config import Settings
 from app.core.entries import EntryKind
-from app.core.tool_loop import PendingCall, next_step
 from app.db import journal as journal_db
-from app.db import sessions as sessions_db
 from app.db.embedded import throwaway_cluster
 from app.db.engine import create_engine
-from app.services.journal import NewEntry, append_entries, append_in
+from app.db.jobs import cancel_job
+from app.llm.base import Finish, ModelRequest, StreamEvent, TextDelta, ToolCallDelta
+from app.llm.router import Route, Router
+from app.runs.writer import EventWriter
+from app.services.asks import AskParams, ask, get_run
+from app.services.journal import append_entries
 from app.services.keys import create_key, tenant_for_key
-from app.services.projection import project_session
-from app.services.runs import entry_id
+from app.services.projection import project_for_run
 from app.services.sessions import create_session
-from app.tools.registry import ToolContext, builtin, execute
+from app.tools.registry import ToolContext, builtin
+from app.worker.lease import WorkerLease
 from app.worker.pool import libpq_url
+from app.worker.run import execute_run
+from app.worker.runtime import Runtime
 from bench.journal import LOAD_BATCH, database, messages, report
 from bench.projection import MODEL as PROJECTION_MODEL
 from bench.projection import POLICY
@@ -70,7 +81,6 @@ from bench.streams import (
     client_for,
     cpu_sample,
     cpu_use,
-    free_port,
     loop_name,
     new_tag,
     percentile,
@@ -81,9 +91,8 @@ from bench.streams import (
     tenant_key,
     wait_ready,
 )
-
-# tests/fakes/upstream.py is not clean under mypy --strict: loaded untyped, as bench.streams does.
-from tests.fakes import upstream as fakes
+from testkit.server import free_port
+from testkit.upstream import Json, Script, Text, ToolCall
 
 # --- 1. Iteration overhead ------------------------------------------------------------------
 
@@ -93,8 +102,21 @@ RATIOS = ((10_000, 10), (100_000, 10_000))
 ITERATIONS, WARMUP_ITERATIONS = 50, 5
 NOOP = "noop"
 NOOP_TOOL: dict[str, Any] = {"name": NOOP, "kind": "builtin", "description": "Does nothing."}
-STAGES = ("commit tool_call", "execute", "commit tool_result", "project")
-LOOP_HEAD = "loop head"
+# bench.projection's policy, windowing only: an automatic compaction would summarize the long
+# sessions down to a few turns (and call the model); this measures the projection reading back
+# only as far as the budget reaches, however long the journal.
+LOOP_POLICY: dict[str, Any] = {**POLICY, "summarization": "none"}
+# An iteration's stages, each ending with the event the worker emits as it finishes it: the
+# commit of the model's tool call, the loop head that turns it into RunTools (the run's entries
+# read back, next_step), the tool's execution, the commit of its result, and the loop head and
+# the projection that make the next model call (ended by that call reaching the model).
+STAGES = ("commit tool_call", "loop head", "execute", "commit tool_result", "loop head, project")
+STAGE_ENDS = (
+    "entry.committed tool_call",
+    "tool_call",
+    "tool_result",
+    "entry.committed tool_result",
+)
 
 
 @builtin(NOOP)
@@ -104,13 +126,65 @@ async def noop(arguments: dict[str, Any], context: ToolContext) -> str:
 
 
 @dataclass
+class ModelTurns:
+    """One run's model calls, as the scripted model sees them: each call reports when it
+    arrived and streams the answer the bench releases for it."""
+
+    arrived: asyncio.Queue[float] = field(default_factory=asyncio.Queue)
+    answers: asyncio.Queue[tuple[StreamEvent, ...]] = field(default_factory=asyncio.Queue)
+    answered: float = 0.0  # when the last answer's stream ended (perf_counter)
+
+
+# The run a model call belongs to: each run's task carries its own.
+TURNS: ContextVar[ModelTurns] = ContextVar("bench_tools_turns")
+
+
+class ScriptedModel:
+    """The model of every run, in this process (a Provider): no network, no tokens to wait
+    for, so that what is timed between two calls is the worker alone."""
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
+        turns = TURNS.get()
+        turns.arrived.put_nowait(time.perf_counter())
+        for event in await turns.answers.get():
+            yield event
+        turns.answered = time.perf_counter()
+
+
+def tool_turn(number: int) -> tuple[StreamEvent, ...]:
+    return (ToolCallDelta(0, f"call_{number}", NOOP, "{}"), Finish("tool_calls"))
+
+
+ANSWER_TURN: tuple[StreamEvent, ...] = (TextDelta("Done."), Finish("stop"))
+
+
+class MarkedWriter(EventWriter):
+    """The worker's event writer, noting when each event is emitted: an iteration's stages
+    are read off the events its run emits between two model calls."""
+
+    def __init__(self, engine: AsyncEngine, tick_seconds: float) -> None:
+        super().__init__(engine, tick_seconds)
+        self.marks: dict[str, list[tuple[float, str]]] = {}
+
+    def emit(self, run_id: str, kind: str, data: dict[str, Any], *, urgent: bool = False) -> None:
+        label = f"{kind} {data.get('kind')}" if kind == "entry.committed" else kind
+        self.marks.setdefault(run_id, []).append((time.perf_counter(), label))
+        super().emit(run_id, kind, data, urgent=urgent)
+
+    def take(self, run_id: str) -> list[tuple[float, str]]:
+        return self.marks.pop(run_id, [])
+
+
+@dataclass
 class LoopSession:
-    """A session with one run in progress, its tool iterations appended one by one."""
+    """A session with one run in progress, executed by the worker's own code in a task of this
+    process; its tool iterations are released one by one."""
 
     size: int
     session_id: str
     run_id: str
-    user_seq: int
+    turns: ModelTurns = field(default_factory=ModelTurns)
+    task: asyncio.Task[None] | None = None
     iteration: int = 0
     samples: dict[str, list[float]] = field(default_factory=dict)  # stage -> ms
 
@@ -124,9 +198,19 @@ class LoopSession:
         self.samples.clear()
 
 
-async def loop_session(engine: AsyncEngine, tenant: str, size: int) -> LoopSession:
-    """`size` entries: filler messages, then the run's user message and run_start, as an ask
-    writes them."""
+def scripted_router(settings: Settings) -> Router:
+    """The worker's router, its openai:* models served by the scripted model (through the
+    Router's extension point: the rest of the route is the real one)."""
+    router = Router(settings)
+    model = ScriptedModel()
+    router.register("openai", lambda name: Route("bench-scripted", name, lambda: model))
+    return router
+
+
+async def loop_session(runtime: Runtime, tenant: str, size: int) -> LoopSession:
+    """`size` entries: filler messages, then an ask (its user message and run_start), whose run
+    this process executes as a worker would."""
+    engine, settings = runtime.engine, runtime.settings
     row = await create_session(
         engine, tenant, title="bench", metadata={}, config={"tools": [NOOP_TOOL]}
     )
@@ -135,90 +219,73 @@ async def loop_session(engine: AsyncEngine, tenant: str, size: int) -> LoopSessi
     for first in range(0, filler, LOAD_BATCH):
         batch = messages(min(LOAD_BATCH, filler - first), first)
         await append_entries(engine, tenant, session_id, batch, expected_rev=None)
-    run_id = str(uuid.uuid4())
-    refs = {"run_id": run_id}
-    user = {"role": "user", "content": "Call the noop tool until told otherwise."}
-    appended = await append_entries(
-        engine,
-        tenant,
-        session_id,
-        [
-            NewEntry(EntryKind.MESSAGE, user, refs, entry_id(run_id, "input")),
-            NewEntry(
-                EntryKind.RUN_START,
-                {"run_id": run_id, "model": PROJECTION_MODEL},
-                refs,
-                entry_id(run_id, "start"),
-            ),
-        ],
-        expected_rev=None,
-    )
-    return LoopSession(size, session_id, run_id, int(appended.entries[0]["seq"]))
-
-
-async def commit(engine: AsyncEngine, tenant: str, session_id: str, entry: NewEntry) -> None:
-    """As the worker's `_commit`: append_in inside a transaction of its own."""
-    async with engine.begin() as conn:
-        await append_in(conn, tenant, session_id, [entry])
-
-
-async def iterate(engine: AsyncEngine, settings: Settings, tenant: str, s: LoopSession) -> None:
-    """One tool iteration of the run, each stage timed; then the next loop head, apart."""
-    s.iteration += 1
-    number, run_id = s.iteration, s.run_id
-    call_id = f"call_{number}"
-    refs = {
-        "run_id": run_id,
-        "call_id": f"{run_id}:{number}",
-        "iteration": number,
-        "tool_call_id": call_id,
-    }
-    call = NewEntry(
-        EntryKind.TOOL_CALL,
-        {"name": NOOP, "arguments": {}},
-        refs,
-        entry_id(run_id, f"{number}:call:{call_id}"),
-    )
-    marks = [time.perf_counter()]
-    await commit(engine, tenant, s.session_id, call)
-    marks.append(time.perf_counter())
-    outcome = await execute(
-        PendingCall(call_id, NOOP, {}, number),
-        [NOOP_TOOL],
-        ToolContext(tenant, s.session_id, run_id, call_id),
-        settings=settings,
-    )
-    marks.append(time.perf_counter())
-    result = NewEntry(
-        EntryKind.TOOL_RESULT,
-        {"name": NOOP, "content": outcome.content, "is_error": outcome.is_error},
-        refs,
-        entry_id(run_id, f"result:{call_id}"),
-    )
-    await commit(engine, tenant, s.session_id, result)
-    marks.append(time.perf_counter())
-    await project_session(
-        engine,
-        settings,
-        tenant,
-        s.session_id,
-        policy=POLICY,
+    params = AskParams(
+        "Call the noop tool until told otherwise.",
         model=PROJECTION_MODEL,
-        run_id=run_id,
+        context_policy=LOOP_POLICY,
+        run_policy={"max_iterations": WARMUP_ITERATIONS + ITERATIONS + 1},
     )
-    marks.append(time.perf_counter())
-    await loop_head(engine, tenant, s)
-    marks.append(time.perf_counter())
-    for stage, start, end in zip((*STAGES, LOOP_HEAD), marks[:-1], marks[1:], strict=True):
+    run = (await ask(engine, settings, tenant, session_id, params)).run
+    async with engine.begin() as conn:  # this process is the run's worker: no other takes it
+        assert run.job_id is not None
+        await cancel_job(conn, run.job_id)
+    return LoopSession(size, session_id, run.id)
+
+
+async def start_run(runtime: Runtime, s: LoopSession) -> None:
+    """Execute the session's run (app.worker.run.execute_run) up to its first model call."""
+    context = copy_context()
+    context.run(TURNS.set, s.turns)
+    s.task = asyncio.create_task(
+        execute_run(runtime, s.run_id, lambda: None), name=f"run-{s.size}", context=context
+    )
+    await next_model_call(s)
+
+
+async def next_model_call(s: LoopSession) -> float:
+    """When the run's next model call arrived; fails if the run ended instead."""
+    assert s.task is not None
+    arrival = asyncio.ensure_future(s.turns.arrived.get())
+    await asyncio.wait({arrival, s.task}, return_when=asyncio.FIRST_COMPLETED)
+    if not arrival.done():
+        arrival.cancel()
+        s.task.result()  # raises what ended it, if anything did
+        raise RuntimeError(f"the run of the {s.size:,}-entry session ended mid-loop")
+    return arrival.result()
+
+
+async def iterate(writer: MarkedWriter, s: LoopSession) -> None:
+    """Answer the run's model call with a noop tool call; time what the worker does until its
+    next model call, stage by stage."""
+    s.iteration += 1
+    writer.take(s.run_id)
+    s.turns.answers.put_nowait(tool_turn(s.iteration))
+    arrived = await next_model_call(s)
+    started = s.turns.answered
+    marks = [(t, label) for t, label in writer.take(s.run_id) if t >= started]
+    bounds = [started]
+    for label in STAGE_ENDS:
+        end = next((t for t, seen in marks if seen == label and t >= bounds[-1]), None)
+        if end is None:
+            emitted = ", ".join(seen for _, seen in marks)
+            raise RuntimeError(f"an iteration emitted no {label!r} event (it emitted: {emitted})")
+        bounds.append(end)
+    bounds.append(arrived)
+    for stage, start, end in zip(STAGES, bounds[:-1], bounds[1:], strict=True):
         s.add(stage, (end - start) * 1000)
 
 
-async def loop_head(engine: AsyncEngine, tenant: str, s: LoopSession) -> None:
-    """What `_converse` reads before each step: the run's entries and the session."""
+async def finish_run(engine: AsyncEngine, tenant: str, s: LoopSession) -> str:
+    """Release the final answer; the run's status and tool entries once it has ended."""
+    assert s.task is not None
+    s.turns.answers.put_nowait(ANSWER_TURN)
+    await s.task
+    run = await get_run(engine, tenant, s.run_id)
     async with engine.connect() as conn:
-        entries = await journal_db.run_entries(conn, s.session_id, s.user_seq, s.run_id)
-        await sessions_db.get_session(conn, tenant, s.session_id)
-    next_step(entries, max_iterations=1_000)
+        entries = await journal_db.run_entries(conn, s.session_id, run.input_seq, s.run_id)
+    calls = sum(e.kind == EntryKind.TOOL_CALL for e in entries)
+    results = sum(e.kind == EntryKind.TOOL_RESULT for e in entries)
+    return f"{run.status.value}, {calls} tool calls and {results} results journaled"
 
 
 def spread_ms(samples: Sequence[float]) -> str:
@@ -228,17 +295,28 @@ def spread_ms(samples: Sequence[float]) -> str:
 async def bench_iterations(url: str, source: str) -> None:
     settings = Settings(database_url=url, default_model=PROJECTION_MODEL)
     engine = create_engine(settings)
+    writer = MarkedWriter(engine, settings.event_tick_seconds)
+    # What worker_pool gives its jobs, the router aside; the writer flushes as the pool's does.
+    lease = WorkerLease(engine)
+    await lease.acquire()
+    runtime = Runtime(engine, settings, scripted_router(settings), writer, lease)
+    flushing = asyncio.create_task(writer.run(), name="event-writer")
+    sessions: list[LoopSession] = []
     try:
         tenant = await tenant_for_key(engine, await create_key(engine, "bench-tools"))
         if tenant is None:
             raise RuntimeError("a freshly created key resolved to no tenant")
         report("loop", "database", source)
-        report("loop", "projection", f"{PROJECTION_MODEL}, {json.dumps(POLICY)}, run_id set")
+        report("loop", "runs", "app.worker.run.execute_run; the model scripted in-process")
+        report("loop", "projection", f"{PROJECTION_MODEL}, {json.dumps(LOOP_POLICY)}")
         start = time.perf_counter()
-        sessions = [await loop_session(engine, tenant, size) for size in SIZES]
+        sessions += [await loop_session(runtime, tenant, size) for size in SIZES]
         loaded = f"{time.perf_counter() - start:.1f} s (appends of {LOAD_BATCH:,})"
         report("loop", f"load {' + '.join(f'{n:,}' for n in SIZES)} entries", loaded)
-        # Alternating, so drift (autovacuum, a busy neighbour) weighs on every size alike.
+        for s in sessions:
+            await start_run(runtime, s)
+        # Alternating, so drift (autovacuum, a busy neighbour) weighs on every size alike; the
+        # runs wait at their model calls, so only one of them works at a time.
         with GcPauses() as pauses:
             for rounds in (WARMUP_ITERATIONS, ITERATIONS):
                 pauses.clear()
@@ -246,14 +324,22 @@ async def bench_iterations(url: str, source: str) -> None:
                     s.clear()
                 for _ in range(rounds):
                     for s in sessions:
-                        await iterate(engine, settings, tenant, s)
+                        await iterate(writer, s)
         for s in sessions:
             await report_iterations(engine, settings, tenant, s)
         by_size = {s.size: s for s in sessions}
         for big_size, small_size in RATIOS:
             report_ratio(by_size[big_size], by_size[small_size])
         report("loop", "python gen-2 GC in this process", pauses.describe())
+        for s in sessions:
+            report("loop", f"{s.size:,}-entry session's run", await finish_run(engine, tenant, s))
     finally:
+        for task in [s.task for s in sessions if s.task is not None] + [flushing]:
+            task.cancel()  # a run still going (the bench failed) is left unfinished
+            with contextlib.suppress(BaseException):
+                await task
+        await writer.flush()
+        await lease.release()
         await engine.dispose()
 
 
@@ -263,8 +349,7 @@ def report_ratio(big: LoopSession, small: LoopSession) -> None:
     p99 = percentile(big.totals(), 99) / percentile(small.totals(), 99)
     report("loop", label, f"median {median:.2f}, p99 {p99:.2f} (design: ~1)")
     ratios = ", ".join(
-        f"{stage} {stage_median(big, stage) / stage_median(small, stage):.2f}"
-        for stage in (*STAGES, LOOP_HEAD)
+        f"{stage} {stage_median(big, stage) / stage_median(small, stage):.2f}" for stage in STAGES
     )
     report("loop", "  stage medians", ratios)
 
@@ -316,16 +401,8 @@ async def report_iterations(
     report("loop", label, f"{spread_ms(s.totals())} over {ITERATIONS} (grew to {grown:,})")
     stages = ", ".join(f"{stage} {stage_median(s, stage):.2f}" for stage in STAGES)
     report("loop", "  stage medians (ms)", stages)
-    report("loop", "  + loop head (not in the total)", spread_ms(s.samples[LOOP_HEAD]))
-    projected = await project_session(
-        engine,
-        settings,
-        tenant,
-        s.session_id,
-        policy=POLICY,
-        model=PROJECTION_MODEL,
-        run_id=s.run_id,
-    )
+    # What the run's next model call gets, as the worker projects it.
+    projected = await project_for_run(engine, settings, await get_run(engine, tenant, s.run_id))
     meta = projected.projection.meta
     report(
         "loop",
@@ -360,23 +437,23 @@ def expression(iteration: int) -> str:
     return f"{iteration} * 7"
 
 
-def loop_scripts() -> list[Any]:
+def loop_scripts() -> list[Script]:
     """The model's answers for one run: a calculator call per iteration, then text."""
     calls = [
-        fakes.Script(
-            (fakes.ToolCall(f"call_{i}", "calculator", json.dumps({"expression": expression(i)})),),
+        Script(
+            (ToolCall(f"call_{i}", "calculator", json.dumps({"expression": expression(i)})),),
             TOKEN_DELAY,
         )
         for i in range(1, TOOL_ITERATIONS + 1)
     ]
-    return [*calls, fakes.Script(tuple(fakes.Text(t) for t in ANSWER), TOKEN_DELAY)]
+    return [*calls, Script(tuple(Text(t) for t in ANSWER), TOKEN_DELAY)]
 
 
 @dataclass
 class LoopPlan:
     """One run's scripts and what the upstream saw of it."""
 
-    scripts: deque[Any]
+    scripts: deque[Script]
     requests: int = 0
     fed: list[str] = field(default_factory=list)  # the last message of requests 2.. (tool)
 
@@ -404,7 +481,7 @@ class ToolUpstream(TimedUpstream):
             self._loops.clear()
         self.clear()
 
-    async def _receive(self, request: Request) -> tuple[dict[str, Any], Any]:
+    async def _receive(self, request: Request) -> tuple[Json, Script]:
         body, script = await super()._receive(request)
         sent = body.get("messages") or []
         found = TAG.search(json.dumps(sent))

@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import tempfile
-import threading
-import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import hypothesis
 import pytest
-import uvicorn
 from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -24,8 +21,27 @@ from app.db.embedded import throwaway_cluster
 from app.db.migrate import upgrade_to_head
 from app.main import create_app
 from app.services.keys import create_key
+from testkit.server import serve_in_thread, stop_thread_server
 
 pytest_plugins = ["tests.e2e"]
+
+# The suite shares small machines with other work: an example that runs slowly there is load, not
+# a bug, so no test has a deadline and the too_slow health check is off (the other health checks
+# count examples and sizes, which load does not change). print_blob: a failure found at random
+# prints the @reproduce_failure line that replays it. Loaded before any test module is imported,
+# so a test's own @settings(max_examples=...) inherits the rest. HYPOTHESIS_PROFILE picks another:
+# "thorough" (more examples for the tests that do not set their own), or Hypothesis's "ci".
+hypothesis.settings.register_profile(
+    "threadline",
+    hypothesis.settings.get_profile("default"),  # not whatever Hypothesis loaded (CI: "ci")
+    deadline=None,
+    suppress_health_check=[hypothesis.HealthCheck.too_slow],
+    print_blob=True,
+)
+hypothesis.settings.register_profile(
+    "thorough", hypothesis.settings.get_profile("threadline"), max_examples=1000
+)
+hypothesis.settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "threadline"))
 
 
 @pytest.fixture(scope="session")
@@ -116,36 +132,10 @@ async def client(
     return make_client(await new_key())
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 @dataclass
 class LiveServer:
     url: str
     key: str
-
-
-def serve_in_thread(app: FastAPI) -> tuple[uvicorn.Server, threading.Thread, str]:
-    """A real uvicorn on 127.0.0.1 in a thread with its own event loop (SSE needs real HTTP)."""
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.05)
-    return server, thread, f"http://127.0.0.1:{port}"
-
-
-def stop_thread_server(server: uvicorn.Server, thread: threading.Thread) -> None:
-    server.should_exit = True
-    thread.join(timeout=30)
 
 
 def issue_key(settings: Settings, tenant: str) -> str:

@@ -26,8 +26,8 @@ from app.db.migrate import upgrade_to_head
 from app.main import create_app
 from app.services.keys import create_key
 from app.worker.pool import libpq_url
-from tests.conftest import free_port, serve_in_thread, stop_thread_server
-from tests.fakes.upstream import FakeUpstream
+from testkit.server import free_port, serve_in_thread, stop_thread_server
+from testkit.upstream import FakeUpstream
 
 THREADLINE = os.path.join(os.path.dirname(sys.executable), "threadline")
 

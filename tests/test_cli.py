@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import free_port
+from testkit.server import free_port
 
 THREADLINE = str(Path(sys.executable).parent / "threadline")
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from app.db.embedded import throwaway_cluster
-from tests.conftest import free_port
+from testkit.server import free_port
 from tests.e2e import wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]

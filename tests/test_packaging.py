@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import free_port
+from testkit.server import free_port
 from tests.e2e import create_database, wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,6 +72,12 @@ def test_the_wheel_ships_the_migrations(installed: Path) -> None:
         assert f"app/db/migrations/versions/{revision.name}" in names
     assert "app/db/migrations/env.py" in names
     assert "app/db/migrations/script.py.mako" in names
+
+
+def test_the_wheel_ships_the_service_alone(installed: Path) -> None:
+    """testkit/, tests/ and bench/ run from the checkout: none of them is installed."""
+    tops = {name.split("/")[0] for name in zipfile.ZipFile(installed).namelist()}
+    assert {top for top in tops if not top.endswith(".dist-info")} == {"app"}
 
 
 @pytest.mark.slow

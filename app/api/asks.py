@@ -61,9 +61,9 @@ async def ask(
         idempotency_key=idempotency_key,
     )
     result = await service.ask(engine, settings, tenant, str(session_id), params)
-    run_id = str(result.run["id"])
+    run_id = result.run.id
     if not body.stream:
-        return JSONResponse(Run.from_row(result.run).model_dump(mode="json"), status_code=202)
+        return JSONResponse(Run.of(result.run).model_dump(mode="json"), status_code=202)
 
     async def cancel_run() -> None:
         await service.cancel_run(engine, tenant, run_id)
@@ -72,7 +72,7 @@ async def ask(
     stream = await event_stream(hub, run_id, 0, settings.sse_heartbeat_seconds, gone)
     if stream is None:  # a repeated Idempotency-Key's run, over and its events gone
         run = await service.get_run(engine, tenant, run_id)
-        return JSONResponse(Run.from_row(run).model_dump(mode="json"), status_code=202)
+        return JSONResponse(Run.of(run).model_dump(mode="json"), status_code=202)
     return stream
 
 
@@ -99,5 +99,5 @@ async def join_stream(
     run = await service.active_run(engine, tenant, str(session_id))
     if run is None:
         return Response(status_code=204)
-    stream = await event_stream(hub, str(run["id"]), after, settings.sse_heartbeat_seconds)
+    stream = await event_stream(hub, run.id, after, settings.sse_heartbeat_seconds)
     return stream or Response(status_code=204)

@@ -54,9 +54,9 @@ async def compact(
     )
     run, _ = await service.request_compaction(engine, settings, tenant, str(session_id), params)
     if not body.stream:
-        return JSONResponse(Run.from_row(run).model_dump(mode="json"), status_code=202)
-    stream = await event_stream(hub, str(run["id"]), 0, settings.sse_heartbeat_seconds)
+        return JSONResponse(Run.of(run).model_dump(mode="json"), status_code=202)
+    stream = await event_stream(hub, run.id, 0, settings.sse_heartbeat_seconds)
     if stream is None:  # a repeated Idempotency-Key's run, over and its events gone
-        run = await asks_service.get_run(engine, tenant, str(run["id"]))
-        return JSONResponse(Run.from_row(run).model_dump(mode="json"), status_code=202)
+        run = await asks_service.get_run(engine, tenant, run.id)
+        return JSONResponse(Run.of(run).model_dump(mode="json"), status_code=202)
     return stream

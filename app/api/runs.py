@@ -14,7 +14,6 @@ from app.api.deps import Config, Engine, Hub, Tenant
 from app.api.errors import error_responses
 from app.api.schemas import Run, ToolOutputsRequest
 from app.api.sse import NOTHING_LEFT, SSE_RESPONSE, ResumeAfter, event_stream
-from app.db.tables import RUN_TERMINAL
 from app.services import asks as service
 
 router = APIRouter(prefix="/v1/runs/{run_id}", tags=["runs"], route_class=JSONRoute)
@@ -33,11 +32,11 @@ async def get_run(
 ) -> Run:
     """Status, usage and result of a run; with `wait=true`, once it has ended (or timed out)."""
     run = await service.get_run(engine, tenant, str(run_id))
-    if wait and run["status"] not in RUN_TERMINAL:
+    if wait and run.active:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(_until_ended(hub, str(run_id)), wait_seconds)
         run = await service.get_run(engine, tenant, str(run_id))
-    return Run.from_row(run)
+    return Run.of(run)
 
 
 async def _until_ended(hub: Hub, run_id: str) -> None:
@@ -73,7 +72,7 @@ async def run_events(
 @router.post("/cancel", operation_id="cancelRun", responses=error_responses(401, 404, 422))
 async def cancel(run_id: UUID, engine: Engine, tenant: Tenant) -> Run:
     """Stop a run: its partial answer is committed marked incomplete; it ends `cancelled`."""
-    return Run.from_row(await service.cancel_run(engine, tenant, str(run_id)))
+    return Run.of(await service.cancel_run(engine, tenant, str(run_id)))
 
 
 @router.post(
@@ -86,4 +85,4 @@ async def tool_outputs(
 ) -> Run:
     """Results of client-side tools, one per call the run waits on; the run then resumes."""
     outputs = [service.ToolOutput(o.tool_call_id, o.output, o.is_error) for o in body.tool_outputs]
-    return Run.from_row(await service.submit_tool_outputs(engine, tenant, str(run_id), outputs))
+    return Run.of(await service.submit_tool_outputs(engine, tenant, str(run_id), outputs))

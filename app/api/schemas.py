@@ -24,6 +24,7 @@ from app.core.memory import MAX_MEMORY_BYTES, NAMESPACE_PATTERN
 from app.core.policy import ContextPolicyPatch
 from app.core.projection import ProjectionMeta
 from app.core.run_policy import RunPolicy
+from app.runs import model as runs
 
 # Anything larger is a mistake, not a seq. 2**53 - 1: the largest integer every JSON client
 # (and validator) reads exactly, so the documented maximum is the one enforced.
@@ -413,9 +414,7 @@ class Run(BaseModel):
     kind: Literal["ask", "compaction"] = Field(
         description="ask: answers a user entry; compaction: appends a summary checkpoint."
     )
-    status: Literal[
-        "queued", "running", "requires_action", "completed", "failed", "cancelled", "interrupted"
-    ]
+    status: Literal["queued", "running", "requires_action", "completed", "failed", "cancelled"]
     model: str
     user_entry_seq: int | None
     end_entry_seq: int | None
@@ -437,30 +436,30 @@ class Run(BaseModel):
     ended_at: datetime | None
 
     @classmethod
-    def from_row(cls, row: RowMapping) -> Run:
+    def of(cls, run: runs.Run) -> Run:
         return cls(
-            id=str(row["id"]),
-            session_id=str(row["session_id"]),
-            kind=row["kind"],
-            status=row["status"],
-            model=row["model"],
-            user_entry_seq=row["user_entry_seq"],
-            end_entry_seq=row["end_entry_seq"],
-            result=row["result"],
-            finish_reason=row["finish_reason"],
-            error=row["error"],
+            id=run.id,
+            session_id=run.session_id,
+            kind=run.kind.value,
+            status=run.status.value,
+            model=run.model,
+            user_entry_seq=run.user_entry_seq,
+            end_entry_seq=run.end_entry_seq,
+            result=run.result,
+            finish_reason=run.finish_reason,
+            error=run.error,
             usage=RunUsage(
-                input_tokens=row["input_tokens"],
-                output_tokens=row["output_tokens"],
-                cached_tokens=row["cached_tokens"],
-                cost_usd=float(row["cost_usd"]) if row["cost_usd"] is not None else None,
-                estimated=row["usage_estimated"],
+                input_tokens=run.input_tokens,
+                output_tokens=run.output_tokens,
+                cached_tokens=run.cached_tokens,
+                cost_usd=float(run.cost_usd) if run.cost_usd is not None else None,
+                estimated=run.usage_estimated,
             ),
-            attempts=row["attempts"],
-            cancel_mode=row["cancel_mode"],
-            created_at=row["created_at"],
-            started_at=row["started_at"],
-            ended_at=row["ended_at"],
+            attempts=run.attempts,
+            cancel_mode=run.cancel_mode,
+            created_at=run.created_at,
+            started_at=run.started_at,
+            ended_at=run.ended_at,
         )
 
 

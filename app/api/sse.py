@@ -23,8 +23,11 @@ from app.db.events import MAX_SEQ
 SSE_DESCRIPTION = (
     "A stream of run events (text/event-stream). Each event has `id:` (the run event's seq, "
     "for Last-Event-ID), `event:` (its type) and JSON `data:`. Types: `run.created` {run_id, "
-    "session_id, kind, user_entry_seq, model}, `run.started` {attempt}, `message.reset` (a retried "
-    "run starts its answer over), `message.delta` {text}, `tool_call.delta` {index, "
+    "session_id, kind, user_entry_seq, model}, `run.started` {attempt}, `message.reset` "
+    "{reason, attempt} (drop what the model turn streamed so far: it starts over; reason: "
+    "retry, the run started over after its worker died or its database was lost, or "
+    "provider_retry, the model call failed mid-answer and was asked again), "
+    "`message.delta` {text}, `tool_call.delta` {index, "
     "tool_call_id?, name?, arguments} (a call as the model writes it), `tool_call` "
     "{tool_call_id, name, arguments} (when it runs), `tool_result` {tool_call_id, name, "
     "is_error, preview}, "

@@ -136,8 +136,7 @@ class EmbeddedPostgres:
         return self.url
 
     def stop(self, mode: str = "fast") -> None:
-        """Stop the server: `fast` (disconnect clients, shut down cleanly) or `immediate` (as a
-        crash would: tests of outages use it)."""
+        """Stop the server; mode `immediate` is a crash (no checkpoint, clients cut off)."""
         if self.running():
             self._run("pg_ctl", "stop", "-D", str(self.pgdata), "-m", mode, "-w", "-t", "60")
 

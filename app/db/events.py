@@ -10,7 +10,8 @@ from typing import Any
 from sqlalchemy import RowMapping, func, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.db.tables import RUN_TERMINAL, run_events, runs
+from app.db.tables import run_events, runs
+from app.runs.model import TERMINAL
 
 CHANNEL = "threadline_run_events"
 # NOTIFY payloads are limited to 8000 bytes; past this a notification just says "look".
@@ -20,10 +21,53 @@ TERMINAL_TYPES = frozenset({"run.completed", "run.failed", "run.cancelled"})
 MAX_SEQ = 2**31 - 1
 
 
-async def insert_events(conn: AsyncConnection, rows: Sequence[Mapping[str, Any]]) -> None:
-    """One multi-row INSERT for a whole batch (the group commit)."""
-    if rows:
-        await conn.execute(run_events.insert(), [dict(r) for r in rows])
+async def append_events(
+    conn: AsyncConnection,
+    events: Sequence[tuple[str, str, Mapping[str, Any]]],
+    attempts: Mapping[str, int] | None = None,
+) -> dict[str, int]:
+    """Append (run_id, type, data) events in one INSERT; returns each run's last seq.
+
+    The only place run events are inserted, and the one seq allocator: each run's events take
+    the seqs after its highest one, in order, so a run's seqs are dense whoever writes them.
+    With `attempts` (a worker's writes), a run's events are written only while the run is
+    still at that attempt: those of a superseded attempt are dropped (its run is missing from
+    the answer). The run row is share-locked, so a takeover waits for the write or fences it."""
+    if not events:
+        return {}
+    fenced = attempts is not None
+    order: dict[str, int] = {}
+    ords = []
+    for run_id, _, _ in events:
+        order[run_id] = order.get(run_id, 0) + 1
+        ords.append(order[run_id])
+    query = text(
+        "INSERT INTO run_events (run_id, seq, type, data)"
+        " SELECT e.run_id,"
+        "  COALESCE((SELECT max(x.seq) FROM run_events x WHERE x.run_id = e.run_id), 0) + e.ord,"
+        "  e.type, e.data"
+        " FROM unnest(CAST(:run_ids AS uuid[]), CAST(:ords AS int[]), CAST(:types AS text[]),"
+        "  CAST(CAST(:datas AS text[]) AS jsonb[]), CAST(:attempts AS int[]))"
+        "  AS e(run_id, ord, type, data, attempt)"
+        + (
+            " JOIN runs r ON r.id = e.run_id AND r.attempts = e.attempt"
+            " AND r.status IN ('running', 'requires_action') FOR SHARE OF r"
+            if fenced
+            else ""
+        )
+        + " RETURNING run_id, seq"
+    )
+    params = {
+        "attempts": [(attempts or {}).get(e[0], 0) for e in events],
+        "run_ids": [e[0] for e in events],
+        "ords": ords,
+        "types": [str(e[1]) for e in events],
+        "datas": [json.dumps(e[2], separators=(",", ":")) for e in events],
+    }
+    last: dict[str, int] = {}
+    for run_id, seq in (await conn.execute(query, params)).all():
+        last[str(run_id)] = max(int(seq), last.get(str(run_id), 0))
+    return last
 
 
 async def notify(conn: AsyncConnection, last_seqs: Mapping[str, int]) -> None:
@@ -78,7 +122,7 @@ async def read_backlog(
     )
     state = (await conn.execute(select(status, top))).one()
     rows = [dict(r) for r in await read_events(conn, run_id, min(after_seq, MAX_SEQ), limit)]
-    return Backlog(rows, state[0] is None or state[0] in RUN_TERMINAL, int(state[1]))
+    return Backlog(rows, state[0] is None or state[0] in TERMINAL, int(state[1]))
 
 
 async def read_events_of_runs(

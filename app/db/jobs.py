@@ -53,3 +53,40 @@ async def cancel_job(conn: AsyncConnection, job_id: int) -> bool:
         text("SELECT procrastinate_cancel_job_v1(:job_id, true, false)"), {"job_id": job_id}
     )
     return status != "doing"
+
+
+async def end_job(conn: AsyncConnection, job_id: int) -> None:
+    """Mark a job that nobody will finish (its worker died) failed, if it is still waiting or
+    running: a `doing` job holds its session's lock, so the session's next job would wait on it
+    forever."""
+    await conn.execute(
+        text(
+            "SELECT procrastinate_finish_job_v1(id, 'failed', false) FROM procrastinate_jobs"
+            " WHERE id = :job_id AND status IN ('todo', 'doing')"
+        ),
+        {"job_id": job_id},
+    )
+
+
+async def unstarted_runs_jobs(conn: AsyncConnection, job_ids: list[int]) -> set[int]:
+    """Of these jobs, those whose run has not started (still queued, or running between two
+    attempts): a stalled worker took them but never began; a started run is its lease's."""
+    if not job_ids:
+        return set()
+    query = text(
+        "SELECT j.id FROM procrastinate_jobs j JOIN runs r ON r.job_id = j.id"
+        " WHERE j.id = ANY(CAST(:ids AS bigint[]))"
+        " AND (r.status = 'queued' OR (r.status = 'running' AND r.lease IS NULL))"
+    )
+    return {int(i) for i in (await conn.execute(query, {"ids": job_ids})).scalars()}
+
+
+async def reregister_workers(conn: AsyncConnection, worker_ids: list[int]) -> list[int]:
+    """Put back the rows of these (live) workers if they were pruned; returns those put back."""
+    if not worker_ids:
+        return []
+    query = text(
+        "INSERT INTO procrastinate_workers (id) OVERRIDING SYSTEM VALUE"
+        " SELECT unnest(CAST(:ids AS bigint[])) ON CONFLICT (id) DO NOTHING RETURNING id"
+    )
+    return [int(i) for i in (await conn.execute(query, {"ids": worker_ids})).scalars()]

@@ -1,78 +1,70 @@
-"""Run row queries."""
+"""Run row queries: rows in, typed runs out."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import RowMapping, func, select, update
+from sqlalchemy import func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.db.tables import RUN_ACTIVE, runs
+from app.db.tables import runs
+from app.runs.model import ACTIVE, Run, RunStatus
+
+_ACTIVE = [s.value for s in ACTIVE]
 
 
-async def insert_run(conn: AsyncConnection, **values: Any) -> RowMapping:
-    row: RowMapping = (
-        (await conn.execute(runs.insert().values(**values).returning(runs))).mappings().one()
-    )
-    return row
+async def insert_run(conn: AsyncConnection, **values: Any) -> Run:
+    query = runs.insert().values(**values).returning(runs)
+    return Run.from_row((await conn.execute(query)).mappings().one())
 
 
 async def get_run(
     conn: AsyncConnection, run_id: str, *, tenant_id: str | None = None, lock: bool = False
-) -> RowMapping | None:
+) -> Run | None:
     """A run by id; with `tenant_id`, only if it belongs to that tenant."""
     query = select(runs).where(runs.c.id == run_id)
     if tenant_id is not None:
         query = query.where(runs.c.tenant_id == tenant_id)
     if lock:
         query = query.with_for_update()
-    return (await conn.execute(query)).mappings().one_or_none()
+    return _run((await conn.execute(query)).mappings().one_or_none())
 
 
-async def find_by_idempotency_key(
-    conn: AsyncConnection, session_id: str, key: str
-) -> RowMapping | None:
+async def find_by_idempotency_key(conn: AsyncConnection, session_id: str, key: str) -> Run | None:
     query = select(runs).where(runs.c.session_id == session_id, runs.c.idempotency_key == key)
-    return (await conn.execute(query)).mappings().one_or_none()
+    return _run((await conn.execute(query)).mappings().one_or_none())
 
 
-async def active_runs(
-    conn: AsyncConnection, session_id: str, kind: str | None = None
-) -> list[RowMapping]:
+async def active_runs(conn: AsyncConnection, session_id: str, kind: str | None = None) -> list[Run]:
     """Unfinished runs of a session (of one kind, if given), oldest first."""
     query = (
         select(runs)
-        .where(runs.c.session_id == session_id, runs.c.status.in_(RUN_ACTIVE))
+        .where(runs.c.session_id == session_id, runs.c.status.in_(_ACTIVE))
         .order_by(runs.c.created_at, runs.c.id)
     )
     if kind is not None:
         query = query.where(runs.c.kind == kind)
-    return list((await conn.execute(query)).mappings())
+    return [Run.from_row(r) for r in (await conn.execute(query)).mappings()]
 
 
-async def update_run(conn: AsyncConnection, run_id: str, values: dict[str, Any]) -> RowMapping:
+async def update_run(conn: AsyncConnection, run_id: str, values: dict[str, Any]) -> Run:
     query = update(runs).where(runs.c.id == run_id).values(**values).returning(runs)
-    row: RowMapping = (await conn.execute(query)).mappings().one()
-    return row
+    return Run.from_row((await conn.execute(query)).mappings().one())
 
 
-async def start_attempt(conn: AsyncConnection, run_id: str) -> RowMapping | None:
-    """Mark a run running and count the attempt; None if it already ended."""
-    query = (
-        update(runs)
-        .where(runs.c.id == run_id, runs.c.status.in_(RUN_ACTIVE))
-        .values(
-            status="running",
-            attempts=runs.c.attempts + 1,
-            started_at=func.coalesce(runs.c.started_at, func.now()),
-        )
-        .returning(runs)
-    )
-    row: RowMapping | None = (await conn.execute(query)).mappings().one_or_none()
-    return row
+async def start_attempt(conn: AsyncConnection, run_id: str, status: RunStatus, lease: int) -> Run:
+    """Count a new attempt of the run, now `status` (running) under the worker's `lease`."""
+    values = {
+        "status": status.value,
+        "lease": lease,
+        "attempts": runs.c.attempts + 1,
+        "started_at": func.coalesce(runs.c.started_at, func.now()),
+    }
+    return await update_run(conn, run_id, values)
 
 
-async def expired_actions(conn: AsyncConnection) -> list[RowMapping]:
+async def expired_actions(conn: AsyncConnection) -> list[Run]:
     """Runs waiting for client tool outputs past their deadline, locked (skipping any another
     worker is expiring right now)."""
     query = (
@@ -80,7 +72,7 @@ async def expired_actions(conn: AsyncConnection) -> list[RowMapping]:
         .where(runs.c.status == "requires_action", runs.c.action_expires_at < func.now())
         .with_for_update(skip_locked=True)
     )
-    return list((await conn.execute(query)).mappings())
+    return [Run.from_row(r) for r in (await conn.execute(query)).mappings()]
 
 
 async def count_asks(conn: AsyncConnection, session_id: str) -> int:
@@ -91,3 +83,55 @@ async def count_asks(conn: AsyncConnection, session_id: str) -> int:
         .where(runs.c.session_id == session_id, runs.c.kind == "ask")
     )
     return int((await conn.execute(query)).scalar_one())
+
+
+def _run(row: Any) -> Run | None:
+    return None if row is None else Run.from_row(row)
+
+
+# The leases held in this database: a bigint advisory lock key shows in pg_locks as classid
+# (its high 32 bits) and objid (its low 32 bits), with objsubid 1.
+HELD_LEASES = (
+    "SELECT (l.classid::bigint << 32) | l.objid::bigint FROM pg_locks l"
+    " WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1"
+    " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+)
+
+
+async def lease_held(conn: AsyncConnection, lease: int | None) -> bool:
+    if lease is None:
+        return False
+    query = text(f"SELECT CAST(:lease AS bigint) IN ({HELD_LEASES})")
+    return bool((await conn.execute(query, {"lease": lease})).scalar_one())
+
+
+@dataclass(frozen=True)
+class Orphan:
+    """An unfinished run nobody will finish: its worker's lease is gone, or its job ended."""
+
+    run: Run
+    job_status: str | None  # None: the job row is gone
+
+
+async def orphaned_runs(
+    conn: AsyncConnection, lease_grace_seconds: float, limit: int = 100
+) -> list[Orphan]:
+    """Runs `queued` or `running` whose job has ended (failed, aborted, or succeeded without
+    ending the run) or is gone, and runs `running` whose lease is no longer held; locked
+    (skipping any another worker is looking at).
+
+    A database restart drops every lease at once while their workers live on: for
+    `lease_grace_seconds` after the server started, leases are given time to be taken again."""
+    query = text(
+        "SELECT r.*, j.status AS job_status FROM runs r"
+        " LEFT JOIN procrastinate_jobs j ON j.id = r.job_id"
+        " WHERE r.status IN ('queued', 'running') AND ("
+        "  j.id IS NULL OR j.status NOT IN ('todo', 'doing')"
+        "  OR (r.status = 'running' AND r.lease IS NOT NULL"
+        "   AND r.lease NOT IN (" + HELD_LEASES + ")"
+        "   AND pg_postmaster_start_time() < now() - make_interval(secs => :grace))"
+        " ) ORDER BY r.created_at LIMIT :limit FOR UPDATE OF r SKIP LOCKED"
+    )
+    params = {"limit": limit, "grace": lease_grace_seconds}
+    rows = (await conn.execute(query, params)).mappings().all()
+    return [Orphan(Run.from_row(r), r["job_status"]) for r in rows]

@@ -139,9 +139,6 @@ entries = Table(
     ),
 )
 
-RUN_ACTIVE = ("queued", "running", "requires_action")
-RUN_TERMINAL = ("completed", "failed", "cancelled", "interrupted")
-
 runs = Table(
     "runs",
     metadata,
@@ -175,6 +172,9 @@ runs = Table(
     Column("error", JSONB),
     Column("cancel_mode", Text),  # set when a cancel was requested: cancel | interrupt | rollback
     Column("job_id", BigInteger),
+    # The advisory lock key of the worker running the current attempt (app/worker/lease.py).
+    Column("lease", BigInteger),
+    Column("workers_lost", Integer, nullable=False, server_default=text("0")),
     Column("action_expires_at", DateTime(timezone=True)),  # requires_action: give up after
     Column("input_tokens", BigInteger, nullable=False, server_default=text("0")),
     Column("output_tokens", BigInteger, nullable=False, server_default=text("0")),
@@ -187,6 +187,7 @@ runs = Table(
     Column("ended_at", DateTime(timezone=True)),
     UniqueConstraint("session_id", "idempotency_key", name="runs_idempotency_key"),
     CheckConstraint("kind IN ('ask', 'compaction')", name="runs_kind"),
+    Index("runs_unfinished", "status", postgresql_where=text("status IN ('queued', 'running')")),
 )
 
 run_events = Table(

@@ -92,13 +92,16 @@ ErrorKind = Literal[
     "server",
     "timeout",
     "connection",
+    "bad_response",  # the stream said something that is not the API's format (not JSON)
     "bad_request",
     "auth",
     "not_found",
     "unavailable",
 ]
+# Transient: asking again may well get an answer. A garbled stream is a transport fault (a
+# proxy, a cut connection), not something the request said.
 RETRYABLE: frozenset[str] = frozenset(
-    {"rate_limited", "overloaded", "server", "timeout", "connection"}
+    {"rate_limited", "overloaded", "server", "timeout", "connection", "bad_response"}
 )
 
 
@@ -120,6 +123,18 @@ class ProviderError(Exception):
         return {"code": f"provider_{self.kind}", "message": self.message}
 
 
+@dataclass(frozen=True, slots=True)
+class Restart:
+    """What was streamed before this is void: that attempt failed after its output began, and
+    the model was asked again (the same request); its answer follows from the start. Only
+    callers that asked for restarts get one (Router.stream)."""
+
+    error: ProviderError  # why the earlier attempt was given up
+
+
+RoutedEvent = StreamEvent | Restart  # what Router.stream yields
+
+
 class Provider(Protocol):
     """One provider family (openai, anthropic, compat, local)."""
 
@@ -135,7 +150,8 @@ async def classified(
 ) -> AsyncIterator[StreamEvent]:
     """A provider's events, every failure turned into a ProviderError: the SDK's own errors by
     `classify`, transport failures inside a stream (which the SDKs pass through unwrapped) by
-    their nature."""
+    their nature, and a streamed chunk the SDK could not parse as "bad_response"."""
+    import json
     import ssl
 
     import anyio
@@ -150,3 +166,8 @@ async def classified(
         raise ProviderError("timeout", f"request timed out: {error}") from error
     except (httpx2.RequestError, ssl.SSLError, anyio.EndOfStream) as error:
         raise ProviderError("connection", f"connection failed: {error!r}") from error
+    except json.JSONDecodeError as error:
+        # The SDKs parse each event's data with json.loads and let its error through.
+        raise ProviderError(
+            "bad_response", f"the provider streamed a chunk that is not JSON: {error}"
+        ) from error

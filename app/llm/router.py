@@ -1,13 +1,16 @@
-"""Model routing: provider by model string, retries before the first delta, fallback,
-circuit breaker.
+"""Model routing: provider by model string, retries, fallback, circuit breaker.
 
 A model string is "<prefix>:<rest>": openai:<name>, anthropic:<name>, compat:<endpoint> or
 compat:<endpoint>/<name> (an OpenAI-compatible server from settings.compat_endpoints), or
 local:<name> (settings.local_model_path, else the bundled SmolLM2-135M-Instruct, run in-process,
 whatever the name). Other prefixes are served by factories registered with `Router.register`.
 
-A call is retried only while nothing has been yielded: once the caller has seen a delta, a
-failure propagates unchanged and the caller keeps what it got as an incomplete answer.
+A call is retried (then falls back) while nothing has been yielded. Once the caller has seen
+output, a failure propagates unchanged and the caller keeps what it got as an incomplete
+answer, unless the caller asked for restarts: then a transient failure after output is retried
+too, within the same retry budget, and the next attempt that has output to show starts with a
+`Restart` event, so the caller drops what the failed one streamed. The caller is left holding
+the failed attempt's output only if no later one produced any.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from dataclasses import dataclass, replace
 
 from app.config import Settings
 from app.llm.anthropic_provider import AnthropicProvider
-from app.llm.base import ModelRequest, Provider, ProviderError, StreamEvent
+from app.llm.base import ModelRequest, Provider, ProviderError, Restart, RoutedEvent, StreamEvent
 from app.llm.local_provider import LocalProvider
 from app.llm.openai_provider import OpenAIProvider
 
@@ -145,33 +148,50 @@ class Router:
     # --- Streaming ------------------------------------------------------------------------
 
     async def stream(
-        self, model: str, request: ModelRequest, fallback: str | None = None
-    ) -> AsyncIterator[tuple[str, StreamEvent]]:
+        self,
+        model: str,
+        request: ModelRequest,
+        fallback: str | None = None,
+        *,
+        restarts: bool = False,
+    ) -> AsyncIterator[tuple[str, RoutedEvent]]:
         """(the model actually used, event) pairs; request.model is replaced by the route's.
 
-        Raises the last ProviderError when neither model produced anything.
+        `restarts`: the caller can drop output it was shown (on `Restart`), so failures after
+        output are retried and fall back like those before it. Raises the last ProviderError
+        when no attempt of either model got to the end.
         """
         candidates = [model] if fallback in (None, model) else [model, fallback]
         failure: ProviderError | None = None
+        restart: ProviderError | None = None  # why what the caller holds is to be dropped
         for candidate in candidates:
             assert candidate is not None
             produced = False
             try:
-                async with contextlib.aclosing(self._with_retries(candidate, request)) as events:
+                attempts = self._with_retries(candidate, request, restarts, restart)
+                async with contextlib.aclosing(attempts) as events:
                     async for event in events:
                         produced = True
                         yield candidate, event
                 return
             except ProviderError as error:
-                if produced:
+                if produced and not restarts:
                     raise
                 failure = error
+                if produced:
+                    restart = error
         assert failure is not None
         raise failure
 
     async def _with_retries(
-        self, model: str, request: ModelRequest
-    ) -> AsyncGenerator[StreamEvent, None]:
+        self,
+        model: str,
+        request: ModelRequest,
+        restarts: bool = False,
+        restart: ProviderError | None = None,
+    ) -> AsyncGenerator[RoutedEvent, None]:
+        """One model's attempts. `restart`: the caller holds output of a failed attempt, to be
+        dropped (a `Restart` first) once an attempt here has output of its own."""
         route = self.route(model)
         provider = self._provider(route)
         routed = replace(request, model=route.model)
@@ -182,13 +202,19 @@ class Router:
             try:
                 async with contextlib.aclosing(self._guarded(provider.stream(routed))) as events:
                     async for event in events:
+                        if restart is not None:
+                            yield Restart(restart)
+                            restart = None
                         produced = True
                         yield event
             except ProviderError as error:
                 if error.retryable:
                     self._record_failure(route.key)
-                if produced or not error.retryable or retries >= self._settings.llm_max_retries:
+                given_up = (produced and not restarts) or not error.retryable
+                if given_up or retries >= self._settings.llm_max_retries:
                     raise
+                if produced:
+                    restart = error
                 retries += 1
                 await asyncio.sleep(self._retry_delay(retries))
                 continue

@@ -13,7 +13,6 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from sqlalchemy import RowMapping
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -23,16 +22,14 @@ from app.core.content import content_problems
 from app.core.entries import EntryKind
 from app.core.projection import PendingEntry
 from app.core.tool_loop import RunTools, next_step
-from app.db import events as events_db
-from app.db import jobs as jobs_db
 from app.db import journal as journal_db
 from app.db import runs as runs_db
 from app.db import sessions as sessions_db
-from app.db.tables import RUN_TERMINAL
+from app.runs.model import CancelMode, Outcome, Run, RunKind, RunParams, RunStatus, entry_id
+from app.services import runs
 from app.services.errors import Conflict, Invalid, NotFound, entries_refused, session_not_found
 from app.services.journal import NewEntry, append_in
 from app.services.projection import project_session
-from app.services.runs import Outcome, entry_id, event_rows, finish_run, queue_run
 
 Strategy = Literal["reject", "enqueue", "interrupt", "rollback"]
 # How long a `rollback` ask waits for the run it replaces to stop before giving up (409).
@@ -56,7 +53,7 @@ class AskParams:
 
 @dataclass(frozen=True)
 class AskResult:
-    run: RowMapping
+    run: Run
     created: bool  # False: an earlier ask with the same Idempotency-Key
 
 
@@ -106,7 +103,7 @@ async def ask(
 
 async def _commit(
     conn: AsyncConnection, tenant_id: str, session_id: str, params: AskParams, model: str
-) -> RowMapping:
+) -> Run:
     """The user entry, run_start, the run, run.created and the job: one transaction."""
     session = await sessions_db.get_session(conn, tenant_id, session_id, lock=True)
     if session is None:
@@ -126,11 +123,11 @@ async def _commit(
         raise Conflict(
             "session_busy",
             "the session has a run in progress; cancel it or ask with another multitask_strategy",
-            {"active_run_id": str(active[-1]["id"])},
+            {"active_run_id": active[-1].id},
         )
     if params.multitask_strategy == "interrupt":
         for run in active:
-            await _request_cancel(conn, run, "interrupt")
+            await runs.request_cancel(conn, run, "interrupt")
     run_id = str(uuid.uuid4())
     refs = {"run_id": run_id}
     appended = await append_in(
@@ -153,21 +150,22 @@ async def _commit(
         ],
     )
     user_seq = int(appended.entries[0]["seq"])
-    run_params = {
-        "max_output_tokens": params.max_output_tokens,
-        "temperature": params.temperature,
-        "context_policy": params.context_policy,
-        "metadata": params.metadata,
-        "on_disconnect": params.on_disconnect,
-        "fallback_model": (session["config"] or {}).get("fallback_model"),
-        "run_policy": policy.model_dump(mode="json"),
-        "tools": params.tools,
-    }
-    return await queue_run(
+    run_params = RunParams(
+        max_output_tokens=params.max_output_tokens,
+        temperature=params.temperature,
+        context_policy=params.context_policy,
+        metadata=params.metadata,
+        on_disconnect=params.on_disconnect,
+        fallback_model=(session["config"] or {}).get("fallback_model"),
+        run_policy=policy.model_dump(mode="json"),
+        tools=params.tools,
+    )
+    return await runs.create(
         conn,
         id=run_id,
         tenant_id=tenant_id,
         session_id=session_id,
+        kind=RunKind.ASK,
         model=model,
         params=run_params,
         idempotency_key=params.idempotency_key,
@@ -175,43 +173,28 @@ async def _commit(
     )
 
 
-async def cancel_run(engine: AsyncEngine, tenant_id: str, run_id: str) -> RowMapping:
+async def cancel_run(engine: AsyncEngine, tenant_id: str, run_id: str) -> Run:
     """Stop a run. A queued one ends here; a running one is asked to stop, and its worker
     commits the partial answer marked incomplete. Cancelling an ended run changes nothing."""
     async with engine.begin() as conn:
         run = await runs_db.get_run(conn, run_id, tenant_id=tenant_id, lock=True)
         if run is None:
             raise run_not_found(run_id)
-        if run["status"] in RUN_TERMINAL:
+        if not run.active:
             return run
-        return await _request_cancel(conn, run, "cancel")
-
-
-async def _request_cancel(conn: AsyncConnection, run: RowMapping, mode: str) -> RowMapping:
-    """With the run row locked: mark it, and either end it now (no worker has it) or let the
-    worker that has it stop."""
-    run_id = str(run["id"])
-    run = await runs_db.update_run(conn, run_id, {"cancel_mode": mode})
-    waiting = run["job_id"] is None or await jobs_db.cancel_job(conn, int(run["job_id"]))
-    if waiting:
-        next_seq = await events_db.last_seq(conn, run_id) + 1
-        await finish_run(conn, run, Outcome("cancelled"), next_seq)
-        refreshed = await runs_db.get_run(conn, run_id)
-        assert refreshed is not None
-        return refreshed
-    return run
+        return await runs.request_cancel(conn, run, "cancel")
 
 
 async def _stop_active_runs(
-    engine: AsyncEngine, tenant_id: str, session_id: str, mode: str
+    engine: AsyncEngine, tenant_id: str, session_id: str, mode: CancelMode
 ) -> None:
     """Cancel the session's active runs and wait until they have ended (rollback needs their
     last entry before it can append the new user message)."""
     async with engine.begin() as conn:
         for run in await runs_db.active_runs(conn, session_id, kind="ask"):
-            locked = await runs_db.get_run(conn, str(run["id"]), tenant_id=tenant_id, lock=True)
-            if locked is not None and locked["status"] not in RUN_TERMINAL:
-                await _request_cancel(conn, locked, mode)
+            locked = await runs_db.get_run(conn, run.id, tenant_id=tenant_id, lock=True)
+            if locked is not None and locked.active:
+                await runs.request_cancel(conn, locked, mode)
     deadline = time.monotonic() + ROLLBACK_WAIT_SECONDS
     while True:
         async with engine.connect() as conn:
@@ -224,7 +207,7 @@ async def _stop_active_runs(
         await asyncio.sleep(0.05)
 
 
-async def get_run(engine: AsyncEngine, tenant_id: str, run_id: str) -> RowMapping:
+async def get_run(engine: AsyncEngine, tenant_id: str, run_id: str) -> Run:
     async with engine.connect() as conn:
         run = await runs_db.get_run(conn, run_id, tenant_id=tenant_id)
     if run is None:
@@ -232,7 +215,7 @@ async def get_run(engine: AsyncEngine, tenant_id: str, run_id: str) -> RowMappin
     return run
 
 
-async def active_run(engine: AsyncEngine, tenant_id: str, session_id: str) -> RowMapping | None:
+async def active_run(engine: AsyncEngine, tenant_id: str, session_id: str) -> Run | None:
     """The run a client reattaching to the session should follow (the oldest unfinished)."""
     async with engine.connect() as conn:
         session = await sessions_db.get_session(conn, tenant_id, session_id)
@@ -244,18 +227,18 @@ async def active_run(engine: AsyncEngine, tenant_id: str, session_id: str) -> Ro
 
 async def run_by_idempotency_key(
     engine: AsyncEngine, tenant_id: str, session_id: str, key: str, kind: str = "ask"
-) -> RowMapping | None:
+) -> Run | None:
     """The run an earlier request with this Idempotency-Key created; 409 when that was a run of
     another kind (an ask's key reused for a compaction, or the reverse)."""
     async with engine.connect() as conn:
         if await sessions_db.get_session(conn, tenant_id, session_id) is None:
             raise session_not_found(session_id)
         run = await runs_db.find_by_idempotency_key(conn, session_id, key)
-    if run is not None and run["kind"] != kind:
+    if run is not None and run.kind != kind:
         raise Conflict(
             "idempotency_key_reused",
-            f"this Idempotency-Key was used for a {run['kind']} run of this session",
-            {"run_id": str(run["id"]), "kind": run["kind"]},
+            f"this Idempotency-Key was used for a {run.kind.value} run of this session",
+            {"run_id": run.id, "kind": run.kind.value},
         )
     return run
 
@@ -269,20 +252,20 @@ class ToolOutput:
 
 async def submit_tool_outputs(
     engine: AsyncEngine, tenant_id: str, run_id: str, outputs: list[ToolOutput]
-) -> RowMapping:
+) -> Run:
     """Results of client-side tools: one for every call the run waits on, then it resumes."""
     async with engine.begin() as conn:
         run = await runs_db.get_run(conn, run_id, tenant_id=tenant_id, lock=True)
         if run is None:
             raise run_not_found(run_id)
-        if run["status"] != "requires_action":
+        if run.status is not RunStatus.REQUIRES_ACTION:
             raise Conflict(
                 "run_not_waiting",
-                f"the run is {run['status']}, not waiting for tool outputs",
-                {"status": run["status"]},
+                f"the run is {run.status.value}, not waiting for tool outputs",
+                {"status": run.status.value},
             )
-        session_id = str(run["session_id"])
-        done = await journal_db.run_entries(conn, session_id, run["user_entry_seq"], run_id)
+        session_id = run.session_id
+        done = await journal_db.run_entries(conn, session_id, run.input_seq, run_id)
         step = next_step(done, max_iterations=10**9)
         waiting = {c.tool_call_id: c for c in step.calls} if isinstance(step, RunTools) else {}
         given = [o.tool_call_id for o in outputs]
@@ -312,18 +295,7 @@ async def submit_tool_outputs(
             for o in outputs
         ]
         appended = await append_in(conn, tenant_id, session_id, entries)
-        job_id = await jobs_db.defer_run(conn, run_id, session_id)
-        resumed = await runs_db.update_run(
-            conn, run_id, {"status": "queued", "action_expires_at": None, "job_id": job_id}
-        )
-        seq = await events_db.last_seq(conn, run_id) + 1
-        events = [
-            ("entry.committed", {"seq": int(e["seq"]), "kind": e["kind"], "id": e["id"]})
-            for e in appended.entries
-        ]
-        await events_db.insert_events(conn, event_rows(run_id, seq, events))
-        await events_db.notify(conn, {run_id: seq + len(events) - 1})
-        return resumed
+        return await runs.resume(conn, run, appended.entries)
 
 
 async def expire_waiting_runs(engine: AsyncEngine) -> int:
@@ -331,8 +303,7 @@ async def expire_waiting_runs(engine: AsyncEngine) -> int:
     expired = 0
     async with engine.begin() as conn:
         for run in await runs_db.expired_actions(conn):
-            next_seq = await events_db.last_seq(conn, str(run["id"])) + 1
             error = {"code": "tool_outputs_timeout", "message": "no tool outputs arrived in time"}
-            await finish_run(conn, run, Outcome("failed", error=error), next_seq)
+            await runs.finish(conn, run, Outcome("failed", error=error))
             expired += 1
     return expired

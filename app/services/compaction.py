@@ -39,11 +39,12 @@ from app.llm.base import Finish, ModelRequest, TextDelta, UsageReport
 from app.llm.catalog import context_window_for
 from app.llm.router import Router
 from app.llm.tokenizers import ModelCounting, counting_for
+from app.runs.model import Run, RunKind, RunParams, entry_id
+from app.services import runs
 from app.services.asks import run_by_idempotency_key
 from app.services.errors import Conflict, Invalid, ServiceError, session_not_found
 from app.services.journal import NewEntry, append_in
 from app.services.projection import resolve_policy
-from app.services.runs import entry_id, queue_run
 
 # Slack under the summarizer's budget: transcript lines are counted one by one, and tokens
 # can merge differently once the lines are joined.
@@ -126,9 +127,7 @@ async def prepare(
         tail, _ = await journal_db.read_tail(conn, thread, reaches_checkpoint)
         # Runs not ended have answers to come: their turns are never summarized.
         open_runs = {
-            str(r["id"])
-            for r in await runs_db.active_runs(conn, session_id, kind="ask")
-            if str(r["id"]) != run_id
+            r.id for r in await runs_db.active_runs(conn, session_id, kind="ask") if r.id != run_id
         }
     keep = policy.keep_last_turns if keep_last_turns is None else keep_last_turns
     plan = plan_compaction(tail, keep, run_id, open_runs)
@@ -322,7 +321,7 @@ class CompactParams:
 
 async def request_compaction(
     engine: AsyncEngine, settings: Settings, tenant_id: str, session_id: str, params: CompactParams
-) -> tuple[RowMapping, bool]:
+) -> tuple[Run, bool]:
     """Queue a compaction job; returns (its run, created). Refused with 409 when there is
     nothing to compact and no run in progress could add anything."""
     if params.idempotency_key:
@@ -365,7 +364,7 @@ async def request_compaction(
 
 async def _queue(
     conn: Any, tenant_id: str, session_id: str, model: str, params: CompactParams
-) -> RowMapping:
+) -> Run:
     run_id = str(uuid.uuid4())
     refs = {"run_id": run_id}
     start = NewEntry(
@@ -375,13 +374,13 @@ async def _queue(
         entry_id(run_id, "start"),
     )
     await append_in(conn, tenant_id, session_id, [start])
-    return await queue_run(
+    return await runs.create(
         conn,
         id=run_id,
         tenant_id=tenant_id,
         session_id=session_id,
-        kind="compaction",
+        kind=RunKind.COMPACTION,
         model=model,
-        params={"focus": params.focus, "keep_last_turns": params.keep_last_turns},
+        params=RunParams(focus=params.focus, keep_last_turns=params.keep_last_turns),
         idempotency_key=params.idempotency_key,
     )

@@ -33,6 +33,7 @@ from app.db.engine import read_snapshot
 from app.db.memory import get_memory
 from app.llm.catalog import context_window_for
 from app.llm.tokenizers import counting_for
+from app.runs.model import Run, RunKind
 from app.services.errors import Invalid, entries_refused, session_not_found
 
 
@@ -97,22 +98,19 @@ def canonical_pending(pending: Sequence[PendingEntry]) -> list[PendingEntry]:
     return canonical
 
 
-async def project_for_run(
-    engine: AsyncEngine, settings: Settings, run: RowMapping
-) -> SessionProjection:
+async def project_for_run(engine: AsyncEngine, settings: Settings, run: Run) -> SessionProjection:
     """What an ask run's next model call gets (its model, policy overrides and tools); for a
     compaction run, what the session's next ask would get."""
-    ask = run["kind"] == "ask"
-    params = run["params"] if ask else {}
+    ask = run.kind is RunKind.ASK
     return await project_session(
         engine,
         settings,
-        str(run["tenant_id"]),
-        str(run["session_id"]),
-        policy=params.get("context_policy"),
-        model=run["model"] if ask else None,
-        run_id=str(run["id"]) if ask else None,
-        extra_tools=params.get("tools") or [],
+        run.tenant_id,
+        run.session_id,
+        policy=run.params.context_policy if ask else None,
+        model=run.model if ask else None,
+        run_id=run.id if ask else None,
+        extra_tools=run.params.tools if ask else [],
     )
 
 

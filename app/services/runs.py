@@ -1,99 +1,164 @@
-"""Ending a run: its entries, its row, the session's totals and its last events, in one commit.
+"""A run's transitions applied to the database, each inside the caller's transaction: the
+row, the journal entries the transition commits, the session's status and totals, and the
+events it emits, together or not at all.
 
-Used by the worker (completed, failed, cancelled mid-stream) and by the API (a run cancelled
-before any worker took it). Entry ids derive from the run id, so finishing twice (a worker that
-died after committing) writes nothing twice.
+Used by the services (an ask, a cancel, tool outputs) and by the worker (start, wait for
+tools, end). Entry ids derive from the run id, so ending twice (a worker that died after
+committing) writes nothing twice.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Literal
+from collections.abc import Sequence
+from typing import Any
 
-from sqlalchemy import RowMapping, func, update
+from sqlalchemy import func, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.core.entries import RUN_ENTRY_PREFIX, EntryKind, FinishReason
-from app.db import events as events_db
+from app.core.entries import EntryKind
 from app.db import jobs as jobs_db
 from app.db import runs as runs_db
 from app.db.tables import sessions
-from app.llm.base import UsageReport
 from app.llm.catalog import cost_usd
+from app.runs import machine, writer
+from app.runs.model import CancelMode, Outcome, Run, RunKind, RunParams, RunStatus, entry_id
 from app.services.journal import NewEntry, append_in
 
-TERMINAL_EVENTS = {
-    "completed": "run.completed",
-    "failed": "run.failed",
-    "cancelled": "run.cancelled",
-}
+# A run whose workers died this many times while running it fails instead of being passed on.
+MAX_WORKERS_LOST = 2
 
 
-@dataclass(frozen=True)
-class Outcome:
-    status: Literal["completed", "failed", "cancelled"]
-    text: str = ""  # the assistant text received, whole or partial
-    usage: UsageReport | None = None
-    error: dict[str, str] | None = None  # {"code", "message"} for failed runs
-    model: str | None = None  # the model that answered (a fallback, maybe)
-    finish_reason: FinishReason | None = None  # why the model's last turn ended
-
-
-def entry_id(run_id: str, part: str) -> str:
-    return f"{RUN_ENTRY_PREFIX}{run_id}:{part}"
-
-
-def event_rows(
-    run_id: str, first_seq: int, events: list[tuple[str, dict[str, Any]]]
-) -> list[dict[str, Any]]:
-    return [
-        {"run_id": run_id, "seq": first_seq + i, "type": kind, "data": data}
-        for i, (kind, data) in enumerate(events)
-    ]
-
-
-async def queue_run(conn: AsyncConnection, **values: Any) -> RowMapping:
-    """Insert a run (its id, tenant, session, kind, model, params…), announce it with
-    `run.created` and defer its job, in the caller's transaction: the run and its job are
-    committed together or not at all."""
-    run = await runs_db.insert_run(conn, **values)
-    run_id, session_id = str(run["id"]), str(run["session_id"])
-    created = {
-        "run_id": run_id,
-        "session_id": session_id,
-        "kind": run["kind"],
-        "user_entry_seq": run["user_entry_seq"],
-        "model": run["model"],
-    }
-    await events_db.insert_events(conn, event_rows(run_id, 1, [("run.created", created)]))
-    job_id = await jobs_db.defer_run(conn, run_id, session_id, str(run["kind"]))
-    run = await runs_db.update_run(conn, run_id, {"job_id": job_id})
+async def create(
+    conn: AsyncConnection,
+    *,
+    id: str,
+    tenant_id: str,
+    session_id: str,
+    kind: RunKind,
+    model: str,
+    params: RunParams,
+    idempotency_key: str | None,
+    user_entry_seq: int | None = None,
+) -> Run:
+    """Insert a queued run, announce it with `run.created` and defer its job: the run and its
+    job are committed together or not at all."""
+    run = await runs_db.insert_run(
+        conn,
+        id=id,
+        tenant_id=tenant_id,
+        session_id=session_id,
+        kind=kind.value,
+        model=model,
+        params=params.ask_json() if kind is RunKind.ASK else params.compaction_json(),
+        idempotency_key=idempotency_key,
+        user_entry_seq=user_entry_seq,
+    )
+    await writer.append(conn, run.id, machine.created(run))
+    job_id = await jobs_db.defer_run(conn, run.id, session_id, kind.value)
+    run = await runs_db.update_run(conn, run.id, {"job_id": job_id})
     await conn.execute(
         update(sessions)
         .where(sessions.c.id == session_id)
         .values(status="active", updated_at=func.now())
     )
-    await events_db.notify(conn, {run_id: 1})
     return run
 
 
-async def finish_run(
-    conn: AsyncConnection, run: RowMapping, outcome: Outcome, next_seq: int
-) -> list[dict[str, Any]]:
-    """Commit the end of `run` (locked by the caller, still active); returns the events written."""
-    run_id, model = str(run["id"]), outcome.model or run["model"]
-    partial = outcome.status != "completed"
+async def start(conn: AsyncConnection, run: Run, lease: int) -> Run:
+    """A worker holding `lease` takes the run (locked by the caller, active, not being
+    cancelled). A run whose workers died too often while running it fails instead: whatever
+    it does takes its worker down."""
+    if run.status is RunStatus.RUNNING and run.workers_lost >= MAX_WORKERS_LOST:
+        message = (
+            f"the workers running this run died {run.workers_lost} times (crashed, killed, or "
+            "blocked by a tool); it is not passed on again"
+        )
+        return await finish(
+            conn, run, Outcome("failed", error={"code": "worker_lost", "message": message})
+        )
+    step = machine.start(run)
+    started = await runs_db.start_attempt(conn, run.id, step.status, lease)
+    await writer.append(conn, run.id, step.events)
+    return started
+
+
+async def recover(conn: AsyncConnection, orphan: runs_db.Orphan) -> Run:
+    """An unfinished run nobody will finish (locked by the caller): its worker died (its lease
+    is gone), or its job ended without ending it. Its job is queued again, and the run resumes
+    from the journal on whichever worker takes it."""
+    run = orphan.run
+    if run.status is RunStatus.RUNNING and run.lease is not None:
+        # Its attempt is over: no lease until a worker starts the next one, so the run is
+        # not taken for orphaned again meanwhile (and its worker is counted lost once).
+        lost = run.workers_lost + (not await runs_db.lease_held(conn, run.lease))
+        run = await runs_db.update_run(conn, run.id, {"workers_lost": lost, "lease": None})
+    if run.job_id is not None:
+        await jobs_db.end_job(conn, run.job_id)
+    if run.cancel_mode:
+        return await finish(conn, run, Outcome("cancelled"))
+    job_id = await jobs_db.defer_run(conn, run.id, run.session_id, run.kind.value)
+    return await runs_db.update_run(conn, run.id, {"job_id": job_id})
+
+
+async def await_tool_outputs(
+    conn: AsyncConnection, run: Run, calls: Sequence[dict[str, Any]], timeout_seconds: float
+) -> Run:
+    """Park the run until the client posts its tools' outputs, or the time runs out."""
+    expires = func.now() + func.make_interval(0, 0, 0, 0, 0, 0, timeout_seconds)
+    waiting = await runs_db.update_run(
+        conn,
+        run.id,
+        {
+            "status": machine.target(run, machine.Transition.AWAIT_TOOL_OUTPUTS),
+            "action_expires_at": expires,
+        },
+    )
+    assert waiting.action_expires_at is not None
+    step = machine.await_tool_outputs(run, calls, waiting.action_expires_at.isoformat())
+    await writer.append(conn, run.id, step.events)
+    return waiting
+
+
+async def resume(conn: AsyncConnection, run: Run, committed: Sequence[Any]) -> Run:
+    """The client's outputs are committed: queue the run's job again."""
+    step = machine.resume(run, committed)
+    job_id = await jobs_db.defer_run(conn, run.id, run.session_id)
+    resumed = await runs_db.update_run(
+        conn, run.id, {"status": step.status.value, "action_expires_at": None, "job_id": job_id}
+    )
+    await writer.append(conn, run.id, step.events)
+    return resumed
+
+
+async def request_cancel(conn: AsyncConnection, run: Run, mode: CancelMode) -> Run:
+    """With the run row locked: mark it, and end it now when no worker has it; a worker that
+    has it stops and commits what it received."""
+    run = await runs_db.update_run(conn, run.id, {"cancel_mode": mode})
+    if run.job_id is None:
+        return await finish(conn, run, Outcome("cancelled"))
+    if run.status is RunStatus.RUNNING and not await runs_db.lease_held(conn, run.lease):
+        await jobs_db.end_job(conn, run.job_id)  # its worker died: nobody else will end it
+        return await finish(conn, run, Outcome("cancelled"))
+    if await jobs_db.cancel_job(conn, run.job_id):  # no worker had taken it yet
+        return await finish(conn, run, Outcome("cancelled"))
+    return run
+
+
+async def finish(conn: AsyncConnection, run: Run, outcome: Outcome) -> Run:
+    """Commit the end of `run` (locked by the caller, still active): its answer (partial ones
+    marked incomplete), usage and run_end entries, a rollback if one was asked for, its row,
+    the session's status and totals, and its last events."""
+    outcome = machine.settled(run, outcome)
+    model = outcome.model or run.model
     entries: list[NewEntry] = []
-    # A compaction's text is its summary, committed as a summary entry: not an answer.
-    answers = run["kind"] != "compaction"
-    if answers and (outcome.text or outcome.status == "completed"):
+    if run.answers and (outcome.text or outcome.status == "completed"):
         payload: dict[str, Any] = {"role": "assistant", "content": outcome.text}
-        if partial:
+        if outcome.status != "completed":
             payload["status"] = "incomplete"
         if outcome.finish_reason is not None:
             payload["finish_reason"] = outcome.finish_reason
         entries.append(
-            NewEntry(EntryKind.MESSAGE, payload, {"run_id": run_id}, entry_id(run_id, "answer"))
+            NewEntry(EntryKind.MESSAGE, payload, {"run_id": run.id}, entry_id(run.id, "answer"))
         )
     usage = outcome.usage
     cost = (
@@ -113,30 +178,43 @@ async def finish_run(
         if cost is not None:
             usage_payload["cost_usd"] = float(cost)
         entries.append(
-            NewEntry(EntryKind.USAGE, usage_payload, {"run_id": run_id}, entry_id(run_id, "usage"))
+            NewEntry(EntryKind.USAGE, usage_payload, {"run_id": run.id}, entry_id(run.id, "usage"))
         )
-    end: dict[str, Any] = {"run_id": run_id, "status": outcome.status}
+    end: dict[str, Any] = {"run_id": run.id, "status": outcome.status}
     if outcome.error:
         end["error"] = outcome.error
-    entries.append(NewEntry(EntryKind.RUN_END, end, {"run_id": run_id}, entry_id(run_id, "end")))
-    tenant_id, session_id = str(run["tenant_id"]), str(run["session_id"])
-    appended = await append_in(conn, tenant_id, session_id, entries)
+    entries.append(NewEntry(EntryKind.RUN_END, end, {"run_id": run.id}, entry_id(run.id, "end")))
+    appended = await append_in(conn, run.tenant_id, run.session_id, entries)
     committed = list(appended.entries)
     end_seq = int(committed[-1]["seq"])
-    if run["cancel_mode"] == "rollback" and run["user_entry_seq"] is not None:
+    if run.cancel_mode == "rollback" and run.user_entry_seq is not None:
         rollback = NewEntry(
             EntryKind.ROLLBACK,
-            {"from_seq": int(run["user_entry_seq"]), "to_seq": end_seq, "reason": "rollback"},
-            {"run_id": run_id},
-            entry_id(run_id, "rollback"),
+            {"from_seq": run.user_entry_seq, "to_seq": end_seq, "reason": "rollback"},
+            {"run_id": run.id},
+            entry_id(run.id, "rollback"),
         )
-        committed += list((await append_in(conn, tenant_id, session_id, [rollback])).entries)
+        more = await append_in(conn, run.tenant_id, run.session_id, [rollback])
+        committed += list(more.entries)
 
-    await runs_db.update_run(
-        conn,
-        run_id,
+    usage_data = (
         {
-            "status": outcome.status,
+            "input_tokens": usage.input_tokens,
+            "output_tokens": usage.output_tokens,
+            "cached_tokens": usage.cached_tokens,
+            "estimated": usage.estimated,
+        }
+        if usage
+        else None
+    )
+    step = machine.end(
+        run, outcome, committed, usage_data, float(cost) if cost is not None else None
+    )
+    ended = await runs_db.update_run(
+        conn,
+        run.id,
+        {
+            "status": step.status.value,
             "result": outcome.text or None,
             "finish_reason": outcome.finish_reason,
             "error": outcome.error,
@@ -149,9 +227,7 @@ async def finish_run(
             "end_entry_seq": end_seq,
         },
     )
-    still_active = [
-        r for r in await runs_db.active_runs(conn, session_id) if str(r["id"]) != run_id
-    ]
+    still_active = [r for r in await runs_db.active_runs(conn, run.session_id) if r.id != run.id]
     session_values: dict[str, Any] = {"updated_at": func.now()}
     if not still_active:
         session_values["status"] = "idle"
@@ -162,41 +238,8 @@ async def finish_run(
             "cached_tokens": sessions.c.cached_tokens + usage.cached_tokens,
             "cost_usd": sessions.c.cost_usd + (cost or 0),
         }
-    await conn.execute(update(sessions).where(sessions.c.id == session_id).values(**session_values))
-
-    events: list[tuple[str, dict[str, Any]]] = [
-        ("entry.committed", {"seq": int(e["seq"]), "kind": e["kind"], "id": e["id"]})
-        for e in committed
-    ]
-    usage_data = (
-        {
-            "input_tokens": usage.input_tokens,
-            "output_tokens": usage.output_tokens,
-            "cached_tokens": usage.cached_tokens,
-            "estimated": usage.estimated,
-        }
-        if usage
-        else None
+    await conn.execute(
+        update(sessions).where(sessions.c.id == run.session_id).values(**session_values)
     )
-    if usage_data is not None:
-        events.append(
-            ("usage", {**usage_data, "cost_usd": float(cost) if cost is not None else None})
-        )
-    terminal: dict[str, Any] = {"run_id": run_id, "status": outcome.status, "model": model}
-    if outcome.status == "completed":
-        terminal |= {
-            "text": outcome.text,
-            "usage": usage_data,
-            "finish_reason": outcome.finish_reason,
-        }
-    else:
-        terminal["partial_text"] = outcome.text
-        if outcome.error:
-            terminal["error"] = outcome.error
-        if run["cancel_mode"]:
-            terminal["reason"] = run["cancel_mode"]
-    events.append((TERMINAL_EVENTS[outcome.status], terminal))
-    rows = event_rows(run_id, next_seq, events)
-    await events_db.insert_events(conn, rows)
-    await events_db.notify(conn, {run_id: rows[-1]["seq"]})
-    return rows
+    await writer.append(conn, run.id, step.events)
+    return ended

@@ -7,33 +7,22 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
-
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.core.builtin_tools import SEARCH_LIMIT_MAX
 from app.core.eviction import READ_TOOL_OUTPUT_DEFINITION
 from app.core.tool_loop import PendingCall
+from app.services.search import search_history
+
+# Re-exported: they are the registry's vocabulary (a tool function takes a ToolContext, execute
+# returns a ToolOutcome), and the run loop and the tool modules name them from here.
+from app.tools.context import ToolContext as ToolContext
+from app.tools.context import ToolOutcome as ToolOutcome
+from app.tools.webhook import call_webhook
 
 if TYPE_CHECKING:
     from app.config import Settings
-
-
-@dataclass(frozen=True)
-class ToolContext:
-    tenant_id: str
-    session_id: str
-    run_id: str
-    tool_call_id: str
-    engine: AsyncEngine | None = None  # for tools that read the journal
-
-
-@dataclass(frozen=True)
-class ToolOutcome:
-    content: Any
-    is_error: bool = False
 
 
 ToolFunction = Callable[[dict[str, Any], ToolContext], Awaitable[Any]]
@@ -72,8 +61,6 @@ async def execute(
         url = definition.get("url")
         if not url:
             return ToolOutcome(f"Error: the webhook tool {call.name} has no url.", is_error=True)
-        from app.tools.webhook import call_webhook  # it imports this module
-
         return await call_webhook(
             str(url),
             call,
@@ -107,8 +94,6 @@ async def search_history_tool(
 ) -> list[dict[str, Any]]:
     """Full-text search of the session's whole history: what compaction took out of the
     window is still found here."""
-    from app.services.search import search_history
-
     if context.engine is None:
         raise RuntimeError("search_history needs the database")
     limit = max(1, min(int(arguments.get("limit", 5)), SEARCH_LIMIT_MAX))

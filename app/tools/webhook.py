@@ -36,7 +36,7 @@ from typing import Any
 import httpx
 
 from app.core.tool_loop import PendingCall
-from app.tools.registry import ToolContext, ToolOutcome
+from app.tools.context import ToolContext, ToolOutcome
 
 SIGNATURE_HEADER = "X-Threadline-Signature"
 TIMESTAMP_HEADER = "X-Threadline-Timestamp"

@@ -20,10 +20,10 @@ from sqlalchemy import RowMapping
 from app.db import runs as runs_db
 from app.llm.base import ProviderError
 from app.llm.catalog import context_window
+from app.runs.model import Outcome, Run, RunKind, RunStatus, entry_id
 from app.services import compaction
 from app.services.errors import ServiceError
 from app.services.projection import SessionProjection, project_for_run, resolve_policy
-from app.services.runs import Outcome, entry_id
 from app.worker.runtime import PendingCompaction, Runtime
 
 log = logging.getLogger(__name__)
@@ -39,10 +39,10 @@ class AutoCompaction:
     failed: bool = False  # the summarizer failed: windowing, and no second try in this run
 
 
-async def compaction_job(runtime: Runtime, run: RowMapping) -> Outcome:
+async def compaction_job(runtime: Runtime, run: Run) -> Outcome:
     """The run of POST /compact: summarize up to the kept turns and commit the checkpoint."""
-    params = run["params"]
-    run_id, tenant_id, session_id = str(run["id"]), str(run["tenant_id"]), str(run["session_id"])
+    params = run.params
+    run_id, tenant_id, session_id = run.id, run.tenant_id, run.session_id
     summary_id = entry_id(run_id, SUMMARY_PART)
     done = await compaction.committed_summary(runtime.engine, tenant_id, session_id, summary_id)
     if done is not None:  # an attempt whose worker died after committing it: finish the run
@@ -53,9 +53,9 @@ async def compaction_job(runtime: Runtime, run: RowMapping) -> Outcome:
             runtime.settings,
             tenant_id,
             session_id,
-            keep_last_turns=params.get("keep_last_turns"),
-            model=run["model"],
-            focus=params.get("focus"),
+            keep_last_turns=params.keep_last_turns,
+            model=run.model,
+            focus=params.focus,
         )
     except ServiceError as exc:
         return Outcome("failed", error={"code": exc.code, "message": exc.message})
@@ -73,31 +73,28 @@ async def compaction_job(runtime: Runtime, run: RowMapping) -> Outcome:
     return Outcome("completed", summary.content, summary.usage, model=summary.model)
 
 
-async def auto_compact(
-    runtime: Runtime, run: RowMapping, projected: SessionProjection
-) -> AutoCompaction:
+async def auto_compact(runtime: Runtime, run: Run, projected: SessionProjection) -> AutoCompaction:
     """Compact before a model call whose context is full (policy summarization: auto). When
     nothing is committed, the run goes on with the projection it has (windowing).
 
     The summary is written in a task of its own, which the run waits for at most the policy's
     compaction_wait_seconds: past that, the run windows and the task goes on to commit the
     summary for later asks (the session's next ask here joins it rather than start another)."""
-    params = run["params"]
     meta = projected.projection.meta
-    run_id, session_id = str(run["id"]), str(run["session_id"])
+    run_id, session_id = run.id, run.session_id
     pending = runtime.compactions.get(session_id)
     if pending is None:
         try:
             prepared = await compaction.prepare(
                 runtime.engine,
                 runtime.settings,
-                str(run["tenant_id"]),
+                run.tenant_id,
                 session_id,
                 # the run's own turn is always kept: it is what the model is about to answer
                 keep_last_turns=max(1, projected.policy.keep_last_turns),
                 run_id=run_id,
-                answer_model=run["model"],
-                policy_overrides=params.get("context_policy"),
+                answer_model=run.model,
+                policy_overrides=run.params.context_policy,
             )
         except ServiceError as exc:
             runtime.writer.emit(run_id, "context.compaction_failed", _failed(exc))
@@ -162,20 +159,17 @@ def _pending(pending: PendingCompaction, waited: float) -> dict[str, Any]:
     }
 
 
-async def await_compaction_jobs(
-    runtime: Runtime, run: RowMapping, config: Mapping[str, Any]
-) -> bool:
+async def await_compaction_jobs(runtime: Runtime, run: Run, config: Mapping[str, Any]) -> bool:
     """Before an ask's first model call: wait for the compaction jobs queued before it (they
     run beside asks, on a lock of their own) at most the policy's compaction_wait_seconds.
     True when one is still running: the ask then windows (and starts no compaction of its own),
     and emits `context.compaction_pending`."""
-    params = run["params"]
     try:
         policy = resolve_policy(
-            context_window(run["model"]),
+            context_window(run.model),
             runtime.settings.context_policy,
             config.get("context_policy"),
-            params.get("context_policy"),
+            run.params.context_policy,
         )
     except ServiceError:
         return False  # the ask's own projection reports it
@@ -183,18 +177,18 @@ async def await_compaction_jobs(
     deadline = loop.time() + policy.compaction_wait_seconds
     while True:
         async with runtime.engine.connect() as conn:
-            active = await runs_db.active_runs(conn, str(run["session_id"]), kind="compaction")
-        earlier = [r for r in active if r["created_at"] < run["created_at"]]
+            active = await runs_db.active_runs(conn, run.session_id, kind="compaction")
+        earlier = [r for r in active if r.created_at < run.created_at]
         if not earlier:
             return False
         if loop.time() >= deadline:
             break
         await asyncio.sleep(POLL_SECONDS)
     runtime.writer.emit(
-        str(run["id"]),
+        run.id,
         "context.compaction_pending",
         {
-            "run_id": str(earlier[0]["id"]),
+            "run_id": earlier[0].id,
             "waited_seconds": policy.compaction_wait_seconds,
             "fallback": "windowing",
         },
@@ -210,27 +204,25 @@ async def await_earlier_asks(runtime: Runtime, run_id: str) -> None:
     longer wait in the queue behind a compaction: see await_compaction_jobs."""
     async with runtime.engine.connect() as conn:
         run = await runs_db.get_run(conn, run_id)
-    if run is None or run["kind"] != "compaction":
+    if run is None or run.kind is not RunKind.COMPACTION:
         return
     while True:
         async with runtime.engine.connect() as conn:
-            active = await runs_db.active_runs(conn, str(run["session_id"]), kind="ask")
-        if not any(
-            r["created_at"] < run["created_at"] and r["status"] == "running" for r in active
-        ):
+            active = await runs_db.active_runs(conn, run.session_id, kind="ask")
+        if not any(r.created_at < run.created_at and r.status is RunStatus.RUNNING for r in active):
             return
         await asyncio.sleep(POLL_SECONDS)
 
 
 async def _compact(
     runtime: Runtime,
-    run: RowMapping,
+    run: Run,
     prepared: compaction.PreparedCompaction,
     reason: str,
     tokens_before: int | None,
     part: str,
 ) -> compaction.Summary:
-    run_id = str(run["id"])
+    run_id = run.id
     _compacting(runtime, run_id, prepared, reason, tokens_before)
     summary = await compaction.summarize(runtime.router, prepared)
     entry = await compaction.commit(
@@ -267,14 +259,14 @@ def _compacting(
 
 async def _compacted(
     runtime: Runtime,
-    run: RowMapping,
+    run: Run,
     prepared: compaction.PreparedCompaction,
     summary: compaction.Summary,
     entry: RowMapping,
     reason: str,
     tokens_before: int | None,
 ) -> None:
-    run_id, plan = str(run["id"]), prepared.plan
+    run_id, plan = run.id, prepared.plan
     seq = int(entry["seq"])
     runtime.writer.emit(
         run_id, "entry.committed", {"seq": seq, "kind": entry["kind"], "id": entry["id"]}
@@ -298,7 +290,7 @@ async def _compacted(
     )
 
 
-async def _tokens(runtime: Runtime, run: RowMapping) -> int | None:
+async def _tokens(runtime: Runtime, run: Run) -> int | None:
     """The context an ask would send now (None if it cannot be projected)."""
     try:
         projected = await project_for_run(runtime.engine, runtime.settings, run)

@@ -13,17 +13,24 @@ from procrastinate import JobContext
 
 from app.config import Settings
 from app.db import events as events_db
+from app.db import jobs as jobs_db
+from app.db import runs as runs_db
 from app.db.engine import create_engine
 from app.db.jobs import RUN_QUEUE, RUN_TASK
 from app.llm.router import Router
 from app.llm.tokenizers import stored_counter
+from app.runs.writer import EventWriter
+from app.services import runs
 from app.services.asks import expire_waiting_runs
 from app.tools.webhook import aclose_shared_client
 from app.worker import runtime as runtimes
-from app.worker.events import EventWriter
+from app.worker.lease import WorkerLease
 from app.worker.run import execute_run
 
 log = logging.getLogger(__name__)
+# After a database restart, how long the workers (alive, but their leases dropped with their
+# connections) have to take their leases again before their runs count as orphaned.
+LEASE_GRACE_SECONDS = 5.0
 
 
 def libpq_url(database_url: str) -> str:
@@ -66,12 +73,17 @@ async def worker_pool(settings: Settings, concurrency: int) -> AsyncIterator[Non
     engine = create_engine(settings)
     await asyncio.to_thread(stored_counter)  # load the vocabulary now, not on the first ask
     writer = EventWriter(engine, settings.event_tick_seconds)
-    runtime = runtimes.Runtime(engine, settings, Router(settings), writer)
+    lease = WorkerLease(engine)
+    await lease.acquire()
+    runtime = runtimes.Runtime(engine, settings, Router(settings), writer, lease)
     app = queue_app(settings, runtime)
+    registered = _remember_registrations(app)
     async with app.open_async():
         background = [
             asyncio.create_task(writer.run(), name="event-writer"),
-            asyncio.create_task(_retry_stalled(app, runtime), name="stalled-jobs"),
+            asyncio.create_task(lease.keep(), name="worker-lease"),
+            asyncio.create_task(_recover_runs(runtime), name="run-recovery"),
+            asyncio.create_task(_retry_stalled(app, runtime, registered), name="stalled-jobs"),
             asyncio.create_task(_prune_events(engine, settings), name="event-pruner"),
             asyncio.create_task(
                 app.run_worker_async(
@@ -99,13 +111,48 @@ async def worker_pool(settings: Settings, concurrency: int) -> AsyncIterator[Non
                     await pending.task
             with contextlib.suppress(Exception):
                 await writer.flush()
+            await lease.release()
             await aclose_shared_client()
             await engine.dispose()
 
 
-async def _retry_stalled(app: procrastinate.App, runtime: runtimes.Runtime) -> None:
-    """Jobs whose worker stopped sending heartbeats go back to the queue; the run resumes
-    from the journal on whichever worker takes it."""
+async def _recover_runs(runtime: runtimes.Runtime) -> None:
+    """Every tick, queue again the runs nobody will finish: their worker died (its lease is
+    gone: a kill is seen within a tick) or their job ended without ending them (a database
+    outage outlasted the worker's retries). They resume from the journal."""
+    while True:
+        await asyncio.sleep(runtime.settings.recovery_check_seconds)
+        try:
+            async with runtime.engine.begin() as conn:
+                for orphan in await runs_db.orphaned_runs(conn, LEASE_GRACE_SECONDS):
+                    log.warning("run %s has nobody to finish it: queued again", orphan.run.id)
+                    await runs.recover(conn, orphan)
+        except Exception:
+            log.exception("looking for runs to recover failed")
+
+
+def _remember_registrations(app: procrastinate.App) -> list[int]:
+    """The ids procrastinate registers this process's worker under (to notice it was
+    deregistered: see _retry_stalled)."""
+    ids: list[int] = []
+    register = app.job_manager.register_worker
+
+    async def registered() -> int:
+        worker_id = await register()
+        ids.append(worker_id)
+        return worker_id
+
+    app.job_manager.register_worker = registered  # type: ignore[method-assign]
+    return ids
+
+
+async def _retry_stalled(
+    app: procrastinate.App, runtime: runtimes.Runtime, registered: list[int]
+) -> None:
+    """Jobs taken by a worker that stopped sending heartbeats before it started their run go
+    back to the queue (a run it started is recovered by its lease instead: a slow worker keeps
+    it). A worker of this process found deregistered (it was paused past the threshold, and
+    pruned) registers again under its id, or procrastinate could never give it a job again."""
     settings = runtime.settings
     while True:
         await asyncio.sleep(settings.stall_check_seconds)
@@ -113,12 +160,22 @@ async def _retry_stalled(app: procrastinate.App, runtime: runtimes.Runtime) -> N
             stalled = await app.job_manager.get_stalled_jobs(
                 seconds_since_heartbeat=settings.stalled_after_seconds
             )
+            async with runtime.engine.connect() as conn:
+                unstarted = await jobs_db.unstarted_runs_jobs(
+                    conn, [job.id for job in stalled if job.id is not None]
+                )
             for job in stalled:
-                log.warning("retrying stalled job %s", job.id)
-                await app.job_manager.retry_job(job)
+                if job.id in unstarted:
+                    log.warning("retrying stalled job %s", job.id)
+                    await app.job_manager.retry_job(job)
             await app.job_manager.prune_stalled_workers(
                 seconds_since_heartbeat=settings.stalled_after_seconds
             )
+            async with runtime.engine.begin() as conn:
+                for worker_id in await jobs_db.reregister_workers(conn, registered[-1:]):
+                    log.warning(
+                        "this worker (%s) had been deregistered: registered again", worker_id
+                    )
             await expire_waiting_runs(runtime.engine)
         except Exception:
             log.exception("checking for stalled jobs failed")

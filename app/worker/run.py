@@ -2,7 +2,8 @@
 
 The run resumes from the journal, never from memory: a run retried after its worker died starts
 over from its committed user entry (clients get `message.reset`), and its closing entries have
-ids derived from the run, so nothing is ever written twice.
+ids derived from the run, so nothing is ever written twice. A model call that fails after its
+output began is asked again in the same way, within the router's retries (`_void_attempt`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import RowMapping, func
+from sqlalchemy import text
 
 from app.core.entries import EntryKind, FinishReason
 from app.core.messages import result_text
@@ -28,23 +29,25 @@ from app.core.tool_loop import (
     next_step,
     thread_call_id,
 )
-from app.db import events as events_db
 from app.db import journal as journal_db
 from app.db import runs as runs_db
 from app.db import sessions as sessions_db
-from app.db.tables import RUN_TERMINAL
+from app.db.engine import database_unreachable, retrying
 from app.llm.base import (
     Finish,
     ModelRequest,
     ProviderError,
+    Restart,
     TextDelta,
     ToolCallDelta,
     UsageReport,
 )
+from app.runs.machine import committed_events
+from app.runs.model import Outcome, Run, RunKind, entry_id
+from app.services import runs
 from app.services.errors import ServiceError
 from app.services.journal import NewEntry, append_in
 from app.services.projection import SessionProjection, offered_tools, project_for_run
-from app.services.runs import Outcome, entry_id, event_rows, finish_run
 from app.tools.registry import ToolContext, ToolOutcome, execute
 from app.worker.compaction import (
     auto_compact,
@@ -55,8 +58,13 @@ from app.worker.compaction import (
 from app.worker.runtime import Runtime
 
 log = logging.getLogger(__name__)
+# Database outages one attempt waits out before it gives up (then its job fails, and the run
+# is picked up again once the database is back: app/worker/pool.py).
+MAX_OUTAGES = 5
 WARNING_SHARE, LIMIT_SHARE = 0.8, 1.0
 PREVIEW_CHARS = 500
+# Why a model call's partial answer was voided: `message.reset`'s reason, the rollback's.
+RESTART_REASON = "provider_retry"
 
 
 @dataclass
@@ -64,6 +72,7 @@ class _Progress:
     """What a run has received so far: committed as incomplete if it is stopped."""
 
     text: list[str] = field(default_factory=list)  # the current model turn's
+    restarts: int = 0  # model calls asked again after their output began (this attempt)
     usage: UsageReport | None = None  # summed over the run's model turns
     model: str | None = None
     # once a summary failed, or is still being written after the wait, this run only windows
@@ -88,21 +97,16 @@ async def execute_run(
     claimed = await _claim(runtime, run_id)
     if claimed is None:
         return
-    run, after_crash = claimed
+    run = claimed
     writer = runtime.writer
-    progress = _Progress(model=run["model"])
+    writer.open(run_id, run.attempts)
+    progress = _Progress(model=run.model)
     try:
-        if after_crash:  # what clients saw of the attempt that died is void
-            writer.emit(run_id, "message.reset", {"reason": "retry", "attempt": run["attempts"]})
-        writer.emit(run_id, "run.started", {"attempt": run["attempts"]}, urgent=True)
-        policy = RunPolicy.model_validate(run["params"].get("run_policy") or {})
+        policy = RunPolicy.model_validate(run.params.run_policy or {})
         outcome: Outcome | Pause
         try:
             async with asyncio.timeout(policy.max_run_seconds):
-                if run["kind"] == "compaction":
-                    outcome = await compaction_job(runtime, run)
-                else:
-                    outcome = await _converse(runtime, run, progress)
+                outcome = await _attempt(runtime, run, progress)
         except TimeoutError:
             limit = StopRun(
                 "max_run_seconds", f"the run took longer than {policy.max_run_seconds} s"
@@ -111,6 +115,9 @@ async def execute_run(
             outcome = Outcome(
                 "failed", "".join(progress.text), progress.usage, outcome.error, progress.model
             )
+        except Superseded:
+            log.warning("run %s: taken over by another worker; this attempt stops", run_id)
+            return
         except asyncio.CancelledError:
             if abort_reason() != "user_request":
                 raise
@@ -119,73 +126,88 @@ async def execute_run(
         except Exception as exc:  # a bug must still end the run, clearly
             log.exception("run %s crashed", run_id)
             outcome = Outcome("failed", error={"code": "internal_error", "message": str(exc)})
+        # Its end is written whatever happens to the database meanwhile: retried until it is back.
         if isinstance(outcome, Pause):
-            await _pause(runtime, run_id, outcome)
+            await retrying(lambda: _pause(runtime, run, outcome))
         else:
-            await _finish(runtime, run_id, outcome)
+            await retrying(lambda: _finish(runtime, run, outcome))
     finally:
         writer.close(run_id)
 
 
-async def _finish(runtime: Runtime, run_id: str, outcome: Outcome) -> None:
+async def _attempt(runtime: Runtime, run: Run, progress: _Progress) -> Outcome | Pause:
+    """The run's work. A database that cannot be reached mid-run (a restart, a failover) is
+    waited for, then the work goes on from what the journal holds; clients are told to drop
+    the partial answer they saw (`message.reset`), which streams again."""
+    outages = 0
+    while True:
+        try:
+            if run.kind is RunKind.COMPACTION:
+                return await compaction_job(runtime, run)
+            return await _converse(runtime, run, progress)
+        except Exception as exc:
+            if not database_unreachable(exc) or outages >= MAX_OUTAGES:
+                raise
+            outages += 1
+            log.warning("run %s: the database cannot be reached; resuming once it is back", run.id)
+        await retrying(lambda: _ping(runtime))
+        progress.text = []
+        runtime.writer.emit(run.id, "message.reset", {"reason": "retry", "attempt": run.attempts})
+
+
+async def _ping(runtime: Runtime) -> None:
+    async with runtime.engine.connect() as conn:
+        await conn.execute(text("SELECT 1"))
+
+
+class Superseded(Exception):
+    """Another worker took the run over (this one was thought dead): it stops writing."""
+
+
+def _check_fence(runtime: Runtime, run_id: str) -> None:
+    if run_id in runtime.writer.superseded:
+        raise Superseded(run_id)
+
+
+async def _finish(runtime: Runtime, run: Run, outcome: Outcome) -> None:
     await runtime.writer.flush()
     async with runtime.engine.begin() as conn:
-        locked = await runs_db.get_run(conn, run_id, lock=True)
-        if locked is None or locked["status"] in RUN_TERMINAL:
-            return
-        if locked["cancel_mode"] and outcome.status == "completed":
-            # the answer finished before the cancel landed: still, it was cancelled
-            outcome = Outcome("cancelled", outcome.text, outcome.usage, model=outcome.model)
-        await finish_run(conn, locked, outcome, runtime.writer.next_seq(run_id))
+        locked = await runs_db.get_run(conn, run.id, lock=True)
+        if locked is None or not locked.active or locked.attempts != run.attempts:
+            return  # ended meanwhile (a cancel after this worker was thought dead), or taken over
+        await runs.finish(conn, locked, outcome)
 
 
-async def _pause(runtime: Runtime, run_id: str, pause: Pause) -> None:
+async def _pause(runtime: Runtime, run: Run, pause: Pause) -> None:
     """Park the run in requires_action until the client posts the outputs (or it expires)."""
     await runtime.writer.flush()
     timeout = runtime.settings.tool_outputs_timeout_seconds
     async with runtime.engine.begin() as conn:
-        locked = await runs_db.get_run(conn, run_id, lock=True)
-        if locked is None or locked["status"] in RUN_TERMINAL:
+        locked = await runs_db.get_run(conn, run.id, lock=True)
+        if locked is None or not locked.active or locked.attempts != run.attempts:
             return
-        seq = runtime.writer.next_seq(run_id)
-        if locked["cancel_mode"]:
-            await finish_run(conn, locked, Outcome("cancelled"), seq)
+        if locked.cancel_mode:
+            await runs.finish(conn, locked, Outcome("cancelled"))
             return
-        run = await runs_db.update_run(
-            conn,
-            run_id,
-            {
-                "status": "requires_action",
-                "action_expires_at": func.now() + func.make_interval(0, 0, 0, 0, 0, 0, timeout),
-            },
-        )
         calls = [
             {"tool_call_id": c.tool_call_id, "name": c.name, "arguments": c.arguments}
             for c in pause.calls
         ]
-        event = {"tool_calls": calls, "expires_at": run["action_expires_at"].isoformat()}
-        await events_db.insert_events(
-            conn, event_rows(run_id, seq, [("run.requires_action", event)])
-        )
-        await events_db.notify(conn, {run_id: seq})
+        await runs.await_tool_outputs(conn, locked, calls, timeout)
 
 
-async def _claim(runtime: Runtime, run_id: str) -> tuple[RowMapping, bool] | None:
-    """Start an attempt, or end a run that was cancelled before it started; None: nothing to do.
-    The flag says whether an earlier attempt died mid-run (its worker crashed)."""
+async def _claim(runtime: Runtime, run_id: str) -> Run | None:
+    """Start an attempt (a retry, if an earlier one died mid-run), or end a run that was
+    cancelled before it started; None: nothing to do."""
     async with runtime.engine.begin() as conn:
         run = await runs_db.get_run(conn, run_id, lock=True)
-        if run is None or run["status"] in RUN_TERMINAL:
+        if run is None or not run.active:
             return None
-        next_seq = await events_db.last_seq(conn, run_id) + 1
-        if run["cancel_mode"]:
-            await finish_run(conn, run, Outcome("cancelled"), next_seq)
+        if run.cancel_mode:
+            await runs.finish(conn, run, Outcome("cancelled"))
             return None
-        started = await runs_db.start_attempt(conn, run_id)
-    if started is None:
-        return None
-    runtime.writer.open(run_id, next_seq)
-    return started, run["status"] == "running"
+        started = await runs.start(conn, run, runtime.lease.key)
+    return started if started.active else None
 
 
 @dataclass(frozen=True)
@@ -195,22 +217,22 @@ class Pause:
     calls: tuple[PendingCall, ...]
 
 
-async def _converse(runtime: Runtime, run: RowMapping, progress: _Progress) -> Outcome | Pause:
+async def _converse(runtime: Runtime, run: Run, progress: _Progress) -> Outcome | Pause:
     """Model turns and tool calls until a final answer, a failure or a limit; each step is
     decided from what the journal holds, so a retried run picks up where this one stopped."""
-    run_id, session_id = str(run["id"]), str(run["session_id"])
-    policy = RunPolicy.model_validate(run["params"].get("run_policy") or {})
+    session_id = run.session_id
+    policy = RunPolicy.model_validate(run.params.run_policy or {})
     # Read once: a run keeps the tools it started with, and the session's earlier spending.
     async with runtime.engine.connect() as conn:
-        session = await sessions_db.get_session(conn, str(run["tenant_id"]), session_id)
+        session = await sessions_db.get_session(conn, run.tenant_id, session_id)
     config: dict[str, Any] = session["config"] if session is not None else {}
-    tools = offered_tools(config, run["params"].get("tools") or [])
+    tools = offered_tools(config, run.params.tools)
     tokens_before = int(session["input_tokens"]) + int(session["output_tokens"]) if session else 0
     if await await_compaction_jobs(runtime, run, config):
         progress.compaction_failed = True  # one is still summarizing: no second one meanwhile
     while True:
         async with runtime.engine.connect() as conn:
-            done = await journal_db.run_entries(conn, session_id, run["user_entry_seq"], run_id)
+            done = await journal_db.run_entries(conn, session_id, run.input_seq, run.id)
         step = _over_budget(policy, tokens_before, progress) or next_step(
             done, policy.max_iterations
         )
@@ -241,11 +263,9 @@ def _over_budget(policy: RunPolicy, tokens_before: int, progress: _Progress) -> 
     return None
 
 
-async def _violation(
-    runtime: Runtime, run: RowMapping, stop: StopRun, progress: _Progress
-) -> Outcome:
+async def _violation(runtime: Runtime, run: Run, stop: StopRun, progress: _Progress) -> Outcome:
     """Record the broken limit in the journal and end the run with it."""
-    run_id = str(run["id"])
+    run_id = run.id
     violation = {"rule": stop.rule, "message": stop.message}
     entry = NewEntry(
         EntryKind.POLICY_VIOLATION, violation, {"run_id": run_id}, entry_id(run_id, stop.rule)
@@ -257,13 +277,13 @@ async def _violation(
 
 async def _model_turn(
     runtime: Runtime,
-    run: RowMapping,
+    run: Run,
     iteration: int,
     progress: _Progress,
 ) -> Outcome | None:
     """One model call; an Outcome if the run ends with it, None if it asked for tools (then
     committed as one assistant turn: its text and one tool_call entry per call)."""
-    run_id, params = str(run["id"]), run["params"]
+    run_id, params = run.id, run.params
     try:
         projected = await _project(runtime, run)
         meta = projected.projection.meta
@@ -281,23 +301,31 @@ async def _model_turn(
         )
     projection = projected.projection
     request = ModelRequest(
-        model=run["model"].partition(":")[2],
+        model=run.model.partition(":")[2],
         messages=projection.messages,
         tools=projection.tool_spec,
-        max_output_tokens=params.get("max_output_tokens"),
-        temperature=params.get("temperature"),
+        max_output_tokens=params.max_output_tokens,
+        temperature=params.temperature,
         answer_room=projected.policy.reserve,
     )
     progress.text = []
     pieces: list[tuple[int, str | None, str | None, str]] = []
-    user_seq = int(run["user_entry_seq"])
+    user_seq = run.input_seq
     finish: FinishReason | None = None
     positions: dict[int, int] = {}  # a streamed call's index -> its place in the turn
-    stream = runtime.router.stream(run["model"], request, fallback=params.get("fallback_model"))
+    # restarts: a transient fault after output began is retried too; tools only ever run
+    # after a model turn that completed, so no call is executed for a voided attempt.
+    stream = runtime.router.stream(
+        run.model, request, fallback=params.fallback_model, restarts=True
+    )
     try:
         async for model, event in stream:
+            _check_fence(runtime, run_id)
             progress.model = model
-            if isinstance(event, TextDelta) and event.text:
+            if isinstance(event, Restart):
+                await _void_attempt(runtime, run, iteration, progress, event.error)
+                pieces, positions, finish = [], {}, None
+            elif isinstance(event, TextDelta) and event.text:
                 progress.text.append(event.text)
                 runtime.writer.emit(run_id, "message.delta", {"text": event.text})
             elif isinstance(event, ToolCallDelta):
@@ -332,7 +360,44 @@ async def _model_turn(
     return None
 
 
-async def _project(runtime: Runtime, run: RowMapping) -> SessionProjection:
+async def _void_attempt(
+    runtime: Runtime, run: Run, iteration: int, progress: _Progress, error: ProviderError
+) -> None:
+    """A model call failed after its output began and was asked again (the same request):
+    what it wrote is journaled as an incomplete answer and rolled back at once, so that no
+    projection (nor a summary) ever sends it, and clients are told to drop it."""
+    progress.restarts += 1
+    text, progress.text = "".join(progress.text), []
+    log.warning(
+        "run %s: the model call failed after its output began (%s: %s); asked again",
+        run.id,
+        error.kind,
+        error.message,
+    )
+    if text:
+        part = f"{iteration}:restart:{run.attempts}.{progress.restarts}"
+        refs = {"run_id": run.id, "call_id": f"{run.id}:{iteration}", "iteration": iteration}
+        said = {"role": "assistant", "content": text, "status": "incomplete"}
+        partial = NewEntry(EntryKind.MESSAGE, said, refs, entry_id(run.id, part))
+        async with runtime.engine.begin() as conn:
+            first = await append_in(conn, run.tenant_id, run.session_id, [partial])
+            seq = int(first.entries[0]["seq"])
+            taken_back = {"from_seq": seq, "to_seq": seq, "reason": RESTART_REASON}
+            rollback = NewEntry(
+                EntryKind.ROLLBACK,
+                taken_back,
+                {"run_id": run.id},
+                entry_id(run.id, f"{part}:rollback"),
+            )
+            second = await append_in(conn, run.tenant_id, run.session_id, [rollback])
+        for kind, data in committed_events([*first.entries, *second.entries]):
+            runtime.writer.emit(run.id, kind, data)
+    runtime.writer.emit(
+        run.id, "message.reset", {"reason": RESTART_REASON, "attempt": run.attempts}
+    )
+
+
+async def _project(runtime: Runtime, run: Run) -> SessionProjection:
     return await project_for_run(runtime.engine, runtime.settings, run)
 
 
@@ -386,14 +451,14 @@ def _tool_turn(
 
 async def _run_tools(
     runtime: Runtime,
-    run: RowMapping,
+    run: Run,
     calls: tuple[PendingCall, ...],
     tools: list[Any],
     policy: RunPolicy,
 ) -> list[str]:
     """Execute a turn's unanswered calls concurrently and commit one result per call; returns
     the names of calls the policy refused (they get an error result instead)."""
-    run_id = str(run["id"])
+    run_id = run.id
     denied = [c.name for c in calls if not policy.allows(c.name)]
     for call in calls:
         runtime.writer.emit(
@@ -406,10 +471,11 @@ async def _run_tools(
     async def settle(call: PendingCall) -> None:
         # Each result is committed the moment its tool returns: if the worker dies while a
         # slower call runs, the finished ones are never executed again.
+        _check_fence(runtime, run_id)
         if policy.allows(call.name):
             context = ToolContext(
-                str(run["tenant_id"]),
-                str(run["session_id"]),
+                run.tenant_id,
+                run.session_id,
                 run_id,
                 call.tool_call_id,
                 runtime.engine,
@@ -445,16 +511,12 @@ def _refused(name: str) -> ToolOutcome:
     return ToolOutcome(f"Error: the policy does not allow the tool {name!r}.", is_error=True)
 
 
-async def _commit(runtime: Runtime, run: RowMapping, entries: list[NewEntry]) -> None:
+async def _commit(runtime: Runtime, run: Run, entries: list[NewEntry]) -> None:
     """Append a step's entries (idempotent: ids derive from the run) and announce them."""
     async with runtime.engine.begin() as conn:
-        appended = await append_in(conn, str(run["tenant_id"]), str(run["session_id"]), entries)
-    for entry in appended.entries:
-        runtime.writer.emit(
-            str(run["id"]),
-            "entry.committed",
-            {"seq": int(entry["seq"]), "kind": entry["kind"], "id": entry["id"]},
-        )
+        appended = await append_in(conn, run.tenant_id, run.session_id, entries)
+    for kind, data in committed_events(appended.entries):
+        runtime.writer.emit(run.id, kind, data)
 
 
 def _warn_if_full(runtime: Runtime, run_id: str, meta: ProjectionMeta) -> None:

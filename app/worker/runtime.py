@@ -10,8 +10,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import Settings
 from app.llm.router import Router
+from app.runs.writer import EventWriter
 from app.services.compaction import PreparedCompaction, Summary
-from app.worker.events import EventWriter
+from app.worker.lease import WorkerLease
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class Runtime:
     settings: Settings
     router: Router
     writer: EventWriter
+    lease: WorkerLease
     # Automatic compactions still summarizing, by session: an ask that stopped waiting for one
     # leaves it running here, and the session's next ask joins it instead of starting another.
     compactions: dict[str, PendingCompaction] = field(default_factory=dict)

@@ -7,9 +7,9 @@ from typing import Any
 
 import httpx
 
-from tests.fakes.upstream import FakeUpstream, Text, Usage
-from tests.helpers import history, new_session
-from tests.sse_client import Event, collect
+from testkit.api import history, new_session
+from testkit.sse_client import Event, collect
+from testkit.upstream import FakeUpstream, Text, Usage
 
 
 async def ask(api: httpx.AsyncClient, sid: str, text: str, **body: Any) -> list[Event]:

@@ -17,8 +17,10 @@ from app.core.projection import SUMMARY_CUT_MARK
 from app.core.tool_loop import thread_call_id
 from app.db.tables import sessions
 from app.services.journal import NewEntry, append_entries
-from tests.fakes.long_session import is_summarization
-from tests.fakes.upstream import (
+from testkit.api import history, new_session
+from testkit.long_session import is_summarization
+from testkit.sse_client import collect
+from testkit.upstream import (
     Fail,
     FakeUpstream,
     Hold,
@@ -30,8 +32,6 @@ from tests.fakes.upstream import (
     ToolCall,
     Usage,
 )
-from tests.helpers import history, new_session
-from tests.sse_client import collect
 
 
 async def ask(api: httpx.AsyncClient, sid: str, text: str, **body: Any) -> dict[str, Any]:
@@ -391,7 +391,9 @@ async def test_a_summary_cut_off_at_its_length_limit_keeps_what_it_said_complete
         summary["payload"]["content"] == "The user likes tea and lives in Oslo." + SUMMARY_CUT_MARK
     )
     # A short conversation is asked for a short summary, not for the cap's ~900 words.
-    asked = int(re.search(r"Use at most (\d+) words", user_text(upstream.requests[-1].body))[1])
+    cap = re.search(r"Use at most (\d+) words", user_text(upstream.requests[-1].body))
+    assert cap is not None
+    asked = int(cap[1])
     assert asked < 100
 
 

@@ -20,10 +20,10 @@ from app.db.engine import create_engine
 from app.llm.local_provider import bundled_model_path
 from app.main import create_app
 from app.services.keys import create_key
-from tests.conftest import free_port, serve_in_thread, stop_thread_server
+from testkit.api import append, history, message, new_session
+from testkit.server import free_port, serve_in_thread, stop_thread_server
+from testkit.sse_client import collect
 from tests.e2e import create_database
-from tests.helpers import append, history, message, new_session
-from tests.sse_client import collect
 
 pytestmark = pytest.mark.slow
 WINDOW = 2048  # the n_ctx the server runs with, configured for its endpoint (it does not say)

@@ -29,11 +29,12 @@ import pytest
 from app.config import Settings
 from app.db.embedded import EmbeddedPostgres
 from app.db.migrate import upgrade_to_head
-from tests.conftest import free_port, issue_key
+from testkit.api import new_session
+from testkit.server import free_port
+from testkit.sse_client import TERMINAL, Event, read_to_end
+from testkit.upstream import FakeUpstream, Hold, Text
+from tests.conftest import issue_key
 from tests.e2e import THREADLINE, e2e_env, process_env
-from tests.fakes.upstream import FakeUpstream, Hold, Text
-from tests.helpers import new_session
-from tests.sse_client import TERMINAL, Event, read_to_end
 
 DEADLINE_SECONDS = 120  # for each wait; never an assertion on how long anything took
 

@@ -17,7 +17,7 @@ from app.config import Settings
 from app.db.engine import create_engine
 from app.db.outage import database_unavailable
 from app.main import create_app
-from tests.conftest import free_port
+from testkit.server import free_port
 
 
 class _Orig(Exception):

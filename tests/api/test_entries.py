@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.helpers import append, history, new_session
+from testkit.api import append, history, new_session
 from tests.images import PNG_URL, data_url, jpeg
 
 IMAGE = {"type": "image_url", "url": PNG_URL}

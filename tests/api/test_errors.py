@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.helpers import new_session
+from testkit.api import new_session
 
 
 def assert_error(response: httpx.Response, status: int, code: str) -> dict[str, Any]:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import httpx
 
-from tests.fakes.upstream import FakeUpstream, Text, Usage
-from tests.helpers import history, new_session
-from tests.sse_client import collect
+from testkit.api import history, new_session
+from testkit.sse_client import collect
+from testkit.upstream import FakeUpstream, Text, Usage
 
 
 async def test_usage_a_server_does_not_report_is_estimated_and_flagged(

@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import Settings
 from app.main import create_app
-from tests.conftest import free_port
+from testkit.server import free_port
 
 
 async def call(settings: Settings, path: str) -> httpx.Response:

@@ -18,13 +18,14 @@ from app.api.hub import PAGE, EventHub
 from app.config import Settings
 from app.db import events as events_db
 from app.worker.pool import libpq_url
-from tests.fakes.upstream import FakeUpstream, Stall, Text
-from tests.helpers import new_session
-from tests.sse_client import SAFETY_NET_SECONDS, collect
+from testkit.api import new_session
+from testkit.sse_client import SAFETY_NET_SECONDS, collect
+from testkit.upstream import FakeUpstream, Stall, Text
 
 
 @pytest.fixture
 async def hub(e2e_engine: AsyncEngine, e2e_settings: Settings) -> AsyncIterator[EventHub]:
+    assert e2e_settings.database_url is not None
     hub = EventHub(e2e_engine, libpq_url(e2e_settings.database_url), poll_seconds=3600)
     await hub.start()
     yield hub
@@ -136,12 +137,14 @@ async def test_a_long_outage_or_another_error_ends_the_follower_with_it(
     """Past outage_seconds the follower gives up (the client resumes with Last-Event-ID); an
     error that is no outage is raised at once."""
     run_id, _ = await finished_run(api, upstream)
-    impatient = EventHub(e2e_engine, libpq_url(e2e_settings.database_url), outage_seconds=0)
+    assert e2e_settings.database_url is not None
+    url = libpq_url(e2e_settings.database_url)
+    impatient = EventHub(e2e_engine, url, outage_seconds=0)
     down = failing_reads(impatient, monkeypatch, CannotConnectNowError("down"), times=10**6)
     with pytest.raises(CannotConnectNowError):
         await followed(impatient, run_id, 0)
     assert len(down) >= 1
-    broken = EventHub(e2e_engine, libpq_url(e2e_settings.database_url))
+    broken = EventHub(e2e_engine, url)
     bug = failing_reads(broken, monkeypatch, ValueError("a bug"), times=10**6)
     with pytest.raises(ValueError, match="a bug"):
         await followed(broken, run_id, 0)

@@ -10,13 +10,14 @@ import time
 import httpx
 import pytest
 
-from app.core.formats import openai_request_tokens, validate_openai
+from app.core.formats import openai_request_tokens
 from app.core.projection import SUMMARY_PREFIX
 from app.llm.tokenizers import encoding_counter
-from tests.fakes import long_session as scenario
-from tests.fakes.upstream import FakeUpstream
-from tests.helpers import history, new_session
-from tests.sse_client import collect
+from testkit import long_session as scenario
+from testkit.api import history, new_session
+from testkit.sse_client import collect
+from testkit.upstream import FakeUpstream
+from tests.core.format_oracles import validate_openai
 
 TURNS = 1_000
 

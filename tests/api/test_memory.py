@@ -13,10 +13,10 @@ import pytest
 from fastapi import FastAPI
 
 from app.core.memory import MAX_MEMORY_BYTES, MEMORY_LINES
+from testkit.api import new_session
+from testkit.sse_client import collect
+from testkit.upstream import FakeUpstream, Text, ToolCall
 from tests.conftest import ClientFactory
-from tests.fakes.upstream import FakeUpstream, Text, ToolCall
-from tests.helpers import new_session
-from tests.sse_client import collect
 
 
 async def put(

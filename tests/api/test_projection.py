@@ -10,9 +10,9 @@ import httpx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.core.formats import validate_anthropic, validate_openai
-from tests.fakes.upstream import FakeUpstream, Text
-from tests.helpers import append, append_texts, history, message, new_session
+from testkit.api import append, append_texts, history, message, new_session
+from testkit.upstream import FakeUpstream, Text
+from tests.core.format_oracles import validate_anthropic, validate_openai
 
 WEATHER = [
     message("Weather in Oslo?"),
@@ -235,7 +235,6 @@ async def _build(api: httpx.AsyncClient, sid: str, steps: list[tuple[str, Any]])
 
 @settings(
     max_examples=12,
-    deadline=None,
     suppress_health_check=list(HealthCheck),
     derandomize=True,
 )

@@ -1,13 +1,14 @@
-"""Runs against provider failures: retries before the first delta, clear failures after it,
-and the user's words kept whatever happens (DESIGN invariant 3)."""
+"""Runs against provider failures: retries, clear failures once they run out, and the user's
+words kept whatever happens (DESIGN invariant 3). Faults after output began:
+tests/worker/test_provider_faults.py."""
 
 from __future__ import annotations
 
 import httpx
 
-from tests.fakes.upstream import Fail, FailMidStream, FakeUpstream, Stall, Text, Usage
-from tests.helpers import history, new_session
-from tests.sse_client import collect
+from testkit.api import history, new_session
+from testkit.sse_client import collect
+from testkit.upstream import Fail, FailMidStream, FakeUpstream, Stall, Text, Usage
 
 
 async def ask(api: httpx.AsyncClient, sid: str, text: str) -> list:  # type: ignore[type-arg]
@@ -45,19 +46,25 @@ async def test_failure_after_output_commits_the_partial_answer(
     api: httpx.AsyncClient, upstream: FakeUpstream
 ) -> None:
     sid = (await new_session(api))["id"]
-    upstream.script(Text("half "), Text("an answer"), FailMidStream("overloaded"))
+    for _ in range(4):  # the first try and 3 retries, each failing after its output began
+        upstream.script(Text("half "), Text("an answer"), FailMidStream("overloaded"))
     events = await ask(api, sid, "go")
     assert events[-1].type == "run.failed"
     assert events[-1].data["error"]["code"] == "provider_overloaded"
     assert events[-1].data["partial_text"] == "half an answer"
-    assert len(upstream.requests) == 1  # output had begun: no retry
-    answer = next(e for e in await history(api, sid) if e["payload"].get("role") == "assistant")
+    assert len(upstream.requests) == 4
+    run_id = events[0].data["run_id"]
+    answer = next(
+        e
+        for e in await history(api, sid)
+        if e["refs"] == {"run_id": run_id} and e["payload"].get("role") == "assistant"
+    )
     assert answer["payload"] == {
         "role": "assistant",
         "content": "half an answer",
         "status": "incomplete",
     }
-    run = (await api.get(f"/v1/runs/{events[0].data['run_id']}")).json()
+    run = (await api.get(f"/v1/runs/{run_id}")).json()
     assert run["status"] == "failed" and run["result"] == "half an answer"
 
 

@@ -8,8 +8,8 @@ import httpx
 import pytest
 
 from app.api.schemas import MAX_SEQ
+from testkit.api import append, append_texts, message, new_session
 from tests.api.test_errors import assert_error
-from tests.helpers import append, append_texts, message, new_session
 
 TOOL_CALL = {
     "kind": "tool_call",

@@ -5,11 +5,11 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.helpers import append, append_texts, message, new_session
+from testkit.api import append, append_texts, message, new_session
 
 
 async def search(
-    client: httpx.AsyncClient, sid: str, q: str, **params: object
+    client: httpx.AsyncClient, sid: str, q: str, **params: str | int
 ) -> list[dict[str, object]]:
     response = await client.get(f"/v1/sessions/{sid}/search", params={"q": q, **params})
     assert response.status_code == 200, response.text

@@ -9,7 +9,7 @@ import pytest
 
 from app.config import DEFAULT_LOCAL_MODEL, Settings
 from app.main import create_app
-from tests.helpers import append_texts, new_session
+from testkit.api import append_texts, new_session
 
 
 async def test_create_and_read(client: httpx.AsyncClient) -> None:

@@ -12,10 +12,10 @@ import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db import events as events_db
+from testkit.api import new_session
+from testkit.sse_client import TERMINAL, Event, collect, read_to_end, until_closed
+from testkit.upstream import FakeUpstream, Stall, Text
 from tests.api.test_compaction import converse
-from tests.fakes.upstream import FakeUpstream, Stall, Text
-from tests.helpers import new_session
-from tests.sse_client import TERMINAL, Event, collect, read_to_end, until_closed
 
 
 async def _finished_run(

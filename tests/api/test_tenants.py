@@ -8,8 +8,8 @@ from typing import Any
 import httpx
 from fastapi import FastAPI
 
+from testkit.api import append_texts, history, message, new_session
 from tests.conftest import ClientFactory
-from tests.helpers import append_texts, history, message, new_session
 
 # Every route that names a session, with a body that would succeed for its owner.
 SESSION_ROUTES: dict[tuple[str, str], dict[str, Any] | None] = {

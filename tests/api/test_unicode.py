@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import app.api
 from app.api.bodies import JSONRoute
-from tests.helpers import append_texts, history, message, new_session
+from testkit.api import append_texts, history, message, new_session
 
 LONE = "\ud800"
 # (what, method, path under the session/run, body holding LONE, where it is in the body)

@@ -43,7 +43,7 @@ def test_token_count_heuristic() -> None:
 
     # 3 per text, then each word-like piece at least one token (app.core.tokens).
     assert count_entry_tokens(EntryKind.MESSAGE, {"role": "user", "content": "abcdefgh"}) == 5
-    parts = {
+    parts: dict[str, object] = {
         "role": "user",
         "content": [{"type": "text", "text": "abcd"}, {"type": "text", "text": "e"}],
     }

@@ -16,11 +16,10 @@ from app.core.formats import (
     to_anthropic,
     to_neutral,
     to_openai,
-    validate_anthropic,
-    validate_openai,
 )
 from app.core.messages import Message, ToolCall, ToolSpec
 from app.core.tokens import HeuristicCounter, request_tokens
+from tests.core.format_oracles import validate_anthropic, validate_openai
 from tests.images import PNG_URL, data_url, jpeg
 
 Json = dict[str, Any]

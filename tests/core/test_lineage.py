@@ -106,7 +106,7 @@ operations = st.lists(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300)
 @given(operations)
 def test_threads_read_like_full_copies_through_forks_and_deletes(
     ops: list[tuple[str, int, int]],

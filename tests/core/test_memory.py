@@ -7,7 +7,7 @@ import re
 import unicodedata
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from markdown_it import MarkdownIt
 
@@ -150,7 +150,7 @@ def _top_level_blocks(markdown: str) -> list[tuple[str, str]]:
     return blocks
 
 
-@settings(deadline=None, max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=400)
 @given(
     hostile_text,
     st.none() | st.from_regex(NAMESPACE_PATTERN, fullmatch=True),

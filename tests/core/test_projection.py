@@ -6,18 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.core.entries import EntryKind
 from app.core.eviction import READ_TOOL_OUTPUT, output_ref, preview, sizes
-from app.core.formats import (
-    openai_request_tokens,
-    to_anthropic,
-    to_openai,
-    validate_anthropic,
-    validate_openai,
-)
+from app.core.formats import openai_request_tokens, to_anthropic, to_openai
 from app.core.messages import Message, ToolSpec, canonical_json
 from app.core.policy import ContextPolicy
 from app.core.projection import (
@@ -40,6 +34,7 @@ from app.core.tokens import (
     tools_tokens,
 )
 from app.llm.tokenizers import counting_for, stored_counter
+from tests.core.format_oracles import validate_anthropic, validate_openai
 from tests.images import data_url, png
 
 O200K = stored_counter()
@@ -246,7 +241,9 @@ def test_a_summary_larger_than_the_budget_is_cut_with_a_mark_not_refused() -> No
     p = j.project(policy=SMALL, system_prompt=SYSTEM)
     assert p.meta.summary_used and p.meta.summary_truncated and p.meta.truncated
     assert p.meta.needs_summary  # so an auto-compaction may write a smaller one
-    prefix, summary = (part["text"] for part in p.messages[1].content)
+    parts = p.messages[1].content
+    assert not isinstance(parts, str)
+    prefix, summary = (part["text"] for part in parts)
     assert prefix == SUMMARY_PREFIX and summary.endswith(SUMMARY_CUT_MARK)
     kept = summary.removesuffix(SUMMARY_CUT_MARK)
     assert kept and content.startswith(kept) and len(kept) < len(content)
@@ -641,7 +638,7 @@ policies = st.builds(
 )
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150)
 @given(journals(), policies, st.booleans())
 def test_every_projection_is_valid_within_budget_and_deterministic(
     generated: tuple[Journal, list[PendingEntry]], policy: ContextPolicy, with_system: bool
@@ -760,7 +757,7 @@ def _history(j: Journal, pending: list[PendingEntry], policy: ContextPolicy) -> 
         return None
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=120)
 @given(long_journals(), window_policies, budget_steps)
 def test_a_larger_budget_never_sends_less_history(
     generated: tuple[Journal, list[PendingEntry]], policy: ContextPolicy, more: int
@@ -784,7 +781,7 @@ def _window_messages(p: Projection) -> list[Message]:
     return list(p.messages[head + p.meta.summary_used :])
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=120)
 @given(long_journals(), window_policies)
 def test_a_truncated_window_leaves_at_most_one_chunk_unused(
     generated: tuple[Journal, list[PendingEntry]], policy: ContextPolicy

@@ -3,18 +3,13 @@ the service named its calls): every call keeps its own result and goes out under
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.core.formats import (
-    openai_request_tokens,
-    to_anthropic,
-    to_openai,
-    validate_anthropic,
-    validate_openai,
-)
+from app.core.formats import openai_request_tokens, to_anthropic, to_openai
 from app.core.policy import ContextPolicy
 from app.core.projection import INTERRUPTED_RESULT
+from tests.core.format_oracles import validate_anthropic, validate_openai
 from tests.core.test_projection import O200K, Journal, roles
 
 
@@ -52,7 +47,7 @@ def test_a_repeated_id_without_a_result_is_interrupted_not_answered_by_a_later_o
     assert validate_openai(to_openai(p.messages, ())) == []
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100)
 @given(
     st.lists(
         st.tuples(
@@ -87,7 +82,7 @@ def test_repeated_ids_always_project_valid_and_within_budget(
     for at, message in enumerate(p.messages):
         for call in message.tool_calls:
             number = call.arguments["n"]
-            answer = next(m for m in p.messages[at:] if m.tool_call_id == call.id)
-            assert answer.content == INTERRUPTED_RESULT or str(answer.content).startswith(
+            reply = next(m for m in p.messages[at:] if m.tool_call_id == call.id)
+            assert reply.content == INTERRUPTED_RESULT or str(reply.content).startswith(
                 f"answer {number}."
             )

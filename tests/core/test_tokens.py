@@ -7,7 +7,7 @@ import math
 import re
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.core.entries import EntryKind
@@ -54,7 +54,7 @@ GENERATED = {
 @pytest.mark.parametrize("name", sorted(GENERATED))
 def test_estimate_is_never_under_on_generated_text(name: str) -> None:
     @given(GENERATED[name])
-    @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @settings(max_examples=400)
     def never_under(units: list[str]) -> None:
         text = "".join(units)
         assert ESTIMATE.count(text) >= real_tokens(text), text

@@ -69,7 +69,7 @@ def test_streamed_pieces_assemble_into_calls_in_order() -> None:
 def test_call_ids_are_the_services_own_whatever_the_upstream_sends() -> None:
     """Some servers stream no ids, or one fixed id: the journaled ids differ by run (its user
     entry's seq), model turn and place in the turn, so no call ever looks answered by another."""
-    streams = [
+    streams: list[list[tuple[int, str | None, str | None, str]]] = [
         [(0, None, "f", "{}"), (1, None, "f", "{}")],
         [(0, "call_0", "f", "{}"), (1, "call_0", "f", "{}")],
     ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -26,12 +27,8 @@ async def run_with_events(engine: AsyncEngine, ended_ago: str | None) -> str:
             ),
             {"id": run_id, "tenant": tenant, "session": session["id"]},
         )
-        await events_db.insert_events(
-            conn,
-            [
-                {"run_id": run_id, "seq": i, "type": "message.delta", "data": {"text": "x"}}
-                for i in (1, 2)
-            ],
+        await events_db.append_events(
+            conn, [(run_id, "message.delta", {"text": "x"}) for _ in (1, 2)]
         )
     return run_id
 
@@ -48,3 +45,33 @@ async def test_prune_drops_only_events_of_runs_ended_before_the_retention(
         assert await events_db.last_seq(conn, old) == 0
         assert await events_db.last_seq(conn, recent) == 2
         assert await events_db.last_seq(conn, running) == 2
+
+
+async def test_append_allocates_dense_seqs_per_run_in_order(engine: AsyncEngine) -> None:
+    """One batch holding several runs' events, then more batches: each run's seqs continue
+    after its highest, in the order given, whichever batch they came in."""
+    a = await run_with_events(engine, None)  # seqs 1, 2 already
+    b = await run_with_events(engine, None)
+    batch: list[tuple[str, str, dict[str, Any]]] = [
+        (a, "message.delta", {"text": "a3"}),
+        (b, "usage", {"n": 1}),
+    ]
+    batch += [(a, "message.delta", {"text": "a4"}), (b, "run.completed", {"n": 2})]
+    async with engine.begin() as conn:
+        assert await events_db.append_events(conn, batch) == {a: 4, b: 4}
+    async with engine.begin() as conn:
+        assert await events_db.append_events(conn, [(a, "usage", {})]) == {a: 5}
+        assert await events_db.append_events(conn, []) == {}
+    async with engine.connect() as conn:
+        rows = await events_db.read_events(conn, a, 0)
+        other = await events_db.read_events(conn, b, 0)
+    assert [(r["seq"], r["type"]) for r in rows][2:] == [
+        (3, "message.delta"),
+        (4, "message.delta"),
+        (5, "usage"),
+    ]
+    assert [r["data"].get("text") for r in rows][2:4] == ["a3", "a4"]
+    assert [(r["seq"], r["type"], r["data"]) for r in other][2:] == [
+        (3, "usage", {"n": 1}),
+        (4, "run.completed", {"n": 2}),
+    ]

@@ -20,9 +20,19 @@ from app.llm.base import (
     ToolCallDelta,
     UsageReport,
 )
-from tests.fakes import collect, joined_text, tool_calls
-from tests.fakes.upstream import Fail, FailMidStream, FakeUpstream, Stall, Text, Usage
-from tests.fakes.upstream import ToolCall as ScriptedCall
+from testkit.upstream import (
+    Fail,
+    FailMidStream,
+    FakeUpstream,
+    Malformed,
+    Stall,
+    Step,
+    Text,
+    Truncate,
+    Usage,
+)
+from testkit.upstream import ToolCall as ScriptedCall
+from tests.llm.streamed import collect, joined_text, tool_calls
 
 WEATHER = ToolSpec(
     "get_weather",
@@ -169,10 +179,12 @@ async def test_errors_before_output_are_classified(
         (FailMidStream("server", "Internal error"), "server"),
         (FailMidStream("rate_limit", "Slow down"), "rate_limited"),
         (FailMidStream(disconnect=True), "connection"),
+        (Truncate(), "server"),
+        (Malformed(), "bad_response"),
     ],
 )
 async def test_failure_mid_stream_comes_after_the_deltas(
-    provider: AnthropicProvider, upstream: FakeUpstream, failure: FailMidStream, expected: str
+    provider: AnthropicProvider, upstream: FakeUpstream, failure: Step, expected: str
 ) -> None:
     upstream.script(Text("Hel"), Text("lo"), failure)
     events: list[StreamEvent] = []
@@ -183,6 +195,19 @@ async def test_failure_mid_stream_comes_after_the_deltas(
     assert events == [TextDelta("Hel"), TextDelta("lo")]
     assert caught.value.kind == expected
     assert caught.value.retryable
+
+
+async def test_an_event_that_is_not_json_is_a_bad_response(
+    provider: AnthropicProvider, upstream: FakeUpstream
+) -> None:
+    upstream.script(Malformed("{not json"))
+
+    with pytest.raises(ProviderError) as caught:
+        await collect(provider.stream(HELLO))
+
+    assert caught.value.kind == "bad_response" and caught.value.retryable
+    assert caught.value.as_error()["code"] == "provider_bad_response"
+    assert "not JSON" in caught.value.message
 
 
 async def test_an_overloaded_event_keeps_its_message(

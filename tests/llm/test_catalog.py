@@ -12,7 +12,7 @@ import pytest
 from app.config import Settings
 from app.llm import catalog
 from app.llm.catalog import COMPAT_DEFAULT_WINDOW, context_window_for
-from tests.fakes.upstream import FakeUpstream
+from testkit.upstream import FakeUpstream
 
 
 @pytest.fixture(scope="module")

@@ -21,18 +21,21 @@ from app.llm.base import (
     UsageReport,
 )
 from app.llm.openai_provider import OpenAIProvider
-from tests.fakes import collect, joined_text, tool_calls
-from tests.fakes.upstream import (
+from testkit.upstream import (
     Fail,
     FailMidStream,
     FakeUpstream,
+    Malformed,
     Stall,
+    Step,
     Text,
+    Truncate,
     Usage,
 )
-from tests.fakes.upstream import (
+from testkit.upstream import (
     ToolCall as ScriptedCall,
 )
+from tests.llm.streamed import collect, joined_text, tool_calls
 
 WEATHER = ToolSpec(
     "get_weather",
@@ -191,10 +194,12 @@ async def test_errors_before_output_are_classified(
         (FailMidStream("overloaded"), "overloaded"),
         (FailMidStream("server", "The server had an error"), "server"),
         (FailMidStream(disconnect=True), "connection"),
+        (Truncate(), "server"),
+        (Malformed(), "bad_response"),
     ],
 )
 async def test_failure_mid_stream_comes_after_the_deltas(
-    provider: OpenAIProvider, upstream: FakeUpstream, failure: FailMidStream, expected: str
+    provider: OpenAIProvider, upstream: FakeUpstream, failure: Step, expected: str
 ) -> None:
     upstream.script(Text("Hel"), Text("lo"), failure)
     events: list[StreamEvent] = []
@@ -205,6 +210,19 @@ async def test_failure_mid_stream_comes_after_the_deltas(
     assert events == [TextDelta("Hel"), TextDelta("lo")]
     assert caught.value.kind == expected
     assert caught.value.retryable
+
+
+async def test_a_chunk_that_is_not_json_is_a_bad_response(
+    provider: OpenAIProvider, upstream: FakeUpstream
+) -> None:
+    upstream.script(Malformed("{not json"))
+
+    with pytest.raises(ProviderError) as caught:
+        await collect(provider.stream(HELLO))
+
+    assert caught.value.kind == "bad_response" and caught.value.retryable
+    assert caught.value.as_error()["code"] == "provider_bad_response"
+    assert "not JSON" in caught.value.message
 
 
 async def test_a_silent_upstream_times_out(upstream: FakeUpstream) -> None:

@@ -1,5 +1,5 @@
-"""Router: model strings to providers, retries before output only, fallback, circuit breaker,
-stall guard: real SDKs against the fake upstream."""
+"""Router: model strings to providers, retries (after output too, for callers that take
+restarts), fallback, circuit breaker, stall guard: real SDKs against the fake upstream."""
 
 from __future__ import annotations
 
@@ -13,11 +13,19 @@ import pytest
 from app.config import Settings
 from app.core.messages import Message
 from app.llm.anthropic_provider import AnthropicProvider
-from app.llm.base import Finish, ModelRequest, ProviderError, StreamEvent, TextDelta
+from app.llm.base import (
+    Finish,
+    ModelRequest,
+    ProviderError,
+    Restart,
+    RoutedEvent,
+    StreamEvent,
+    TextDelta,
+)
 from app.llm.openai_provider import OpenAIProvider
 from app.llm.router import Route, Router
-from tests.fakes import collect
-from tests.fakes.upstream import Fail, FailMidStream, FakeUpstream, Stall, Text
+from testkit.upstream import Fail, FailMidStream, FakeUpstream, Malformed, Stall, Text, Truncate
+from tests.llm.streamed import collect
 
 OPENAI = "openai:gpt-test"
 ANTHROPIC = "anthropic:claude-test"
@@ -241,6 +249,131 @@ async def test_a_failure_after_the_first_delta_is_not_retried(
     assert caught.value.kind == "overloaded"
     assert events == [(ANTHROPIC, TextDelta("partial"))]
     assert paths(upstream) == [MESSAGES]  # no retry, and no fallback either
+    assert upstream.pending == 1
+
+
+def texts_and_restarts(events: list[tuple[str, RoutedEvent]]) -> list[tuple[str, str]]:
+    """(model, the text, or "<restart:kind>") of each text delta and restart."""
+    return [
+        (model, e.text if isinstance(e, TextDelta) else f"<restart:{e.error.kind}>")
+        for model, e in events
+        if isinstance(e, TextDelta | Restart)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("fault", "kind"),
+    [
+        (FailMidStream("overloaded"), "overloaded"),
+        (FailMidStream(disconnect=True), "connection"),
+        (Stall(5), "timeout"),
+        (Truncate(), "server"),
+        (Malformed(), "bad_response"),
+    ],
+)
+@pytest.mark.parametrize("model", [OPENAI, ANTHROPIC])
+async def test_with_restarts_a_fault_after_output_is_retried_after_a_restart(
+    make_router: Any, upstream: FakeUpstream, model: str, fault: Any, kind: str
+) -> None:
+    upstream.script(Text("half "), Text("an answer"), fault)
+    upstream.script(Text("the whole answer"))
+    router = make_router(llm_request_timeout_seconds=0.5)
+
+    events = await collect(router.stream(model, HELLO, restarts=True))
+
+    assert texts_and_restarts(events) == [
+        (model, "half "),
+        (model, "an answer"),
+        (model, f"<restart:{kind}>"),
+        (model, "the whole answer"),
+    ]
+    assert isinstance(events[-1][1], Finish)
+    first, second = upstream.requests
+    assert first.body == second.body  # the same request, asked again
+
+
+async def test_a_restart_waits_for_new_output(make_router: Any, upstream: FakeUpstream) -> None:
+    upstream.script(Text("partial"), FailMidStream("overloaded"))
+    upstream.script(Fail(529))
+    upstream.script(Text("again"))
+
+    events = await collect(make_router().stream(OPENAI, HELLO, restarts=True))
+
+    assert texts_and_restarts(events) == [
+        (OPENAI, "partial"),
+        (OPENAI, "<restart:overloaded>"),
+        (OPENAI, "again"),
+    ]
+    assert len(upstream.requests) == 3
+
+
+async def test_with_restarts_retries_are_still_bounded(
+    make_router: Any, upstream: FakeUpstream
+) -> None:
+    for attempt in range(3):  # the first try and 2 retries
+        upstream.script(Text(f"try {attempt}"), FailMidStream("overloaded"))
+    upstream.script(Text("never sent"))
+    events: list[tuple[str, RoutedEvent]] = []
+
+    with pytest.raises(ProviderError) as caught:
+        await collect(make_router().stream(ANTHROPIC, HELLO, restarts=True), events)
+
+    assert caught.value.kind == "overloaded"
+    assert texts_and_restarts(events) == [
+        (ANTHROPIC, "try 0"),
+        (ANTHROPIC, "<restart:overloaded>"),
+        (ANTHROPIC, "try 1"),
+        (ANTHROPIC, "<restart:overloaded>"),
+        (ANTHROPIC, "try 2"),
+    ]
+    assert upstream.pending == 1
+
+
+async def test_output_of_a_failed_attempt_stands_when_no_later_one_has_any(
+    make_router: Any, upstream: FakeUpstream
+) -> None:
+    upstream.script(Text("partial"), FailMidStream("overloaded"))
+    upstream.script(Fail(529))
+    upstream.script(Fail(500))
+    events: list[tuple[str, RoutedEvent]] = []
+
+    with pytest.raises(ProviderError) as caught:
+        await collect(make_router().stream(OPENAI, HELLO, restarts=True), events)
+
+    assert caught.value.kind == "server"
+    assert texts_and_restarts(events) == [(OPENAI, "partial")]  # no restart: nothing replaced it
+
+
+async def test_with_restarts_a_fault_after_output_falls_back_once_retries_run_out(
+    make_router: Any, upstream: FakeUpstream
+) -> None:
+    upstream.script(Text("primary"), FailMidStream("overloaded"))
+    upstream.script(Text("from the fallback"))
+
+    events = await collect(
+        make_router(llm_max_retries=0).stream(ANTHROPIC, HELLO, fallback=OPENAI, restarts=True)
+    )
+
+    assert texts_and_restarts(events) == [
+        (ANTHROPIC, "primary"),
+        (OPENAI, "<restart:overloaded>"),
+        (OPENAI, "from the fallback"),
+    ]
+    assert paths(upstream) == [MESSAGES, COMPLETIONS]
+
+
+async def test_with_restarts_a_permanent_failure_after_output_is_not_retried(
+    make_router: Any, upstream: FakeUpstream
+) -> None:
+    upstream.script(Text("partial"), FailMidStream("bad_request", "no such thing"))
+    upstream.script(Text("never sent"))
+    events: list[tuple[str, RoutedEvent]] = []
+
+    with pytest.raises(ProviderError) as caught:
+        await collect(make_router().stream(OPENAI, HELLO, restarts=True), events)
+
+    assert caught.value.kind == "bad_request"
+    assert texts_and_restarts(events) == [(OPENAI, "partial")]
     assert upstream.pending == 1
 
 

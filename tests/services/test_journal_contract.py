@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.core.entries import EntryKind
 from app.services.errors import Invalid
 from app.services.journal import NewEntry, append_in
-from tests.helpers import append, append_texts, history, message, new_session, texts
+from testkit.api import append, append_texts, history, message, new_session, texts
 
 
 async def test_seq_is_dense_under_50_concurrent_appenders_with_expected_rev(

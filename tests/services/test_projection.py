@@ -11,12 +11,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import Settings
 from app.core.entries import EntryKind
-from app.core.formats import to_anthropic, to_openai, validate_anthropic, validate_openai
+from app.core.formats import to_anthropic, to_openai
 from app.services.errors import Invalid
 from app.services.journal import NewEntry, append_entries
 from app.services.keys import create_key, tenant_for_key
 from app.services.projection import project_session
 from app.services.sessions import create_session, fork_session
+from tests.core.format_oracles import validate_anthropic, validate_openai
 
 
 @st.composite
@@ -66,7 +67,7 @@ async def _new(engine: AsyncEngine, tenant_id: str, entries: list[NewEntry]) -> 
     return sid
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=15, suppress_health_check=list(HealthCheck))
 @given(thread=threads(), data=st.data())
 async def test_a_fork_projects_like_the_same_thread_unforked(
     engine: AsyncEngine, settings: Settings, thread: list[NewEntry], data: st.DataObject

@@ -9,7 +9,7 @@ import httpx
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from tests.helpers import append, append_texts, history, message, new_session, texts
+from testkit.api import append, append_texts, history, message, new_session, texts
 
 
 async def fork(client: httpx.AsyncClient, sid: str, **body: object) -> dict[str, object]:

@@ -28,11 +28,12 @@ from app.tools.calculator import (
     evaluate,
 )
 from app.tools.registry import ToolContext, execute
-from tests.conftest import free_port, issue_key
+from testkit.api import new_session
+from testkit.server import free_port
+from testkit.sse_client import read_to_end
+from testkit.upstream import FakeUpstream, Text, ToolCall
+from tests.conftest import issue_key
 from tests.e2e import Process, create_database, e2e_env, process_env
-from tests.fakes.upstream import FakeUpstream, Text, ToolCall
-from tests.helpers import new_session
-from tests.sse_client import read_to_end
 
 CONTEXT = ToolContext("t", "s", "r", "c")
 CALCULATOR = [{"name": "calculator", "kind": "builtin"}]

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
+import app.tools
 from app.core.tool_loop import PendingCall
 from app.tools.registry import BUILTINS, ToolContext, builtin, execute
+from tests.core.test_purity import imported_modules
 
 CONTEXT = ToolContext("t", "s", "r", "c")
 CALCULATOR = [{"name": "calculator", "kind": "builtin"}]
@@ -45,3 +48,12 @@ async def test_a_slow_tool_times_out() -> None:
         assert outcome.is_error and "timed out" in outcome.content
     finally:
         del BUILTINS["sleepy"]
+
+
+def test_webhook_tools_never_import_the_registry() -> None:
+    # The registry routes webhook calls to app.tools.webhook; an import back (even one inside a
+    # function) would make the two a cycle again. What both need lives in app.tools.context.
+    tools = Path(app.tools.__file__).parent
+    assert "app.tools.registry" not in imported_modules(tools / "webhook.py")
+    assert not {m for m in imported_modules(tools / "context.py") if m.startswith("app.")}
+    assert "app.tools.webhook" in imported_modules(tools / "registry.py")

@@ -19,9 +19,9 @@ from app.services.journal import NewEntry, append_entries
 from app.services.keys import create_key, tenant_for_key
 from app.services.sessions import create_session, fork_session
 from app.tools.registry import BUILTINS, ToolContext, ToolOutcome, builtin, execute
-from tests.fakes.upstream import FakeUpstream, Text, ToolCall
-from tests.helpers import history, new_session
-from tests.sse_client import collect
+from testkit.api import history, new_session
+from testkit.sse_client import collect
+from testkit.upstream import FakeUpstream, Text, ToolCall
 
 # About 110,000 characters (more bytes): emoji, CJK, accents, CRLF, a trailing newline.
 OUTPUT = "".join(f"{i:05d} résumé 🗾 東京の天気 — ok\r\n{'x' * (i % 40)}\n" for i in range(2_400))

@@ -22,7 +22,7 @@ from app.core.tool_loop import PendingCall
 from app.tools import webhook
 from app.tools.registry import ToolContext, ToolOutcome, execute
 from app.tools.webhook import call_webhook, sign, verify_signature
-from tests.conftest import free_port, serve_in_thread, stop_thread_server
+from testkit.server import free_port, serve_in_thread, stop_thread_server
 
 SECRET = "receiver-secret"
 CONTEXT = ToolContext("tenant", "session-1", "run-1", "call-1")

@@ -4,74 +4,19 @@ and nothing is written twice (DESIGN invariant 8, the worker half)."""
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 
 import httpx
 import pytest
 from fastapi import FastAPI, Request
 
-from app.config import Settings
 from app.core.tool_loop import thread_call_id
-from app.main import create_app
-from tests.conftest import issue_key, serve_in_thread, stop_thread_server
-from tests.e2e import Process, e2e_env, process_env
-from tests.fakes.upstream import FakeUpstream, Text, ToolCall, Usage
-from tests.helpers import history, new_session
-from tests.sse_client import collect
-
-
-@pytest.fixture
-def crash_settings(database_url: str, upstream: FakeUpstream) -> Settings:
-    """A database of its own: the served workers of other tests must not take this run."""
-    from tests.e2e import create_database
-
-    return Settings(database_url=create_database(database_url, "crash"), **e2e_env(upstream))
-
-
-@pytest.fixture
-def crash_api(crash_settings: Settings, upstream: FakeUpstream) -> Iterator[tuple[str, str]]:
-    """The API alone (only the test's worker processes execute runs): its URL and a key."""
-    upstream.clear()
-    server, thread, url = serve_in_thread(create_app(crash_settings))
-    yield url, issue_key(crash_settings, f"crash-{uuid.uuid4()}")
-    stop_thread_server(server, thread)
-
-
-@pytest.fixture
-async def api_only(crash_api: tuple[str, str]) -> AsyncIterator[httpx.AsyncClient]:
-    url, key = crash_api
-    headers = {"Authorization": f"Bearer {key}"}
-    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=60) as client:
-        yield client
-
-
-class Workers:
-    """`threadline worker` processes on the crash database; the newest one can be killed."""
-
-    def __init__(self, env: dict[str, str]) -> None:
-        self.env = env
-        self.processes = [self._start()]
-
-    def _start(self) -> Process:
-        return Process(["worker", "--concurrency", "2"], self.env)
-
-    def kill_and_replace(self) -> None:
-        """SIGKILL: no shutdown, no cleanup, its job stays "doing"; then a fresh worker."""
-        self.processes[-1].kill()
-        self.processes.append(self._start())
-
-    def stop(self) -> None:
-        for process in self.processes:
-            process.stop()
-
-
-@pytest.fixture
-def workers(crash_settings: Settings) -> Iterator[Workers]:
-    pool = Workers(process_env(crash_settings))
-    yield pool
-    pool.stop()
+from testkit.api import history, new_session
+from testkit.server import serve_in_thread, stop_thread_server
+from testkit.sse_client import collect
+from testkit.upstream import FakeUpstream, Text, ToolCall, Usage
+from tests.worker.conftest import Workers
 
 
 @pytest.mark.slow

@@ -6,9 +6,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.fakes.upstream import FakeUpstream, Text, ToolCall
-from tests.helpers import history, new_session
-from tests.sse_client import collect
+from testkit.api import history, new_session
+from testkit.sse_client import collect
+from testkit.upstream import FakeUpstream, Text, ToolCall
 
 OPENAI, ANTHROPIC = "openai:gpt-4o-mini", "anthropic:claude-haiku-4-5"
 

@@ -7,7 +7,8 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from app.config import Settings
 from app.db.jobs import RUN_QUEUE, RUN_TASK
 from app.llm.router import Router
-from app.worker.events import EventWriter
+from app.runs.writer import EventWriter
+from app.worker.lease import WorkerLease
 from app.worker.pool import queue_app
 from app.worker.runtime import Runtime
 
@@ -18,7 +19,9 @@ def test_every_queue_app_in_a_process_knows_the_run_task() -> None:
     url = "postgresql+asyncpg://nobody@localhost/none"
     settings = Settings(_env_file=None, database_url=url)
     engine = create_async_engine(url)  # never connects
-    runtime = Runtime(engine, settings, Router(settings), EventWriter(engine, 0.05))
+    runtime = Runtime(
+        engine, settings, Router(settings), EventWriter(engine, 0.05), WorkerLease(engine)
+    )
     for _ in range(3):
         app = queue_app(settings, runtime)
         assert RUN_TASK in app.tasks

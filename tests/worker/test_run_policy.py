@@ -7,9 +7,9 @@ from typing import Any
 
 import httpx
 
-from tests.fakes.upstream import FakeUpstream, Text, ToolCall, Usage
-from tests.helpers import history, new_session
-from tests.sse_client import collect
+from testkit.api import history, new_session
+from testkit.sse_client import collect
+from testkit.upstream import FakeUpstream, Text, ToolCall, Usage
 
 CALCULATOR = {"name": "calculator", "kind": "builtin"}
 

@@ -13,10 +13,10 @@ from typing import Any
 import httpx
 import pytest
 
-from app.core.formats import validate_anthropic, validate_openai
-from tests.fakes.upstream import FakeUpstream, ReceivedRequest, Script, Text, ToolCall
-from tests.helpers import history, new_session
-from tests.sse_client import collect
+from testkit.api import history, new_session
+from testkit.sse_client import collect
+from testkit.upstream import FakeUpstream, ReceivedRequest, Script, Text, ToolCall
+from tests.core.format_oracles import validate_anthropic, validate_openai
 
 CALCULATOR = {"name": "calculator", "kind": "builtin"}
 ASKS = 20

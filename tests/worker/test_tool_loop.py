@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import httpx
 
-from tests.fakes.upstream import FakeUpstream, Text, ToolCall, Usage
-from tests.helpers import history, new_session
-from tests.sse_client import collect
+from testkit.api import history, new_session
+from testkit.sse_client import collect
+from testkit.upstream import FakeUpstream, Text, ToolCall, Usage
 
 CALCULATOR = {
     "name": "calculator",

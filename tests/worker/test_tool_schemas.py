@@ -8,9 +8,9 @@ import pytest
 
 from app.core.builtin_tools import BUILTIN_TOOLS
 from app.tools.registry import BUILTINS
-from tests.fakes.upstream import FakeUpstream, Text
-from tests.helpers import new_session
-from tests.sse_client import collect
+from testkit.api import new_session
+from testkit.sse_client import collect
+from testkit.upstream import FakeUpstream, Text
 
 
 def test_every_shipped_builtin_has_a_definition_and_every_definition_runs() -> None:

@@ -102,7 +102,19 @@ class Hold:
     release: threading.Event
 
 
-Step = Text | ToolCall | Usage | Fail | FailMidStream | Stall | Hold
+@dataclass(frozen=True)
+class Malformed:
+    """A streamed chunk whose data is not JSON (a broken proxy, a garbled upstream)."""
+
+    raw: str = '{"choices": [ garbled'
+
+
+@dataclass(frozen=True)
+class Truncate:
+    """End the body here, cleanly: no finish reason, no end marker (a proxy that cut it)."""
+
+
+Step = Text | ToolCall | Usage | Fail | FailMidStream | Stall | Hold | Malformed | Truncate
 
 
 @dataclass(frozen=True)
@@ -381,6 +393,10 @@ class FakeUpstream:
                 kind = step.kind or "server"
                 yield _data({"error": _openai_error_body(kind, step.message)})
                 return
+            elif isinstance(step, Malformed):
+                yield f"data: {step.raw}\n\n"
+            elif isinstance(step, Truncate):
+                return
         finish = script.stop_reason or ("tool_calls" if calls else "stop")
         yield chunk({}, finish)
         if include_usage and script.report_usage:
@@ -469,6 +485,10 @@ class FakeUpstream:
                 if isinstance(step, FailMidStream) and step.disconnect:
                     raise _Disconnect()
                 yield _event("error", _anthropic_error_body(step.kind or "server", step.message))
+                return
+            elif isinstance(step, Malformed):
+                yield f"event: content_block_delta\ndata: {step.raw}\n\n"
+            elif isinstance(step, Truncate):
                 return
         if open_text:
             yield _event("content_block_stop", _block_stop(index))

@@ -1,5 +1,5 @@
-"""Fakes of the services Threadline talks to, served over real sockets, and helpers to read
-what a provider streamed from them."""
+"""Helpers to read what a provider streamed (from testkit's fake upstream): every event, the
+text, the tool calls reassembled."""
 
 from __future__ import annotations
 

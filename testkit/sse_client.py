@@ -1,4 +1,5 @@
-"""A strict SSE reader for tests: real HTTP, every field parsed, heartbeats counted."""
+"""A strict SSE reader for tests and benchmarks: real HTTP, every field parsed, comment lines
+(heartbeats) skipped."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ import time
 
 import httpx
 
-from tests.fakes.upstream import FakeUpstream, Hold, ReceivedRequest, Script, Stall, Text
+from testkit.upstream import FakeUpstream, Hold, ReceivedRequest, Script, Stall, Text
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
 

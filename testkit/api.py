@@ -1,4 +1,5 @@
-"""Small request helpers shared by the API tests."""
+"""Requests to a Threadline API that tests and benchmarks make alike: sessions, appends, the
+history page by page."""
 
 from __future__ import annotations
 

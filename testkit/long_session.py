@@ -16,7 +16,7 @@ from typing import Any
 
 from app.core.compaction import INSTRUCTIONS
 from app.tools.registry import BUILTINS, ToolContext
-from tests.fakes.upstream import ReceivedRequest, Script, Text, ToolCall, Usage
+from testkit.upstream import ReceivedRequest, Script, Text, ToolCall, Usage
 
 SECRET = "ZEBRA-4417"
 SECRET_TURN = 3

@@ -1,0 +1,170 @@
+"""The run's state machine: which transitions each status allows, and the events each emits.
+
+Pure: every function takes the run as it is and answers the status it moves to and the events
+clients are sent for it; app/services/runs.py applies them to the database. An illegal
+transition raises `IllegalTransition`, whoever asks for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from app.runs.model import Outcome, Run, RunStatus
+
+Event = tuple[str, dict[str, Any]]  # (type, payload): see app/runs/events.py
+
+
+class Transition(StrEnum):
+    START = "start"  # a worker takes the queued job
+    RETRY = "retry"  # the attempt's worker died; another one starts over from the journal
+    AWAIT_TOOL_OUTPUTS = "await_tool_outputs"  # the model called client-side tools
+    RESUME = "resume"  # the client sent the outputs: the run queues again
+    COMPLETE = "complete"  # the final answer (or summary) is committed
+    FAIL = "fail"  # an error, a broken limit, or outputs that never came
+    CANCEL = "cancel"  # a cancel, an interrupting ask or a rollback
+
+
+_Q, _R, _A = RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.REQUIRES_ACTION
+# transition -> (the statuses it may start from, the status it leads to)
+RULES: Mapping[Transition, tuple[frozenset[RunStatus], RunStatus]] = {
+    Transition.START: (frozenset({_Q}), _R),
+    Transition.RETRY: (frozenset({_R}), _R),
+    Transition.AWAIT_TOOL_OUTPUTS: (frozenset({_R}), _A),
+    Transition.RESUME: (frozenset({_A}), _Q),
+    Transition.COMPLETE: (frozenset({_R}), RunStatus.COMPLETED),
+    Transition.FAIL: (frozenset({_R, _A}), RunStatus.FAILED),
+    Transition.CANCEL: (frozenset({_Q, _R, _A}), RunStatus.CANCELLED),
+}
+ENDINGS = {
+    "completed": Transition.COMPLETE,
+    "failed": Transition.FAIL,
+    "cancelled": Transition.CANCEL,
+}
+TERMINAL_EVENTS = {
+    RunStatus.COMPLETED: "run.completed",
+    RunStatus.FAILED: "run.failed",
+    RunStatus.CANCELLED: "run.cancelled",
+}
+
+
+class IllegalTransition(Exception):
+    def __init__(self, run: Run, transition: Transition) -> None:
+        super().__init__(f"run {run.id} is {run.status}: it cannot {transition}")
+        self.status, self.transition = run.status, transition
+
+
+def target(run: Run, transition: Transition) -> RunStatus:
+    """The status `transition` leads `run` to; IllegalTransition if its status forbids it."""
+    sources, to = RULES[transition]
+    if run.status not in sources:
+        raise IllegalTransition(run, transition)
+    return to
+
+
+@dataclass(frozen=True)
+class Step:
+    status: RunStatus
+    events: list[Event]
+
+
+def created(run: Run) -> list[Event]:
+    """What announces a new run (queued)."""
+    return [
+        (
+            "run.created",
+            {
+                "run_id": run.id,
+                "session_id": run.session_id,
+                "kind": run.kind.value,
+                "user_entry_seq": run.user_entry_seq,
+                "model": run.model,
+            },
+        )
+    ]
+
+
+def start(run: Run) -> Step:
+    """A worker takes the run: from the queue, or after the worker of its attempt died (then
+    what clients saw of that attempt is void: `message.reset`)."""
+    transition = Transition.RETRY if run.status is RunStatus.RUNNING else Transition.START
+    status, attempt = target(run, transition), run.attempts + 1
+    events: list[Event] = []
+    if transition is Transition.RETRY:
+        events.append(("message.reset", {"reason": "retry", "attempt": attempt}))
+    events.append(("run.started", {"attempt": attempt}))
+    return Step(status, events)
+
+
+def await_tool_outputs(run: Run, calls: Sequence[Mapping[str, Any]], expires_at: str) -> Step:
+    status = target(run, Transition.AWAIT_TOOL_OUTPUTS)
+    data = {"tool_calls": [dict(c) for c in calls], "expires_at": expires_at}
+    return Step(status, [("run.requires_action", data)])
+
+
+def resume(run: Run, committed: Sequence[Any]) -> Step:
+    """The client's outputs are committed; the run queues for a worker again."""
+    return Step(target(run, Transition.RESUME), committed_events(committed))
+
+
+def settled(run: Run, outcome: Outcome) -> Outcome:
+    """The outcome a run ends with: an answer that finished just as a cancel landed was still
+    cancelled."""
+    if run.cancel_mode and outcome.status == "completed":
+        return Outcome("cancelled", outcome.text, outcome.usage, model=outcome.model)
+    return outcome
+
+
+def end(
+    run: Run,
+    outcome: Outcome,
+    committed: Sequence[Any],
+    usage: Mapping[str, Any] | None,
+    cost_usd: float | None,
+) -> Step:
+    """The run ends: its closing entries, its usage, then exactly one terminal event."""
+    status = target(run, ENDINGS[outcome.status])
+    events = committed_events(committed)
+    if usage is not None:
+        events.append(("usage", {**usage, "cost_usd": cost_usd}))
+    terminal: dict[str, Any] = {
+        "run_id": run.id,
+        "status": status.value,
+        "model": outcome.model or run.model,
+    }
+    if status is RunStatus.COMPLETED:
+        terminal |= {
+            "text": outcome.text,
+            "usage": dict(usage) if usage is not None else None,
+            "finish_reason": outcome.finish_reason,
+        }
+    else:
+        terminal["partial_text"] = outcome.text
+        if outcome.error:
+            terminal["error"] = outcome.error
+        if run.cancel_mode:
+            terminal["reason"] = run.cancel_mode
+    events.append((TERMINAL_EVENTS[status], terminal))
+    return Step(status, events)
+
+
+def committed_events(entries: Sequence[Any]) -> list[Event]:
+    """`entry.committed` for each journal entry a run wrote (rows of the entries table)."""
+    return [
+        ("entry.committed", {"seq": int(e["seq"]), "kind": e["kind"], "id": e["id"]})
+        for e in entries
+    ]
+
+
+def transition_table() -> str:
+    """The machine as a markdown table (a row per transition, a column per status), for the docs."""
+    statuses = list(RunStatus)
+    head = "| transition | " + " | ".join(s.value for s in statuses) + " |"
+    rule = "|---|" + "---|" * len(statuses)
+    rows = []
+    for transition, (sources, to) in RULES.items():
+        cells = [f"→ {to.value}" if s in sources else "" for s in statuses]
+        rows.append(f"| {transition.value} | " + " | ".join(cells) + " |")
+    return "\n".join([head, rule, *rows])

@@ -1,0 +1,101 @@
+"""The one way run events are written: `append` inside a caller's transaction, or `EventWriter`,
+the group commit of a worker process (one multi-row INSERT and one NOTIFY per tick for all the
+runs it executes). Both end in app/db/events.append_events, which allocates the seqs."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from app.db import events as events_db
+from app.runs.machine import Event
+
+log = logging.getLogger(__name__)
+DELTA = "message.delta"
+
+
+async def append(conn: AsyncConnection, run_id: str, events: Sequence[Event]) -> int:
+    """Append a run's events in the caller's transaction, announced when it commits; returns
+    the run's last seq (0 when there were none)."""
+    last = await events_db.append_events(conn, [(run_id, kind, data) for kind, data in events])
+    if last:
+        await events_db.notify(conn, last)
+    return last.get(run_id, 0)
+
+
+class EventWriter:
+    """Buffers the events of the runs a worker executes and commits them every tick. Text
+    deltas queued in one tick are coalesced into one event; the first delta of a run is
+    flushed at once, so the first token is never held back a tick."""
+
+    def __init__(self, engine: AsyncEngine, tick_seconds: float = 0.05) -> None:
+        self._engine = engine
+        self._tick = tick_seconds
+        self._pending: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+        self._wake = asyncio.Event()
+        self._flushing = asyncio.Lock()
+        self._first_delta_sent: set[str] = set()
+        self._attempts: dict[str, int] = {}  # the attempt each open run is at, here
+        self.superseded: set[str] = set()  # runs whose attempt here was taken over
+
+    def open(self, run_id: str, attempt: int) -> None:
+        """Write the run's events as its attempt `attempt`: fenced once another one starts."""
+        self._attempts[run_id] = attempt
+        self.superseded.discard(run_id)
+
+    def emit(self, run_id: str, kind: str, data: dict[str, Any], *, urgent: bool = False) -> None:
+        queue = self._pending.setdefault(run_id, [])
+        if kind == DELTA and queue and queue[-1][0] == DELTA:
+            queue[-1][1]["text"] += data["text"]  # coalesced: one event
+            return
+        queue.append((kind, dict(data)))
+        if urgent or (kind == DELTA and run_id not in self._first_delta_sent):
+            self._first_delta_sent.add(run_id)
+            self._wake.set()
+
+    def close(self, run_id: str) -> None:
+        """Forget a run that has ended here (its events were flushed with its end)."""
+        self._pending.pop(run_id, None)
+        self._first_delta_sent.discard(run_id)
+        self._attempts.pop(run_id, None)
+        self.superseded.discard(run_id)
+
+    async def flush(self) -> None:
+        async with self._flushing:
+            batch = {run: events for run, events in self._pending.items() if events}
+            if not batch:
+                return
+            for run in batch:
+                self._pending[run] = []
+            rows = [(run, kind, data) for run, events in batch.items() for kind, data in events]
+            attempts = {run: self._attempts.get(run, 0) for run in batch}
+            try:
+                async with self._engine.begin() as conn:
+                    last = await events_db.append_events(conn, rows, attempts)
+                    await events_db.notify(conn, last)
+            except Exception:
+                # Put them back in front: the next tick tries again, in the same order.
+                for run, events in batch.items():
+                    self._pending[run] = events + self._pending.get(run, [])
+                raise
+            for run in batch.keys() - last.keys():
+                log.warning(
+                    "run %s was taken over by another attempt: its events here dropped", run
+                )
+                self.superseded.add(run)
+
+    async def run(self) -> None:
+        """Flush every tick (or at once when woken) until cancelled."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=self._tick)
+            self._wake.clear()
+            try:
+                await self.flush()
+            except Exception:
+                log.exception("flushing run events failed; retrying next tick")

@@ -1,0 +1,167 @@
+"""Runs always end: a dead worker's run is taken over through its lease (not its heartbeat), a
+cancel ends a run whose worker is gone, a run that takes its workers down fails, and a paused
+worker keeps its run and goes on taking jobs."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+
+from app.config import Settings
+from app.worker.pool import libpq_url
+from testkit.api import new_session
+from testkit.sse_client import collect
+from testkit.upstream import FakeUpstream, Hold, Text
+from tests.worker.conftest import Workers
+
+# Heartbeats would take over after an hour: only a lease can explain a takeover within a test.
+NO_HEARTBEAT_TAKEOVER = {"stalled_after_seconds": 3600}
+
+
+async def ask(api: httpx.AsyncClient, sid: str, text: str = "q") -> dict[str, Any]:
+    response = await api.post(f"/v1/sessions/{sid}/ask", json={"input": text, "stream": False})
+    assert response.status_code == 202, response.text
+    run: dict[str, Any] = response.json()
+    return run
+
+
+async def ended(api: httpx.AsyncClient, run_id: str) -> dict[str, Any]:
+    done: dict[str, Any] = (
+        await api.get(f"/v1/runs/{run_id}", params={"wait": "true", "timeout": 60})
+    ).json()
+    return done
+
+
+async def until_streaming(api: httpx.AsyncClient, run_id: str, attempt: int) -> None:
+    """Until the run's attempt `attempt` has sent a delta (a generous bound: a run nobody
+    takes over would keep the stream open, heartbeat after heartbeat)."""
+    async with asyncio.timeout(120):
+        events = await collect(api, "GET", f"/v1/runs/{run_id}/events", until="message.delta")
+        while [e for e in events if e.type == "run.started"][-1].data["attempt"] != attempt:
+            after = events[-1].id
+            events += await collect(
+                api,
+                "GET",
+                f"/v1/runs/{run_id}/events",
+                until="message.delta",
+                headers={"Last-Event-ID": str(after)},
+            )
+
+
+async def assert_one_terminal_and_dense(api: httpx.AsyncClient, run_id: str) -> list[Any]:
+    events = await collect(api, "GET", f"/v1/runs/{run_id}/events")
+    assert [e.id for e in events] == list(range(1, len(events) + 1))
+    terminal = [e for e in events if e.type in ("run.completed", "run.failed", "run.cancelled")]
+    assert len(terminal) == 1 and terminal[0] is events[-1]
+    return events
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("worker_settings", [NO_HEARTBEAT_TAKEOVER])
+async def test_a_killed_workers_run_is_taken_over_through_its_lease(
+    api_only: httpx.AsyncClient, upstream: FakeUpstream, workers: Workers
+) -> None:
+    sid = (await new_session(api_only))["id"]
+    upstream.script(*[Text(f"a{i} ") for i in range(400)], token_delay=0.03)  # killed midway
+    upstream.script(Text("taken over"))
+    run = await ask(api_only, sid)
+    await until_streaming(api_only, run["id"], 1)
+    workers.kill_and_replace()
+    done = await ended(api_only, run["id"])
+    assert (done["status"], done["result"], done["attempts"]) == ("completed", "taken over", 2)
+    events = await assert_one_terminal_and_dense(api_only, run["id"])
+    assert [e.data["reason"] for e in events if e.type == "message.reset"] == ["retry"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("worker_settings", [NO_HEARTBEAT_TAKEOVER])
+async def test_a_cancel_after_the_worker_died_ends_the_run_at_once(
+    api_only: httpx.AsyncClient, upstream: FakeUpstream, workers: Workers
+) -> None:
+    sid = (await new_session(api_only))["id"]
+    upstream.script(*[Text(f"a{i} ") for i in range(400)], token_delay=0.03)
+    run = await ask(api_only, sid)
+    await until_streaming(api_only, run["id"], 1)
+    workers.processes[-1].kill()  # and no other worker
+    cancelled = (await api_only.post(f"/v1/runs/{run['id']}/cancel")).json()
+    assert cancelled["status"] == "cancelled"
+    events = await assert_one_terminal_and_dense(api_only, run["id"])
+    assert events[-1].type == "run.cancelled"
+    # The dead worker's job no longer holds the session: the next ask runs on a new worker.
+    workers.start()
+    upstream.script(Text("next"))
+    nxt = await ended(api_only, (await ask(api_only, sid))["id"])
+    assert (nxt["status"], nxt["result"]) == ("completed", "next")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("worker_settings", [NO_HEARTBEAT_TAKEOVER])
+async def test_a_run_whose_workers_die_twice_fails_instead_of_being_passed_on(
+    api_only: httpx.AsyncClient, upstream: FakeUpstream, workers: Workers
+) -> None:
+    sid = (await new_session(api_only))["id"]
+    for _ in range(3):
+        upstream.script(*[Text(f"a{i} ") for i in range(400)], token_delay=0.03)
+    run = await ask(api_only, sid)
+    await until_streaming(api_only, run["id"], 1)
+    workers.kill_and_replace()
+    await until_streaming(api_only, run["id"], 2)
+    workers.kill_and_replace()
+    done = await ended(api_only, run["id"])
+    assert done["status"] == "failed" and done["error"]["code"] == "worker_lost", done
+    await assert_one_terminal_and_dense(api_only, run["id"])
+    upstream.clear()
+    upstream.script(Text("next"))
+    nxt = await ended(api_only, (await ask(api_only, sid))["id"])
+    assert (nxt["status"], nxt["result"]) == ("completed", "next")
+
+
+async def until_registered(settings: Settings, count: int) -> None:
+    """Until exactly `count` workers are registered with procrastinate."""
+    assert settings.database_url is not None
+    conn = await asyncpg.connect(libpq_url(settings.database_url))
+    try:
+        query = "SELECT count(*) FROM procrastinate_workers"
+        for _ in range(1200):
+            if await conn.fetchval(query) == count:
+                return
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"never {count} registered workers")
+    finally:
+        await conn.close()
+
+
+@pytest.mark.slow
+async def test_a_paused_worker_keeps_its_run_and_takes_jobs_again(
+    api_only: httpx.AsyncClient,
+    upstream: FakeUpstream,
+    workers: Workers,
+    crash_settings: Settings,
+) -> None:
+    sid = (await new_session(api_only))["id"]
+    release = threading.Event()
+    upstream.script(Text("held "), Hold(release), Text("answer"))
+    paused = workers.processes[-1]
+    run = await ask(api_only, sid)
+    await until_streaming(api_only, run["id"], 1)
+    workers.start()
+    await until_registered(crash_settings, 2)
+    workers.pause(paused)
+    # Past the stall threshold the other worker prunes the paused one's registration.
+    await until_registered(crash_settings, 1)
+    workers.resume(paused)
+    release.set()
+    done = await ended(api_only, run["id"])
+    assert (done["status"], done["result"], done["attempts"]) == ("completed", "held answer", 1)
+    events = await assert_one_terminal_and_dense(api_only, run["id"])
+    assert "message.reset" not in [e.type for e in events]
+    # With the other worker gone, the once-paused one must take the next ask.
+    workers.processes[-1].kill()
+    upstream.script(Text("still working"))
+    nxt = await ended(api_only, (await ask(api_only, sid))["id"])
+    assert (nxt["status"], nxt["result"]) == ("completed", "still working")
