@@ -2,13 +2,17 @@
 
 A stopped, restarting or crashed server, a lost connection or an exhausted pool: nothing is
 wrong with the request, and the same request may succeed in a moment. The API answers these 503
-with Retry-After (app.api.errors), the event hub retries through them (app.api.hub). Anything
-else, a constraint or a bug, is not an outage.
+with Retry-After (app.api.errors); the event hub and the worker retry through them (app.api.hub,
+app.worker.run). Anything else, a constraint or a bug, is not an outage.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
 from types import TracebackType
+from typing import TypeVar
 
 import asyncpg
 from sqlalchemy import exc as sa
@@ -17,6 +21,8 @@ from sqlalchemy import exc as sa
 # crash shutting it down or it starting up (57P01, 57P02, 57P03), no connection slot (53300).
 _SQLSTATES = ("08", "57P01", "57P02", "57P03", "53300")
 _DRIVERS = ("asyncpg.", "sqlalchemy.")
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def database_unavailable(error: BaseException) -> bool:
@@ -62,3 +68,20 @@ def _raised_in_driver(traceback: TracebackType | None) -> bool:
             return True
         traceback = traceback.tb_next
     return False
+
+
+async def retrying(attempt: Callable[[], Awaitable[T]], *, give_up_after: float | None = None) -> T:
+    """Run `attempt` (a whole transaction) again while the database cannot be reached, with a
+    backoff up to 2 s, for at most `give_up_after` seconds (None: until it is back)."""
+    loop = asyncio.get_running_loop()
+    deadline = None if give_up_after is None else loop.time() + give_up_after
+    delay = 0.1
+    while True:
+        try:
+            return await attempt()
+        except Exception as exc:
+            if not database_unavailable(exc) or (deadline is not None and loop.time() > deadline):
+                raise
+            log.warning("the database cannot be reached (%s); retrying in %.1f s", exc, delay)
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 2.0)

@@ -32,7 +32,7 @@ from app.core.tool_loop import (
 from app.db import journal as journal_db
 from app.db import runs as runs_db
 from app.db import sessions as sessions_db
-from app.db.engine import database_unreachable, retrying
+from app.db.outage import database_unavailable, retrying
 from app.llm.base import (
     Finish,
     ModelRequest,
@@ -146,7 +146,7 @@ async def _attempt(runtime: Runtime, run: Run, progress: _Progress) -> Outcome |
                 return await compaction_job(runtime, run)
             return await _converse(runtime, run, progress)
         except Exception as exc:
-            if not database_unreachable(exc) or outages >= MAX_OUTAGES:
+            if not database_unavailable(exc) or outages >= MAX_OUTAGES:
                 raise
             outages += 1
             log.warning("run %s: the database cannot be reached; resuming once it is back", run.id)
