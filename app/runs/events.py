@@ -1,0 +1,422 @@
+"""The run event registry: every run event type, declared once, with the model of its payload.
+
+A run event is `(run_id, seq, type, data)`: `data` is the JSON payload that clients receive as
+an SSE event's `data:`. Each type below has one pydantic model of that payload (its docstring
+says when the event is sent, its fields what they mean); every surface maps these to its own
+wire shape in one place (the native SSE stream and its OpenAPI description: app/api/sse.py).
+
+Payload conventions: a field with a default is omitted when it does not apply and is never
+null; a field that may be null is always sent. Unknown fields are refused, so that a payload
+that drifts from its model fails the tests rather than surprising clients.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from enum import StrEnum
+from typing import Any, ClassVar, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.json_schema import SkipJsonSchema
+
+from app.core.entries import EntryKind, FinishReason
+
+
+class EventType(StrEnum):
+    """The type of a run event (its SSE `event:`), in the order a run may emit them."""
+
+    RUN_CREATED = "run.created"
+    RUN_STARTED = "run.started"
+    MESSAGE_RESET = "message.reset"
+    CONTEXT_WARNING = "context.warning"
+    CONTEXT_COMPACTING = "context.compacting"
+    CONTEXT_COMPACTED = "context.compacted"
+    CONTEXT_COMPACTION_FAILED = "context.compaction_failed"
+    CONTEXT_COMPACTION_PENDING = "context.compaction_pending"
+    MESSAGE_DELTA = "message.delta"
+    TOOL_CALL_DELTA = "tool_call.delta"
+    TOOL_CALL = "tool_call"
+    TOOL_RESULT = "tool_result"
+    ENTRY_COMMITTED = "entry.committed"
+    RUN_REQUIRES_ACTION = "run.requires_action"
+    USAGE = "usage"
+    RUN_COMPLETED = "run.completed"
+    RUN_FAILED = "run.failed"
+    RUN_CANCELLED = "run.cancelled"
+
+
+# Exactly one of these ends every run, and with it every stream of the run.
+TERMINAL: frozenset[EventType] = frozenset(
+    {EventType.RUN_COMPLETED, EventType.RUN_FAILED, EventType.RUN_CANCELLED}
+)
+# The terminal event of a run that ends with this status.
+TERMINAL_BY_STATUS: Mapping[str, EventType] = {
+    "completed": EventType.RUN_COMPLETED,
+    "failed": EventType.RUN_FAILED,
+    "cancelled": EventType.RUN_CANCELLED,
+}
+
+# Why a run was asked to stop: POST /cancel (or a client gone with on_disconnect: cancel), or a
+# later ask's multitask_strategy.
+CancelMode = Literal["cancel", "interrupt", "rollback"]
+
+# A field sent only when it applies: `name: str | Omitted = sometimes("...")`. In the JSON
+# schema it is optional and not nullable; an explicit null is refused.
+Omitted = SkipJsonSchema[None]
+
+
+def _no_default(schema: dict[str, Any]) -> None:
+    schema.pop("default", None)  # absent, not null: a null default would say otherwise
+
+
+def sometimes(description: str) -> Any:
+    """A field that is omitted when it does not apply (never null)."""
+    return Field(default=None, description=description, json_schema_extra=_no_default)
+
+
+class _Payload(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    @model_validator(mode="after")
+    def _omitted_never_null(self) -> Self:
+        for name in self.model_fields_set:
+            field = type(self).model_fields[name]
+            if field.json_schema_extra is _no_default and getattr(self, name) is None:
+                raise ValueError(f"{name}: omitted when it does not apply, never null")
+        return self
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON payload: the fields that were given (those that do not apply stay out)."""
+        return self.model_dump(mode="json", exclude_unset=True)
+
+
+class EventData(_Payload):
+    """The payload of one run event type."""
+
+    event_type: ClassVar[EventType]
+
+
+# --- Types the payloads share ----------------------------------------------------------
+
+
+class EventError(_Payload):
+    """What went wrong, in the shape of the API's errors."""
+
+    code: str = Field(
+        description="Stable and machine-readable: provider_<kind> (rate_limit, overloaded, "
+        "server, bad_request, auth, ...) for a failed model call, policy_violation, "
+        "tool_outputs_timeout, context_overflow, nothing_to_compact, compaction_superseded, "
+        "internal_error, ..."
+    )
+    message: str = Field(description="For people: what happened.")
+    rule: str | Omitted = sometimes(
+        "policy_violation only: the run_policy limit the run broke (max_iterations, "
+        "max_total_tokens, max_run_seconds, tool_denied, ...)."
+    )
+
+
+class TokenUsage(_Payload):
+    """Tokens a run spent, summed over its model calls (a summarizer's included)."""
+
+    input_tokens: int = Field(description="Prompt tokens, cached ones included.")
+    output_tokens: int = Field(description="Tokens the model generated.")
+    cached_tokens: int = Field(description="Prompt tokens served from the provider's cache.")
+    estimated: bool = Field(
+        description="True when the provider reported no usage and the service counted the "
+        "tokens with its tokenizer."
+    )
+
+
+class PendingToolCall(_Payload):
+    """A tool call the client must run (a client-side tool)."""
+
+    tool_call_id: str = Field(description="Send it back with the output, in tool_outputs.")
+    name: str = Field(description="The tool's name, as declared in the session's tools.")
+    arguments: dict[str, Any] = Field(description="The arguments the model gave, parsed.")
+
+
+# --- The payloads, one per event type ---------------------------------------------------
+
+
+class RunCreatedData(EventData):
+    """First event of every run: the ask (or compaction) was committed and the run queued."""
+
+    event_type = EventType.RUN_CREATED
+    run_id: str = Field(description="The run's id: GET /v1/runs/{id}, its events, cancel.")
+    session_id: str = Field(description="The session the run belongs to.")
+    kind: Literal["ask", "compaction"] = Field(
+        description="ask: answers a user entry; compaction: appends a summary checkpoint."
+    )
+    user_entry_seq: int | None = Field(
+        description="The seq of the user entry the run answers; null for a compaction."
+    )
+    model: str = Field(description="The model asked to answer, e.g. openai:gpt-4o-mini.")
+
+
+class RunStartedData(EventData):
+    """A worker took the run and starts (or, after a worker crash, restarts) it."""
+
+    event_type = EventType.RUN_STARTED
+    attempt: int = Field(description="1 for the first attempt; more after a worker died.")
+
+
+class MessageResetData(EventData):
+    """The run is retried after its worker died: discard the text and tool calls streamed so
+    far; the answer starts over."""
+
+    event_type = EventType.MESSAGE_RESET
+    reason: Literal["retry"] = Field(description="Why: retry (an earlier attempt died).")
+    attempt: int = Field(description="The attempt that starts over (2 or more).")
+
+
+class ContextWarningData(EventData):
+    """Before a model call whose context is 80% full or more (or no longer holds the whole
+    history), before any compaction."""
+
+    event_type = EventType.CONTEXT_WARNING
+    level: Literal["approaching_limit", "at_limit"] = Field(
+        description="approaching_limit from 80% of the budget; at_limit at 100%, or once the "
+        "history no longer fits whole."
+    )
+    tokens: int = Field(description="The context's estimated tokens.")
+    budget: int = Field(description="The input token budget of the context policy.")
+    percent: float = Field(description="tokens / budget, in percent (one decimal).")
+    history_dropped: bool = Field(
+        description="Older history had to be left out of the context (windowing)."
+    )
+
+
+class ContextCompactingData(EventData):
+    """A summarizer is called to compact the history into a checkpoint: by a compaction run
+    (POST /compact), or by an ask whose context is full (summarization: auto)."""
+
+    event_type = EventType.CONTEXT_COMPACTING
+    reason: Literal["auto", "requested"] = Field(
+        description="auto: an ask's full context; requested: POST /compact."
+    )
+    from_seq: int = Field(description="The first seq the summary will cover.")
+    to_seq: int = Field(description="The last seq it will cover; later entries stay raw.")
+    entries: int = Field(description="How many entries are summarized.")
+    kept_turns: int = Field(description="Turns left raw after to_seq.")
+    tokens: int | None = Field(
+        description="The context's tokens before compacting (null if it cannot be projected)."
+    )
+    model: str = Field(description="The summarization model.")
+    focus: str | None = Field(description="What the summary concentrates on, if asked.")
+
+
+class ContextCompactedData(EventData):
+    """The summary checkpoint was committed (after its entry.committed); the context now
+    starts from it."""
+
+    event_type = EventType.CONTEXT_COMPACTED
+    reason: Literal["auto", "requested"] = Field(
+        description="auto: an ask's full context; requested: POST /compact."
+    )
+    summary_seq: int = Field(description="The seq of the new summary entry.")
+    from_seq: int = Field(description="The first seq the summary covers.")
+    to_seq: int = Field(description="The last seq it covers.")
+    tokens_before: int | None = Field(description="The context's tokens before (null: unknown).")
+    tokens_after: int | None = Field(description="The context's tokens now (null: unknown).")
+    summary_tokens: int = Field(description="The summary's own tokens.")
+    model: str = Field(description="The model that wrote the summary.")
+    calls: int = Field(description="Summarizer calls made: one per transcript chunk.")
+    cut: bool = Field(description="The summary was over its cap and was cut, with a mark.")
+
+
+class ContextCompactionFailedData(EventData):
+    """An ask's compaction failed and nothing was committed: the ask goes on, answered from
+    the windowed context (the newest history that fits)."""
+
+    event_type = EventType.CONTEXT_COMPACTION_FAILED
+    error: EventError = Field(description="Why the compaction failed.")
+    fallback: Literal["windowing"] = Field(description="How the ask goes on: windowing.")
+
+
+class ContextCompactionPendingData(EventData):
+    """A compaction outlasted the policy's compaction_wait_seconds: the ask goes on, answered
+    from the windowed context, while the summary is still written for later asks. Either the
+    ask's own auto-compaction (from_seq, to_seq) or a compaction job queued before the ask
+    (run_id)."""
+
+    event_type = EventType.CONTEXT_COMPACTION_PENDING
+    waited_seconds: float = Field(description="How long the ask waited for it.")
+    fallback: Literal["windowing"] = Field(description="How the ask goes on: windowing.")
+    from_seq: int | Omitted = sometimes("An auto-compaction's: the first seq it covers.")
+    to_seq: int | Omitted = sometimes("An auto-compaction's: the last seq it covers.")
+    run_id: str | Omitted = sometimes("A compaction job's: the run writing the summary.")
+
+    @model_validator(mode="after")
+    def _one_compaction(self) -> Self:
+        given = (self.from_seq is not None, self.to_seq is not None, self.run_id is not None)
+        if given not in {(True, True, False), (False, False, True)}:
+            raise ValueError("either from_seq and to_seq (auto-compaction) or run_id (a job)")
+        return self
+
+
+class MessageDeltaData(EventData):
+    """A piece of the assistant's answer, as the model writes it (deltas that arrive close
+    together are sent as one)."""
+
+    event_type = EventType.MESSAGE_DELTA
+    text: str = Field(description="Text to append to the answer so far.")
+
+
+class ToolCallDeltaData(EventData):
+    """A piece of a tool call, as the model writes it."""
+
+    event_type = EventType.TOOL_CALL_DELTA
+    index: int = Field(description="Which call of the model turn the piece belongs to.")
+    tool_call_id: str | Omitted = sometimes("The call's id (the first piece of each call).")
+    name: str | Omitted = sometimes("The tool's name (in the piece the model named it).")
+    arguments: str = Field(description="A fragment of the arguments' JSON text, to append.")
+
+
+class ToolCallData(EventData):
+    """A tool call is about to run in the service (a built-in or webhook tool)."""
+
+    event_type = EventType.TOOL_CALL
+    tool_call_id: str = Field(
+        description="The call's id: call_<user entry seq>_<model turn>_<place in the turn>."
+    )
+    name: str = Field(description="The tool's name.")
+    arguments: dict[str, Any] = Field(description="The arguments the model gave, parsed.")
+
+
+class ToolResultData(EventData):
+    """A tool call run by the service returned (its result is committed right after)."""
+
+    event_type = EventType.TOOL_RESULT
+    tool_call_id: str = Field(description="The call this is the result of.")
+    name: str = Field(description="The tool's name.")
+    is_error: bool = Field(description="The tool failed, timed out or was refused by policy.")
+    preview: str = Field(description="The result as the model reads it, its first 500 chars.")
+
+
+class EntryCommittedData(EventData):
+    """An entry was appended to the session's journal by the run (its answer, tool calls and
+    results, summary, usage, run_end, ...)."""
+
+    event_type = EventType.ENTRY_COMMITTED
+    seq: int = Field(description="The entry's seq in the session.")
+    kind: EntryKind = Field(description="The entry's kind.", strict=False)
+    id: str = Field(description="The entry's id.")
+
+
+class RunRequiresActionData(EventData):
+    """The run waits for the client to run these client-side tool calls: POST their outputs
+    to /v1/runs/{id}/tool_outputs, and the run resumes."""
+
+    event_type = EventType.RUN_REQUIRES_ACTION
+    tool_calls: list[PendingToolCall] = Field(
+        min_length=1, description="The calls to answer, one output each."
+    )
+    expires_at: str = Field(
+        json_schema_extra={"format": "date-time"},
+        description="When the run fails with tool_outputs_timeout if no outputs arrived.",
+    )
+
+
+class UsageData(EventData):
+    """What the run spent, just before its terminal event (when the provider or the
+    tokenizer gave counts)."""
+
+    event_type = EventType.USAGE
+    input_tokens: int = Field(description="Prompt tokens, cached ones included.")
+    output_tokens: int = Field(description="Tokens the model generated.")
+    cached_tokens: int = Field(description="Prompt tokens served from the provider's cache.")
+    estimated: bool = Field(
+        description="True when the provider reported no usage and the service counted them."
+    )
+    cost_usd: float | None = Field(description="The price in USD (null: the model's is unknown).")
+
+
+class RunCompletedData(EventData):
+    """Terminal: the run ended with an answer (for a compaction, the summary)."""
+
+    event_type = EventType.RUN_COMPLETED
+    run_id: str = Field(description="The run's id.")
+    status: Literal["completed"] = Field(description="The run's final status.")
+    model: str = Field(description="The model that answered (a fallback model, maybe).")
+    text: str = Field(description="The whole answer (a compaction's summary).")
+    usage: TokenUsage | None = Field(description="Tokens spent (null: none were reported).")
+    finish_reason: FinishReason | None = Field(
+        description="Why the model stopped: stop (complete), length (cut off by "
+        "max_output_tokens), tool_calls, content_filter, other; null for a compaction."
+    )
+
+
+class RunFailedData(EventData):
+    """Terminal: the run failed (the model call, a policy limit, a client that never sent
+    tool outputs, ...); what the model had said is committed, marked incomplete."""
+
+    event_type = EventType.RUN_FAILED
+    run_id: str = Field(description="The run's id.")
+    status: Literal["failed"] = Field(description="The run's final status.")
+    model: str = Field(description="The model that was answering.")
+    partial_text: str = Field(description="The answer received before the failure.")
+    error: EventError = Field(description="Why the run failed.")
+    reason: CancelMode | Omitted = sometimes(
+        "The cancel that was requested while the run failed anyway."
+    )
+
+
+class RunCancelledData(EventData):
+    """Terminal: the run was stopped; what the model had said is committed, marked
+    incomplete."""
+
+    event_type = EventType.RUN_CANCELLED
+    run_id: str = Field(description="The run's id.")
+    status: Literal["cancelled"] = Field(description="The run's final status.")
+    model: str = Field(description="The model that was answering.")
+    partial_text: str = Field(description="The answer received before the cancel.")
+    reason: CancelMode = Field(
+        description="cancel: POST /cancel (or the client left, with on_disconnect: cancel); "
+        "interrupt or rollback: a later ask's multitask_strategy."
+    )
+
+
+# The registry: each event type's payload model, in EventType's order.
+PAYLOADS: Mapping[EventType, type[EventData]] = {
+    model.event_type: model
+    for model in (
+        RunCreatedData,
+        RunStartedData,
+        MessageResetData,
+        ContextWarningData,
+        ContextCompactingData,
+        ContextCompactedData,
+        ContextCompactionFailedData,
+        ContextCompactionPendingData,
+        MessageDeltaData,
+        ToolCallDeltaData,
+        ToolCallData,
+        ToolResultData,
+        EntryCommittedData,
+        RunRequiresActionData,
+        UsageData,
+        RunCompletedData,
+        RunFailedData,
+        RunCancelledData,
+    )
+}
+
+
+class UnknownEventType(ValueError):
+    def __init__(self, event_type: str) -> None:
+        super().__init__(f"not a run event type: {event_type!r}")
+
+
+def parse(event_type: str, data: Mapping[str, Any]) -> EventData:
+    """The payload of an event of this type, validated (pydantic's ValidationError if it does
+    not match its model; UnknownEventType for a type the registry lacks)."""
+    try:
+        model = PAYLOADS[EventType(event_type)]
+    except ValueError:
+        raise UnknownEventType(event_type) from None
+    return model.model_validate(data)
+
+
+def encode(payload: EventData) -> tuple[EventType, dict[str, Any]]:
+    """An event as it is stored and sent: its type and its JSON payload."""
+    return payload.event_type, payload.as_dict()
