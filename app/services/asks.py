@@ -29,6 +29,7 @@ from app.db import journal as journal_db
 from app.db import runs as runs_db
 from app.db import sessions as sessions_db
 from app.db.tables import RUN_TERMINAL
+from app.runs.events import EntryCommittedData, encode
 from app.services.errors import Conflict, Invalid, NotFound, entries_refused, session_not_found
 from app.services.journal import NewEntry, append_in
 from app.services.projection import project_session
@@ -317,8 +318,8 @@ async def submit_tool_outputs(
             conn, run_id, {"status": "queued", "action_expires_at": None, "job_id": job_id}
         )
         seq = await events_db.last_seq(conn, run_id) + 1
-        events = [
-            ("entry.committed", {"seq": int(e["seq"]), "kind": e["kind"], "id": e["id"]})
+        events: list[tuple[str, dict[str, Any]]] = [
+            encode(EntryCommittedData(seq=int(e["seq"]), kind=e["kind"], id=e["id"]))
             for e in appended.entries
         ]
         await events_db.insert_events(conn, event_rows(run_id, seq, events))
