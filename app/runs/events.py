@@ -103,15 +103,16 @@ class EventError(_Payload):
     """What went wrong, in the shape of the API's errors."""
 
     code: str = Field(
-        description="Stable and machine-readable: provider_<kind> (rate_limit, overloaded, "
-        "server, bad_request, auth, ...) for a failed model call, policy_violation, "
-        "tool_outputs_timeout, context_overflow, nothing_to_compact, compaction_superseded, "
-        "internal_error, ..."
+        description="Stable and machine-readable: `provider_<kind>` for a failed model call "
+        "(`provider_rate_limit`, `provider_overloaded`, `provider_server`, "
+        "`provider_bad_request`, `provider_auth`, ...), `policy_violation`, "
+        "`tool_outputs_timeout`, `context_overflow`, `nothing_to_compact`, "
+        "`compaction_superseded`, `internal_error`, ..."
     )
     message: str = Field(description="For people: what happened.")
     rule: str | Omitted = sometimes(
-        "policy_violation only: the run_policy limit the run broke (max_iterations, "
-        "max_total_tokens, max_run_seconds, tool_denied, ...)."
+        "`policy_violation` only: the `run_policy` limit the run broke (`max_iterations`, "
+        "`max_total_tokens`, `max_run_seconds`, `tool_denied`, ...)."
     )
 
 
@@ -130,7 +131,7 @@ class TokenUsage(_Payload):
 class PendingToolCall(_Payload):
     """A tool call the client must run (a client-side tool)."""
 
-    tool_call_id: str = Field(description="Send it back with the output, in tool_outputs.")
+    tool_call_id: str = Field(description="Send it back with the call's output.")
     name: str = Field(description="The tool's name, as declared in the session's tools.")
     arguments: dict[str, Any] = Field(description="The arguments the model gave, parsed.")
 
@@ -142,15 +143,17 @@ class RunCreatedData(EventData):
     """First event of every run: the ask (or compaction) was committed and the run queued."""
 
     event_type = EventType.RUN_CREATED
-    run_id: str = Field(description="The run's id: GET /v1/runs/{id}, its events, cancel.")
+    run_id: str = Field(
+        description="The run's id, for `/v1/runs/{id}` (status, events, cancel, tool outputs)."
+    )
     session_id: str = Field(description="The session the run belongs to.")
     kind: Literal["ask", "compaction"] = Field(
-        description="ask: answers a user entry; compaction: appends a summary checkpoint."
+        description="`ask`: answers a user entry; `compaction`: appends a summary checkpoint."
     )
     user_entry_seq: int | None = Field(
         description="The seq of the user entry the run answers; null for a compaction."
     )
-    model: str = Field(description="The model asked to answer, e.g. openai:gpt-4o-mini.")
+    model: str = Field(description="The model asked to answer, e.g. `openai:gpt-4o-mini`.")
 
 
 class RunStartedData(EventData):
@@ -165,7 +168,7 @@ class MessageResetData(EventData):
     far; the answer starts over."""
 
     event_type = EventType.MESSAGE_RESET
-    reason: Literal["retry"] = Field(description="Why: retry (an earlier attempt died).")
+    reason: Literal["retry"] = Field(description="Why: `retry` (an earlier attempt died).")
     attempt: int = Field(description="The attempt that starts over (2 or more).")
 
 
@@ -175,8 +178,8 @@ class ContextWarningData(EventData):
 
     event_type = EventType.CONTEXT_WARNING
     level: Literal["approaching_limit", "at_limit"] = Field(
-        description="approaching_limit from 80% of the budget; at_limit at 100%, or once the "
-        "history no longer fits whole."
+        description="`approaching_limit` from 80% of the budget; `at_limit` at 100%, or once "
+        "the history no longer fits whole."
     )
     tokens: int = Field(description="The context's estimated tokens.")
     budget: int = Field(description="The input token budget of the context policy.")
@@ -188,11 +191,12 @@ class ContextWarningData(EventData):
 
 class ContextCompactingData(EventData):
     """A summarizer is called to compact the history into a checkpoint: by a compaction run
-    (POST /compact), or by an ask whose context is full (summarization: auto)."""
+    (`POST /v1/sessions/{id}/compact`), or by an ask whose context is full (context policy
+    `summarization: auto`)."""
 
     event_type = EventType.CONTEXT_COMPACTING
     reason: Literal["auto", "requested"] = Field(
-        description="auto: an ask's full context; requested: POST /compact."
+        description="`auto`: an ask's full context; `requested`: a compaction run."
     )
     from_seq: int = Field(description="The first seq the summary will cover.")
     to_seq: int = Field(description="The last seq it will cover; later entries stay raw.")
@@ -206,12 +210,12 @@ class ContextCompactingData(EventData):
 
 
 class ContextCompactedData(EventData):
-    """The summary checkpoint was committed (after its entry.committed); the context now
+    """The summary checkpoint was committed (after its `entry.committed`); the context now
     starts from it."""
 
     event_type = EventType.CONTEXT_COMPACTED
     reason: Literal["auto", "requested"] = Field(
-        description="auto: an ask's full context; requested: POST /compact."
+        description="`auto`: an ask's full context; `requested`: a compaction run."
     )
     summary_seq: int = Field(description="The seq of the new summary entry.")
     from_seq: int = Field(description="The first seq the summary covers.")
@@ -230,18 +234,18 @@ class ContextCompactionFailedData(EventData):
 
     event_type = EventType.CONTEXT_COMPACTION_FAILED
     error: EventError = Field(description="Why the compaction failed.")
-    fallback: Literal["windowing"] = Field(description="How the ask goes on: windowing.")
+    fallback: Literal["windowing"] = Field(description="How the ask goes on: `windowing`.")
 
 
 class ContextCompactionPendingData(EventData):
-    """A compaction outlasted the policy's compaction_wait_seconds: the ask goes on, answered
-    from the windowed context, while the summary is still written for later asks. Either the
-    ask's own auto-compaction (from_seq, to_seq) or a compaction job queued before the ask
-    (run_id)."""
+    """A compaction outlasted the policy's `compaction_wait_seconds`: the ask goes on,
+    answered from the windowed context, while the summary is still written for later asks.
+    Either the ask's own auto-compaction (`from_seq`, `to_seq`) or a compaction job queued
+    before the ask (`run_id`)."""
 
     event_type = EventType.CONTEXT_COMPACTION_PENDING
     waited_seconds: float = Field(description="How long the ask waited for it.")
-    fallback: Literal["windowing"] = Field(description="How the ask goes on: windowing.")
+    fallback: Literal["windowing"] = Field(description="How the ask goes on: `windowing`.")
     from_seq: int | Omitted = sometimes("An auto-compaction's: the first seq it covers.")
     to_seq: int | Omitted = sometimes("An auto-compaction's: the last seq it covers.")
     run_id: str | Omitted = sometimes("A compaction job's: the run writing the summary.")
@@ -277,7 +281,7 @@ class ToolCallData(EventData):
 
     event_type = EventType.TOOL_CALL
     tool_call_id: str = Field(
-        description="The call's id: call_<user entry seq>_<model turn>_<place in the turn>."
+        description="The call's id: `call_<user entry seq>_<model turn>_<place in the turn>`."
     )
     name: str = Field(description="The tool's name.")
     arguments: dict[str, Any] = Field(description="The arguments the model gave, parsed.")
@@ -295,7 +299,7 @@ class ToolResultData(EventData):
 
 class EntryCommittedData(EventData):
     """An entry was appended to the session's journal by the run (its answer, tool calls and
-    results, summary, usage, run_end, ...)."""
+    results, summary, usage, `run_end`, ...)."""
 
     event_type = EventType.ENTRY_COMMITTED
     seq: int = Field(description="The entry's seq in the session.")
@@ -304,8 +308,8 @@ class EntryCommittedData(EventData):
 
 
 class RunRequiresActionData(EventData):
-    """The run waits for the client to run these client-side tool calls: POST their outputs
-    to /v1/runs/{id}/tool_outputs, and the run resumes."""
+    """The run waits for the client to run these client-side tool calls: post their outputs
+    to `/v1/runs/{id}/tool_outputs` and the run resumes."""
 
     event_type = EventType.RUN_REQUIRES_ACTION
     tool_calls: list[PendingToolCall] = Field(
@@ -313,7 +317,7 @@ class RunRequiresActionData(EventData):
     )
     expires_at: str = Field(
         json_schema_extra={"format": "date-time"},
-        description="When the run fails with tool_outputs_timeout if no outputs arrived.",
+        description="When the run fails with `tool_outputs_timeout` if no outputs arrived.",
     )
 
 
@@ -341,8 +345,8 @@ class RunCompletedData(EventData):
     text: str = Field(description="The whole answer (a compaction's summary).")
     usage: TokenUsage | None = Field(description="Tokens spent (null: none were reported).")
     finish_reason: FinishReason | None = Field(
-        description="Why the model stopped: stop (complete), length (cut off by "
-        "max_output_tokens), tool_calls, content_filter, other; null for a compaction."
+        description="Why the model stopped: `stop` (complete), `length` (cut off by "
+        "`max_output_tokens`), `tool_calls`, `content_filter`, `other`; null for a compaction."
     )
 
 
@@ -371,8 +375,9 @@ class RunCancelledData(EventData):
     model: str = Field(description="The model that was answering.")
     partial_text: str = Field(description="The answer received before the cancel.")
     reason: CancelMode = Field(
-        description="cancel: POST /cancel (or the client left, with on_disconnect: cancel); "
-        "interrupt or rollback: a later ask's multitask_strategy."
+        description="`cancel`: `POST /v1/runs/{id}/cancel` (or the client left, with "
+        "`on_disconnect: cancel`); `interrupt` or `rollback`: a later ask's "
+        "`multitask_strategy`."
     )
 
 
@@ -420,3 +425,4 @@ def parse(event_type: str, data: Mapping[str, Any]) -> EventData:
 def encode(payload: EventData) -> tuple[EventType, dict[str, Any]]:
     """An event as it is stored and sent: its type and its JSON payload."""
     return payload.event_type, payload.as_dict()
+

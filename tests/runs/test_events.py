@@ -7,6 +7,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from app.config import Settings
+from app.main import create_app
 from app.runs import events
 from app.runs.events import (
     PAYLOADS,
@@ -111,3 +113,78 @@ def test_compaction_pending_names_either_its_span_or_its_job() -> None:
 def test_an_unknown_type_is_refused() -> None:
     with pytest.raises(UnknownEventType, match=r"run\.paused"):
         parse("run.paused", {})
+
+
+# --- The OpenAPI document describes every event with its payload's schema ----------------
+
+REF = "#/components/schemas/{model}"
+STREAMING_OPERATIONS = {"ask", "joinSessionStream", "streamRunEvents", "compactSession"}
+
+
+@pytest.fixture(scope="module")
+def document() -> dict[str, Any]:
+    openapi: dict[str, Any] = create_app(Settings()).openapi()
+    return openapi
+
+
+def _resolve(document: dict[str, Any], ref: str) -> dict[str, Any]:
+    prefix = "#/components/schemas/"
+    assert ref.startswith(prefix), ref
+    schema: dict[str, Any] = document["components"]["schemas"][ref.removeprefix(prefix)]
+    return schema
+
+
+def test_every_event_type_is_in_the_document_with_its_payload_schema(
+    document: dict[str, Any],
+) -> None:
+    schemas = document["components"]["schemas"]
+    union = schemas["RunEvent"]
+    mapping = union["discriminator"]["mapping"]
+    assert union["discriminator"]["propertyName"] == "event"
+    assert list(mapping) == [t.value for t in EventType]
+    assert [member["$ref"] for member in union["oneOf"]] == list(mapping.values())
+    for event_type, model in PAYLOADS.items():
+        event = _resolve(document, mapping[event_type])
+        assert event["required"] == ["id", "event", "data"]
+        assert event["properties"]["event"] == {"type": "string", "const": event_type.value}
+        assert event["description"] == model.model_json_schema()["description"]
+        expected = model.model_json_schema(mode="serialization", ref_template=REF)
+        used = expected.pop("$defs", {})
+        assert _resolve(document, event["properties"]["data"]["$ref"]) == expected, event_type
+        for name, schema in used.items():  # the types it uses (EventError, TokenUsage, ...)
+            assert schemas[name] == schema, (event_type, name)
+
+
+def _event_names(node: Any) -> set[str]:
+    """Every event type the document names: the const or enum of any `event` property."""
+    found: set[str] = set()
+    if isinstance(node, dict):
+        event = node.get("properties", {}).get("event")
+        if isinstance(event, dict):
+            found |= {event["const"]} if "const" in event else set(event.get("enum", []))
+        for value in node.values():
+            found |= _event_names(value)
+    elif isinstance(node, list):
+        for value in node:
+            found |= _event_names(value)
+    return found
+
+
+def test_the_document_names_no_event_type_the_registry_lacks(document: dict[str, Any]) -> None:
+    assert _event_names(document) == set(EventType)
+    schemas = document["components"]["schemas"]
+    events_described = {n for n, s in schemas.items() if "event" in s.get("properties", {})}
+    mapped = set(schemas["RunEvent"]["discriminator"]["mapping"].values())
+    assert {REF.format(model=n) for n in events_described} == mapped
+
+
+def test_every_stream_is_described_as_run_events(document: dict[str, Any]) -> None:
+    streams = {}
+    for operations in document["paths"].values():
+        for operation in operations.values():
+            for response in operation["responses"].values():
+                if "text/event-stream" in response.get("content", {}):
+                    streams[operation["operationId"]] = response["content"]["text/event-stream"]
+    assert set(streams) == STREAMING_OPERATIONS
+    for stream in streams.values():
+        assert stream == {"schema": {"$ref": REF.format(model="RunEvent")}}
