@@ -1,4 +1,4 @@
-"""The `threadline` command: serve, migrate, keys, openapi."""
+"""The `threadline` command: serve, worker, migrate, keys, openapi, events."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from app.config import Settings
 
@@ -135,6 +136,29 @@ def print_openapi() -> None:
     print(json.dumps(create_app(Settings()).openapi(), indent=2, sort_keys=True))
 
 
+EVENTS_START, EVENTS_END = "<!-- events:start -->", "<!-- events:end -->"
+
+
+def print_events(update: str | None) -> None:
+    """Print the run event reference (markdown), or write it between the events markers of a
+    file (the README's section)."""
+    from app.runs.events import markdown_table
+
+    if update is None:
+        print(markdown_table(), end="", flush=True)
+        return
+    path = Path(update)
+    path.write_text(with_events_section(path.read_text(), markdown_table()))
+
+
+def with_events_section(text: str, table: str) -> str:
+    """`text` with what lies between its events markers replaced by `table`."""
+    start, end = text.find(EVENTS_START), text.find(EVENTS_END)
+    if start < 0 or end < start:
+        raise SystemExit(f"no {EVENTS_START} ... {EVENTS_END} section to update")
+    return f"{text[: start + len(EVENTS_START)]}\n{table}{text[end:]}"
+
+
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="threadline", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -151,6 +175,12 @@ def parser() -> argparse.ArgumentParser:
     create.add_argument("--tenant", required=True)
     create.add_argument("--name")
     commands.add_parser("openapi", help="print the OpenAPI document")
+    events = commands.add_parser("events", help="print the run events reference (markdown)")
+    events.add_argument(
+        "--update",
+        metavar="FILE",
+        help=f"write it into FILE, between {EVENTS_START} and {EVENTS_END}",
+    )
     return parser
 
 
@@ -175,6 +205,8 @@ def main(argv: list[str] | None = None) -> None:
         create_key(settings, args.tenant, args.name)
     elif args.command == "openapi":
         print_openapi()
+    elif args.command == "events":
+        print_events(args.update)
 
 
 if __name__ == "__main__":

@@ -87,3 +87,11 @@ def test_the_walk_through_runs_as_written_with_no_configuration(workdir: Path) -
         assert httpx.get(f"{served.url}/v1/memory/user:42", headers=auth).json()["version"] == 1
     finally:
         served.stop()
+
+
+def test_the_run_events_table_is_the_one_the_registry_generates() -> None:
+    from app.cli import EVENTS_END, EVENTS_START
+    from app.runs.events import markdown_table
+
+    section = README[README.index(EVENTS_START) + len(EVENTS_START) : README.index(EVENTS_END)]
+    assert section == f"\n{markdown_table()}", "run `make readme` and commit README.md"

@@ -426,3 +426,67 @@ def encode(payload: EventData) -> tuple[EventType, dict[str, Any]]:
     """An event as it is stored and sent: its type and its JSON payload."""
     return payload.event_type, payload.as_dict()
 
+
+# --- The reference table (README) -------------------------------------------------------
+
+
+def markdown_table() -> str:
+    """The run events as a markdown table (event, when it is sent, its `data:` fields), made
+    from the registry: the README's section between its events markers is this text."""
+    lines = [
+        "`name?`: a field left out when it does not apply (never null). "
+        "`a.b`: field `b` of object `a`; `a[].b`: of each item of array `a`.",
+        "",
+        "| event | sent when | `data` |",
+        "|---|---|---|",
+    ]
+    for event_type, model in PAYLOADS.items():
+        schema = model.model_json_schema(mode="serialization")
+        fields = "<br>".join(_fields(schema, schema.get("$defs", {}), ""))
+        lines.append(f"| `{event_type}` | {_cell(schema['description'])} | {fields} |")
+    return "\n".join(lines) + "\n"
+
+
+def _fields(schema: dict[str, Any], defs: dict[str, Any], prefix: str) -> list[str]:
+    lines = []
+    required = schema.get("required", [])
+    for name, prop in schema["properties"].items():
+        path = f"{prefix}{name}{'' if name in required else '?'}"
+        lines.append(f"`{path}` {_type(prop, defs)}: {_cell(prop['description'])}")
+        for nested, suffix in _objects(prop, defs):
+            lines += _fields(nested, defs, f"{prefix}{name}{suffix}.")
+    return lines
+
+
+def _objects(prop: dict[str, Any], defs: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
+    """The object models a field holds (itself, or its array's items), with the path suffix."""
+    found = []
+    for option in prop.get("anyOf", [prop]):
+        target, suffix = option, ""
+        if option.get("type") == "array":
+            target, suffix = option["items"], "[]"
+        if "$ref" in target:
+            model = defs[target["$ref"].rsplit("/", 1)[-1]]
+            if "properties" in model:
+                found.append((model, suffix))
+    return found
+
+
+def _type(prop: dict[str, Any], defs: dict[str, Any]) -> str:
+    if "anyOf" in prop:
+        return r" \| ".join(_type(option, defs) for option in prop["anyOf"])
+    if "$ref" in prop:
+        target = defs[prop["$ref"].rsplit("/", 1)[-1]]
+        return "object" if "properties" in target else _type(target, defs)
+    if "const" in prop:
+        return f'`"{prop["const"]}"`'
+    if "enum" in prop:
+        return r" \| ".join(f'`"{value}"`' for value in prop["enum"])
+    if prop.get("type") == "array":
+        return f"array of {_type(prop['items'], defs)}"
+    kind = str(prop.get("type", "any JSON"))
+    return f"{kind} ({prop['format']})" if "format" in prop else kind
+
+
+def _cell(text: str) -> str:
+    return " ".join(text.split()).replace("|", r"\|")
