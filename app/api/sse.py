@@ -1,5 +1,8 @@
 """Server-Sent Events of a run: `id:` is the event's seq, `event:` its type, `data:` JSON.
 
+This is where the registry's event types (app/runs/events.py) become the native wire shape:
+the stream itself, and its description in the OpenAPI document (event_schemas).
+
 Resuming is exactly-once: a client reconnects with `Last-Event-ID` (or `?starting_after=`) and
 gets every later event once, on any API instance. Comment lines keep idle connections alive.
 A stream ends with its run; a run that is over with nothing left to send gets no stream at all.
