@@ -1,4 +1,4 @@
-"""The `threadline` command: serve, migrate, keys, openapi."""
+"""The `threadline` command: serve, worker, migrate, keys, openapi, events."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from app.config import Settings
 
@@ -135,6 +136,44 @@ def print_openapi() -> None:
     print(json.dumps(create_app(Settings()).openapi(), indent=2, sort_keys=True))
 
 
+EVENTS_START, EVENTS_END = "<!-- events:start -->", "<!-- events:end -->"
+STATES_START, STATES_END = "<!-- run-states:start -->", "<!-- run-states:end -->"
+
+
+def run_reference() -> dict[tuple[str, str], str]:
+    """The generated sections of the run reference, by their markers: the run's transitions
+    (app/runs/machine.py) and its events (app/runs/events.py)."""
+    from app.runs.events import markdown_table
+    from app.runs.machine import transition_table
+
+    return {
+        (STATES_START, STATES_END): transition_table() + "\n",
+        (EVENTS_START, EVENTS_END): markdown_table(),
+    }
+
+
+def print_events(update: str | None) -> None:
+    """Print the run reference (markdown: transitions, then events), or write each part between
+    its markers in a file (the README's sections)."""
+    sections = run_reference()
+    if update is None:
+        print("\n".join(sections.values()), end="", flush=True)
+        return
+    path = Path(update)
+    text = path.read_text()
+    for (start, end), table in sections.items():
+        text = with_section(text, start, end, table)
+    path.write_text(text)
+
+
+def with_section(text: str, start_marker: str, end_marker: str, table: str) -> str:
+    """`text` with what lies between the two markers replaced by `table`."""
+    start, end = text.find(start_marker), text.find(end_marker)
+    if start < 0 or end < start:
+        raise SystemExit(f"no {start_marker} ... {end_marker} section to update")
+    return f"{text[: start + len(start_marker)]}\n{table}{text[end:]}"
+
+
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="threadline", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -151,6 +190,14 @@ def parser() -> argparse.ArgumentParser:
     create.add_argument("--tenant", required=True)
     create.add_argument("--name")
     commands.add_parser("openapi", help="print the OpenAPI document")
+    events = commands.add_parser(
+        "events", help="print the run reference: its transitions and events (markdown)"
+    )
+    events.add_argument(
+        "--update",
+        metavar="FILE",
+        help=f"write it into FILE, between {STATES_START} ... and {EVENTS_START} ... markers",
+    )
     return parser
 
 
@@ -175,6 +222,8 @@ def main(argv: list[str] | None = None) -> None:
         create_key(settings, args.tenant, args.name)
     elif args.command == "openapi":
         print_openapi()
+    elif args.command == "events":
+        print_events(args.update)
 
 
 if __name__ == "__main__":

@@ -57,6 +57,7 @@ from app.db.engine import create_engine
 from app.db.jobs import cancel_job
 from app.llm.base import Finish, ModelRequest, StreamEvent, TextDelta, ToolCallDelta
 from app.llm.router import Route, Router
+from app.runs.events import EventType
 from app.runs.writer import EventWriter
 from app.services.asks import AskParams, ask, get_run
 from app.services.journal import append_entries
@@ -166,8 +167,10 @@ class MarkedWriter(EventWriter):
         super().__init__(engine, tick_seconds)
         self.marks: dict[str, list[tuple[float, str]]] = {}
 
-    def emit(self, run_id: str, kind: str, data: dict[str, Any], *, urgent: bool = False) -> None:
-        label = f"{kind} {data.get('kind')}" if kind == "entry.committed" else kind
+    def emit(
+        self, run_id: str, kind: EventType, data: dict[str, Any], *, urgent: bool = False
+    ) -> None:
+        label = f"{kind} {data.get('kind')}" if kind is EventType.ENTRY_COMMITTED else str(kind)
         self.marks.setdefault(run_id, []).append((time.perf_counter(), label))
         super().emit(run_id, kind, data, urgent=urgent)
 

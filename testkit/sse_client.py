@@ -11,6 +11,8 @@ from typing import Any
 
 import httpx
 
+from app.runs import events as events_registry
+
 
 @dataclass(frozen=True)
 class Event:
@@ -19,7 +21,7 @@ class Event:
     data: dict[str, Any]
 
 
-TERMINAL = {"run.completed", "run.failed", "run.cancelled"}
+TERMINAL = frozenset(str(t) for t in events_registry.TERMINAL)  # the run is over
 
 
 async def events(response: httpx.Response) -> AsyncIterator[Event]:

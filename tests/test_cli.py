@@ -131,3 +131,23 @@ def test_keys_create_prints_a_working_key(workdir: Path) -> None:
     finally:
         served.stop()
     assert postgres_processes(workdir / ".threadline") == []
+
+
+def test_events_prints_the_table_or_writes_it_between_the_markers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from app.cli import main
+    from app.runs.events import markdown_table
+
+    main(["events"])
+    assert capsys.readouterr().out == markdown_table()
+    readme = tmp_path / "README.md"
+    readme.write_text("# Doc\n<!-- events:start -->\nstale\n<!-- events:end -->\nmore\n")
+    main(["events", "--update", str(readme)])
+    expected = f"# Doc\n<!-- events:start -->\n{markdown_table()}<!-- events:end -->\nmore\n"
+    assert readme.read_text() == expected
+    main(["events", "--update", str(readme)])  # again: nothing changes
+    assert readme.read_text() == expected
+    readme.write_text("# Doc without markers\n")
+    with pytest.raises(SystemExit, match="events:start"):
+        main(["events", "--update", str(readme)])

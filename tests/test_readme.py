@@ -87,3 +87,12 @@ def test_the_walk_through_runs_as_written_with_no_configuration(workdir: Path) -
         assert httpx.get(f"{served.url}/v1/memory/user:42", headers=auth).json()["version"] == 1
     finally:
         served.stop()
+
+
+def test_the_run_reference_tables_are_the_ones_the_code_generates() -> None:
+    """The run's transitions (app/runs/machine.py) and events (app/runs/events.py)."""
+    from app.cli import run_reference
+
+    for (start, end), table in run_reference().items():
+        section = README[README.index(start) + len(start) : README.index(end)]
+        assert section == f"\n{table}", "run `make readme` and commit README.md"

@@ -28,6 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db import events as events_db
 from app.db.outage import database_unavailable
+from app.runs.events import TERMINAL
 
 log = logging.getLogger(__name__)
 PAGE = 1000
@@ -105,7 +106,7 @@ class EventHub:
                 for row in backlog.rows:
                     yield row
                     last = row["seq"]
-                    if row["type"] in events_db.TERMINAL_TYPES:
+                    if row["type"] in TERMINAL:
                         return
                 if len(backlog.rows) == PAGE:  # more in the table
                     backlog = await self._read_through_outages(run_id, last)
@@ -142,7 +143,7 @@ class EventHub:
                 return events_db.Backlog([row], ended=False, last_seq=row["seq"])
             if row["seq"] > last:  # a gap: refill it from the table
                 return await self._read_through_outages(run_id, last)
-            if row["type"] in events_db.TERMINAL_TYPES:  # one it resumed past: the run is over
+            if row["type"] in TERMINAL:  # one it resumed past: the run is over
                 return events_db.Backlog([], ended=True, last_seq=row["seq"])
 
     async def _read(self, run_id: str, after_seq: int, limit: int = PAGE) -> events_db.Backlog:

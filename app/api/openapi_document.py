@@ -1,4 +1,5 @@
-"""The OpenAPI document as this deployment serves it: FastAPI's, plus its configured limits."""
+"""The OpenAPI document as this deployment serves it: FastAPI's, plus its configured limits and
+the schemas of the run events its SSE responses carry."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from app.api.sse import event_schemas
 from app.config import Settings
 
 # Operations whose `limit` is capped by settings.max_page_size (refused above it, 422).
@@ -23,6 +25,7 @@ def install_document(app: FastAPI, settings: Settings) -> None:
             for operation in operations.values():
                 if operation.get("operationId") in PAGED_OPERATIONS:
                     _cap_limit(operation, settings.max_page_size)
+        _add_schemas(document, event_schemas())
         return document
 
     app.openapi = openapi  # type: ignore[method-assign]
@@ -35,3 +38,10 @@ def _cap_limit(operation: dict[str, Any], max_page_size: int) -> None:
             parameter["description"] = (
                 f"Items per page, at most {max_page_size} (THREADLINE_MAX_PAGE_SIZE)."
             )
+
+
+def _add_schemas(document: dict[str, Any], schemas: dict[str, dict[str, Any]]) -> None:
+    components = document.setdefault("components", {}).setdefault("schemas", {})
+    for name, schema in schemas.items():
+        if components.setdefault(name, schema) != schema:  # e.g. EntryKind: the same enum
+            raise RuntimeError(f"two different schemas are named {name}")

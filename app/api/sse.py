@@ -1,5 +1,8 @@
 """Server-Sent Events of a run: `id:` is the event's seq, `event:` its type, `data:` JSON.
 
+This is where the registry's event types (app/runs/events.py) become the native wire shape:
+the stream itself, and its description in the OpenAPI document (event_schemas).
+
 Resuming is exactly-once: a client reconnects with `Last-Event-ID` (or `?starting_after=`) and
 gets every later event once, on any API instance. Comment lines keep idle connections alive.
 A stream ends with its run; a run that is over with nothing left to send gets no stream at all.
@@ -11,81 +14,79 @@ import asyncio
 import json
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import Depends, Header, Query
 from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from app.api.hub import EventHub
 from app.db.events import MAX_SEQ
+from app.runs.events import PAYLOADS, TERMINAL, EventData, EventType
 
+# Where the document keeps the schemas (components) that SSE_RESPONSE refers to.
+SCHEMA_REF = "#/components/schemas/{model}"
+RUN_EVENT = "RunEvent"
+_TERMINALS = ", ".join(f"`{t}`" for t in EventType if t in TERMINAL)
 SSE_DESCRIPTION = (
     "A stream of run events (text/event-stream). Each event has `id:` (the run event's seq, "
-    "for Last-Event-ID), `event:` (its type) and JSON `data:`. Types: `run.created` {run_id, "
-    "session_id, kind, user_entry_seq, model}, `run.started` {attempt}, `message.reset` "
-    "{reason, attempt} (drop what the model turn streamed so far: it starts over; reason: "
-    "retry, the run started over after its worker died or its database was lost, or "
-    "provider_retry, the model call failed mid-answer and was asked again), "
-    "`message.delta` {text}, `tool_call.delta` {index, "
-    "tool_call_id?, name?, arguments} (a call as the model writes it), `tool_call` "
-    "{tool_call_id, name, arguments} (when it runs), `tool_result` {tool_call_id, name, "
-    "is_error, preview}, "
-    "`run.requires_action` {tool_calls, expires_at} (post their outputs to tool_outputs), "
-    "`context.warning` {level: approaching_limit | at_limit, tokens, budget, percent, "
-    "history_dropped}, `context.compacting` {reason: auto | requested, from_seq, to_seq, "
-    "entries, kept_turns, tokens, model, focus}, `context.compacted` {summary_seq, from_seq, "
-    "to_seq, tokens_before, tokens_after, summary_tokens, model, calls, cut}, "
-    "`context.compaction_failed` {error, fallback} (the run goes on with windowing), "
-    "`context.compaction_pending` {waited_seconds, fallback, from_seq?, to_seq?, run_id?} (a "
-    "compaction outlasted compaction_wait_seconds: the run goes on with windowing while it "
-    "finishes in the background), "
-    "`entry.committed` {seq, kind, id}, "
-    "`usage` {input_tokens, output_tokens, cached_tokens, estimated, cost_usd} (estimated: the "
-    "provider reported none, the service counted them), and exactly one terminal "
-    "event: `run.completed` {text, usage, finish_reason: stop | length (cut off by "
-    "max_output_tokens) | tool_calls | content_filter | other}, `run.failed` {error: {code, "
-    "message}, partial_text} or `run.cancelled` {reason, partial_text}. Lines starting with "
-    "`:` are heartbeats."
-)
-EVENT_TYPES = (
-    "run.created",
-    "run.started",
-    "message.reset",
-    "message.delta",
-    "tool_call.delta",
-    "tool_call",
-    "tool_result",
-    "run.requires_action",
-    "context.warning",
-    "context.compacting",
-    "context.compacted",
-    "context.compaction_failed",
-    "context.compaction_pending",
-    "entry.committed",
-    "usage",
-    "run.completed",
-    "run.failed",
-    "run.cancelled",
+    "for Last-Event-ID), `event:` (its type) and `data:` (its payload: one line of JSON). "
+    f"`{RUN_EVENT}` lists every type, when it is sent and the schema of its payload. Exactly "
+    f"one terminal event ({_TERMINALS}) ends the run, and the stream. Lines starting with `:` "
+    "are heartbeats."
 )
 SSE_RESPONSE: dict[int | str, dict[str, Any]] = {
     200: {
         "description": SSE_DESCRIPTION,
-        "content": {
-            "text/event-stream": {
-                "schema": {
-                    "type": "object",
-                    "required": ["id", "event", "data"],
-                    "properties": {
-                        "id": {"type": "string", "pattern": "^[0-9]+$"},
-                        "event": {"type": "string", "enum": list(EVENT_TYPES)},
-                        "data": {"type": "string", "contentMediaType": "application/json"},
-                    },
-                }
-            }
-        },
+        "content": {"text/event-stream": {"schema": {"$ref": SCHEMA_REF.format(model=RUN_EVENT)}}},
     }
 }
+
+
+def event_schemas() -> dict[str, dict[str, Any]]:
+    """The schemas SSE_RESPONSE refers to, by component name: every payload model of the
+    registry (and the models they use), one `<Type>Event` per type ({id, event, data}) and
+    `RunEvent`, their union, discriminated by `event`."""
+    models: list[tuple[type[BaseModel], Literal["serialization"]]] = [
+        (model, "serialization") for model in PAYLOADS.values()
+    ]
+    _, top = models_json_schema(models, ref_template=SCHEMA_REF)
+    schemas: dict[str, dict[str, Any]] = dict(top["$defs"])
+    mapping: dict[str, str] = {}
+    for event_type, model in PAYLOADS.items():
+        name = event_component(model)
+        schemas[name] = {
+            "title": name,
+            "description": schemas[model.__name__]["description"],
+            "type": "object",
+            "required": ["id", "event", "data"],
+            "properties": {
+                "id": {
+                    "type": "string",
+                    "pattern": "^[0-9]+$",
+                    "description": "The event's seq in its run (1, 2, ...): reconnect with it "
+                    "as Last-Event-ID to get only the events after it.",
+                },
+                "event": {"type": "string", "const": event_type.value},
+                "data": {"$ref": SCHEMA_REF.format(model=model.__name__)},
+            },
+        }
+        mapping[event_type.value] = SCHEMA_REF.format(model=name)
+    schemas[RUN_EVENT] = {
+        "title": RUN_EVENT,
+        "description": "One event of a run's stream; `event` tells its type, and so the "
+        "schema of its `data`.",
+        "oneOf": [{"$ref": ref} for ref in mapping.values()],
+        "discriminator": {"propertyName": "event", "mapping": mapping},
+    }
+    return schemas
+
+
+def event_component(model: type[EventData]) -> str:
+    """The name of the component describing an event whose payload is `model`."""
+    return f"{model.__name__.removesuffix('Data')}Event"
 
 
 NOTHING_LEFT = (

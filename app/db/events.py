@@ -16,7 +16,6 @@ from app.runs.model import TERMINAL
 CHANNEL = "threadline_run_events"
 # NOTIFY payloads are limited to 8000 bytes; past this a notification just says "look".
 _MAX_PAYLOAD = 7000
-TERMINAL_TYPES = frozenset({"run.completed", "run.failed", "run.cancelled"})
 # Seqs are int4: a resume point past this is past every event there can be.
 MAX_SEQ = 2**31 - 1
 

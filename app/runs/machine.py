@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from app.runs.events import TERMINAL_BY_STATUS, EventType
 from app.runs.model import Outcome, Run, RunStatus
 
-Event = tuple[str, dict[str, Any]]  # (type, payload): see app/runs/events.py
+Event = tuple[EventType, dict[str, Any]]  # (type, payload): app/runs/events.py has each
 
 
 class Transition(StrEnum):
@@ -43,11 +44,6 @@ ENDINGS = {
     "failed": Transition.FAIL,
     "cancelled": Transition.CANCEL,
 }
-TERMINAL_EVENTS = {
-    RunStatus.COMPLETED: "run.completed",
-    RunStatus.FAILED: "run.failed",
-    RunStatus.CANCELLED: "run.cancelled",
-}
 
 
 class IllegalTransition(Exception):
@@ -74,7 +70,7 @@ def created(run: Run) -> list[Event]:
     """What announces a new run (queued)."""
     return [
         (
-            "run.created",
+            EventType.RUN_CREATED,
             {
                 "run_id": run.id,
                 "session_id": run.session_id,
@@ -93,15 +89,15 @@ def start(run: Run) -> Step:
     status, attempt = target(run, transition), run.attempts + 1
     events: list[Event] = []
     if transition is Transition.RETRY:
-        events.append(("message.reset", {"reason": "retry", "attempt": attempt}))
-    events.append(("run.started", {"attempt": attempt}))
+        events.append((EventType.MESSAGE_RESET, {"reason": "retry", "attempt": attempt}))
+    events.append((EventType.RUN_STARTED, {"attempt": attempt}))
     return Step(status, events)
 
 
 def await_tool_outputs(run: Run, calls: Sequence[Mapping[str, Any]], expires_at: str) -> Step:
     status = target(run, Transition.AWAIT_TOOL_OUTPUTS)
     data = {"tool_calls": [dict(c) for c in calls], "expires_at": expires_at}
-    return Step(status, [("run.requires_action", data)])
+    return Step(status, [(EventType.RUN_REQUIRES_ACTION, data)])
 
 
 def resume(run: Run, committed: Sequence[Any]) -> Step:
@@ -128,7 +124,7 @@ def end(
     status = target(run, ENDINGS[outcome.status])
     events = committed_events(committed)
     if usage is not None:
-        events.append(("usage", {**usage, "cost_usd": cost_usd}))
+        events.append((EventType.USAGE, {**usage, "cost_usd": cost_usd}))
     terminal: dict[str, Any] = {
         "run_id": run.id,
         "status": status.value,
@@ -146,14 +142,14 @@ def end(
             terminal["error"] = outcome.error
         if run.cancel_mode:
             terminal["reason"] = run.cancel_mode
-    events.append((TERMINAL_EVENTS[status], terminal))
+    events.append((TERMINAL_BY_STATUS[status], terminal))
     return Step(status, events)
 
 
 def committed_events(entries: Sequence[Any]) -> list[Event]:
     """`entry.committed` for each journal entry a run wrote (rows of the entries table)."""
     return [
-        ("entry.committed", {"seq": int(e["seq"]), "kind": e["kind"], "id": e["id"]})
+        (EventType.ENTRY_COMMITTED, {"seq": int(e["seq"]), "kind": e["kind"], "id": e["id"]})
         for e in entries
     ]
 

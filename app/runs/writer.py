@@ -13,10 +13,11 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.db import events as events_db
+from app.runs.events import EventType
 from app.runs.machine import Event
 
 log = logging.getLogger(__name__)
-DELTA = "message.delta"
+DELTA = EventType.MESSAGE_DELTA
 
 
 async def append(conn: AsyncConnection, run_id: str, events: Sequence[Event]) -> int:
@@ -36,7 +37,7 @@ class EventWriter:
     def __init__(self, engine: AsyncEngine, tick_seconds: float = 0.05) -> None:
         self._engine = engine
         self._tick = tick_seconds
-        self._pending: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+        self._pending: dict[str, list[Event]] = {}
         self._wake = asyncio.Event()
         self._flushing = asyncio.Lock()
         self._first_delta_sent: set[str] = set()
@@ -48,7 +49,9 @@ class EventWriter:
         self._attempts[run_id] = attempt
         self.superseded.discard(run_id)
 
-    def emit(self, run_id: str, kind: str, data: dict[str, Any], *, urgent: bool = False) -> None:
+    def emit(
+        self, run_id: str, kind: EventType, data: dict[str, Any], *, urgent: bool = False
+    ) -> None:
         queue = self._pending.setdefault(run_id, [])
         if kind == DELTA and queue and queue[-1][0] == DELTA:
             queue[-1][1]["text"] += data["text"]  # coalesced: one event

@@ -20,6 +20,7 @@ from sqlalchemy import RowMapping
 from app.db import runs as runs_db
 from app.llm.base import ProviderError
 from app.llm.catalog import context_window
+from app.runs.events import EventType
 from app.runs.model import Outcome, Run, RunKind, RunStatus, entry_id
 from app.services import compaction
 from app.services.errors import ServiceError
@@ -97,7 +98,7 @@ async def auto_compact(runtime: Runtime, run: Run, projected: SessionProjection)
                 policy_overrides=run.params.context_policy,
             )
         except ServiceError as exc:
-            runtime.writer.emit(run_id, "context.compaction_failed", _failed(exc))
+            runtime.writer.emit(run_id, EventType.CONTEXT_COMPACTION_FAILED, _failed(exc))
             return AutoCompaction(None, failed=True)
         if prepared is None:
             return AutoCompaction(None)  # only the kept turns are left: windowing must do
@@ -109,11 +110,11 @@ async def auto_compact(runtime: Runtime, run: Run, projected: SessionProjection)
         summary, entry = await asyncio.wait_for(asyncio.shield(pending.task), wait)
     except TimeoutError:
         log.info("run %s: compaction still running after %s s, windowing", run_id, wait)
-        runtime.writer.emit(run_id, "context.compaction_pending", _pending(pending, wait))
+        runtime.writer.emit(run_id, EventType.CONTEXT_COMPACTION_PENDING, _pending(pending, wait))
         return AutoCompaction(None, failed=True)
     except (ProviderError, ServiceError) as exc:
         log.warning("run %s: compaction failed, falling back to windowing: %s", run_id, exc)
-        runtime.writer.emit(run_id, "context.compaction_failed", _failed(exc))
+        runtime.writer.emit(run_id, EventType.CONTEXT_COMPACTION_FAILED, _failed(exc))
         return AutoCompaction(None, failed=True)
     await _compacted(runtime, run, pending.prepared, summary, entry, "auto", meta.estimated_tokens)
     return AutoCompaction(summary)
@@ -186,7 +187,7 @@ async def await_compaction_jobs(runtime: Runtime, run: Run, config: Mapping[str,
         await asyncio.sleep(POLL_SECONDS)
     runtime.writer.emit(
         run.id,
-        "context.compaction_pending",
+        EventType.CONTEXT_COMPACTION_PENDING,
         {
             "run_id": earlier[0].id,
             "waited_seconds": policy.compaction_wait_seconds,
@@ -242,7 +243,7 @@ def _compacting(
     plan = prepared.plan
     runtime.writer.emit(
         run_id,
-        "context.compacting",
+        EventType.CONTEXT_COMPACTING,
         {
             "reason": reason,
             "from_seq": plan.from_seq,
@@ -269,11 +270,11 @@ async def _compacted(
     run_id, plan = run.id, prepared.plan
     seq = int(entry["seq"])
     runtime.writer.emit(
-        run_id, "entry.committed", {"seq": seq, "kind": entry["kind"], "id": entry["id"]}
+        run_id, EventType.ENTRY_COMMITTED, {"seq": seq, "kind": entry["kind"], "id": entry["id"]}
     )
     runtime.writer.emit(
         run_id,
-        "context.compacted",
+        EventType.CONTEXT_COMPACTED,
         {
             "reason": reason,
             "summary_seq": seq,

@@ -42,6 +42,7 @@ from app.llm.base import (
     ToolCallDelta,
     UsageReport,
 )
+from app.runs.events import EventType
 from app.runs.machine import committed_events
 from app.runs.model import Outcome, Run, RunKind, entry_id
 from app.services import runs
@@ -152,7 +153,9 @@ async def _attempt(runtime: Runtime, run: Run, progress: _Progress) -> Outcome |
             log.warning("run %s: the database cannot be reached; resuming once it is back", run.id)
         await retrying(lambda: _ping(runtime))
         progress.text = []
-        runtime.writer.emit(run.id, "message.reset", {"reason": "retry", "attempt": run.attempts})
+        runtime.writer.emit(
+            run.id, EventType.MESSAGE_RESET, {"reason": "retry", "attempt": run.attempts}
+        )
 
 
 async def _ping(runtime: Runtime) -> None:
@@ -327,7 +330,7 @@ async def _model_turn(
                 pieces, positions, finish = [], {}, None
             elif isinstance(event, TextDelta) and event.text:
                 progress.text.append(event.text)
-                runtime.writer.emit(run_id, "message.delta", {"text": event.text})
+                runtime.writer.emit(run_id, EventType.MESSAGE_DELTA, {"text": event.text})
             elif isinstance(event, ToolCallDelta):
                 pieces.append((event.index, event.id, event.name, event.arguments))
                 delta = {"index": event.index, "arguments": event.arguments}
@@ -338,7 +341,7 @@ async def _model_turn(
                     )
                 if event.name:
                     delta["name"] = event.name
-                runtime.writer.emit(run_id, "tool_call.delta", delta)
+                runtime.writer.emit(run_id, EventType.TOOL_CALL_DELTA, delta)
             elif isinstance(event, UsageReport):
                 progress.add_usage(event)
             elif isinstance(event, Finish):
@@ -393,7 +396,7 @@ async def _void_attempt(
         for kind, data in committed_events([*first.entries, *second.entries]):
             runtime.writer.emit(run.id, kind, data)
     runtime.writer.emit(
-        run.id, "message.reset", {"reason": RESTART_REASON, "attempt": run.attempts}
+        run.id, EventType.MESSAGE_RESET, {"reason": RESTART_REASON, "attempt": run.attempts}
     )
 
 
@@ -463,7 +466,7 @@ async def _run_tools(
     for call in calls:
         runtime.writer.emit(
             run_id,
-            "tool_call",
+            EventType.TOOL_CALL,
             {"tool_call_id": call.tool_call_id, "name": call.name, "arguments": call.arguments},
             urgent=True,
         )
@@ -485,7 +488,7 @@ async def _run_tools(
             outcome = _refused(call.name)
         runtime.writer.emit(
             run_id,
-            "tool_result",
+            EventType.TOOL_RESULT,
             {
                 "tool_call_id": call.tool_call_id,
                 "name": call.name,
@@ -528,7 +531,7 @@ def _warn_if_full(runtime: Runtime, run_id: str, meta: ProjectionMeta) -> None:
         level = "at_limit" if share >= LIMIT_SHARE or meta.truncated else "approaching_limit"
         runtime.writer.emit(
             run_id,
-            "context.warning",
+            EventType.CONTEXT_WARNING,
             {
                 "level": level,
                 "tokens": tokens,

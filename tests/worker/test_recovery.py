@@ -15,7 +15,7 @@ import pytest
 from app.config import Settings
 from app.worker.pool import libpq_url
 from testkit.api import new_session
-from testkit.sse_client import collect
+from testkit.sse_client import TERMINAL, collect
 from testkit.upstream import FakeUpstream, Hold, Text
 from tests.worker.conftest import Workers
 
@@ -56,7 +56,7 @@ async def until_streaming(api: httpx.AsyncClient, run_id: str, attempt: int) -> 
 async def assert_one_terminal_and_dense(api: httpx.AsyncClient, run_id: str) -> list[Any]:
     events = await collect(api, "GET", f"/v1/runs/{run_id}/events")
     assert [e.id for e in events] == list(range(1, len(events) + 1))
-    terminal = [e for e in events if e.type in ("run.completed", "run.failed", "run.cancelled")]
+    terminal = [e for e in events if e.type in TERMINAL]
     assert len(terminal) == 1 and terminal[0] is events[-1]
     return events
 
