@@ -133,21 +133,28 @@ def test_keys_create_prints_a_working_key(workdir: Path) -> None:
     assert postgres_processes(workdir / ".threadline") == []
 
 
-def test_events_prints_the_table_or_writes_it_between_the_markers(
+def test_events_prints_the_tables_or_writes_them_between_the_markers(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from app.cli import main
     from app.runs.events import markdown_table
+    from app.runs.machine import transition_table
 
     main(["events"])
-    assert capsys.readouterr().out == markdown_table()
+    assert capsys.readouterr().out == f"{transition_table()}\n\n{markdown_table()}"
     readme = tmp_path / "README.md"
-    readme.write_text("# Doc\n<!-- events:start -->\nstale\n<!-- events:end -->\nmore\n")
+    readme.write_text(
+        "# Doc\n<!-- run-states:start -->\nold\n<!-- run-states:end -->\n"
+        "<!-- events:start -->\nstale\n<!-- events:end -->\nmore\n"
+    )
     main(["events", "--update", str(readme)])
-    expected = f"# Doc\n<!-- events:start -->\n{markdown_table()}<!-- events:end -->\nmore\n"
+    expected = (
+        f"# Doc\n<!-- run-states:start -->\n{transition_table()}\n<!-- run-states:end -->\n"
+        f"<!-- events:start -->\n{markdown_table()}<!-- events:end -->\nmore\n"
+    )
     assert readme.read_text() == expected
     main(["events", "--update", str(readme)])  # again: nothing changes
     assert readme.read_text() == expected
     readme.write_text("# Doc without markers\n")
-    with pytest.raises(SystemExit, match="events:start"):
+    with pytest.raises(SystemExit, match="run-states:start"):
         main(["events", "--update", str(readme)])
