@@ -6,10 +6,14 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import pytest
 
+from app.config import Settings
 from testkit.api import history, new_session
-from testkit.sse_client import Event, collect
+from testkit.server import free_port
+from testkit.sse_client import TERMINAL, Event, collect, events
 from testkit.upstream import FakeUpstream, Text, Usage
+from tests.e2e import Process, process_env
 
 
 async def ask(api: httpx.AsyncClient, sid: str, text: str, **body: Any) -> list[Event]:
@@ -268,3 +272,41 @@ async def test_rollback_takes_the_cancelled_run_out_of_the_context(
     rollback = next(e for e in journal if e["kind"] == "rollback")
     assert rollback["payload"]["from_seq"] == first["user_entry_seq"]
     assert any(e["payload"].get("content") == "one" for e in journal)  # history keeps it
+
+
+@pytest.mark.slow
+async def test_an_api_process_killed_mid_stream_loses_nothing(
+    api: httpx.AsyncClient, upstream: FakeUpstream, e2e_settings: Settings
+) -> None:
+    """kill -9 of the API process a client streams an ask from: the run goes on (its workers
+    are elsewhere), and the client resumes on another API process exactly after what it saw."""
+    port = free_port()
+    env = process_env(e2e_settings, worker_concurrency=0, port=port)
+    doomed = Process(["serve", "--port", str(port)], env, f"http://127.0.0.1:{port}/readyz")
+    sid = (await new_session(api))["id"]
+    upstream.script(*[Text(f"t{i} ") for i in range(60)], Usage(5, 60), token_delay=0.02)
+    first: list[Event] = []
+    try:
+        async with httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{port}", headers=dict(api.headers), timeout=30
+        ) as first_api:
+            url = f"/v1/sessions/{sid}/ask"
+            with pytest.raises(httpx.HTTPError):  # the connection dies with the process
+                async with first_api.stream("POST", url, json={"input": "count"}) as response:
+                    async for event in events(response):
+                        first.append(event)
+                        if len(first) == 5:
+                            doomed.kill()  # mid-stream: the client is still reading
+    finally:
+        doomed.stop()
+    run_id = first[0].data["run_id"]
+    rest = await collect(
+        api, "GET", f"/v1/runs/{run_id}/events", headers={"Last-Event-ID": str(first[-1].id)}
+    )
+    seen = first + rest
+    assert [e.id for e in seen] == list(range(1, len(seen) + 1))
+    assert [e.type for e in seen if e.type in TERMINAL] == ["run.completed"]
+    assert deltas(seen) == "".join(f"t{i} " for i in range(60))
+    upstream.script(Text("next"))
+    nxt = await collect(api, "POST", f"/v1/sessions/{sid}/ask", json={"input": "again"})
+    assert nxt[-1].type == "run.completed" and deltas(nxt) == "next"
