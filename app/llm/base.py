@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -85,6 +86,25 @@ _NEUTRAL_FINISH: dict[str, FinishReason] = {
 
 
 StreamEvent = TextDelta | ToolCallDelta | UsageReport | Finish
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def storable(event: StreamEvent) -> StreamEvent:
+    """`event` with any lone surrogate in its text replaced by U+FFFD. A provider's JSON may
+    escape one (\\ud800), which decodes to a str Postgres cannot store: the run's events and
+    its answer could never be written, and the run would never end."""
+    if isinstance(event, TextDelta) and _LONE_SURROGATE.search(event.text):
+        return TextDelta(_LONE_SURROGATE.sub("\ufffd", event.text))
+    if isinstance(event, ToolCallDelta) and (
+        _LONE_SURROGATE.search(event.arguments) or _LONE_SURROGATE.search(event.name or "")
+    ):
+        name = _LONE_SURROGATE.sub("\ufffd", event.name) if event.name else event.name
+        arguments = _LONE_SURROGATE.sub("\ufffd", event.arguments)
+        return ToolCallDelta(event.index, event.id, name, arguments)
+    return event
+
 
 ErrorKind = Literal[
     "rate_limited",

@@ -24,7 +24,15 @@ from dataclasses import dataclass, replace
 
 from app.config import Settings
 from app.llm.anthropic_provider import AnthropicProvider
-from app.llm.base import ModelRequest, Provider, ProviderError, Restart, RoutedEvent, StreamEvent
+from app.llm.base import (
+    ModelRequest,
+    Provider,
+    ProviderError,
+    Restart,
+    RoutedEvent,
+    StreamEvent,
+    storable,
+)
 from app.llm.local_provider import LocalProvider
 from app.llm.openai_provider import OpenAIProvider
 
@@ -239,7 +247,7 @@ class Router:
                     return
                 except TimeoutError as error:
                     raise ProviderError("timeout", f"no response for {seconds:g}s") from error
-                yield event
+                yield storable(event)
         finally:
             close = getattr(events, "aclose", None)
             if close is not None:

@@ -310,3 +310,20 @@ async def test_an_api_process_killed_mid_stream_loses_nothing(
     upstream.script(Text("next"))
     nxt = await collect(api, "POST", f"/v1/sessions/{sid}/ask", json={"input": "again"})
     assert nxt[-1].type == "run.completed" and deltas(nxt) == "next"
+
+
+@pytest.mark.parametrize("model", ["openai:gpt-4o-mini", "anthropic:claude-haiku-4-5"])
+async def test_a_lone_surrogate_from_the_model_is_stored_replaced(
+    api: httpx.AsyncClient, upstream: FakeUpstream, model: str
+) -> None:
+    """A provider's JSON may escape a lone surrogate; Postgres cannot store one, so the answer
+    (and the run's end) could never be written. It arrives as U+FFFD instead."""
+    sid = (await new_session(api))["id"]
+    upstream.script(Text("a\ud800b"), Text(" ok"))
+    seen = await collect(
+        api, "POST", f"/v1/sessions/{sid}/ask", json={"input": "go", "model": model}
+    )
+    assert seen[-1].type == "run.completed"
+    assert deltas(seen) == "a\ufffdb ok" == seen[-1].data["text"]
+    answer = (await history(api, sid))[-3]
+    assert answer["payload"]["content"] == "a\ufffdb ok"
