@@ -9,7 +9,18 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from app.api import asks, compaction, entries, health, memory, projection, runs, search, sessions
+from app.api import (
+    asks,
+    compaction,
+    entries,
+    health,
+    memory,
+    projection,
+    runs,
+    search,
+    sessions,
+    ui_messages,
+)
 from app.api.docs import install_docs
 from app.api.errors import install_error_handlers
 from app.api.hub import EventHub
@@ -71,6 +82,7 @@ def create_app(settings: Settings | None = None, *, workers: int = 0) -> FastAPI
     app.include_router(search.router)
     app.include_router(memory.router)
     app.include_router(compaction.router)
+    app.include_router(ui_messages.router)
     app.include_router(health.router)
     install_document(app, settings)
     return app

@@ -1,0 +1,158 @@
+"""Routes for the AI SDK's `useChat`: its default transport's POST and resume GET, unchanged.
+
+`POST /v1/ui/chat` takes `{id, messages, trigger, messageId}` and answers with the run as a UI
+message stream (app/api/ui_stream.py). `GET /v1/ui/chat/{id}/stream` rejoins the chat's active
+run from its start, or answers 204 when there is none (`useChat({resume: true})`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Path, Response
+from pydantic import BaseModel, ConfigDict, Field
+from sse_starlette import EventSourceResponse, ServerSentEvent
+
+from app.api.bodies import JSONRoute
+from app.api.deps import Config, Engine, Hub, Tenant
+from app.api.errors import error_responses
+from app.api.hub import EventHub
+from app.api.ui_stream import DONE, HEADER, VERSION, UIStream
+from app.services import asks as asks_service
+from app.services import ui_chats
+from app.services.errors import Invalid
+
+router = APIRouter(prefix="/v1/ui/chat", tags=["ai-sdk"], route_class=JSONRoute)
+
+UI_STREAM_RESPONSE: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "The run as an AI SDK UI message stream (text/event-stream, header "
+        f"`{HEADER}: {VERSION}`): one JSON chunk per `data:` line, then `data: {DONE}`.",
+        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    }
+}
+ChatId = Annotated[
+    str, Path(min_length=1, max_length=ui_chats.MAX_CHAT_ID_LENGTH, description="The chat's id.")
+]
+
+
+class UIChatRequest(BaseModel):
+    """What the AI SDK's DefaultChatTransport sends (its `body` option adds fields)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str = Field(
+        min_length=1,
+        max_length=ui_chats.MAX_CHAT_ID_LENGTH,
+        description="The chat's id. The id of one of your sessions is that session; any other "
+        "id names a session made for the chat on its first message.",
+    )
+    messages: list[dict[str, Any]] = Field(
+        description="The chat's UI messages. Only the last one, the user's new message, is "
+        "read (its text parts); the session's journal holds the conversation."
+    )
+    trigger: Literal["submit-message", "regenerate-message"] = Field(
+        default="submit-message",
+        description="`regenerate-message`: roll back the last answer (and the user message it "
+        "answers) and ask that message again.",
+    )
+    message_id: str | None = Field(
+        default=None, alias="messageId", description="Unused (the AI SDK sends it)."
+    )
+    model: str | None = Field(default=None, description="The model to answer with.")
+    on_disconnect: Literal["cancel", "continue"] = Field(
+        default="cancel",
+        description="`cancel` (the default): the client stopping (aborting the request) "
+        "cancels the run. `continue`: the run goes on, for clients that resume after a reload.",
+    )
+
+
+@router.post(
+    "",
+    operation_id="uiChat",
+    response_model=None,
+    responses={**UI_STREAM_RESPONSE, **error_responses(400, 401, 404, 409, 413, 422)},
+)
+async def ui_chat(
+    body: UIChatRequest, engine: Engine, tenant: Tenant, settings: Config, hub: Hub
+) -> Response:
+    """Journal the chat's new user message (or regenerate the last answer) and stream the run
+    in the AI SDK's UI message stream protocol."""
+    if body.trigger == "regenerate-message":
+        session = await ui_chats.find_session(engine, tenant, body.id)
+        if session is None:
+            raise Invalid("nothing_to_regenerate", "the chat has no messages yet", {})
+        session_id = str(session["id"])
+        content = await ui_chats.roll_back_last_answer(engine, tenant, session_id)
+    else:
+        content = ui_chats.new_user_text(body.messages)
+        session_id = str((await ui_chats.chat_session(engine, tenant, body.id))["id"])
+    params = asks_service.AskParams(
+        content=content, model=body.model, on_disconnect=body.on_disconnect
+    )
+    run = (await asks_service.ask(engine, settings, tenant, session_id, params)).run
+
+    async def cancel_run() -> None:
+        await asks_service.cancel_run(engine, tenant, run.id)
+
+    gone = cancel_run if body.on_disconnect == "cancel" else None
+    return _ui_stream(hub, run.id, settings.sse_heartbeat_seconds, gone)
+
+
+@router.get(
+    "/{chat_id}/stream",
+    operation_id="resumeUiChat",
+    response_model=None,
+    responses={
+        **UI_STREAM_RESPONSE,
+        204: {"description": "The chat has no run in progress (or no session yet)."},
+        **error_responses(401, 422),
+    },
+)
+async def resume_ui_chat(
+    chat_id: ChatId, engine: Engine, tenant: Tenant, settings: Config, hub: Hub
+) -> Response:
+    """The chat's active run as a UI message stream, from its start: `useChat({resume: true})`
+    calls this on load to rejoin a run that a page reload left. Leaving it never cancels."""
+    session = await ui_chats.find_session(engine, tenant, chat_id)
+    if session is None:
+        return Response(status_code=204)
+    run = await asks_service.active_run(engine, tenant, str(session["id"]))
+    if run is None or not await hub.has_more(run.id, 0):
+        return Response(status_code=204)
+    return _ui_stream(hub, run.id, settings.sse_heartbeat_seconds, None)
+
+
+def _ui_stream(
+    hub: EventHub,
+    run_id: str,
+    heartbeat_seconds: float,
+    on_client_gone: Callable[[], Awaitable[None]] | None,
+) -> EventSourceResponse:
+    """The run's events from its first, translated; `[DONE]` after the terminal one."""
+
+    async def chunks() -> AsyncIterator[ServerSentEvent]:
+        stream = UIStream(run_id)
+        finished = False
+        try:
+            async for row in hub.follow(run_id, 0):
+                for chunk in stream.translate(row["type"], row["data"]):
+                    yield ServerSentEvent(data=json.dumps(chunk, separators=(",", ":")))
+            finished = True
+            yield ServerSentEvent(data=DONE)
+        except Exception:
+            finished = True  # ours (as in app/api/sse.py): dropped, not a reason to cancel
+            raise
+        finally:
+            # sse-starlette ends the generator with CancelledError when the client leaves.
+            if not finished and on_client_gone is not None:
+                await asyncio.shield(on_client_gone())
+
+    return EventSourceResponse(
+        chunks(),
+        ping=heartbeat_seconds,
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", HEADER: VERSION},
+    )
