@@ -1,0 +1,92 @@
+// Drives Threadline's AI SDK endpoint with the AI SDK's own DefaultChatTransport (what useChat
+// uses) and readUIMessageStream (how the AI SDK turns chunks into a message). One scenario per
+// run; its results are JSON lines on stdout, for tests/api/test_ui_messages.py to check.
+//
+//   node chat.mjs '{"api": ".../v1/ui/chat", "key": "...", "chatId": "...", "scenario": "send",
+//                   "trigger": "submit-message", "messages": [...]}'
+import { DefaultChatTransport, readUIMessageStream } from "ai";
+
+const args = JSON.parse(process.argv[2]);
+const transport = new DefaultChatTransport({
+  api: args.api,
+  headers: { Authorization: `Bearer ${args.key}` },
+  body: args.body ?? {},
+});
+
+function emit(value) {
+  process.stdout.write(`${JSON.stringify(value)}\n`);
+}
+
+// Reads a chunk stream to its end: the chunks as sent, and every message snapshot the AI SDK
+// rendered from them (the last is the final message).
+async function render(stream, onChunk = () => {}) {
+  const [forChunks, forMessages] = stream.tee();
+  const chunks = [];
+  const errors = [];
+  const reading = (async () => {
+    for await (const chunk of forChunks) {
+      chunks.push(chunk);
+      onChunk(chunk);
+    }
+  })();
+  const messages = [];
+  for await (const message of readUIMessageStream({
+    stream: forMessages,
+    onError: (error) => errors.push(String(error.message ?? error)),
+  })) {
+    messages.push(structuredClone(message));
+  }
+  await reading;
+  return { chunks, messages, errors };
+}
+
+const send = (signal) =>
+  transport.sendMessages({
+    chatId: args.chatId,
+    messages: args.messages ?? [],
+    trigger: args.trigger ?? "submit-message",
+    messageId: args.messageId,
+    abortSignal: signal,
+  });
+
+switch (args.scenario) {
+  case "send": {
+    emit(await render(await send(undefined)));
+    break;
+  }
+  case "stop": {
+    // The user presses stop as soon as the answer starts: useChat's stop() aborts the fetch.
+    const controller = new AbortController();
+    const stream = await send(controller.signal);
+    const chunks = [];
+    try {
+      for await (const chunk of stream) {
+        chunks.push(chunk);
+        if (chunk.type === "text-delta") controller.abort();
+      }
+    } catch (error) {
+      if (error.name !== "AbortError") throw error;
+    }
+    emit({ chunks, aborted: controller.signal.aborted });
+    break;
+  }
+  case "resume": {
+    // What useChat({resume: true}) does on load: GET {api}/{chatId}/stream; null is a 204.
+    const stream = await transport.reconnectToStream({ chatId: args.chatId });
+    if (stream === null) {
+      emit({ resumed: false });
+      break;
+    }
+    let told = false;
+    const result = await render(stream, () => {
+      if (!told) {
+        told = true;
+        emit({ connected: true });
+      }
+    });
+    emit({ resumed: true, ...result });
+    break;
+  }
+  default:
+    throw new Error(`unknown scenario ${args.scenario}`);
+}
