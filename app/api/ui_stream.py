@@ -5,12 +5,14 @@ The AI SDK (`ai`, `@ai-sdk/react`'s `useChat`) reads a stream of JSON chunks, on
 those chunks. It holds the few facts the protocol needs that a single event does not carry:
 which text part and step are open, and which tool call a streamed piece belongs to.
 
-A run is one assistant message; each model turn is a step (`start-step` .. `finish-step`).
-`message.reset` (the turn starts over: a retried model call, a restarted run) cannot retract
-what a client has rendered, as the protocol has no chunk for that: the voided attempt's parts
-are closed and a `start` with a new message id follows, which `readUIMessageStream` takes as
-a new message (only the retried answer is in it). Ids derive from the run id and the events
-alone, so a replay (a resumed stream) yields the same chunks.
+A run is one assistant message (its id is the run's); each model turn is a step (`start-step`
+.. `finish-step`). `message.reset` (the turn starts over: a retried model call, a restarted
+run) cannot retract what a client has rendered: the protocol has no chunk that removes a part,
+and useChat's Chat keeps every part it was sent, whatever message id comes later. So the
+voided attempt's text and step are closed, and a `data-threadline-reset` part marks where the
+retry begins: the answer is what follows the last marker (the journal keeps only that one).
+Ids derive from the run id and the events alone, so a replay (a resumed stream) yields the
+same chunks.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ class UIStream:
 
     def __init__(self, run_id: str) -> None:
         self.run_id = run_id
-        self._attempt = 0  # message.reset count: the message id's suffix
+        self._resets = 0  # message.reset events so far: the marker parts' ids
         self._step_open = False
         self._after_tools = False  # a tool ran: the model's next output is a new step
         self._text_id: str | None = None
@@ -49,16 +51,12 @@ class UIStream:
         self._calls: dict[int, str] = {}  # the turn's tool call index -> its id
         self._announced: set[str] = set()  # calls with a tool-input-start sent
 
-    @property
-    def message_id(self) -> str:
-        return self.run_id if self._attempt == 0 else f"{self.run_id}-{self._attempt}"
-
     def translate(self, event_type: str, data: Mapping[str, Any]) -> list[Chunk]:
         """The chunks for one run event (none for events the protocol has no use for)."""
         match event_type:
             case EventType.RUN_CREATED:
                 return [
-                    {"type": "start", "messageId": self.message_id},
+                    {"type": "start", "messageId": self.run_id},
                     {
                         "type": "data-threadline-run",
                         "id": "run",
@@ -106,18 +104,14 @@ class UIStream:
                     )
                 return out
             case EventType.MESSAGE_RESET:
-                out = self._close_step()
-                self._attempt += 1
+                self._resets += 1
                 self._calls.clear()
-                out.append({"type": "start", "messageId": self.message_id})
-                out.append(
-                    {
-                        "type": "data-threadline-reset",
-                        "data": {"reason": data["reason"], "attempt": data["attempt"]},
-                        "transient": True,
-                    }
-                )
-                return out
+                reset = {
+                    "type": "data-threadline-reset",
+                    "id": f"reset-{self._resets}",
+                    "data": {"reason": data["reason"], "attempt": data["attempt"]},
+                }
+                return [*self._close_step(), reset]
             case EventType.CONTEXT_WARNING:
                 return [self._context(data)]
             case EventType.USAGE:

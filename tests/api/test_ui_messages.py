@@ -203,14 +203,15 @@ async def test_a_reload_resumes_the_active_run_and_204_when_there_is_none(
         async for line in response.aiter_lines():
             if '"text-delta"' in line:
                 break
-    async with Node(api, "resume", chat) as node:
+    # The reloaded page: useChat({resume: true}) calls the Chat's resumeStream() on load.
+    async with Node(api, "chat", chat, actions=[{"resume": True}]) as node:
         assert await node.line() == {"connected": True}
         release.set()
         result = await node.line()
-    assert result["resumed"] is True and result["errors"] == []
-    assert texts_of(result["messages"][-1]) == ["Hello world"]
-    assert result["chunks"][0]["type"] == "start"
-    assert result["chunks"][-1]["type"] == "finish"
+    assert result["errors"] == [] and result["status"] == "ready"
+    assert [(m["role"], texts_of(m)) for m in result["messages"]] == [
+        ("assistant", ["Hello world"])
+    ]
     assert (await run_node(api, "resume", chat)) == {"resumed": False}
     response = await api.get(f"/v1/ui/chat/{chat}/stream")
     assert response.status_code == 204
@@ -220,20 +221,16 @@ async def test_regenerate_rolls_back_the_last_answer_and_asks_again(
     api: httpx.AsyncClient, upstream: FakeUpstream, ai_sdk: None
 ) -> None:
     chat = f"chat-{uuid.uuid4()}"
-    first = user("Tell me a joke")
     upstream.script(Text("A first joke"))
-    answer = (await run_node(api, "send", chat, messages=[first]))["messages"][-1]
     upstream.script(Text("A better joke"))
-    # useChat's regenerate() drops the answer and sends the rest, naming the answer.
-    result = await run_node(
-        api,
-        "send",
-        chat,
-        messages=[first],
-        trigger="regenerate-message",
-        messageId=answer["id"],
-    )
-    assert texts_of(result["messages"][-1]) == ["A better joke"]
+    # useChat's regenerate(): it drops the answer, sends the rest and names the answer.
+    actions = [{"send": "Tell me a joke"}, {"regenerate": True}]
+    result = await run_node(api, "chat", chat, actions=actions)
+    assert result["errors"] == [] and result["status"] == "ready"
+    assert [(m["role"], texts_of(m)) for m in result["messages"]] == [
+        ("user", ["Tell me a joke"]),
+        ("assistant", ["A better joke"]),
+    ]
     sent = upstream.requests[-1].body["messages"]
     assert [(m["role"], m["content"]) for m in sent] == [("user", "Tell me a joke")]
     sid = (await api.get("/v1/sessions", params={"metadata": f"ai_sdk_chat_id:{chat}"})).json()
@@ -255,19 +252,57 @@ async def test_stop_cancels_the_run(
     assert run["status"] == "cancelled"
 
 
-async def test_a_retried_model_call_renders_only_the_retried_answer(
-    api: httpx.AsyncClient, upstream: FakeUpstream, ai_sdk: None
+async def test_stop_in_the_chat_cancels_the_run(
+    api: httpx.AsyncClient, upstream: FakeUpstream, ai_sdk: None, release: threading.Event
 ) -> None:
     chat = f"chat-{uuid.uuid4()}"
-    upstream.script(Text("half "), Text("an answer"), FailMidStream("overloaded", "Overloaded"))
-    upstream.script(Text("the whole "), Text("answer"), Usage(12, 3))
-    result = await run_node(api, "send", chat, messages=[user("Hi")])
-    rendered = [texts_of(m) for m in result["messages"]]
-    assert ["half an answer"] in rendered  # it was shown while it streamed
-    final = result["messages"][-1]
-    assert texts_of(final) == ["the whole answer"]
-    assert final["id"] == f"{run_id_of(result['chunks'])}-1"
-    assert result["errors"] == [] and result["chunks"][-1]["type"] == "finish"
+    upstream.script(Text("A long "), Hold(release), Text("answer"))
+    actions = [{"send": "Write an essay", "stopOnText": True}]
+    result = await run_node(api, "chat", chat, actions=actions)
+    assert result["status"] == "ready" and result["errors"] == []
+    assert texts_of(result["messages"][-1]) == ["A long "]
+    run_id = next(p for p in result["messages"][-1]["parts"] if p["type"] == "data-threadline-run")
+    run = (await api.get(f"/v1/runs/{run_id['data']['runId']}", params={"wait": "true"})).json()
+    assert run["status"] == "cancelled"
+
+
+def answer(message: dict[str, Any]) -> list[str]:
+    """The text parts after the last reset marker: what the run answers."""
+    parts = message["parts"]
+    resets = [i for i, p in enumerate(parts) if p["type"] == "data-threadline-reset"]
+    after = parts[resets[-1] + 1 :] if resets else parts
+    return [p["text"] for p in after if p["type"] == "text"]
+
+
+async def test_a_retried_model_call_renders_as_a_marked_new_step(
+    api: httpx.AsyncClient, upstream: FakeUpstream, ai_sdk: None
+) -> None:
+    """The protocol cannot take back rendered text: the voided attempt stays a closed step,
+    a marker part follows, and the answer is what comes after it, in one message."""
+    for scenario in ("send", "chat"):
+        chat = f"chat-{uuid.uuid4()}"
+        upstream.script(Text("half "), Text("an answer"), FailMidStream("overloaded", "Over"))
+        upstream.script(Text("the whole "), Text("answer"), Usage(12, 3))
+        if scenario == "send":  # readUIMessageStream
+            result = await run_node(api, "send", chat, messages=[user("Hi")])
+            assert result["chunks"][-1] == {"type": "finish", "finishReason": "stop"}
+        else:  # useChat's Chat
+            result = await run_node(api, "chat", chat, actions=[{"send": "Hi"}])
+            assert [m["role"] for m in result["messages"]] == ["user", "assistant"]
+        assert result["errors"] == []
+        final = result["messages"][-1]
+        assert texts_of(final) == ["half an answer", "the whole answer"]
+        assert answer(final) == ["the whole answer"]
+        types = [p["type"] for p in final["parts"] if p["type"] != "data-threadline-usage"]
+        assert types == [
+            "data-threadline-run",
+            "step-start",
+            "text",
+            "data-threadline-reset",
+            "step-start",
+            "text",
+        ]
+        assert all(p["state"] == "done" for p in final["parts"] if p["type"] == "text")
 
 
 async def test_bad_requests_get_json_errors(api: httpx.AsyncClient) -> None:

@@ -4,7 +4,7 @@
 //
 //   node chat.mjs '{"api": ".../v1/ui/chat", "key": "...", "chatId": "...", "scenario": "send",
 //                   "trigger": "submit-message", "messages": [...]}'
-import { DefaultChatTransport, readUIMessageStream } from "ai";
+import { AbstractChat, DefaultChatTransport, readUIMessageStream } from "ai";
 
 const args = JSON.parse(process.argv[2]);
 const transport = new DefaultChatTransport({
@@ -49,7 +49,83 @@ const send = (signal) =>
     abortSignal: signal,
   });
 
+// useChat's state, without React: @ai-sdk/react's ChatState does the same (a snapshot of each
+// message as it is replaced), and its Chat is AbstractChat with that state.
+class ChatState {
+  messages = [];
+  status = "ready";
+  error = undefined;
+  onChange = () => {};
+  pushMessage = (message) => {
+    this.messages = this.messages.concat(message);
+    this.onChange();
+  };
+  popMessage = () => {
+    this.messages = this.messages.slice(0, -1);
+    this.onChange();
+  };
+  replaceMessage = (index, message) => {
+    this.messages = [
+      ...this.messages.slice(0, index),
+      this.snapshot(message),
+      ...this.messages.slice(index + 1),
+    ];
+    this.onChange();
+  };
+  snapshot = (value) => structuredClone(value);
+}
+
+class Chat extends AbstractChat {
+  constructor(options) {
+    const state = new ChatState();
+    super({ ...options, state });
+    this.chatState = state;
+  }
+}
+
+// A conversation through the Chat class useChat wraps: `actions` run in order
+// ({send: text}, {regenerate: true}, {resume: true}, {send: text, stopOnText: true}).
+async function converse(actions) {
+  const chat = new Chat({ id: args.chatId, transport });
+  const errors = [];
+  for (const action of actions) {
+    if (action.send !== undefined) {
+      if (action.stopOnText) {
+        let stopping = false;
+        chat.chatState.onChange = () => {
+          const last = chat.chatState.messages.at(-1);
+          const text = last?.role === "assistant" && last.parts.some((p) => p.type === "text" && p.text !== "");
+          if (text && !stopping) {
+            stopping = true;
+            chat.stop();
+          }
+        };
+      }
+      await chat.sendMessage({ text: action.send });
+      chat.chatState.onChange = () => {};
+    } else if (action.regenerate) {
+      await chat.regenerate();
+    } else if (action.resume) {
+      let told = false;
+      chat.chatState.onChange = () => {
+        if (!told) {
+          told = true;
+          emit({ connected: true });
+        }
+      };
+      await chat.resumeStream();
+      chat.chatState.onChange = () => {};
+    }
+    if (chat.error) errors.push(String(chat.error.message ?? chat.error));
+  }
+  return { messages: chat.messages, status: chat.status, errors };
+}
+
 switch (args.scenario) {
+  case "chat": {
+    emit(await converse(args.actions));
+    break;
+  }
   case "send": {
     emit(await render(await send(undefined)));
     break;
