@@ -103,7 +103,7 @@ async def ui_chat(
 
 
 @router.get(
-    "/{chat_id}/stream",
+    "/{chat_id:path}/stream",  # :path: the AI SDK escapes a "/" in a chat id, uvicorn unescapes
     operation_id="resumeUiChat",
     response_model=None,
     responses={

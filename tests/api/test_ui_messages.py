@@ -8,6 +8,7 @@ import json
 import shutil
 import subprocess
 import threading
+import urllib.parse
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -322,3 +323,20 @@ async def test_bad_requests_get_json_errors(api: httpx.AsyncClient) -> None:
     assert response.status_code == 422 and "error" in response.json()
     anonymous = await httpx.AsyncClient(base_url=api.base_url).post("/v1/ui/chat", json=no_user)
     assert anonymous.status_code == 401
+
+
+async def test_any_chat_id_the_ai_sdk_may_send_is_a_chat_or_a_json_error(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    upstream.script(Text("Hi"))
+    odd = f"team/{uuid.uuid4()}?#%"
+    body = {"id": odd, "messages": [user("Hi")]}
+    async with api.stream("POST", "/v1/ui/chat", json=body) as response:
+        assert response.status_code == 200
+        lines = [line async for line in response.aiter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    escaped = urllib.parse.quote(odd, safe="")  # as the AI SDK's encodeURIComponent
+    assert (await api.get(f"/v1/ui/chat/{escaped}/stream")).status_code == 204
+    for bad in ("nul\u0000", "x" * 513, ""):
+        response = await api.post("/v1/ui/chat", json={"id": bad, "messages": [user("Hi")]})
+        assert response.status_code == 422 and "error" in response.json(), bad
