@@ -9,22 +9,27 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Response
 from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy.ext.asyncio import AsyncEngine
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from app.api.bodies import JSONRoute
 from app.api.deps import Config, Engine, Hub, Tenant
 from app.api.errors import error_responses
 from app.api.hub import EventHub
-from app.api.ui_stream import DONE, HEADER, VERSION, UIStream
+from app.api.ui_stream import DONE, HEADER, VERSION, Chunk, UIStream, context_meter
+from app.config import Settings
 from app.services import asks as asks_service
 from app.services import ui_chats
 from app.services.errors import Invalid
+from app.services.projection import project_session
 
+log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/ui/chat", tags=["ai-sdk"], route_class=JSONRoute)
 
 UI_STREAM_RESPONSE: dict[int | str, dict[str, Any]] = {
@@ -98,8 +103,20 @@ async def ui_chat(
     async def cancel_run() -> None:
         await asks_service.cancel_run(engine, tenant, run.id)
 
+    async def meter() -> Chunk:
+        return await _context_meter(engine, settings, tenant, session_id, run.model)
+
     gone = cancel_run if body.on_disconnect == "cancel" else None
-    return _ui_stream(hub, run.id, settings.sse_heartbeat_seconds, gone)
+    return _ui_stream(hub, run.id, settings.sse_heartbeat_seconds, gone, meter)
+
+
+async def _context_meter(
+    engine: AsyncEngine, settings: Settings, tenant: str, session_id: str, model: str
+) -> Chunk:
+    """The context meter at the start of a run: what its first model call is sent."""
+    projected = await project_session(engine, settings, tenant, session_id, model=model)
+    meta = projected.projection.meta
+    return context_meter(meta.estimated_tokens, meta.budget)
 
 
 @router.get(
@@ -123,7 +140,7 @@ async def resume_ui_chat(
     run = await asks_service.active_run(engine, tenant, str(session["id"]))
     if run is None or not await hub.has_more(run.id, 0):
         return Response(status_code=204)
-    return _ui_stream(hub, run.id, settings.sse_heartbeat_seconds, None)
+    return _ui_stream(hub, run.id, settings.sse_heartbeat_seconds, None, None)
 
 
 def _ui_stream(
@@ -131,22 +148,35 @@ def _ui_stream(
     run_id: str,
     heartbeat_seconds: float,
     on_client_gone: Callable[[], Awaitable[None]] | None,
+    meter: Callable[[], Coroutine[Any, Any, Chunk]] | None,
 ) -> EventSourceResponse:
-    """The run's events from its first, translated; `[DONE]` after the terminal one."""
+    """The run's events from its first, translated; `[DONE]` after the terminal one. The
+    `meter`'s part (worked out meanwhile) follows the run's first chunks."""
 
     async def chunks() -> AsyncIterator[ServerSentEvent]:
         stream = UIStream(run_id)
         finished = False
+        measuring: asyncio.Task[Chunk] | None = (
+            asyncio.create_task(meter()) if meter is not None else None
+        )
         try:
             async for row in hub.follow(run_id, 0):
                 for chunk in stream.translate(row["type"], row["data"]):
-                    yield ServerSentEvent(data=json.dumps(chunk, separators=(",", ":")))
+                    yield _sse(chunk)
+                if measuring is not None:
+                    try:
+                        yield _sse(await measuring)
+                    except Exception:  # a meter is no reason to fail the stream
+                        log.warning("run %s: no context meter", run_id, exc_info=True)
+                    measuring = None
             finished = True
             yield ServerSentEvent(data=DONE)
         except Exception:
             finished = True  # ours (as in app/api/sse.py): dropped, not a reason to cancel
             raise
         finally:
+            if measuring is not None:
+                measuring.cancel()
             # sse-starlette ends the generator with CancelledError when the client leaves.
             if not finished and on_client_gone is not None:
                 await asyncio.shield(on_client_gone())
@@ -156,3 +186,7 @@ def _ui_stream(
         ping=heartbeat_seconds,
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", HEADER: VERSION},
     )
+
+
+def _sse(chunk: Chunk) -> ServerSentEvent:
+    return ServerSentEvent(data=json.dumps(chunk, separators=(",", ":")))

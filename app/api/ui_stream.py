@@ -36,6 +36,20 @@ _FINISH_REASONS = {
 }
 
 Chunk = dict[str, Any]
+# From this share of the budget the meter reads `approaching_limit`, as context.warning does.
+WARNING_SHARE = 0.8
+
+
+def context_meter(tokens: int, budget: int, level: str | None = None) -> Chunk:
+    """The context meter: how full the model's context is, as a data part with a fixed id (a
+    later one replaces it). `level`: `ok`, `approaching_limit` or `at_limit`."""
+    share = tokens / budget if budget else 0.0
+    if level is None:
+        level = (
+            "at_limit" if share >= 1 else "approaching_limit" if share >= WARNING_SHARE else "ok"
+        )
+    meter = {"tokens": tokens, "budget": budget, "percent": round(100 * share, 1), "level": level}
+    return {"type": "data-threadline-context", "id": "context", "data": meter}
 
 
 class UIStream:
@@ -130,10 +144,7 @@ class UIStream:
         return []
 
     def _context(self, data: Mapping[str, Any]) -> Chunk:
-        """The context meter: how full the model's context is (a data part with a fixed id,
-        so each update replaces the last one)."""
-        meter = {k: data[k] for k in ("tokens", "budget", "percent", "level")}
-        return {"type": "data-threadline-context", "id": "context", "data": meter}
+        return context_meter(data["tokens"], data["budget"], data["level"])
 
     def _tool_call_piece(self, data: Mapping[str, Any]) -> list[Chunk]:
         out = self._open_step()

@@ -128,12 +128,16 @@ async def test_a_streamed_answer_renders_and_only_the_new_message_is_journaled(
     assert final["role"] == "assistant" and texts_of(final) == ["Hello, world"]
     assert [p["type"] for p in final["parts"]] == [
         "data-threadline-run",
+        "data-threadline-context",
         "step-start",
         "text",
         "data-threadline-usage",
     ]
+    meter = final["parts"][1]["data"]
+    assert meter["level"] == "ok" and 0 < meter["tokens"] < meter["budget"]
+    assert meter["percent"] == round(100 * meter["tokens"] / meter["budget"], 1)
     types = [c["type"] for c in result["chunks"]]
-    assert types[:3] == ["start", "data-threadline-run", "start-step"]
+    assert types[:4] == ["start", "data-threadline-run", "data-threadline-context", "start-step"]
     assert types[-3:] == ["text-end", "finish-step", "finish"]
     assert result["chunks"][-1]["finishReason"] == "stop" and result["errors"] == []
 
@@ -297,6 +301,7 @@ async def test_a_retried_model_call_renders_as_a_marked_new_step(
         types = [p["type"] for p in final["parts"] if p["type"] != "data-threadline-usage"]
         assert types == [
             "data-threadline-run",
+            "data-threadline-context",
             "step-start",
             "text",
             "data-threadline-reset",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.api.ui_stream import UIStream
+from app.api.ui_stream import UIStream, context_meter
 from app.runs.events import (
     ContextWarningData,
     EventData,
@@ -192,3 +192,15 @@ def test_failures_cancels_client_tools_and_the_context_meter() -> None:
         "id": "context",
         "data": {"tokens": 900, "budget": 1000, "percent": 90.0, "level": "approaching_limit"},
     }
+
+
+def test_the_meter_reads_ok_below_80_percent() -> None:
+    assert context_meter(79, 100)["data"] == {
+        "tokens": 79,
+        "budget": 100,
+        "percent": 79.0,
+        "level": "ok",
+    }
+    assert context_meter(80, 100)["data"]["level"] == "approaching_limit"
+    assert context_meter(100, 100)["data"]["level"] == "at_limit"
+    assert context_meter(0, 0)["data"]["percent"] == 0.0
