@@ -65,7 +65,11 @@ class UIChatRequest(BaseModel):
         "answers) and ask that message again.",
     )
     message_id: str | None = Field(
-        default=None, alias="messageId", description="Unused (the AI SDK sends it)."
+        default=None,
+        alias="messageId",
+        description="With `submit-message`: the user message was edited (useChat's "
+        "`sendMessage({text, messageId})`): it and everything after it are rolled back before "
+        "the edited text is asked. With `regenerate-message`: the answer regenerated.",
     )
     model: str | None = Field(default=None, description="The model to answer with.")
     on_disconnect: Literal["cancel", "continue"] = Field(
@@ -86,15 +90,24 @@ async def ui_chat(
 ) -> Response:
     """Journal the chat's new user message (or regenerate the last answer) and stream the run
     in the AI SDK's UI message stream protocol."""
+    content: str | list[dict[str, Any]] | None
     if body.trigger == "regenerate-message":
         session = await ui_chats.find_session(engine, tenant, body.id)
+        nothing = Invalid("nothing_to_regenerate", "the chat has no user message yet", {})
         if session is None:
-            raise Invalid("nothing_to_regenerate", "the chat has no messages yet", {})
+            raise nothing
         session_id = str(session["id"])
-        content = await ui_chats.roll_back_last_answer(engine, tenant, session_id)
+        content = await ui_chats.roll_back_from(engine, tenant, session_id, None, "regenerate")
+        if content is None:
+            raise nothing
     else:
         content = ui_chats.new_user_text(body.messages)
         session_id = str((await ui_chats.chat_session(engine, tenant, body.id))["id"])
+        if body.message_id is not None:
+            # An edit: useChat sends the messages up to the edited one, which is last. It is
+            # the chat's n-th user message: that one and all after it are rolled back.
+            position = sum(1 for m in body.messages if m.get("role") == "user") - 1
+            await ui_chats.roll_back_from(engine, tenant, session_id, position, "edit")
     params = asks_service.AskParams(
         content=content, model=body.model, on_disconnect=body.on_disconnect
     )

@@ -96,44 +96,61 @@ def new_user_text(messages: list[dict[str, Any]]) -> str:
     return "\n\n".join(texts)
 
 
-async def roll_back_last_answer(
+async def live_user_messages(
     engine: AsyncEngine, tenant_id: str, session_id: str
-) -> str | list[dict[str, Any]]:
-    """Take the last user message and all after it (the answer to regenerate) out of the
-    session's context; returns that message's content, to ask again."""
-    async with engine.connect() as conn:
-        active = await runs_db.active_runs(conn, session_id, kind="ask")
-    if active:
-        raise Conflict(
-            "session_busy",
-            "the chat has a run in progress; stop it before regenerating",
-            {"active_run_id": active[-1].id},
-        )
-    before: int | None = None
+) -> tuple[list[RowMapping], int]:
+    """The session's user messages that no rollback took out, oldest first, and the rev they
+    were read at: the user messages the chat shows."""
+    users: list[RowMapping] = []
+    ranges: list[tuple[int, int]] = []
+    after: int | None = None
     while True:
         page = await journal.read_history(
             engine,
             tenant_id,
             session_id,
-            after_seq=None,
-            before_seq=before,
+            after_seq=after,
+            before_seq=None,
             limit=HISTORY_PAGE,
-            kinds=[str(EntryKind.MESSAGE)],
-            order="desc",
+            kinds=[str(EntryKind.MESSAGE), str(EntryKind.ROLLBACK)],
+            order="asc",
         )
         for entry in page.entries:
-            if entry["payload"].get("role") == "user":
-                content: str | list[dict[str, Any]] = entry["payload"]["content"]
-                rollback = journal.NewEntry(
-                    EntryKind.ROLLBACK,
-                    {"from_seq": entry["seq"], "to_seq": page.rev, "reason": "regenerate"},
-                    {},
-                )
-                # expected_rev: an entry appended meanwhile would not be the answer to void.
-                await journal.append_entries(
-                    engine, tenant_id, session_id, [rollback], expected_rev=page.rev
-                )
-                return content
+            if entry["kind"] == EntryKind.ROLLBACK:
+                ranges.append((entry["payload"]["from_seq"], entry["payload"]["to_seq"]))
+            elif entry["payload"].get("role") == "user":
+                users.append(entry)
         if not page.has_more:
-            raise Invalid("nothing_to_regenerate", "the chat has no user message yet", {})
-        before = page.entries[-1]["seq"]
+            live = [u for u in users if not any(a <= u["seq"] <= b for a, b in ranges)]
+            return live, page.rev
+        after = page.entries[-1]["seq"]
+
+
+async def roll_back_from(
+    engine: AsyncEngine, tenant_id: str, session_id: str, position: int | None, reason: str
+) -> str | list[dict[str, Any]] | None:
+    """Take the chat's user message at `position` (0-based among the chat's user messages;
+    None: the last one) and everything after it out of the session's context, for a
+    regenerate or an edit; returns that message's content. None when there is no such
+    message (nothing to take out). `reason`: the rollback entry's."""
+    async with engine.connect() as conn:
+        active = await runs_db.active_runs(conn, session_id, kind="ask")
+    if active:
+        raise Conflict(
+            "session_busy",
+            "the chat has a run in progress; stop it first",
+            {"active_run_id": active[-1].id},
+        )
+    live, rev = await live_user_messages(engine, tenant_id, session_id)
+    if position is None:
+        position = len(live) - 1
+    if not 0 <= position < len(live):
+        return None
+    entry = live[position]
+    rollback = journal.NewEntry(
+        EntryKind.ROLLBACK, {"from_seq": entry["seq"], "to_seq": rev, "reason": reason}, {}
+    )
+    # expected_rev: an entry appended meanwhile would not be one the client meant to void.
+    await journal.append_entries(engine, tenant_id, session_id, [rollback], expected_rev=rev)
+    content: str | list[dict[str, Any]] = entry["payload"]["content"]
+    return content

@@ -227,9 +227,10 @@ async def test_regenerate_rolls_back_the_last_answer_and_asks_again(
 ) -> None:
     chat = f"chat-{uuid.uuid4()}"
     upstream.script(Text("A first joke"))
+    upstream.script(Text("A second joke"))
     upstream.script(Text("A better joke"))
     # useChat's regenerate(): it drops the answer, sends the rest and names the answer.
-    actions = [{"send": "Tell me a joke"}, {"regenerate": True}]
+    actions = [{"send": "Tell me a joke"}, {"regenerate": True}, {"regenerate": True}]
     result = await run_node(api, "chat", chat, actions=actions)
     assert result["errors"] == [] and result["status"] == "ready"
     assert [(m["role"], texts_of(m)) for m in result["messages"]] == [
@@ -241,8 +242,36 @@ async def test_regenerate_rolls_back_the_last_answer_and_asks_again(
     sid = (await api.get("/v1/sessions", params={"metadata": f"ai_sdk_chat_id:{chat}"})).json()
     journal = await history(api, sid["data"][0]["id"])
     rollbacks = [e["payload"] for e in journal if e["kind"] == "rollback"]
-    assert len(rollbacks) == 1 and rollbacks[0]["reason"] == "regenerate"
-    assert rollbacks[0]["from_seq"] == journal[0]["seq"]
+    asked = [e["seq"] for e in journal if e["payload"].get("role") == "user"]
+    assert [(r["from_seq"], r["reason"]) for r in rollbacks] == [
+        (asked[0], "regenerate"),
+        (asked[1], "regenerate"),
+    ]
+
+
+async def test_an_edited_message_rolls_back_from_it_and_asks_the_new_text(
+    api: httpx.AsyncClient, upstream: FakeUpstream, ai_sdk: None
+) -> None:
+    chat = f"chat-{uuid.uuid4()}"
+    for answer_text in ("Paris", "Berlin", "Rome"):
+        upstream.script(Text(answer_text))
+    actions = [
+        {"send": "Capital of France?"},
+        {"send": "Capital of Germany?"},
+        {"edit": "Capital of Italy?", "userIndex": 0},
+    ]
+    result = await run_node(api, "chat", chat, actions=actions)
+    assert result["errors"] == []
+    assert [(m["role"], texts_of(m)) for m in result["messages"]] == [
+        ("user", ["Capital of Italy?"]),
+        ("assistant", ["Rome"]),
+    ]
+    sent = upstream.requests[-1].body["messages"]
+    assert [(m["role"], m["content"]) for m in sent] == [("user", "Capital of Italy?")]
+    sid = (await api.get("/v1/sessions", params={"metadata": f"ai_sdk_chat_id:{chat}"})).json()
+    journal = await history(api, sid["data"][0]["id"])
+    (rollback,) = [e["payload"] for e in journal if e["kind"] == "rollback"]
+    assert rollback["from_seq"] == journal[0]["seq"] and rollback["reason"] == "edit"
 
 
 async def test_stop_cancels_the_run(

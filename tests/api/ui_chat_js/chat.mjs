@@ -84,7 +84,8 @@ class Chat extends AbstractChat {
 }
 
 // A conversation through the Chat class useChat wraps: `actions` run in order
-// ({send: text}, {regenerate: true}, {resume: true}, {send: text, stopOnText: true}).
+// ({send: text}, {regenerate: true}, {resume: true}, {send: text, stopOnText: true},
+// {edit: text, userIndex: n}).
 async function converse(actions) {
   const chat = new Chat({ id: args.chatId, transport });
   const errors = [];
@@ -103,6 +104,10 @@ async function converse(actions) {
       }
       await chat.sendMessage({ text: action.send });
       chat.chatState.onChange = () => {};
+    } else if (action.edit !== undefined) {
+      // useChat's sendMessage({text, messageId}): the user edits one of their messages.
+      const edited = chat.messages.filter((m) => m.role === "user")[action.userIndex];
+      await chat.sendMessage({ text: action.edit, messageId: edited.id });
     } else if (action.regenerate) {
       await chat.regenerate();
     } else if (action.resume) {
