@@ -20,6 +20,8 @@ router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["runs"], route_clas
 @router.post(
     "/ask",
     operation_id="ask",
+    # The JSON answer is the 202 (stream: false); the 200 is the stream (SSE_RESPONSE) alone.
+    status_code=202,
     response_model=None,
     responses={
         **SSE_RESPONSE,
@@ -79,6 +81,7 @@ async def ask(
 @router.get(
     "/stream",
     operation_id="joinSessionStream",
+    status_code=204,  # the answer without a body: the 200 is the stream (SSE_RESPONSE) alone
     response_model=None,
     responses={
         **SSE_RESPONSE,

@@ -47,6 +47,7 @@ async def _until_ended(hub: Hub, run_id: str) -> None:
 @router.get(
     "/events",
     operation_id="streamRunEvents",
+    status_code=204,  # the answer without a body: the 200 is the stream (SSE_RESPONSE) alone
     response_model=None,
     responses={
         **SSE_RESPONSE,
