@@ -166,7 +166,7 @@ async def test_the_readme_example_runs_as_written(
     start = section.index("```python\n") + len("```python\n")
     example = section[start : section.index("```\n", start)]
     upstream.script(Text("Rain, "), Text("then sun."))
-    package_root = Path(threadline_client.__file__).parents[1]
+    package_root = Path(str(threadline_client.__file__)).parents[1]
     result = await asyncio.to_thread(
         subprocess.run,
         [sys.executable, "-c", example],
