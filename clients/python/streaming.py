@@ -11,6 +11,10 @@
         elif isinstance(event, RunCompletedEvent):
             print(f"\\n({event.data.usage.output_tokens} tokens)")
 
+`aask` and `arun_events` are the same for asyncio (`async for event in aask(...)`); to leave
+such a loop early, iterate inside `contextlib.aclosing(aask(...))` so that the connection
+closes at once rather than when the generator is collected.
+
 Every item is the generated model of its event type (`MessageDeltaEvent`, `ToolCallEvent`,
 `RunCompletedEvent`, ...: one per type the document lists), so `event.data` is typed. A
 dropped connection is resumed from the last event received (`Last-Event-ID`), on any API
@@ -21,14 +25,15 @@ connection (the run goes on: resume it later with `run_events(client, run_id, af
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
 import httpx
-from httpx_sse import ServerSentEvent, connect_sse
+from httpx_sse import ServerSentEvent, aconnect_sse, connect_sse
 
 from . import models
 from .client import AuthenticatedClient, Client
@@ -148,6 +153,85 @@ def run_events(
             time.sleep(min(0.2 * 2**failures, 5.0))
 
 
+async def aask(
+    client: AuthenticatedClient | Client,
+    session_id: str,
+    body: Mapping[str, Any],
+    *,
+    idempotency_key: str | None = None,
+    reconnects: int = 5,
+) -> AsyncIterator[Any]:
+    """`ask`, for asyncio."""
+    headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+    run_id: str | None = None
+    last_id = 0
+    try:
+        async with aconnect_sse(
+            client.get_async_httpx_client(),
+            "POST",
+            f"/v1/sessions/{session_id}/ask",
+            json={**body, "stream": True},
+            headers=headers,
+            timeout=_timeout(),
+        ) as source:
+            if source.response.status_code == 202:  # a repeated Idempotency-Key's run, over
+                return
+            await _acheck(source.response)
+            async for sse in source.aiter_sse():
+                if is_heartbeat(sse):
+                    continue
+                event = parse(sse)
+                last_id = int(sse.id)
+                if sse.event == "run.created":
+                    run_id = event.data.run_id
+                yield event
+                if sse.event in TERMINAL:
+                    return
+    except httpx.TransportError:
+        if run_id is None:
+            raise
+    if run_id is not None:
+        async for event in arun_events(client, run_id, after=last_id, reconnects=reconnects):
+            yield event
+
+
+async def arun_events(
+    client: AuthenticatedClient | Client,
+    run_id: str,
+    *,
+    after: int = 0,
+    reconnects: int = 5,
+) -> AsyncIterator[Any]:
+    """`run_events`, for asyncio."""
+    failures = 0
+    while True:
+        try:
+            async with aconnect_sse(
+                client.get_async_httpx_client(),
+                "GET",
+                f"/v1/runs/{run_id}/events",
+                headers={"Last-Event-ID": str(after)},
+                timeout=_timeout(),
+            ) as source:
+                if source.response.status_code == 204:
+                    return
+                await _acheck(source.response)
+                async for sse in source.aiter_sse():
+                    if is_heartbeat(sse):
+                        continue
+                    event = parse(sse)
+                    after = int(sse.id)
+                    failures = 0
+                    yield event
+                    if sse.event in TERMINAL:
+                        return
+        except httpx.TransportError:
+            failures += 1
+            if failures > reconnects:
+                raise
+            await asyncio.sleep(min(0.2 * 2**failures, 5.0))
+
+
 def _timeout() -> httpx.Timeout:
     return httpx.Timeout(30.0, read=READ_TIMEOUT_SECONDS)
 
@@ -156,6 +240,17 @@ def _check(response: httpx.Response) -> None:
     if response.status_code == 200:
         return
     response.read()
+    _refuse(response)
+
+
+async def _acheck(response: httpx.Response) -> None:
+    if response.status_code == 200:
+        return
+    await response.aread()
+    _refuse(response)
+
+
+def _refuse(response: httpx.Response) -> None:
     try:
         error = response.json()["error"]
     except (ValueError, KeyError, TypeError):

@@ -5,6 +5,7 @@ disconnect and resume, fork, compact, history, search."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import os
 import socket
@@ -19,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
+from testkit.api import new_session
 from testkit.upstream import FakeUpstream, Hold, Text
 from tests.e2e import Service
 
@@ -271,3 +273,40 @@ async def test_a_dropped_stream_is_resumed_by_the_helper(
     run's events after the last one it got (Last-Event-ID), and the caller sees one stream."""
     key = api.headers["Authorization"].removeprefix("Bearer ")
     await asyncio.to_thread(dropped_and_resumed, threadline_client, service.url, key, upstream)
+
+
+async def test_the_asyncio_helpers(
+    threadline_client: ModuleType,
+    api: httpx.AsyncClient,
+    service: Service,
+    upstream: FakeUpstream,
+) -> None:
+    """aask and arun_events: a stream left early and resumed; a refused ask raises."""
+    m = importlib.import_module("threadline_client.models")
+    streaming = importlib.import_module("threadline_client.streaming")
+    key = api.headers["Authorization"].removeprefix("Bearer ")
+    client = threadline_client.AuthenticatedClient(base_url=service.url, token=key)
+    sid = (await new_session(api))["id"]
+    release = threading.Event()
+    upstream.script(Text("Bring "), Hold(release), Text("an umbrella."))
+    seen = []
+    try:
+        async with contextlib.aclosing(streaming.aask(client, sid, {"input": "Rain?"})) as events:
+            async for event in events:
+                seen.append(event)
+                if isinstance(event, m.MessageDeltaEvent):
+                    break  # aclosing closes the connection now, not when collected
+        # the run is still going: another ask is refused (409 session_busy) with its error
+        with pytest.raises(streaming.StreamRefused) as refused:
+            async for _ in streaming.aask(client, sid, {"input": "Hello?"}):
+                pass
+        assert refused.value.status_code == 409
+        assert refused.value.error["code"] == "session_busy"
+    finally:
+        release.set()
+    run_id = seen[0].data.run_id
+    rest = [e async for e in streaming.arun_events(client, run_id, after=int(seen[-1].id))]
+    assert [int(e.id) for e in seen + rest] == list(range(1, len(seen) + len(rest) + 1))
+    assert isinstance(rest[-1], m.RunCompletedEvent)
+    assert rest[-1].data.text == "Bring an umbrella."
+    await client.get_async_httpx_client().aclose()
