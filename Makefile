@@ -24,9 +24,12 @@ run: $(RUN_STAMP) postgres
 test: $(TEST_STAMP) postgres lint
 	$(BIN)/pytest
 
+# The client sources written by hand (not the generated package beside them).
+CLIENT_SOURCES := clients/python/generate.py clients/python/streaming.py
+
 lint: $(TEST_STAMP)
-	$(BIN)/ruff check app tests bench testkit
-	$(BIN)/ruff format --check app tests bench testkit
+	$(BIN)/ruff check app tests bench testkit $(CLIENT_SOURCES)
+	$(BIN)/ruff format --check app tests bench testkit $(CLIENT_SOURCES)
 	$(BIN)/mypy
 
 openapi: $(RUN_STAMP)
