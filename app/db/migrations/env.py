@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 
 from alembic import context
+from sqlalchemy import text
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from app.config import Settings, to_asyncpg_url
 from app.db.tables import metadata
 
+# A small advisory lock key ("thln"): worker leases take keys above 2**32 (app/worker/lease.py).
+MIGRATION_LOCK = 0x74686C6E
 config = context.config
 target_metadata = metadata
 
@@ -25,6 +28,11 @@ def _url() -> str:
 def _run(connection: Connection) -> None:
     context.configure(connection=connection, target_metadata=target_metadata)
     with context.begin_transaction():
+        # Processes starting together (API replicas, workers, `threadline migrate`) would each
+        # apply the same migrations and all but one fail on duplicate tables. The first takes
+        # this lock; the others wait for its commit, then read the version it left and find
+        # nothing to do. Transaction-scoped: released at commit, also through a pooler.
+        connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
         context.run_migrations()
 
 
