@@ -57,7 +57,7 @@ def serve(settings: Settings) -> None:
     with database(settings, own_cluster=True) as ready:
         assert ready.database_url is not None
         progress("applying migrations")
-        upgrade_to_head(ready.database_url)
+        upgrade_to_head(ready.direct_url)
         if embedded and ready.dev_key:
             key_file = ready.data_dir / "dev-key"
             kept = key_file.read_text().strip() if key_file.exists() else None
@@ -107,7 +107,7 @@ def migrate(settings: Settings) -> None:
 
     with database(settings, own_cluster=False) as ready:
         assert ready.database_url is not None
-        upgrade_to_head(ready.database_url)
+        upgrade_to_head(ready.direct_url)
         print("database at head", flush=True)
 
 
@@ -118,7 +118,7 @@ def create_key(settings: Settings, tenant: str, name: str | None) -> None:
 
     with database(settings, own_cluster=False) as ready:
         assert ready.database_url is not None
-        upgrade_to_head(ready.database_url)
+        upgrade_to_head(ready.direct_url)
 
         async def run() -> str:
             engine = create_engine(ready)

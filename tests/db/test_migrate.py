@@ -49,3 +49,12 @@ def test_migrations_started_together_on_a_fresh_database_all_succeed(database_ur
         assert out.decode().strip() == "database at head"
     assert revision(url) == head_revision()
 
+
+def test_migrate_connects_directly_when_a_direct_url_is_set(database_url: str) -> None:
+    # Behind a transaction pooler, the pooled URL (here: nothing listens on it) is not used.
+    url = create_database(database_url, "migrate", migrate=False)
+    unreachable = "postgresql://postgres@127.0.0.1:1/nowhere"
+    env = migrate_env(database_url=unreachable, direct_database_url=url)
+    done = subprocess.run([THREADLINE, "migrate"], env=env, capture_output=True, timeout=300)
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    assert revision(url) == head_revision()

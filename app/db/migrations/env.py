@@ -19,7 +19,9 @@ target_metadata = metadata
 
 
 def _url() -> str:
-    url = config.get_main_option("sqlalchemy.url") or Settings().database_url
+    settings = Settings()
+    url = config.get_main_option("sqlalchemy.url") or settings.direct_database_url
+    url = url or settings.database_url
     if not url:
         raise RuntimeError("set THREADLINE_DATABASE_URL (or sqlalchemy.url) to migrate")
     return to_asyncpg_url(url)
