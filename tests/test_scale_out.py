@@ -280,6 +280,9 @@ async def test_a_worker_killed_mid_stream_loses_nothing_across_api_processes(
                 json={"input": "tell me", "stream": True},
             )
             run_id = on_a[0].data["run_id"]
+            # The model is mid-answer: the user's entry was committed before it was called,
+            # and the other API process reads it already.
+            assert messages_of(await history(api_b, sid)) == [("user", "tell me")]
             deployment.workers[-1].kill()
             # With no worker alive, an ask is still accepted, and kept until one comes.
             other_sid = (await new_session(api_b))["id"]
