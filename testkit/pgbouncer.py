@@ -64,8 +64,6 @@ class PgBouncer:
             "pool_mode = transaction\n"
             f"default_pool_size = {server_connections}\n"
             "max_client_conn = 2000\n"
-            # asyncpg and psycopg send these at connect; PgBouncer refuses what it does not know.
-            "ignore_startup_parameters = extra_float_digits,options\n"
             f"logfile = {self._dir / 'pgbouncer.log'}\n"
         )
         as_root = os.geteuid() == 0
@@ -86,10 +84,6 @@ class PgBouncer:
     def url(self) -> str:
         """The database of `database_url`, through the pooler."""
         return f"postgresql://{self._user}@127.0.0.1:{self.port}/{self._database}"
-
-    def url_of(self, database_url: str) -> str:
-        """Another database of the same cluster, through the pooler."""
-        return f"postgresql://{self._user}@127.0.0.1:{self.port}/{urlsplit(database_url).path[1:]}"
 
     def log(self) -> str:
         path = self._dir / "pgbouncer.log"
