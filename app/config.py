@@ -47,6 +47,21 @@ class Settings(BaseSettings):
             "embedded cluster under data_dir."
         ),
     )
+    direct_database_url: str | None = Field(
+        default=None,
+        description=(
+            "A direct URL of the same database, for what a connection pooler in transaction "
+            "mode (PgBouncer) cannot carry: LISTEN (the API's event hub, the workers' queue), "
+            "session advisory locks (worker leases) and migrations. Unset: database_url."
+        ),
+    )
+    db_prepared_statements: bool = Field(
+        default=True,
+        description=(
+            "Let asyncpg cache prepared statements. Set false when database_url goes through "
+            "a pooler in transaction mode that does not track them (PgBouncer before 1.21)."
+        ),
+    )
     data_dir: Path = Field(
         default=Path(".threadline"),
         description="Where the embedded Postgres cluster and the development key live.",
@@ -222,6 +237,14 @@ class Settings(BaseSettings):
     @property
     def embedded(self) -> bool:
         return self.database_url is None
+
+    @property
+    def direct_url(self) -> str:
+        """The URL of a direct (not pooled) connection: direct_database_url, else database_url."""
+        url = self.direct_database_url or self.database_url
+        if url is None:
+            raise RuntimeError("no database URL: start the embedded cluster first")
+        return url
 
     @property
     def sqlalchemy_url(self) -> str:

@@ -58,7 +58,8 @@ def create_app(settings: Settings | None = None, *, workers: int = 0) -> FastAPI
         app.state.engine = create_engine(settings)
         # Appends and projections count tokens: load the vocabulary before the first request.
         await asyncio.to_thread(stored_counter)
-        app.state.hub = EventHub(app.state.engine, libpq_url(settings.database_url))
+        # LISTEN needs a session of its own: the hub connects directly, never via a pooler.
+        app.state.hub = EventHub(app.state.engine, libpq_url(settings.direct_url))
         await app.state.hub.start()
         # The SDKs and SQLAlchemy leave ~300k long-lived objects: keep them out of full
         # collections, which otherwise stall every stream of the process for ~150 ms.
