@@ -19,27 +19,35 @@ PIP := $(BIN)/pip install --disable-pip-version-check --progress-bar on --no-com
 # "[12/96]") and its own lines; the whole log stays in the venv for when something fails.
 SHOW_PROGRESS := awk '/^ *\[ *[0-9]+(%|\/[0-9]+)\]|^(Collecting|Building|Installing|Successfully|ERROR|error)/ { print; fflush() }'
 
-.PHONY: run test lint openapi readme bench postgres clean
+.PHONY: run test lint openapi readme clients bench postgres pgbouncer clean
 
 run: $(RUN_STAMP) postgres
 	$(BIN)/threadline serve
 
-test: $(TEST_STAMP) postgres lint $(AI_SDK)
+test: $(TEST_STAMP) postgres pgbouncer lint $(AI_SDK)
 	$(BIN)/pytest
 
+# The client sources written by hand (not the generated package beside them).
+CLIENT_SOURCES := clients/python/generate.py clients/python/streaming.py
+
 lint: $(TEST_STAMP)
-	$(BIN)/ruff check app tests bench testkit
-	$(BIN)/ruff format --check app tests bench testkit
+	$(BIN)/ruff check app tests bench testkit $(CLIENT_SOURCES)
+	$(BIN)/ruff format --check app tests bench testkit $(CLIENT_SOURCES)
 	$(BIN)/mypy
 
 openapi: $(RUN_STAMP)
 	$(BIN)/threadline openapi > openapi/openapi.json
 
+# The Python client, generated from openapi/openapi.json (with the streaming helper) into
+# clients/python/threadline_client; `pip install clients/python` installs it.
+clients: $(TEST_STAMP)
+	$(BIN)/python clients/python/generate.py
+
 # The README's tables of run states and run events, generated from app/runs.
 readme: $(RUN_STAMP)
 	$(BIN)/threadline events --update README.md
 
-bench: $(TEST_STAMP) postgres
+bench: $(TEST_STAMP) postgres pgbouncer
 	$(BIN)/python -m bench.journal
 
 $(BIN)/python:
@@ -71,6 +79,18 @@ postgres:
 		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends postgresql; \
 	else \
 		echo "no system PostgreSQL binaries: using those bundled with pgserver"; \
+	fi
+
+# The tests and benchmarks of several processes behind a connection pooler run a real PgBouncer
+# (Debian installs it in /usr/sbin); installed the same way, and skipped where it cannot be.
+pgbouncer:
+	@if command -v pgbouncer >/dev/null || [ -x /usr/sbin/pgbouncer ]; then \
+		:; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "==> installing PgBouncer (apt-get install -y pgbouncer)"; \
+		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends pgbouncer; \
+	else \
+		echo "no PgBouncer: the tests through a connection pooler will be skipped"; \
 	fi
 
 clean:

@@ -57,7 +57,7 @@ def serve(settings: Settings) -> None:
     with database(settings, own_cluster=True) as ready:
         assert ready.database_url is not None
         progress("applying migrations")
-        upgrade_to_head(ready.database_url)
+        upgrade_to_head(ready.direct_url)
         if embedded and ready.dev_key:
             key_file = ready.data_dir / "dev-key"
             kept = key_file.read_text().strip() if key_file.exists() else None
@@ -107,7 +107,7 @@ def migrate(settings: Settings) -> None:
 
     with database(settings, own_cluster=False) as ready:
         assert ready.database_url is not None
-        upgrade_to_head(ready.database_url)
+        upgrade_to_head(ready.direct_url)
         print("database at head", flush=True)
 
 
@@ -118,7 +118,7 @@ def create_key(settings: Settings, tenant: str, name: str | None) -> None:
 
     with database(settings, own_cluster=False) as ready:
         assert ready.database_url is not None
-        upgrade_to_head(ready.database_url)
+        upgrade_to_head(ready.direct_url)
 
         async def run() -> str:
             engine = create_engine(ready)
@@ -174,12 +174,26 @@ def with_section(text: str, start_marker: str, end_marker: str, table: str) -> s
     return f"{text[: start + len(start_marker)]}\n{table}{text[end:]}"
 
 
+def at_least_zero(value: str) -> int:
+    count = int(value)
+    if count < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative")
+    return count
+
+
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="threadline", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     serve_cmd = commands.add_parser("serve", help="run the API (embedded Postgres by default)")
     serve_cmd.add_argument("--host")
     serve_cmd.add_argument("--port", type=int)
+    serve_cmd.add_argument(
+        "--workers",
+        type=at_least_zero,
+        metavar="N",
+        help="runs this process executes at once (THREADLINE_WORKER_CONCURRENCY; 0: API only, "
+        "runs left to `threadline worker` processes)",
+    )
     worker_cmd = commands.add_parser("worker", help="run workers only (needs a database URL)")
     worker_cmd.add_argument("--concurrency", type=int, default=None)
     commands.add_parser("migrate", help="apply database migrations")
@@ -212,7 +226,8 @@ def main(argv: list[str] | None = None) -> None:
 
     settings = Settings()
     if args.command == "serve":
-        overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+        flags = (("host", args.host), ("port", args.port), ("worker_concurrency", args.workers))
+        overrides = {k: v for k, v in flags if v is not None}
         serve(settings.model_copy(update=overrides))
     elif args.command == "worker":
         worker(settings, args.concurrency or settings.worker_concurrency or 1)

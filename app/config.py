@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 # The embedded model (every local:* name runs the same GGUF; this is the name it goes by): the
 # default when no provider key is configured.
@@ -44,6 +45,21 @@ class Settings(BaseSettings):
         description=(
             "Postgres URL (postgresql://user:pass@host/db). Unset: `threadline serve` starts an "
             "embedded cluster under data_dir."
+        ),
+    )
+    direct_database_url: str | None = Field(
+        default=None,
+        description=(
+            "A direct URL of the same database, for what a connection pooler in transaction "
+            "mode (PgBouncer) cannot carry: LISTEN (the API's event hub, the workers' queue), "
+            "session advisory locks (worker leases) and migrations. Unset: database_url."
+        ),
+    )
+    db_prepared_statements: bool = Field(
+        default=True,
+        description=(
+            "Let asyncpg cache prepared statements. Set false when database_url goes through "
+            "a pooler in transaction mode that does not track them (PgBouncer before 1.21)."
         ),
     )
     data_dir: Path = Field(
@@ -172,6 +188,33 @@ class Settings(BaseSettings):
         default=20, ge=1, description="Pooled connections per process (as many again overflow)."
     )
     log_level: str = Field(default="info", description="uvicorn/app log level.")
+    cors_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Origins browsers may call the API from, comma-separated (e.g. "
+        "https://app.example.com,http://localhost:5173), or `*` for any. Unset: none (no CORS "
+        "headers, so browsers refuse cross-origin calls).",
+    )
+    stream_token_secret: str | None = Field(
+        default=None,
+        min_length=16,
+        description="HMAC-SHA256 key that signs stream tokens (POST /v1/stream_tokens). Unset: "
+        "a random key per process, so a token only opens streams on the process that issued it: "
+        "set the same key on every API instance behind one address.",
+    )
+    stream_token_max_seconds: int = Field(
+        default=600, ge=10, le=3600, description="Longest lifetime a stream token may be given."
+    )
+
+    @field_validator("cors_origins", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: Any) -> Any:
+        """`a,b` as well as a JSON list, from the environment."""
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                return json.loads(text)
+            return [origin.strip() for origin in text.split(",") if origin.strip()]
+        return value
 
     @model_validator(mode="after")
     def _default_model_follows_the_keys(self) -> Settings:
@@ -194,6 +237,14 @@ class Settings(BaseSettings):
     @property
     def embedded(self) -> bool:
         return self.database_url is None
+
+    @property
+    def direct_url(self) -> str:
+        """The URL of a direct (not pooled) connection: direct_database_url, else database_url."""
+        url = self.direct_database_url or self.database_url
+        if url is None:
+            raise RuntimeError("no database URL: start the embedded cluster first")
+        return url
 
     @property
     def sqlalchemy_url(self) -> str:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 
 from app.api import (
     asks,
@@ -19,6 +21,7 @@ from app.api import (
     runs,
     search,
     sessions,
+    stream_tokens,
     ui_messages,
 )
 from app.api.docs import install_docs
@@ -33,6 +36,18 @@ from app.worker.pool import libpq_url, worker_pool
 
 API_VERSION = "0.1.0"
 
+# What a browser page may send cross-origin (THREADLINE_CORS_ORIGINS), and read of the answers.
+CORS_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
+CORS_REQUEST_HEADERS = [
+    "Authorization",
+    "Content-Type",
+    "Idempotency-Key",
+    "If-Match",
+    "If-None-Match",
+    "Last-Event-ID",  # an EventSource's reconnect, or a fetch-based stream resuming
+]
+CORS_EXPOSED_HEADERS = ["ETag", "Retry-After", "WWW-Authenticate", "Allow"]
+
 
 def create_app(settings: Settings | None = None, *, workers: int = 0) -> FastAPI:
     """The API; with `workers`, also that many run-executing workers in the same process."""
@@ -44,7 +59,8 @@ def create_app(settings: Settings | None = None, *, workers: int = 0) -> FastAPI
         app.state.engine = create_engine(settings)
         # Appends and projections count tokens: load the vocabulary before the first request.
         await asyncio.to_thread(stored_counter)
-        app.state.hub = EventHub(app.state.engine, libpq_url(settings.database_url))
+        # LISTEN needs a session of its own: the hub connects directly, never via a pooler.
+        app.state.hub = EventHub(app.state.engine, libpq_url(settings.direct_url))
         await app.state.hub.start()
         # The SDKs and SQLAlchemy leave ~300k long-lived objects: keep them out of full
         # collections, which otherwise stall every stream of the process for ~150 ms.
@@ -71,9 +87,22 @@ def create_app(settings: Settings | None = None, *, workers: int = 0) -> FastAPI
         redoc_url=None,
     )
     app.state.settings = settings
+    # Unset: a key of this process only (its tokens open streams on this process alone).
+    secret = settings.stream_token_secret or secrets.token_urlsafe(32)
+    app.state.stream_token_secret = secret.encode()
     install_error_handlers(app)
     install_docs(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
+    if settings.cors_origins:
+        # Outermost: every answer gets its CORS headers, refusals (413, 401, ...) included.
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=CORS_METHODS,
+            allow_headers=CORS_REQUEST_HEADERS,
+            expose_headers=CORS_EXPOSED_HEADERS,
+            max_age=600,
+        )
     app.include_router(sessions.router)
     app.include_router(entries.router)
     app.include_router(projection.router)
@@ -82,6 +111,7 @@ def create_app(settings: Settings | None = None, *, workers: int = 0) -> FastAPI
     app.include_router(search.router)
     app.include_router(memory.router)
     app.include_router(compaction.router)
+    app.include_router(stream_tokens.router)
     app.include_router(ui_messages.router)
     app.include_router(health.router)
     install_document(app, settings)

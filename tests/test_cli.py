@@ -158,3 +158,12 @@ def test_events_prints_the_tables_or_writes_them_between_the_markers(
     readme.write_text("# Doc without markers\n")
     with pytest.raises(SystemExit, match="run-states:start"):
         main(["events", "--update", str(readme)])
+
+
+def test_serve_takes_a_worker_count_of_zero_or_more() -> None:
+    from app.cli import parser
+
+    assert parser().parse_args(["serve", "--workers", "0"]).workers == 0
+    assert parser().parse_args(["serve"]).workers is None  # THREADLINE_WORKER_CONCURRENCY
+    with pytest.raises(SystemExit):
+        parser().parse_args(["serve", "--workers", "-1"])

@@ -53,3 +53,11 @@ def test_the_default_model_follows_the_configured_keys(
     for name, value in environment.items():
         monkeypatch.setenv(name, value)
     assert Settings().default_model == expected
+
+
+def test_the_direct_url_is_the_database_url_unless_one_is_set() -> None:
+    pooled, direct = "postgresql://app@pgbouncer:6432/db", "postgresql://app@postgres:5432/db"
+    assert Settings(_env_file=None, database_url=pooled).direct_url == pooled
+    both = Settings(_env_file=None, database_url=pooled, direct_database_url=direct)
+    assert both.direct_url == direct
+    assert both.sqlalchemy_url == "postgresql+asyncpg://app@pgbouncer:6432/db"

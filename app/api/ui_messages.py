@@ -32,11 +32,29 @@ from app.services.projection import project_session
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/ui/chat", tags=["ai-sdk"], route_class=JSONRoute)
 
+# The `data:` of each event but the last (`[DONE]`): the AI SDK's chunk types Threadline sends.
+UI_CHUNK_SCHEMA: dict[str, Any] = {
+    "title": "UIMessageChunk",
+    "description": "One chunk of the AI SDK's UI message stream protocol (v1), as JSON.",
+    "type": "object",
+    "required": ["type"],
+    "properties": {
+        "type": {
+            "type": "string",
+            "description": "`start`, `start-step`, `text-start`, `text-delta`, `text-end`, "
+            "`tool-input-start`, `tool-input-delta`, `tool-input-available`, "
+            "`tool-output-available`, `tool-output-error`, `finish-step`, `finish`, `error`, "
+            "`abort`, or a data part: `data-threadline-run`, `data-threadline-context`, "
+            "`data-threadline-usage`, `data-threadline-reset`.",
+        }
+    },
+    "additionalProperties": True,
+}
 UI_STREAM_RESPONSE: dict[int | str, dict[str, Any]] = {
     200: {
         "description": "The run as an AI SDK UI message stream (text/event-stream, header "
         f"`{HEADER}: {VERSION}`): one JSON chunk per `data:` line, then `data: {DONE}`.",
-        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+        "content": {"text/event-stream": {"schema": UI_CHUNK_SCHEMA}},
     }
 }
 ChatId = Annotated[
@@ -83,6 +101,7 @@ class UIChatRequest(BaseModel):
     "",
     operation_id="uiChat",
     response_model=None,
+    response_class=EventSourceResponse,  # the 200 is the stream alone (no JSON variant)
     responses={**UI_STREAM_RESPONSE, **error_responses(400, 401, 404, 409, 413, 422)},
 )
 async def ui_chat(
@@ -136,6 +155,7 @@ async def _context_meter(
     "/{chat_id:path}/stream",  # :path: the AI SDK escapes a "/" in a chat id, uvicorn unescapes
     operation_id="resumeUiChat",
     response_model=None,
+    response_class=EventSourceResponse,
     responses={
         **UI_STREAM_RESPONSE,
         204: {"description": "The chat has no run in progress (or no session yet)."},

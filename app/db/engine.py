@@ -1,13 +1,21 @@
-"""The async engine: one pool per process."""
+"""The async engine: one pool per process, and direct connections for what a pooler breaks."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
+from uuid import uuid4
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.pool import NullPool
 
-from app.config import Settings
+from app.config import Settings, to_asyncpg_url
+
+
+def pool_limit(settings: Settings) -> int:
+    """The most connections one engine opens: its pool, and as many again in overflow."""
+    return 2 * settings.db_pool_size
 
 
 def create_engine(settings: Settings) -> AsyncEngine:
@@ -17,10 +25,32 @@ def create_engine(settings: Settings) -> AsyncEngine:
     return create_async_engine(
         settings.sqlalchemy_url,
         pool_size=settings.db_pool_size,
-        max_overflow=settings.db_pool_size,
+        max_overflow=pool_limit(settings) - settings.db_pool_size,
         pool_recycle=1800,
         pool_pre_ping=True,
+        connect_args=_statement_options(settings),
     )
+
+
+def create_direct_engine(settings: Settings) -> AsyncEngine:
+    """Unpooled connections to the database itself (direct_database_url): each is opened when
+    taken and closed when given back. For a connection held for the life of the process, whose
+    session state must stay its own (a session advisory lock)."""
+    return create_async_engine(to_asyncpg_url(settings.direct_url), poolclass=NullPool)
+
+
+def _statement_options(settings: Settings) -> dict[str, Any]:
+    """Behind a transaction pooler, consecutive transactions of one client connection may run on
+    different server connections: a statement prepared (and cached) on one is missing on the
+    next, and two clients' statements of the same name collide on one. No cache, and names
+    unique to each preparation (the recipe SQLAlchemy documents for PgBouncer)."""
+    if settings.db_prepared_statements:
+        return {}
+    return {
+        "statement_cache_size": 0,
+        "prepared_statement_cache_size": 0,
+        "prepared_statement_name_func": lambda: f"__asyncpg_{uuid4()}__",
+    }
 
 
 @asynccontextmanager

@@ -15,7 +15,7 @@ from app.config import Settings
 from app.db import events as events_db
 from app.db import jobs as jobs_db
 from app.db import runs as runs_db
-from app.db.engine import create_engine
+from app.db.engine import create_direct_engine, create_engine
 from app.db.jobs import RUN_QUEUE, RUN_TASK
 from app.llm.router import Router
 from app.llm.tokenizers import stored_counter
@@ -41,14 +41,20 @@ def libpq_url(database_url: str) -> str:
     return database_url
 
 
-def queue_app(settings: Settings, runtime: runtimes.Runtime) -> procrastinate.App:
-    """A procrastinate app whose workers execute runs with `runtime`."""
-    assert settings.database_url is not None
-    # The pool serves job fetches, finishes, heartbeats and LISTEN: psycopg_pool's default of 4
-    # starves a worker running many runs at once.
-    size = max(4, min(settings.worker_concurrency // 4 + 4, 32))
+def queue_pool_size(concurrency: int) -> int:
+    """The most connections procrastinate's pool opens in a worker running `concurrency` runs at
+    once. It serves job fetches, finishes, heartbeats and LISTEN: psycopg_pool's default of 4
+    starves a worker running many runs at once."""
+    return max(4, min(concurrency // 4 + 4, 32))
+
+
+def queue_app(settings: Settings, runtime: runtimes.Runtime, concurrency: int) -> procrastinate.App:
+    """A procrastinate app whose `concurrency` workers execute runs with `runtime`.
+
+    It connects directly (direct_database_url): procrastinate LISTENs for new jobs, and psycopg
+    prepares statements it runs often, neither of which survives a transaction pooler."""
     connector = procrastinate.PsycopgConnector(
-        conninfo=libpq_url(settings.database_url), min_size=2, max_size=size
+        conninfo=libpq_url(settings.direct_url), min_size=2, max_size=queue_pool_size(concurrency)
     )
     app = procrastinate.App(connector=connector)
 
@@ -73,10 +79,14 @@ async def worker_pool(settings: Settings, concurrency: int) -> AsyncIterator[Non
     engine = create_engine(settings)
     await asyncio.to_thread(stored_counter)  # load the vocabulary now, not on the first ask
     writer = EventWriter(engine, settings.event_tick_seconds)
-    lease = WorkerLease(engine)
+    # The lease's lock lives as long as its connection: one of its own, never a pooled one (the
+    # pool's would be out of the pool for good) nor one through a transaction pooler (which
+    # hands the server connection, and the lock with it, to other clients between transactions).
+    lease_engine = create_direct_engine(settings)
+    lease = WorkerLease(lease_engine)
     await lease.acquire()
     runtime = runtimes.Runtime(engine, settings, Router(settings), writer, lease)
-    app = queue_app(settings, runtime)
+    app = queue_app(settings, runtime, concurrency)
     registered = _remember_registrations(app)
     async with app.open_async():
         background = [
@@ -112,6 +122,7 @@ async def worker_pool(settings: Settings, concurrency: int) -> AsyncIterator[Non
             with contextlib.suppress(Exception):
                 await writer.flush()
             await lease.release()
+            await lease_engine.dispose()
             await aclose_shared_client()
             await engine.dispose()
 
