@@ -23,7 +23,7 @@ from app.services.errors import Conflict, Invalid
 CHAT_NAMESPACE = uuid.UUID("6f1c2a0e-5b7d-4c3e-9a8f-1d2e3f4a5b6c")
 CHAT_ID_KEY = "ai_sdk_chat_id"  # the metadata key holding the chat id of such a session
 MAX_CHAT_ID_LENGTH = 512
-HISTORY_PAGE = 100
+HISTORY_PAGE = 1000  # entries read per page when looking for the live user messages
 
 
 def derived_session_id(tenant_id: str, chat_id: str) -> str:
