@@ -65,8 +65,13 @@ $(TEST_STAMP): $(RUN_STAMP)
 	$(PIP) -e '.[dev,local]'
 	rm -f $(VENV)/.installed-test-* && touch $@
 
+# Node and npm from Debian's packages when absent (as root, like PostgreSQL below).
 $(AI_SDK): $(AI_SDK_DIR)/package-lock.json
-	@echo "==> installing the AI SDK for the useChat tests (npm ci; Node 20 or later)"
+	@if ! command -v npm >/dev/null && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "==> installing Node and npm (apt-get install -y nodejs npm)"; \
+		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends nodejs npm; \
+	fi
+	@echo "==> installing the AI SDK for the useChat tests (npm ci)"
 	npm ci --prefix $(AI_SDK_DIR) --no-audit --no-fund
 
 # System binaries are preferred; as root on Debian/Ubuntu, install them when missing. Elsewhere
