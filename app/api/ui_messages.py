@@ -110,6 +110,22 @@ async def ui_chat(
     """Journal the chat's new user message (or regenerate the last answer) and stream the run
     in the AI SDK's UI message stream protocol."""
     content: str | list[dict[str, Any]] | None
+    if body.messages and body.messages[-1].get("role") == "assistant":
+        # useChat sends the answer back with the outputs of its client-side tools.
+        found = await ui_chats.find_session(engine, tenant, body.id)
+        if found is None:
+            raise ui_chats.no_user_message(body.messages)
+        sent = await ui_chats.submit_tool_outputs(
+            engine, tenant, str(found["id"]), body.messages[-1]
+        )
+        return _ui_stream(
+            hub,
+            sent.run_id,
+            settings.sse_heartbeat_seconds,
+            _canceller(engine, tenant, sent.run_id) if body.on_disconnect == "cancel" else None,
+            None,
+            sent.streamed_through,
+        )
     if body.trigger == "regenerate-message":
         session = await ui_chats.find_session(engine, tenant, body.id)
         nothing = Invalid("nothing_to_regenerate", "the chat has no user message yet", {})
@@ -132,14 +148,18 @@ async def ui_chat(
     )
     run = (await asks_service.ask(engine, settings, tenant, session_id, params)).run
 
-    async def cancel_run() -> None:
-        await asks_service.cancel_run(engine, tenant, run.id)
-
     async def meter() -> Chunk:
         return await _context_meter(engine, settings, tenant, session_id, run.model)
 
-    gone = cancel_run if body.on_disconnect == "cancel" else None
+    gone = _canceller(engine, tenant, run.id) if body.on_disconnect == "cancel" else None
     return _ui_stream(hub, run.id, settings.sse_heartbeat_seconds, gone, meter)
+
+
+def _canceller(engine: AsyncEngine, tenant: str, run_id: str) -> Callable[[], Awaitable[None]]:
+    async def cancel_run() -> None:
+        await asks_service.cancel_run(engine, tenant, run_id)
+
+    return cancel_run
 
 
 async def _context_meter(
@@ -182,9 +202,12 @@ def _ui_stream(
     heartbeat_seconds: float,
     on_client_gone: Callable[[], Awaitable[None]] | None,
     meter: Callable[[], Coroutine[Any, Any, Chunk]] | None,
+    sent_through: int = 0,
 ) -> EventSourceResponse:
-    """The run's events from its first, translated; `[DONE]` after the terminal one. The
-    `meter`'s part (worked out meanwhile) follows the run's first chunks."""
+    """The run's events from its first, translated; `[DONE]` after the terminal one, or once
+    the run waits for client-side tool outputs. The `meter`'s part (worked out meanwhile)
+    follows the run's first chunks. Events up to `sent_through` were streamed before (the
+    client continues that message): they are translated, for the ids, but not sent."""
 
     async def chunks() -> AsyncIterator[ServerSentEvent]:
         stream = UIStream(run_id)
@@ -193,9 +216,16 @@ def _ui_stream(
             asyncio.create_task(meter()) if meter is not None else None
         )
         try:
+            if sent_through:
+                yield _sse({"type": "start", "messageId": run_id})
             async for row in hub.follow(run_id, 0):
-                for chunk in stream.translate(row["type"], row["data"]):
+                translated = stream.translate(row["type"], row["data"])
+                if row["seq"] <= sent_through:
+                    continue
+                for chunk in translated:
                     yield _sse(chunk)
+                if stream.waiting:  # useChat sends the outputs with a new request
+                    break
                 if measuring is not None:
                     try:
                         yield _sse(await measuring)

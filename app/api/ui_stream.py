@@ -64,9 +64,12 @@ class UIStream:
         self._parts = 0  # text parts opened: their ids
         self._calls: dict[int, str] = {}  # the turn's tool call index -> its id
         self._announced: set[str] = set()  # calls with a tool-input-start sent
+        self.waiting = False  # the last event was run.requires_action
 
     def translate(self, event_type: str, data: Mapping[str, Any]) -> list[Chunk]:
-        """The chunks for one run event (none for events the protocol has no use for)."""
+        """The chunks for one run event (none for events the protocol has no use for).
+        `waiting` tells whether the run now waits for client-side tool outputs."""
+        self.waiting = False
         match event_type:
             case EventType.RUN_CREATED:
                 return [
@@ -106,6 +109,8 @@ class UIStream:
                     return [{"type": "tool-output-error", **call, "errorText": data["preview"]}]
                 return [{"type": "tool-output-available", **call, "output": data["preview"]}]
             case EventType.RUN_REQUIRES_ACTION:
+                # The browser runs these (useChat's onToolCall). The stream ends here: useChat
+                # sends the outputs with its next request, which streams the rest of the run.
                 out = self._open_step()
                 for call in data["tool_calls"]:
                     out.append(
@@ -116,7 +121,8 @@ class UIStream:
                             "input": call["arguments"],
                         }
                     )
-                return out
+                self.waiting = True
+                return [*out, *self._close_step(), {"type": "finish", "finishReason": "tool-calls"}]
             case EventType.MESSAGE_RESET:
                 self._resets += 1
                 self._calls.clear()

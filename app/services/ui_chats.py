@@ -7,6 +7,7 @@ session's journal stays the source of truth, so only the newest user message is 
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import RowMapping
@@ -14,9 +15,10 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.core.entries import EntryKind
+from app.db import events as events_db
 from app.db import runs as runs_db
 from app.db import sessions as sessions_db
-from app.services import journal
+from app.services import asks, journal
 from app.services.errors import Conflict, Invalid
 
 # Sessions made for chats get ids derived from this namespace, the tenant and the chat id.
@@ -73,14 +75,19 @@ def _is_uuid(text: str) -> bool:
     return True
 
 
+def no_user_message(messages: list[dict[str, Any]]) -> Invalid:
+    return Invalid(
+        "no_user_message",
+        "the last message must be the user's new message (or, once the chat's run waits for "
+        "client-side tool outputs, the answer with them)",
+        {"loc": ["body", "messages", len(messages) - 1]},
+    )
+
+
 def new_user_text(messages: list[dict[str, Any]]) -> str:
     """The text of the last message, which must be the user's: the one to journal."""
     if not messages or messages[-1].get("role") != "user":
-        raise Invalid(
-            "no_user_message",
-            "the last message must be the user's new message",
-            {"loc": ["body", "messages", len(messages) - 1]},
-        )
+        raise no_user_message(messages)
     parts = messages[-1].get("parts")
     texts = [
         p["text"]
@@ -154,3 +161,34 @@ async def roll_back_from(
     await journal.append_entries(engine, tenant_id, session_id, [rollback], expected_rev=rev)
     content: str | list[dict[str, Any]] = entry["payload"]["content"]
     return content
+
+
+@dataclass(frozen=True)
+class ToolOutputs:
+    run_id: str
+    streamed_through: int  # the run's last event seq before the outputs were sent
+
+
+async def submit_tool_outputs(
+    engine: AsyncEngine, tenant_id: str, session_id: str, message: dict[str, Any]
+) -> ToolOutputs:
+    """The outputs of the client-side tool calls the chat's run waits on, from the assistant
+    message useChat sends back once its onToolCall handlers gave them (`addToolOutput`)."""
+    run = await asks.active_run(engine, tenant_id, session_id)
+    if run is None:
+        raise Conflict("run_not_waiting", "the chat has no run waiting for tool outputs", {})
+    outputs = [
+        asks.ToolOutput(p["toolCallId"], p.get("errorText", ""), is_error=True)
+        if p["state"] == "output-error"
+        else asks.ToolOutput(p["toolCallId"], p.get("output"))
+        for p in message.get("parts") or []
+        if isinstance(p, dict)
+        and (str(p.get("type", "")).startswith("tool-") or p.get("type") == "dynamic-tool")
+        and not p.get("providerExecuted")
+        and p.get("state") in ("output-available", "output-error")
+        and isinstance(p.get("toolCallId"), str)
+    ]
+    async with engine.connect() as conn:
+        seen = (await events_db.read_backlog(conn, run.id, events_db.MAX_SEQ, 1)).last_seq
+    await asks.submit_tool_outputs(engine, tenant_id, run.id, outputs)
+    return ToolOutputs(run.id, seen)

@@ -21,6 +21,7 @@ from testkit.api import history, new_session
 from testkit.upstream import FailMidStream, FakeUpstream, Hold, Text, ToolCall, Usage
 
 JS = Path(__file__).parent / "ui_chat_js"
+HANG_SECONDS = 300
 CALCULATOR = {
     "name": "calculator",
     "kind": "builtin",
@@ -78,7 +79,8 @@ class Node:
 
     async def line(self) -> dict[str, Any]:
         assert self.process is not None and self.process.stdout is not None
-        raw = await self.process.stdout.readline()
+        # A guard against a hang, not a speed check: every scenario ends far sooner.
+        raw = await asyncio.wait_for(self.process.stdout.readline(), HANG_SECONDS)
         if not raw:
             assert self.process.stderr is not None
             error = (await self.process.stderr.read()).decode()
@@ -194,6 +196,34 @@ async def test_a_tool_call_renders_as_a_tool_part_and_a_second_step(
     assert tool["providerExecuted"] is True
     assert texts_of(result["messages"][-1]) == ["Let me compute.", "The result is 12"]
     assert result["chunks"][-1] == {"type": "finish", "finishReason": "stop"}
+
+
+async def test_a_client_side_tool_runs_in_the_browser_and_the_run_goes_on(
+    api: httpx.AsyncClient, upstream: FakeUpstream, ai_sdk: None
+) -> None:
+    locate = {"name": "get_location", "kind": "client", "description": "Where the user is"}
+    sid = (await new_session(api, config={"tools": [locate]}))["id"]
+    upstream.script(Text("Let me look."), ToolCall("call_loc", "get_location", "{}"))
+    upstream.script(Text("You are in Oslo."))
+    actions = [{"send": "Where am I?", "until": "You are in Oslo."}]
+    outputs = {"get_location": {"city": "Oslo"}}
+    result = await run_node(api, "chat", sid, actions=actions, toolOutputs=outputs)
+    assert result["errors"] == [] and result["status"] == "ready"
+    assert [m["role"] for m in result["messages"]] == ["user", "assistant"]
+    parts = [p for p in result["messages"][-1]["parts"] if not p["type"].startswith("data-")]
+    assert [p["type"] for p in parts] == [
+        "step-start",
+        "text",
+        "tool-get_location",
+        "step-start",
+        "text",
+    ]
+    tool = parts[2]
+    assert tool["state"] == "output-available" and tool["output"] == {"city": "Oslo"}
+    assert texts_of(result["messages"][-1]) == ["Let me look.", "You are in Oslo."]
+    sent = upstream.requests[-1].body["messages"]
+    assert [m["role"] for m in sent] == ["user", "assistant", "tool"]
+    assert sent[-1]["content"] == '{"city":"Oslo"}'
 
 
 async def test_a_reload_resumes_the_active_run_and_204_when_there_is_none(

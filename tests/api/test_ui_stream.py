@@ -177,13 +177,19 @@ def test_failures_cancels_client_tools_and_the_context_meter() -> None:
         tool_calls=[PendingToolCall(tool_call_id="c1", name="pick", arguments={"n": 1})],
         expires_at="2026-01-01T00:00:00Z",
     )
-    # A client-side tool: no providerExecuted, so useChat's onToolCall runs it.
-    assert chunks(CREATED, waiting)[-1] == {
-        "type": "tool-input-available",
-        "toolCallId": "c1",
-        "toolName": "pick",
-        "input": {"n": 1},
-    }
+    # A client-side tool: no providerExecuted, so useChat's onToolCall runs it; the stream
+    # ends there (useChat sends the outputs with its next request).
+    stream = UIStream(RUN)
+    stream.translate(*encode(CREATED))
+    assert stream.translate(*encode(waiting)) == [
+        {"type": "start-step"},
+        {"type": "tool-input-available", "toolCallId": "c1", "toolName": "pick", "input": {"n": 1}},
+        {"type": "finish-step"},
+        {"type": "finish", "finishReason": "tool-calls"},
+    ]
+    assert stream.waiting
+    assert stream.translate(*encode(MessageDeltaData(text="x")))[0] == {"type": "start-step"}
+    assert not stream.waiting
     warning = ContextWarningData(
         level="approaching_limit", tokens=900, budget=1000, percent=90.0, history_dropped=False
     )

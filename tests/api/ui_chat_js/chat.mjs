@@ -4,7 +4,12 @@
 //
 //   node chat.mjs '{"api": ".../v1/ui/chat", "key": "...", "chatId": "...", "scenario": "send",
 //                   "trigger": "submit-message", "messages": [...]}'
-import { AbstractChat, DefaultChatTransport, readUIMessageStream } from "ai";
+import {
+  AbstractChat,
+  DefaultChatTransport,
+  lastAssistantMessageIsCompleteWithToolCalls,
+  readUIMessageStream,
+} from "ai";
 
 const args = JSON.parse(process.argv[2]);
 const transport = new DefaultChatTransport({
@@ -87,8 +92,21 @@ class Chat extends AbstractChat {
 // ({send: text}, {regenerate: true}, {resume: true}, {send: text, stopOnText: true},
 // {edit: text, userIndex: n}).
 async function converse(actions) {
-  const chat = new Chat({ id: args.chatId, transport });
   const errors = [];
+  // Client-side tools: each call gets args.toolOutputs[name], and useChat sends the outputs
+  // back on its own (sendAutomaticallyWhen), as an app would set it up.
+  const chat = new Chat({
+    id: args.chatId,
+    transport,
+    onToolCall: ({ toolCall }) => {
+      chat.addToolResult({
+        tool: toolCall.toolName,
+        toolCallId: toolCall.toolCallId,
+        output: args.toolOutputs[toolCall.toolName],
+      });
+    },
+    sendAutomaticallyWhen: args.toolOutputs ? lastAssistantMessageIsCompleteWithToolCalls : undefined,
+  });
   for (const action of actions) {
     if (action.send !== undefined) {
       if (action.stopOnText) {
@@ -120,6 +138,14 @@ async function converse(actions) {
       };
       await chat.resumeStream();
       chat.chatState.onChange = () => {};
+    }
+    if (action.until !== undefined) {
+      // The automatic request runs after sendMessage returns: wait for the text it brings.
+      const text = () => (chat.lastMessage?.parts ?? []).filter((p) => p.type === "text");
+      while (!(chat.status === "ready" && text().some((p) => p.text === action.until))) {
+        if (chat.error) break;
+        await new Promise((resolve) => setTimeout(resolve, 20));
+      }
     }
     if (chat.error) errors.push(String(chat.error.message ?? chat.error));
   }
