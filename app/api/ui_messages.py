@@ -24,6 +24,7 @@ from app.api.errors import error_responses
 from app.api.hub import EventHub
 from app.api.ui_stream import DONE, HEADER, VERSION, Chunk, UIStream, context_meter
 from app.config import Settings
+from app.runs.events import EventType
 from app.services import asks as asks_service
 from app.services import ui_chats
 from app.services.errors import Invalid
@@ -119,6 +120,8 @@ async def ui_chat(
             engine, tenant, str(found["id"]), body.messages[-1]
         )
         return _ui_stream(
+            engine,
+            tenant,
             hub,
             sent.run_id,
             settings.sse_heartbeat_seconds,
@@ -152,7 +155,7 @@ async def ui_chat(
         return await _context_meter(engine, settings, tenant, session_id, run.model)
 
     gone = _canceller(engine, tenant, run.id) if body.on_disconnect == "cancel" else None
-    return _ui_stream(hub, run.id, settings.sse_heartbeat_seconds, gone, meter)
+    return _ui_stream(engine, tenant, hub, run.id, settings.sse_heartbeat_seconds, gone, meter)
 
 
 def _canceller(engine: AsyncEngine, tenant: str, run_id: str) -> Callable[[], Awaitable[None]]:
@@ -193,10 +196,12 @@ async def resume_ui_chat(
     run = await asks_service.active_run(engine, tenant, str(session["id"]))
     if run is None or not await hub.has_more(run.id, 0):
         return Response(status_code=204)
-    return _ui_stream(hub, run.id, settings.sse_heartbeat_seconds, None, None)
+    return _ui_stream(engine, tenant, hub, run.id, settings.sse_heartbeat_seconds, None, None)
 
 
 def _ui_stream(
+    engine: AsyncEngine,
+    tenant: str,
     hub: EventHub,
     run_id: str,
     heartbeat_seconds: float,
@@ -219,12 +224,20 @@ def _ui_stream(
             if sent_through:
                 yield _sse({"type": "start", "messageId": run_id})
             async for row in hub.follow(run_id, 0):
-                translated = stream.translate(row["type"], row["data"])
                 if row["seq"] <= sent_through:
+                    stream.translate(row["type"], row["data"])  # sent before: for the ids
                     continue
-                for chunk in translated:
+                if row["type"] == EventType.RUN_REQUIRES_ACTION and await ui_chats.events_after(
+                    engine, run_id, row["seq"]
+                ):
+                    # A replayed wait the client answered already: the calls with their outputs.
+                    outputs = await ui_chats.client_tool_outputs(engine, tenant, run_id)
+                    for chunk in stream.answered(row["data"], outputs):
+                        yield _sse(chunk)
+                    continue
+                for chunk in stream.translate(row["type"], row["data"]):
                     yield _sse(chunk)
-                if stream.waiting:  # useChat sends the outputs with a new request
+                if stream.waiting:  # for the browser's tool outputs: useChat sends them anew
                     break
                 if measuring is not None:
                     try:

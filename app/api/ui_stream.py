@@ -149,6 +149,32 @@ class UIStream:
                 return [*self._close_step(), {"type": "abort"}]
         return []
 
+    def answered(
+        self, data: Mapping[str, Any], outputs: Mapping[str, tuple[Any, bool]]
+    ) -> list[Chunk]:
+        """Instead of translate, for a replayed `run.requires_action` whose outputs the client
+        sent already (`outputs`: by call id, with whether each is an error): the calls with
+        their outputs, marked `providerExecuted` so that useChat does not run them again."""
+        out = self._open_step()
+        for call in data["tool_calls"]:
+            call_id = call["tool_call_id"]
+            done = {"toolCallId": call_id, "providerExecuted": True}
+            out.append(
+                {
+                    "type": "tool-input-available",
+                    **done,
+                    "toolName": call["name"],
+                    "input": call["arguments"],
+                }
+            )
+            output, is_error = outputs.get(call_id, (None, False))
+            if is_error:
+                out.append({"type": "tool-output-error", **done, "errorText": str(output)})
+            else:
+                out.append({"type": "tool-output-available", **done, "output": output})
+        self._after_tools = True
+        return out
+
     def _context(self, data: Mapping[str, Any]) -> Chunk:
         return context_meter(data["tokens"], data["budget"], data["level"])
 

@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.core.entries import EntryKind
 from app.db import events as events_db
+from app.db import journal as journal_db
 from app.db import runs as runs_db
 from app.db import sessions as sessions_db
 from app.services import asks, journal
@@ -192,3 +193,24 @@ async def submit_tool_outputs(
         seen = (await events_db.read_backlog(conn, run.id, events_db.MAX_SEQ, 1)).last_seq
     await asks.submit_tool_outputs(engine, tenant_id, run.id, outputs)
     return ToolOutputs(run.id, seen)
+
+
+async def events_after(engine: AsyncEngine, run_id: str, seq: int) -> bool:
+    """Whether the run has events after `seq` (a replayed run.requires_action was answered)."""
+    async with engine.connect() as conn:
+        return bool((await events_db.read_backlog(conn, run_id, seq, 1)).rows)
+
+
+async def client_tool_outputs(
+    engine: AsyncEngine, tenant_id: str, run_id: str
+) -> dict[str, tuple[Any, bool]]:
+    """The outputs the client sent for the run's client-side tool calls, by call id (each
+    with whether it is an error), from the journal."""
+    run = await asks.get_run(engine, tenant_id, run_id)
+    async with engine.connect() as conn:
+        entries = await journal_db.run_entries(conn, run.session_id, run.input_seq, run_id)
+    return {
+        e.refs["tool_call_id"]: (e.payload.get("content"), bool(e.payload.get("is_error")))
+        for e in entries
+        if e.kind == EntryKind.TOOL_RESULT and "tool_call_id" in e.refs
+    }

@@ -226,6 +226,33 @@ async def test_a_client_side_tool_runs_in_the_browser_and_the_run_goes_on(
     assert sent[-1]["content"] == '{"city":"Oslo"}'
 
 
+async def test_a_resume_replays_past_a_client_tool_call_already_answered(
+    api: httpx.AsyncClient, upstream: FakeUpstream, ai_sdk: None, release: threading.Event
+) -> None:
+    locate = {"name": "get_location", "kind": "client", "description": "Where the user is"}
+    sid = (await new_session(api, config={"tools": [locate]}))["id"]
+    upstream.script(ToolCall("call_loc", "get_location", "{}"))
+    upstream.script(Text("Oslo"), Hold(release), Text("!"))
+    body = {"id": sid, "messages": [user("Where am I?")], "on_disconnect": "continue"}
+    async with api.stream("POST", "/v1/ui/chat", json=body) as response:
+        lines = [line async for line in response.aiter_lines() if line.startswith("data: ")]
+    assert lines[-2:] == ['data: {"type":"finish","finishReason":"tool-calls"}', "data: [DONE]"]
+    run_id = json.loads(lines[1].removeprefix("data: "))["data"]["runId"]
+    outputs = {"tool_outputs": [{"tool_call_id": "call_1_1_0", "output": {"city": "Oslo"}}]}
+    assert (await api.post(f"/v1/runs/{run_id}/tool_outputs", json=outputs)).status_code == 200
+    # The page is reloaded while the answer is held: the replay goes past the answered wait.
+    async with Node(api, "resume", sid) as node:
+        assert await node.line() == {"connected": True}
+        release.set()
+        result = await node.line()
+    assert result["errors"] == [] and result["chunks"][-1]["type"] == "finish"
+    final = result["messages"][-1]
+    assert texts_of(final) == ["Oslo!"]
+    tool = next(p for p in final["parts"] if p["type"] == "tool-get_location")
+    assert tool["state"] == "output-available" and tool["output"] == {"city": "Oslo"}
+    assert tool["providerExecuted"] is True  # answered: useChat's onToolCall must not rerun it
+
+
 async def test_a_reload_resumes_the_active_run_and_204_when_there_is_none(
     api: httpx.AsyncClient, upstream: FakeUpstream, ai_sdk: None, release: threading.Event
 ) -> None:

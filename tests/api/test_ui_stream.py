@@ -210,3 +210,41 @@ def test_the_meter_reads_ok_below_80_percent() -> None:
     assert context_meter(80, 100)["data"]["level"] == "approaching_limit"
     assert context_meter(100, 100)["data"]["level"] == "at_limit"
     assert context_meter(0, 0)["data"]["percent"] == 0.0
+
+
+def test_a_replayed_wait_that_was_answered_carries_the_outputs() -> None:
+    waiting = RunRequiresActionData(
+        tool_calls=[
+            PendingToolCall(tool_call_id="c1", name="pick", arguments={}),
+            PendingToolCall(tool_call_id="c2", name="pick", arguments={}),
+        ],
+        expires_at="2026-01-01T00:00:00Z",
+    )
+    stream = UIStream(RUN)
+    stream.translate(*encode(CREATED))
+    _, data = encode(waiting)
+    done = {"providerExecuted": True}
+    assert stream.answered(data, {"c1": ({"n": 1}, False), "c2": ("no", True)}) == [
+        {"type": "start-step"},
+        {
+            "type": "tool-input-available",
+            "toolCallId": "c1",
+            **done,
+            "toolName": "pick",
+            "input": {},
+        },
+        {"type": "tool-output-available", "toolCallId": "c1", **done, "output": {"n": 1}},
+        {
+            "type": "tool-input-available",
+            "toolCallId": "c2",
+            **done,
+            "toolName": "pick",
+            "input": {},
+        },
+        {"type": "tool-output-error", "toolCallId": "c2", **done, "errorText": "no"},
+    ]
+    assert not stream.waiting
+    assert stream.translate(*encode(MessageDeltaData(text="x")))[:2] == [
+        {"type": "finish-step"},
+        {"type": "start-step"},
+    ]
