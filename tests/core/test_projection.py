@@ -11,7 +11,12 @@ from hypothesis import strategies as st
 
 from app.core.entries import EntryKind
 from app.core.eviction import READ_TOOL_OUTPUT, output_ref, preview, sizes
-from app.core.formats import openai_request_tokens, to_anthropic, to_openai
+from app.core.formats import (
+    MAX_CACHE_BREAKPOINTS,
+    openai_request_tokens,
+    to_anthropic,
+    to_openai,
+)
 from app.core.messages import Message, ToolSpec, canonical_json
 from app.core.policy import ContextPolicy
 from app.core.projection import (
@@ -818,3 +823,60 @@ def test_a_range_stored_past_its_entry_hides_nothing_after_it() -> None:
     ]
     j.user("fourth")
     assert texts(j.project(policy=policy)) == [SUMMARY_PREFIX + "|so far", "third", "fourth"]
+
+
+# --- Cache breakpoints -------------------------------------------------------------------
+
+
+def test_cache_breakpoints_mark_system_summary_history_and_the_last_message() -> None:
+    j = Journal()
+    for i in range(1, 101):
+        j.user(f"u{i}") if i % 2 else j.assistant(f"a{i}")
+    j.add("summary", {"from_seq": 1, "to_seq": 90, "content": "Earlier: weather talk."})
+    j.user("Remind me what we discussed")
+    p = j.project(system_prompt=SYSTEM)
+    # system, summary, a100 (before the newest turn), the ask
+    assert p.meta.cache_breakpoints == (0, 1, 11, 12)
+    assert texts(p)[11] == "a100" and texts(p)[12] == "Remind me what we discussed"
+    wire = to_anthropic(p.messages, p.tool_spec, p.meta.cache_breakpoints)
+    assert validate_anthropic(wire) == []
+    marked = [b for b in wire["system"] if "cache_control" in b]
+    assert [b["text"] for b in marked] == [SYSTEM, SUMMARY_PREFIX + "Earlier: weather talk."]
+    # Without a system prompt or summary, and a first ask: only the ask itself.
+    first = Journal()
+    first.user("hello")
+    assert first.project().meta.cache_breakpoints == (0,)
+
+
+@settings(max_examples=120)
+@given(long_journals(), window_policies, st.integers(0, 90), st.booleans())
+def test_cache_breakpoints_are_few_and_the_next_ask_repeats_their_prefixes(
+    generated: tuple[Journal, list[PendingEntry]],
+    policy: ContextPolicy,
+    words: int,
+    summarized: bool,
+) -> None:
+    j, _ = generated
+    if summarized:
+        j.add("summary", {"from_seq": 1, "to_seq": len(j.entries) // 3, "content": "so far"})
+    j.user("the ask " + "lorem " * words)
+    before = _history(j, [], policy)
+    j.assistant("the answer " + "ipsum " * words)
+    j.user("the next ask")
+    after = _history(j, [], policy)
+    for p in (before, after):
+        if p is None:
+            continue
+        points = p.meta.cache_breakpoints
+        assert 0 < len(points) <= MAX_CACHE_BREAKPOINTS
+        assert list(points) == sorted(set(points)) and points[-1] == len(p.messages) - 1
+        wire = to_anthropic(p.messages, p.tool_spec, points)
+        assert validate_anthropic(wire) == []
+    if before is None or after is None:
+        return
+    same_start = before.meta.window_start_seq == after.meta.window_start_seq
+    if same_start and before.meta.summary_used == after.meta.summary_used:
+        # The window did not jump: every prefix the first ask marked is sent again, byte for
+        # byte, and so may be read from the cache its breakpoint wrote.
+        for point in before.meta.cache_breakpoints:
+            assert after.messages[: point + 1] == before.messages[: point + 1]
