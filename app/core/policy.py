@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, get_origin
 
@@ -74,9 +73,11 @@ class ContextPolicy(BaseModel):
     window_chunk_tokens: Annotated[int, Field(ge=0)] | None = Field(
         default=None,
         description="When history must be dropped, drop it in chunks of about this many tokens "
-        "so consecutive prompts share their prefix (prompt caches). Default: a quarter of the "
-        "budget rounded down to a power of two; 0: slide by one group. A window never leaves "
-        "more than one chunk of the budget unused unless no turn start uses more.",
+        "so consecutive prompts share their prefix (prompt caches). Default: the largest power "
+        "of two at most the budget (a truncated window then leaves at most about half to two "
+        "thirds of the budget unused; set a smaller chunk for fuller windows and fewer cache "
+        "hits); 0: slide by one group. A window never leaves more than one chunk of the budget "
+        "unused unless no turn start uses more.",
     )
 
     @model_validator(mode="after")
@@ -114,22 +115,23 @@ class ContextPolicy(BaseModel):
         return default_chunk(self.budget)
 
 
-# The default chunk: the largest power of two at most budget / sqrt(2) (so 35 to 71 % of the
-# budget). A window jumps about once per chunk of thread growth, so a large chunk keeps the
-# prompt prefix (and a provider's prompt cache) across many asks; the price is the window's
-# fill, which may fall up to a chunk short of the budget. A power of two, so that anchors move
-# only where the budget crosses a level, not with every change of it.
+# The default chunk: the largest power of two at most the budget. A window jumps about once per
+# chunk of thread growth, so a large chunk keeps the prompt prefix (and a provider's prompt
+# cache) across many asks. A larger budget never sends less history, so near the bottom of a
+# level (a budget just past a power of two) the window follows the level below; in all, a
+# truncated window leaves at most about half the budget unused, two thirds at a level's
+# middle. A power of two, so that anchors move only where the budget crosses a level, not
+# with every change of it.
 
 
 def default_chunk(budget: int) -> int:
-    """The default chunk of a budget: the largest power of two <= budget / sqrt(2)."""
-    return 1 << (max(1, math.isqrt(budget * budget // 2)).bit_length() - 1)
+    """The default chunk of a budget: the largest power of two <= budget."""
+    return 1 << (max(1, budget).bit_length() - 1)
 
 
 def largest_budget_with_chunk(chunk: int) -> int:
-    """The largest budget whose default chunk is `chunk` (a power of two): the largest b with
-    b / sqrt(2) < 2 * chunk."""
-    return math.isqrt(8 * chunk * chunk - 1)
+    """The largest budget whose default chunk is `chunk` (a power of two)."""
+    return 2 * chunk - 1
 
 
 PRESETS: dict[str, dict[str, Any]] = {
