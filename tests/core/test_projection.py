@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
@@ -880,3 +881,22 @@ def test_cache_breakpoints_are_few_and_the_next_ask_repeats_their_prefixes(
         # byte, and so may be read from the cache its breakpoint wrote.
         for point in before.meta.cache_breakpoints:
             assert after.messages[: point + 1] == before.messages[: point + 1]
+
+
+def test_at_small_budgets_nine_asks_in_ten_keep_the_whole_previous_prompt_as_prefix() -> None:
+    """A chat of about 150 tokens a turn under an 8k window (6,000 budget): the window jumps
+    about once per chunk of conversation, and the asks between repeat the previous prompt.
+    (With a quarter of the budget as the chunk, 82 % of these asks did.)"""
+    policy = ContextPolicy(max_input_tokens=8000)
+    rng = random.Random(16)
+    j = Journal()
+    kept, pairs, previous = 0, 0, None
+    for turn in range(160):
+        j.user(f"q{turn} " + "lorem " * rng.randint(8, 60))
+        p = j.project(system_prompt=SYSTEM, policy=policy)
+        if previous is not None and turn > 40:  # the window is full from about turn 35
+            pairs += 1
+            kept += prefix_shared(previous, p) == len(previous.messages)
+        previous = p
+        j.assistant(f"a{turn} " + "ipsum " * rng.randint(30, 200))
+    assert kept >= 0.9 * pairs, (kept, pairs)
