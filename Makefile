@@ -16,7 +16,7 @@ PIP := $(BIN)/pip install --disable-pip-version-check --progress-bar on --no-com
 # "[12/96]") and its own lines; the whole log stays in the venv for when something fails.
 SHOW_PROGRESS := awk '/^ *\[ *[0-9]+(%|\/[0-9]+)\]|^(Collecting|Building|Installing|Successfully|ERROR|error)/ { print; fflush() }'
 
-.PHONY: run test lint openapi readme bench postgres clean
+.PHONY: run test lint openapi readme clients bench postgres clean
 
 run: $(RUN_STAMP) postgres
 	$(BIN)/threadline serve
@@ -24,13 +24,21 @@ run: $(RUN_STAMP) postgres
 test: $(TEST_STAMP) postgres lint
 	$(BIN)/pytest
 
+# The client sources written by hand (not the generated package beside them).
+CLIENT_SOURCES := clients/python/generate.py clients/python/streaming.py
+
 lint: $(TEST_STAMP)
-	$(BIN)/ruff check app tests bench testkit
-	$(BIN)/ruff format --check app tests bench testkit
+	$(BIN)/ruff check app tests bench testkit $(CLIENT_SOURCES)
+	$(BIN)/ruff format --check app tests bench testkit $(CLIENT_SOURCES)
 	$(BIN)/mypy
 
 openapi: $(RUN_STAMP)
 	$(BIN)/threadline openapi > openapi/openapi.json
+
+# The Python client, generated from openapi/openapi.json (with the streaming helper) into
+# clients/python/threadline_client; `pip install clients/python` installs it.
+clients: $(TEST_STAMP)
+	$(BIN)/python clients/python/generate.py
 
 # The README's tables of run states and run events, generated from app/runs.
 readme: $(RUN_STAMP)

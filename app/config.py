@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 # The embedded model (every local:* name runs the same GGUF; this is the name it goes by): the
 # default when no provider key is configured.
@@ -172,6 +173,33 @@ class Settings(BaseSettings):
         default=20, ge=1, description="Pooled connections per process (as many again overflow)."
     )
     log_level: str = Field(default="info", description="uvicorn/app log level.")
+    cors_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Origins browsers may call the API from, comma-separated (e.g. "
+        "https://app.example.com,http://localhost:5173), or `*` for any. Unset: none (no CORS "
+        "headers, so browsers refuse cross-origin calls).",
+    )
+    stream_token_secret: str | None = Field(
+        default=None,
+        min_length=16,
+        description="HMAC-SHA256 key that signs stream tokens (POST /v1/stream_tokens). Unset: "
+        "a random key per process, so a token only opens streams on the process that issued it: "
+        "set the same key on every API instance behind one address.",
+    )
+    stream_token_max_seconds: int = Field(
+        default=600, ge=10, le=3600, description="Longest lifetime a stream token may be given."
+    )
+
+    @field_validator("cors_origins", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: Any) -> Any:
+        """`a,b` as well as a JSON list, from the environment."""
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                return json.loads(text)
+            return [origin.strip() for origin in text.split(",") if origin.strip()]
+        return value
 
     @model_validator(mode="after")
     def _default_model_follows_the_keys(self) -> Settings:

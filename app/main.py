@@ -4,12 +4,25 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 
-from app.api import asks, compaction, entries, health, memory, projection, runs, search, sessions
+from app.api import (
+    asks,
+    compaction,
+    entries,
+    health,
+    memory,
+    projection,
+    runs,
+    search,
+    sessions,
+    stream_tokens,
+)
 from app.api.docs import install_docs
 from app.api.errors import install_error_handlers
 from app.api.hub import EventHub
@@ -21,6 +34,18 @@ from app.llm.tokenizers import stored_counter
 from app.worker.pool import libpq_url, worker_pool
 
 API_VERSION = "0.1.0"
+
+# What a browser page may send cross-origin (THREADLINE_CORS_ORIGINS), and read of the answers.
+CORS_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
+CORS_REQUEST_HEADERS = [
+    "Authorization",
+    "Content-Type",
+    "Idempotency-Key",
+    "If-Match",
+    "If-None-Match",
+    "Last-Event-ID",  # an EventSource's reconnect, or a fetch-based stream resuming
+]
+CORS_EXPOSED_HEADERS = ["ETag", "Retry-After", "WWW-Authenticate", "Allow"]
 
 
 def create_app(settings: Settings | None = None, *, workers: int = 0) -> FastAPI:
@@ -60,9 +85,22 @@ def create_app(settings: Settings | None = None, *, workers: int = 0) -> FastAPI
         redoc_url=None,
     )
     app.state.settings = settings
+    # Unset: a key of this process only (its tokens open streams on this process alone).
+    secret = settings.stream_token_secret or secrets.token_urlsafe(32)
+    app.state.stream_token_secret = secret.encode()
     install_error_handlers(app)
     install_docs(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
+    if settings.cors_origins:
+        # Outermost: every answer gets its CORS headers, refusals (413, 401, ...) included.
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=CORS_METHODS,
+            allow_headers=CORS_REQUEST_HEADERS,
+            expose_headers=CORS_EXPOSED_HEADERS,
+            max_age=600,
+        )
     app.include_router(sessions.router)
     app.include_router(entries.router)
     app.include_router(projection.router)
@@ -71,6 +109,7 @@ def create_app(settings: Settings | None = None, *, workers: int = 0) -> FastAPI
     app.include_router(search.router)
     app.include_router(memory.router)
     app.include_router(compaction.router)
+    app.include_router(stream_tokens.router)
     app.include_router(health.router)
     install_document(app, settings)
     return app

@@ -3,6 +3,7 @@ come first, and the walk-through runs as written against a live service with no 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 from pathlib import Path
@@ -11,6 +12,8 @@ import httpx
 import pytest
 
 from app.config import Settings
+from testkit.upstream import FakeUpstream, Text
+from tests.e2e import Service
 from tests.test_cli import Served
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,6 +37,34 @@ def walk_through() -> str:
     section = README[README.index("## Walk-through") :]
     start = section.index("```sh\n") + len("```sh\n")
     return section[start : section.index("```\n", start)]
+
+
+def sh_block_after(heading: str) -> str:
+    """The first shell block after a heading, as written."""
+    section = README[README.index(heading) :]
+    start = section.index("```sh\n") + len("```sh\n")
+    return section[start : section.index("```\n", start)]
+
+
+async def test_the_browser_example_runs_as_written(
+    api: httpx.AsyncClient, service: Service, upstream: FakeUpstream
+) -> None:
+    """The backend issues a stream token; the stream opens with it alone."""
+    upstream.script(Text("Hello from the model."))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("THREADLINE_")}
+    key = api.headers["Authorization"].removeprefix("Bearer ")
+    result = await asyncio.to_thread(
+        subprocess.run,
+        ["bash", "-euo", "pipefail", "-c", sh_block_after("### From a browser")],
+        env={**env, "API": service.url, "KEY": key},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr + result.stdout[-3000:]
+    assert "event: run.created" in result.stdout
+    assert "event: run.completed" in result.stdout
+    assert "Hello from the model." in result.stdout
 
 
 def test_the_readme_links_nothing_outside_the_repository() -> None:

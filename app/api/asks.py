@@ -8,7 +8,7 @@ from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 
 from app.api.bodies import JSONRoute
-from app.api.deps import Config, Engine, Hub, IdempotencyKey, Tenant
+from app.api.deps import Config, Engine, Hub, IdempotencyKey, Reader, Tenant
 from app.api.errors import error_responses
 from app.api.schemas import AskRequest, Run
 from app.api.sse import RUN_INSTEAD_OF_STREAM, SSE_RESPONSE, ResumeAfter, event_stream
@@ -20,6 +20,8 @@ router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["runs"], route_clas
 @router.post(
     "/ask",
     operation_id="ask",
+    # The JSON answer is the 202 (stream: false); the 200 is the stream (SSE_RESPONSE) alone.
+    status_code=202,
     response_model=None,
     responses={
         **SSE_RESPONSE,
@@ -79,24 +81,27 @@ async def ask(
 @router.get(
     "/stream",
     operation_id="joinSessionStream",
+    status_code=204,  # the answer without a body: the 200 is the stream (SSE_RESPONSE) alone
     response_model=None,
     responses={
         **SSE_RESPONSE,
         204: {"description": "No run is in progress (or it just ended: nothing is left)."},
-        **error_responses(401, 404, 422),
+        **error_responses(401, 403, 404, 422),
     },
 )
 async def join_stream(
     session_id: UUID,
     engine: Engine,
-    tenant: Tenant,
+    reader: Reader,
     settings: Config,
     hub: Hub,
     after: ResumeAfter,
 ) -> Response:
     """Reattach to the session's active run (e.g. after a page refresh): its events after
-    Last-Event-ID (or starting_after), then live ones."""
-    run = await service.active_run(engine, tenant, str(session_id))
+    Last-Event-ID (or starting_after), then live ones. With an API key, or a stream token of
+    this session as `?token=` (for EventSource)."""
+    reader.check_session(str(session_id))
+    run = await service.active_run(engine, reader.tenant_id, str(session_id))
     if run is None:
         return Response(status_code=204)
     stream = await event_stream(hub, run.id, after, settings.sse_heartbeat_seconds)

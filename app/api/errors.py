@@ -35,6 +35,8 @@ class ErrorResponse(BaseModel):
 _DESCRIPTIONS = {
     400: "Malformed request (e.g. the body is not valid JSON).",
     401: "Missing or unknown API key.",
+    403: "The credentials are valid but do not open this (a stream token for another session "
+    "or run: `stream_token_scope`).",
     404: "No such resource for this tenant.",
     409: "Conflicts with the current state (e.g. a stale expected_rev).",
     412: "A precondition (If-Match, If-None-Match) does not hold; details give the current ETag.",
@@ -59,6 +61,17 @@ _HEADERS: dict[int, dict[str, Any]] = {
         }
     },
 }
+
+
+class Refusal(StarletteHTTPException):
+    """An HTTP error with a code of its own (rather than the status's generic one)."""
+
+    def __init__(
+        self, status: int, code: str, message: str, headers: dict[str, str] | None = None
+    ) -> None:
+        super().__init__(status, message, headers)
+        self.code = code
+
 
 # Seconds a client should wait when the database is unreachable: about a restart's length.
 RETRY_AFTER_SECONDS = 5
@@ -143,7 +156,11 @@ async def _invalid_unicode(_: Request, exc: Exception) -> JSONResponse:
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
-    code = _HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}")
+    code = (
+        exc.code
+        if isinstance(exc, Refusal)
+        else _HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}")
+    )
     headers = dict(exc.headers) if exc.headers else {}
     message = _INVALID_JSON if exc.status_code == 400 else str(exc.detail)
     if exc.status_code == 405 and (allowed := allowed_methods(request)):

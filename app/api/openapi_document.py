@@ -26,6 +26,7 @@ def install_document(app: FastAPI, settings: Settings) -> None:
                 if operation.get("operationId") in PAGED_OPERATIONS:
                     _cap_limit(operation, settings.max_page_size)
         _add_schemas(document, event_schemas())
+        _config_as_component(document["components"]["schemas"])
         return document
 
     app.openapi = openapi  # type: ignore[method-assign]
@@ -38,6 +39,14 @@ def _cap_limit(operation: dict[str, Any], max_page_size: int) -> None:
             parameter["description"] = (
                 f"Items per page, at most {max_page_size} (THREADLINE_MAX_PAGE_SIZE)."
             )
+
+
+def _config_as_component(schemas: dict[str, Any]) -> None:
+    """A session's config is the SessionConfig fields it was given (Session keeps it as the
+    stored dict, so absent fields stay absent): documented as that component, not as an inline
+    object whose generated name collides with SessionConfig's (openapi-python-client then
+    dropped Session, SessionList, SessionConfig and the operations using them)."""
+    schemas["Session"]["properties"]["config"] = {"$ref": "#/components/schemas/SessionConfig"}
 
 
 def _add_schemas(document: dict[str, Any], schemas: dict[str, dict[str, Any]]) -> None:

@@ -10,7 +10,7 @@ from uuid import UUID
 from fastapi import APIRouter, Query, Response
 
 from app.api.bodies import JSONRoute
-from app.api.deps import Config, Engine, Hub, Tenant
+from app.api.deps import Config, Engine, Hub, Reader, Tenant
 from app.api.errors import error_responses
 from app.api.schemas import Run, ToolOutputsRequest
 from app.api.sse import NOTHING_LEFT, SSE_RESPONSE, ResumeAfter, event_stream
@@ -47,24 +47,28 @@ async def _until_ended(hub: Hub, run_id: str) -> None:
 @router.get(
     "/events",
     operation_id="streamRunEvents",
+    status_code=204,  # the answer without a body: the 200 is the stream (SSE_RESPONSE) alone
     response_model=None,
     responses={
         **SSE_RESPONSE,
         204: {"description": NOTHING_LEFT},
-        **error_responses(401, 404, 422),
+        **error_responses(401, 403, 404, 422),
     },
 )
 async def run_events(
     run_id: UUID,
     engine: Engine,
-    tenant: Tenant,
+    reader: Reader,
     settings: Config,
     hub: Hub,
     after: ResumeAfter,
 ) -> Response:
     """Every event after Last-Event-ID (or starting_after) exactly once, then live ones; the
-    stream ends after the terminal event. 204 when the run is over and nothing is left to send."""
-    await service.get_run(engine, tenant, str(run_id))  # 404 for others' runs
+    stream ends after the terminal event. 204 when the run is over and nothing is left to send.
+    With an API key, or a stream token of this run or its session as `?token=` (for
+    EventSource)."""
+    run = await service.get_run(engine, reader.tenant_id, str(run_id))  # 404 for others' runs
+    reader.check_run(run)
     stream = await event_stream(hub, str(run_id), after, settings.sse_heartbeat_seconds)
     return stream or Response(status_code=204)
 

@@ -5,7 +5,14 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    model_validator,
+)
 from sqlalchemy import RowMapping
 
 from app.core import metadata as metadata_rules
@@ -522,3 +529,51 @@ class MemoryList(BaseModel):
     data: list[MemorySummary]
     has_more: bool
     next_cursor: str | None = Field(description="Pass as `cursor` for the next page.")
+
+
+# A stream token's lifetime when the request names none (capped by the server's maximum).
+DEFAULT_STREAM_TOKEN_SECONDS = 300
+Uuid = Annotated[
+    str,
+    StringConstraints(
+        pattern=r"^[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}$"
+    ),
+]
+
+
+class StreamTokenRequest(Strict):
+    session_id: Uuid | None = Field(
+        default=None,
+        description="The session whose streams the token opens: GET /v1/sessions/{id}/stream "
+        "and GET /v1/runs/{id}/events of its runs.",
+    )
+    run_id: Uuid | None = Field(
+        default=None, description="Or the one run whose events it opens (GET /v1/runs/{id}/events)."
+    )
+    expires_in: int | None = Field(
+        default=None,
+        ge=1,
+        description=f"Seconds the token is valid; default {DEFAULT_STREAM_TOKEN_SECONDS}, at most "
+        "THREADLINE_STREAM_TOKEN_MAX_SECONDS (422 above). A stream is checked when it opens: one "
+        "that is open when the token expires goes on.",
+    )
+
+    @model_validator(mode="after")
+    def _one_scope(self) -> StreamTokenRequest:
+        if (self.session_id is None) == (self.run_id is None):
+            raise ValueError("give exactly one of session_id and run_id")
+        return self
+
+
+class StreamToken(BaseModel):
+    token: str = Field(
+        description="Pass as `?token=` to the stream endpoints it opens (they need no "
+        "Authorization then). Never an API key: it opens only these streams, until it expires."
+    )
+    expires_at: datetime
+    session_id: str | None = Field(description="The session it is scoped to, if so.")
+    run_id: str | None = Field(description="The run it is scoped to, if so.")
+    stream_url: str = Field(
+        description="The path (and query) of the stream it opens: the session's stream, or the "
+        "run's events. Resume with `&starting_after=<last id>` in a new EventSource."
+    )

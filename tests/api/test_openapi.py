@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -22,8 +25,10 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
+from app.api.sse import event_component
 from app.config import Settings
 from app.main import create_app
+from app.runs.events import PAYLOADS, EventType
 from tests.conftest import LiveServer
 
 COMMITTED = Path(__file__).resolve().parents[2] / "openapi" / "openapi.json"
@@ -32,6 +37,82 @@ COMMITTED = Path(__file__).resolve().parents[2] / "openapi" / "openapi.json"
 def test_committed_document_is_current() -> None:
     current = json.dumps(create_app(Settings()).openapi(), indent=2, sort_keys=True) + "\n"
     assert COMMITTED.read_text() == current, "run `make openapi` and commit openapi/openapi.json"
+
+
+def test_streams_are_documented_as_event_streams_only(app: FastAPI) -> None:
+    """A streaming response declares text/event-stream alone (a generated client types it by
+    its events, not as unknown JSON); its events are the registry's, one schema per type
+    discriminated by `event`. The JSON answers of the same operations are other statuses."""
+    document = app.openapi()
+    streaming = {}
+    for operations in document["paths"].values():
+        for operation in operations.values():
+            for status, response in operation["responses"].items():
+                content = response.get("content", {})
+                if "text/event-stream" in content:
+                    assert list(content) == ["text/event-stream"], operation["operationId"]
+                    assert status == "200"
+                    streaming[operation["operationId"]] = content["text/event-stream"]["schema"]
+    assert set(streaming) == {"ask", "compactSession", "joinSessionStream", "streamRunEvents"}
+    assert all(s == {"$ref": "#/components/schemas/RunEvent"} for s in streaming.values())
+    union = document["components"]["schemas"]["RunEvent"]
+    assert set(union["discriminator"]["mapping"]) == {str(t) for t in EventType}
+    assert len(union["oneOf"]) == len(PAYLOADS)
+    for operation_id, path in (("ask", "/ask"), ("compactSession", "/compact")):
+        queued = document["paths"][f"/v1/sessions/{{session_id}}{path}"]["post"]["responses"]
+        assert queued["202"]["content"] == {
+            "application/json": {"schema": {"$ref": "#/components/schemas/Run"}}
+        }, operation_id
+
+
+def test_a_session_config_is_the_session_config_component(app: FastAPI) -> None:
+    """Not an inline object: its generated name collided with SessionConfig's."""
+    schemas = app.openapi()["components"]["schemas"]
+    config = {"$ref": "#/components/schemas/SessionConfig"}
+    assert schemas["Session"]["properties"]["config"] == config
+    assert schemas["SessionCreate"]["properties"]["config"]["$ref"] == config["$ref"]
+
+
+def test_openapi_python_client_generates_every_operation(tmp_path: Path) -> None:
+    """openapi-python-client, the generator most Python users reach for, builds a client from
+    the committed document with no warning, every operation and every schema in it."""
+    from openapi_python_client.strings import snake_case
+
+    document = json.loads(COMMITTED.read_text())
+    bin_dir = os.path.dirname(sys.executable)  # its post-hooks run ruff from the venv
+    generated = subprocess.run(
+        [
+            os.path.join(bin_dir, "openapi-python-client"),
+            "generate",
+            "--path",
+            str(COMMITTED),
+            "--output-path",
+            str(tmp_path / "client"),
+            "--meta",
+            "none",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"},
+        timeout=300,
+    )
+    output = generated.stdout + generated.stderr
+    assert generated.returncode == 0, output
+    assert "warning" not in output.lower(), output
+    modules = {p.stem for p in (tmp_path / "client" / "api").rglob("*.py")}
+    operations = {
+        snake_case(op["operationId"]) for ops in document["paths"].values() for op in ops.values()
+    }
+    assert operations - modules == set()
+    models = (tmp_path / "client" / "models").glob("*.py")
+    classes = {
+        line.removeprefix("class ").split("(")[0].split(":")[0]
+        for module in models
+        for line in module.read_text().splitlines()
+        if line.startswith("class ")
+    }
+    events = {event_component(model) for model in PAYLOADS.values()}
+    assert {"Session", "SessionList", "SessionConfig", "Run", *events} - classes == set()
 
 
 def test_operation_ids_are_stable_and_errors_documented(app: FastAPI) -> None:

@@ -22,6 +22,7 @@ ALLOWED = {
     "pydantic",
     "bisect",
     "hashlib",
+    "hmac",  # signing stream tokens (app.core.stream_tokens)
     "operator",
     "decimal",
     "unicodedata",

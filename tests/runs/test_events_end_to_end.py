@@ -1,10 +1,12 @@
-"""Every event the real service streams matches its registry model, and every type is seen.
+"""Every event the real service streams matches its registry model and the OpenAPI document's
+event-stream schema, and every type is seen.
 
 Real asks against `threadline serve` (API + workers) and the fake upstream driven through the
 real SDKs: text answers, a built-in tool, a client-side tool, a provider failure, a policy
 violation, a cancel, auto-compaction (done, failed, still pending), a compaction job, and a
 run retried after its worker died. Each event is read over SSE and validated against the model
-of its type; each run is then replayed from GET /v1/runs/{id}/events and must be the same.
+of its type and against the `text/event-stream` schema the served document declares; each run
+is then replayed from GET /v1/runs/{id}/events and must be the same.
 """
 
 from __future__ import annotations
@@ -16,11 +18,14 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
+import jsonschema_rs
 from pydantic import ValidationError
 from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.config import Settings
 from app.db.tables import runs
+from app.main import create_app
 from app.runs.events import TERMINAL, EventType, UnknownEventType, parse
 from testkit.api import new_session
 from testkit.sse_client import Event, events
@@ -45,11 +50,27 @@ FILLER = "lorem ipsum dolor sit amet " * 25  # about 120 tokens a message
 STREAM_SECONDS = 60
 
 
-class Wire:
-    """What the test received: every event checked against its model, counted by type."""
+def event_stream_validator(document: dict[str, Any]) -> jsonschema_rs.Draft202012Validator:
+    """A validator of one SSE event ({id, event, data}, as a client reads it) against the
+    schema the document gives the text/event-stream of `streamRunEvents`."""
+    (operation,) = [
+        op
+        for ops in document["paths"].values()
+        for op in ops.values()
+        if op["operationId"] == "streamRunEvents"
+    ]
+    schema = operation["responses"]["200"]["content"]["text/event-stream"]["schema"]
+    # Its `#/components/...` references resolve in the document's components, carried along.
+    return jsonschema_rs.Draft202012Validator({**schema, "components": document["components"]})
 
-    def __init__(self, api: httpx.AsyncClient) -> None:
+
+class Wire:
+    """What the test received: every event checked against its model and the served
+    document's schema, counted by type."""
+
+    def __init__(self, api: httpx.AsyncClient, document: dict[str, Any]) -> None:
         self.api = api
+        self.documented = event_stream_validator(document)
         self.seen: Counter[str] = Counter()
 
     def check(self, received: list[Event]) -> list[Event]:
@@ -58,6 +79,11 @@ class Wire:
                 parse(event.type, event.data)
             except (ValidationError, UnknownEventType) as exc:
                 raise AssertionError(f"{event.type} #{event.id} {event.data}:\n{exc}") from exc
+            as_read = {"id": str(event.id), "event": event.type, "data": event.data}
+            try:
+                self.documented.validate(as_read)
+            except jsonschema_rs.ValidationError as exc:
+                raise AssertionError(f"not as documented: {as_read}:\n{exc}") from exc
             self.seen[event.type] += 1
         return received
 
@@ -114,7 +140,7 @@ def data(run: list[Event], event_type: str) -> dict[str, Any]:
 async def test_every_event_on_the_wire_matches_its_model_and_every_type_is_seen(
     api: httpx.AsyncClient, upstream: FakeUpstream, e2e_engine: AsyncEngine
 ) -> None:
-    wire = Wire(api)
+    wire = Wire(api, (await api.get("/openapi.json")).json())
     await answers(wire, upstream)
     await builtin_tool(wire, upstream)
     await client_tool(wire, upstream)
@@ -315,3 +341,17 @@ async def retried_after_a_worker_died(
     assert types(run)[:3] == ["run.created", "message.reset", "run.started"]
     assert data(run, "message.reset") == {"reason": "retry", "attempt": 2}
     assert run[-1].type == "run.completed" and run[-1].data["text"] == "the retried answer"
+
+
+def test_the_documented_schema_tells_events_apart() -> None:
+    """The check above has teeth: the schema refuses a payload of another type, an unknown
+    type, and a field of the wrong type."""
+    validator = event_stream_validator(create_app(Settings()).openapi())
+    assert validator.is_valid({"id": "3", "event": "message.delta", "data": {"text": "Hel"}})
+    for wrong in (
+        {"id": "3", "event": "message.delta", "data": {"text": 1}},
+        {"id": "3", "event": "message.delta", "data": {"attempt": 2, "reason": "retry"}},
+        {"id": "3", "event": "message.deleted", "data": {"text": "Hel"}},
+        {"id": "three", "event": "message.delta", "data": {"text": "Hel"}},
+    ):
+        assert not validator.is_valid(wrong), wrong
