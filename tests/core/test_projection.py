@@ -900,3 +900,29 @@ def test_at_small_budgets_nine_asks_in_ten_keep_the_whole_previous_prompt_as_pre
         previous = p
         j.assistant(f"a{turn} " + "ipsum " * rng.randint(30, 200))
     assert kept >= 0.9 * pairs, (kept, pairs)
+
+
+@settings(max_examples=120)
+@given(long_journals(), window_policies)
+def test_with_the_default_chunk_a_truncated_window_follows_the_level_below(
+    generated: tuple[Journal, list[PendingEntry]], policy: ContextPolicy
+) -> None:
+    """The default chunk is up to the whole budget, but a window leaves at most half a chunk
+    more unused than the budget is past its power of two (about two thirds of the budget at
+    most): it holds at least what the largest budget of the level below sends, whose chunk is
+    half as large."""
+    policy = policy.model_copy(update={"window_chunk_tokens": None})
+    j, pending = generated
+    chunked = _history(j, pending, policy)
+    level = policy.chunk_tokens
+    if chunked is None or not chunked.meta.truncated or level < 2:
+        return
+    unused = policy.budget - chunked.meta.estimated_tokens
+    below = policy.model_copy(update={"max_input_tokens": level - 1 + policy.reserve})
+    if unused <= level // 2 + policy.budget - below.budget:
+        return
+    # More is left only when the budget below could use no more either.
+    lower = _history(j, pending, below)
+    fullest = _history(j, pending, below.model_copy(update={"window_chunk_tokens": 0}))
+    assert lower is not None and fullest is not None
+    assert lower.meta.history_tokens == fullest.meta.history_tokens
