@@ -722,11 +722,12 @@ def _window_start(
     consecutive prompts share their prefix until the next jump.
 
     An explicit window_chunk_tokens fixes the anchors, and each budget picks by `start_for`,
-    which is monotonic in the room. The default chunk follows the budget (a quarter of it,
-    rounded down to a power of two, so anchors move only where the budget doubles): the window
-    is the fullest of this level's and those the largest budget of each lower level would send,
-    so that crossing into a coarser level never sends less. The price: near the bottom of a
-    level, a finer level's window may win, whose start moves at its finer chunks.
+    which is monotonic in the room. The default chunk follows the budget (the largest power of
+    two at most it, so anchors move only where the budget doubles): the window is the fullest
+    of this level's and those the largest budget of each lower level would send, so that
+    crossing into a coarser level never sends less. The price: near the bottom of a level, a
+    finer level's window may win, whose start moves at its finer chunks (and which bounds the
+    room left unused to half a chunk plus what the budget is past the level's bottom).
     """
     plan = _WindowPlan(older, required, complete, policy)
     room = room_at(policy.budget)
@@ -774,10 +775,12 @@ class _WindowPlan:
         """The window start for `room` with anchors every `chunk` tokens (0: none).
 
         The first anchor the fill reaches, when it leaves at most `chunk` of the room unused;
-        else the fullest window (the oldest turn start the fill reaches). Monotonic in `room`:
-        a larger room moves the fill start, and so the first anchor and the fullest window, no
-        later, and an anchor good for a room stays good for a larger one only if it is reached
-        first (else the fuller window is taken).
+        else the first of the anchors every chunk / 2, chunk / 4, ... tokens that does; else
+        the fullest window (the oldest turn start the fill reaches). Monotonic in `room`: a
+        larger room moves the fill start, and so each level's first anchor and the fullest
+        window, no later; an anchor good for a room stays good for a larger one only if it is
+        reached first (else a finer or the fullest window is taken), and a finer level's
+        anchors include the coarser ones', so a finer level's choice is never later.
         """
         start = self.fill_start(room)
         if start == 0 and self.complete:
