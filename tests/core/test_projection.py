@@ -926,3 +926,28 @@ def test_with_the_default_chunk_a_truncated_window_follows_the_level_below(
     fullest = _history(j, pending, below.model_copy(update={"window_chunk_tokens": 0}))
     assert lower is not None and fullest is not None
     assert lower.meta.history_tokens == fullest.meta.history_tokens
+
+
+def test_a_window_the_chunk_anchor_would_leave_too_empty_starts_at_a_finer_anchor() -> None:
+    """Not at whichever turn fills it most (a start that moves on every ask): at an anchor of
+    half the chunk (or a quarter, ...), which stays put like the chunk's own."""
+    policy = ContextPolicy(
+        max_input_tokens=4000, reserve_output_tokens=1000, window_chunk_tokens=1024
+    )
+    rng = random.Random(5)
+    j = Journal()
+    starts = []
+    for turn in range(150):
+        j.user(f"q{turn} " + "lorem " * rng.randint(5, 60))
+        p = j.project(policy=policy)
+        if p.meta.truncated and p.meta.window_start_seq is not None:
+            starts.append(p.meta.window_start_seq)
+        j.assistant(f"a{turn} " + "ipsum " * rng.randint(20, 160))
+    offsets = [0]
+    for entry in j.entries:
+        offsets.append(offsets[-1] + entry.token_count)  # offsets[seq - 1]: before entry seq
+    assert len(starts) > 100
+    for seq in starts:
+        turn_before = seq - 2  # turns are a user message and an answer
+        # (With the fullest window as the fallback, 9 of these 127 windows started elsewhere.)
+        assert offsets[turn_before - 1] // 512 < offsets[seq - 1] // 512, seq
