@@ -38,6 +38,7 @@ readme: $(RUN_STAMP)
 
 bench: $(TEST_STAMP) postgres
 	$(BIN)/python -m bench.journal
+	$(BIN)/python -m bench.streams
 
 $(BIN)/python:
 	@echo "==> creating the virtualenv $(VENV)"
