@@ -6,6 +6,11 @@ catches up from the table (replay), then takes live rows, skipping what it has a
 any gap from the table: every event exactly once, in order, on any API instance. It ends with
 the run: after the terminal event, or once the run is seen to be over with nothing left to send.
 
+A subscriber's buffer is bounded (SUBSCRIBER_BUFFER rows): a client that stops reading stops
+its follower, whose buffer fills; the rows past it are dropped and the follower refills them
+from the table once its client reads again. A stalled stream holds at most that many rows (and
+what its socket buffers hold), and never slows the others: rows are handed out without waiting.
+
 A database outage does not end a follower: its reads are retried with backoff (the SSE response
 keeps the client's connection open with its heartbeats meanwhile), and the LISTEN connection is
 made again, after which everything followed is fetched; the stream goes on where it was, every
@@ -36,6 +41,8 @@ PAGE = 1000
 RETRY_FIRST_SECONDS = 0.25
 RETRY_MAX_SECONDS = 5.0
 OUTAGE_SECONDS = 300.0  # how long a follower waits for the database before giving up
+# Live rows buffered per subscriber; past it they are dropped, and read from the table later.
+SUBSCRIBER_BUFFER = 256
 
 
 def _backoff() -> Iterator[float]:
@@ -45,9 +52,23 @@ def _backoff() -> Iterator[float]:
         delay = min(delay * 2, RETRY_MAX_SECONDS)
 
 
+class _Subscriber:
+    """One follower's buffer of live rows, bounded: what does not fit is dropped, and noted."""
+
+    def __init__(self, size: int) -> None:
+        self.queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=size)
+        self.overflowed = False  # rows were dropped: the table has them
+
+    def offer(self, row: dict[str, Any]) -> None:
+        try:
+            self.queue.put_nowait(row)
+        except asyncio.QueueFull:
+            self.overflowed = True
+
+
 @dataclass
 class _Feed:
-    subscribers: set[asyncio.Queue[dict[str, Any]]] = field(default_factory=set)
+    subscribers: set[_Subscriber] = field(default_factory=set)
     cursor: int = 0  # the highest seq fetched and handed out for this run
 
 
@@ -58,7 +79,9 @@ class EventHub:
         libpq_url: str,
         poll_seconds: float = 2.0,
         outage_seconds: float = OUTAGE_SECONDS,
+        subscriber_buffer: int = SUBSCRIBER_BUFFER,
     ) -> None:
+        self._buffer = subscriber_buffer
         self._engine = engine
         self._url = libpq_url
         self._poll = poll_seconds
@@ -96,9 +119,9 @@ class EventHub:
         event, or as soon as the run is seen to be over without one left to send: a follower
         never outlives its run, whatever its resume point and whether or not events remain."""
         after_seq = min(after_seq, events_db.MAX_SEQ)  # a cursor the fetch query can bind
-        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        subscriber = _Subscriber(self._buffer)
         feed = self._feeds.setdefault(run_id, _Feed(cursor=after_seq))
-        feed.subscribers.add(queue)  # before the replay: nothing committed later is missed
+        feed.subscribers.add(subscriber)  # before the replay: nothing committed later is missed
         last, positioned = after_seq, False
         try:
             backlog = await self._read_through_outages(run_id, last)
@@ -122,21 +145,23 @@ class EventHub:
                     if feed.cursor < cursor:
                         self._want({run_id: cursor})
                     positioned = True
-                backlog = await self._next(queue, run_id, last)
+                backlog = await self._next(subscriber, run_id, last)
         finally:
-            feed.subscribers.discard(queue)
+            feed.subscribers.discard(subscriber)
             if not feed.subscribers and self._feeds.get(run_id) is feed:
                 del self._feeds[run_id]
 
-    async def _next(
-        self, queue: asyncio.Queue[dict[str, Any]], run_id: str, last: int
-    ) -> events_db.Backlog:
+    async def _next(self, subscriber: _Subscriber, run_id: str, last: int) -> events_db.Backlog:
         """What comes after `last`: the next live row, or the table's backlog when rows were
-        skipped or nothing arrived for a while (a lost notification, or a run that ended
-        without an event this follower is owed, must not keep the stream open)."""
+        skipped (dropped from a full buffer, too) or nothing arrived for a while (a lost
+        notification, or a run that ended without an event this follower is owed, must not
+        keep the stream open)."""
         while True:
+            if subscriber.overflowed and subscriber.queue.empty():
+                subscriber.overflowed = False  # rows arriving from now on are kept again
+                return await self._read_through_outages(run_id, last)
             try:
-                row = await asyncio.wait_for(queue.get(), timeout=self._poll)
+                row = await asyncio.wait_for(subscriber.queue.get(), timeout=self._poll)
             except TimeoutError:
                 return await self._read_through_outages(run_id, last)
             if row["seq"] == last + 1:
@@ -207,8 +232,8 @@ class EventHub:
                 if feed is None or row["seq"] <= feed.cursor:
                     continue
                 feed.cursor = row["seq"]
-                for queue in feed.subscribers:
-                    queue.put_nowait(dict(row))
+                for subscriber in feed.subscribers:
+                    subscriber.offer(dict(row))
 
     async def _listen(self) -> None:
         """Keep one LISTEN connection; after any reconnect, fetch everything followed. While

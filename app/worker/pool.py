@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 
 import procrastinate
 from procrastinate import JobContext
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import Settings
 from app.db import events as events_db
@@ -41,12 +42,19 @@ def libpq_url(database_url: str) -> str:
     return database_url
 
 
-def queue_app(settings: Settings, runtime: runtimes.Runtime) -> procrastinate.App:
+def queue_pool_size(concurrency: int) -> int:
+    """Connections of procrastinate's pool for a worker running `concurrency` runs at once.
+    It serves one job fetch at a time, each job's finish, heartbeats and LISTEN: psycopg_pool's
+    default of 4 starves a worker running many runs; past 32 they queue briefly instead."""
+    return max(4, min(concurrency // 4 + 4, 32))
+
+
+def queue_app(
+    settings: Settings, runtime: runtimes.Runtime, concurrency: int = 1
+) -> procrastinate.App:
     """A procrastinate app whose workers execute runs with `runtime`."""
     assert settings.database_url is not None
-    # The pool serves job fetches, finishes, heartbeats and LISTEN: psycopg_pool's default of 4
-    # starves a worker running many runs at once.
-    size = max(4, min(settings.worker_concurrency // 4 + 4, 32))
+    size = queue_pool_size(concurrency)
     connector = procrastinate.PsycopgConnector(
         conninfo=libpq_url(settings.database_url), min_size=2, max_size=size
     )
@@ -68,15 +76,21 @@ def queue_app(settings: Settings, runtime: runtimes.Runtime) -> procrastinate.Ap
 
 
 @contextlib.asynccontextmanager
-async def worker_pool(settings: Settings, concurrency: int) -> AsyncIterator[None]:
-    """Run `concurrency` run-executing workers in this process until the block exits."""
-    engine = create_engine(settings)
+async def worker_pool(
+    settings: Settings, concurrency: int, engine: AsyncEngine | None = None
+) -> AsyncIterator[None]:
+    """Run `concurrency` run-executing workers in this process until the block exits; with
+    `engine` (`threadline serve`: the API's), on its pool rather than one of their own, so that
+    one process holds one pool of database connections."""
+    own_engine = engine is None
+    if engine is None:
+        engine = create_engine(settings)
     await asyncio.to_thread(stored_counter)  # load the vocabulary now, not on the first ask
     writer = EventWriter(engine, settings.event_tick_seconds)
     lease = WorkerLease(engine)
     await lease.acquire()
     runtime = runtimes.Runtime(engine, settings, Router(settings), writer, lease)
-    app = queue_app(settings, runtime)
+    app = queue_app(settings, runtime, concurrency)
     registered = _remember_registrations(app)
     async with app.open_async():
         background = [
@@ -113,7 +127,8 @@ async def worker_pool(settings: Settings, concurrency: int) -> AsyncIterator[Non
                 await writer.flush()
             await lease.release()
             await aclose_shared_client()
-            await engine.dispose()
+            if own_engine:
+                await engine.dispose()
 
 
 async def _recover_runs(runtime: runtimes.Runtime) -> None:
@@ -181,10 +196,7 @@ async def _retry_stalled(
             log.exception("checking for stalled jobs failed")
 
 
-async def _prune_events(engine: object, settings: Settings) -> None:
-    from sqlalchemy.ext.asyncio import AsyncEngine
-
-    assert isinstance(engine, AsyncEngine)
+async def _prune_events(engine: AsyncEngine, settings: Settings) -> None:
     while True:
         await asyncio.sleep(min(settings.event_retention_seconds / 4, 300))
         try:
