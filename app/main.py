@@ -40,7 +40,7 @@ def create_app(settings: Settings | None = None, *, workers: int = 0) -> FastAPI
         gc.freeze()
         try:
             if workers:  # `threadline serve`: the worker pool runs in this process too
-                async with worker_pool(settings, workers, app.state.engine):
+                async with worker_pool(settings, workers, app.state.engine, app.state.hub.publish):
                     yield
             else:
                 yield

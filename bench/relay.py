@@ -25,7 +25,9 @@ from starlette.routing import Route
 
 
 def relay_app(upstream_url: str, model: str = "gpt-4o-mini") -> Starlette:
-    client = openai.AsyncOpenAI(api_key="sk-relay", base_url=upstream_url, max_retries=0)
+    # Retries as Threadline's default (THREADLINE_LLM_MAX_RETRIES=3): a connect timeout to a
+    # busy upstream is retried by both, or the relay would fail streams Threadline completes.
+    client = openai.AsyncOpenAI(api_key="sk-relay", base_url=upstream_url, max_retries=3)
 
     async def create_session(_request: Request) -> JSONResponse:
         return JSONResponse({"id": str(uuid.uuid4())}, status_code=201)

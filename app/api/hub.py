@@ -1,7 +1,9 @@
 """The event hub: one LISTEN connection per API process, fanning run events out to SSE clients.
 
 A worker's tick sends one NOTIFY naming the runs with new events. The hub fetches them for every
-followed run in one query and hands each row to that run's subscribers. A subscriber first
+followed run in one query and hands each row to that run's subscribers. The workers of its own
+process (`threadline serve`) hand it their committed rows directly (publish): those are not
+read back, only the other processes' are. A subscriber first
 catches up from the table (replay), then takes live rows, skipping what it has and refilling
 any gap from the table: every event exactly once, in order, on any API instance. It ends with
 the run: after the terminal event, or once the run is seen to be over with nothing left to send.
@@ -188,6 +190,19 @@ class EventHub:
                 log.info("run %s: database unavailable, reading again in %g s", run_id, delay)
             await asyncio.sleep(delay)
         raise AssertionError("unreachable: the backoff never ends")
+
+    def publish(self, rows: list[dict[str, Any]]) -> None:
+        """Rows this process's worker has just committed, handed to their followers from
+        memory (the NOTIFY that follows finds nothing left to fetch). Only a feed's next row
+        (seq = cursor + 1) is: after a gap (events of another transaction whose NOTIFY is not
+        read yet) the rest is left to the fetch loop, which reads them from the table."""
+        for row in rows:
+            feed = self._feeds.get(str(row["run_id"]))
+            if feed is None or row["seq"] != feed.cursor + 1:
+                continue
+            feed.cursor = row["seq"]
+            for subscriber in feed.subscribers:
+                subscriber.offer(row)
 
     def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
         try:

@@ -20,7 +20,7 @@ from app.db.engine import create_engine
 from app.db.jobs import RUN_QUEUE, RUN_TASK
 from app.llm.router import Router
 from app.llm.tokenizers import stored_counter
-from app.runs.writer import EventWriter
+from app.runs.writer import Committed, EventWriter
 from app.services import runs
 from app.services.asks import expire_waiting_runs
 from app.tools.webhook import aclose_shared_client
@@ -77,16 +77,20 @@ def queue_app(
 
 @contextlib.asynccontextmanager
 async def worker_pool(
-    settings: Settings, concurrency: int, engine: AsyncEngine | None = None
+    settings: Settings,
+    concurrency: int,
+    engine: AsyncEngine | None = None,
+    on_committed: Committed | None = None,
 ) -> AsyncIterator[None]:
     """Run `concurrency` run-executing workers in this process until the block exits; with
     `engine` (`threadline serve`: the API's), on its pool rather than one of their own, so that
-    one process holds one pool of database connections."""
+    one process holds one pool of database connections; `on_committed` is told the run events
+    they commit (serve: its event hub, for this process's followers)."""
     own_engine = engine is None
     if engine is None:
         engine = create_engine(settings)
     await asyncio.to_thread(stored_counter)  # load the vocabulary now, not on the first ask
-    writer = EventWriter(engine, settings.event_tick_seconds)
+    writer = EventWriter(engine, settings.event_tick_seconds, on_committed)
     lease = WorkerLease(engine)
     await lease.acquire()
     runtime = runtimes.Runtime(engine, settings, Router(settings), writer, lease)
