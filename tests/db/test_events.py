@@ -97,7 +97,10 @@ async def test_rows_numbered_in_memory_are_the_rows_the_table_holds(engine: Asyn
         stored = await events_db.read_events_of_runs(conn, {first: 2, second: 2})
     numbered = events_db.numbered(events, last)
     as_read = [{**dict(row), "run_id": str(row["run_id"])} for row in stored]
-    key = lambda row: (row["run_id"], row["seq"])  # noqa: E731
+
+    def key(row: dict[str, Any]) -> tuple[str, int]:
+        return (str(row["run_id"]), int(row["seq"]))
+
     assert sorted(numbered, key=key) == sorted(as_read, key=key)
     for row in as_read:
         (mine,) = [r for r in numbered if key(r) == key(row)]
