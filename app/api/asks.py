@@ -69,7 +69,9 @@ async def ask(
         await service.cancel_run(engine, tenant, run_id)
 
     gone = cancel_run if body.on_disconnect == "cancel" else None
-    stream = await event_stream(hub, run_id, 0, settings.sse_heartbeat_seconds, gone)
+    stream = await event_stream(
+        hub, run_id, 0, settings.sse_heartbeat_seconds, gone, created=result.created
+    )
     if stream is None:  # a repeated Idempotency-Key's run, over and its events gone
         run = await service.get_run(engine, tenant, run_id)
         return JSONResponse(Run.of(run).model_dump(mode="json"), status_code=202)
