@@ -41,6 +41,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Coroutine, Iterator, Sequence
@@ -620,6 +621,7 @@ class StepResult:
     checked: Integrity
     cpu: str
     error: str | None
+    memory: str
 
     @property
     def met(self) -> bool:
@@ -638,9 +640,10 @@ async def stream_step(
     tags = [new_tag() for _ in sessions]
     traces = [upstream.plan(tag, STREAM_TEXTS, TOKEN_DELAY) for tag in tags]
     before = server_cpu(pids)
-    streams = await asyncio.gather(
-        *(ask(client, s, t) for s, t in zip(sessions, tags, strict=True))
-    )
+    with peak_rss(pids.server) as memory:
+        streams = await asyncio.gather(
+            *(ask(client, s, t) for s, t in zip(sessions, tags, strict=True))
+        )
     cpu = cpu_use(before, server_cpu(pids))
     upstream.clear()
     return StepResult(
@@ -650,7 +653,42 @@ async def stream_step(
         integrity(streams, "".join(STREAM_TEXTS)),
         cpu,
         first_error(streams),
+        memory.describe(count),
     )
+
+
+@dataclass
+class Memory:
+    """A server's resident memory before a phase and its peak during it (MB)."""
+
+    before: float
+    peak: float
+
+    def describe(self, streams: int) -> str:
+        grown = self.peak - self.before
+        return (
+            f"{self.before:.0f} MB before, peak {self.peak:.0f} MB:"
+            f" +{grown:.0f} MB, {grown * 1024 / streams:.0f} KB per stream"
+        )
+
+
+@contextmanager
+def peak_rss(pid: int) -> Iterator[Memory]:
+    """Sample the server's resident memory every 0.5 s in a thread while the block runs."""
+    memory = Memory(rss_mb(pid), rss_mb(pid))
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.5):
+            memory.peak = max(memory.peak, rss_mb(pid))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        yield memory
+    finally:
+        done.set()
+        sampler.join()
 
 
 def report_latency(area: str, label: str, latencies: list[float], gaps: list[float]) -> None:
@@ -666,6 +704,7 @@ def report_step(area: str, step: StepResult) -> None:
     report(area, "  verdict", "meets the bound" if step.met else "misses the bound")
     report(area, "  integrity", step.checked.describe(step.streams))
     report(area, "  cpu", step.cpu)
+    report(area, "  server memory (RSS)", step.memory)
     if step.error:
         report(area, "  first error", step.error)
 
@@ -704,26 +743,14 @@ async def bench_slow_readers(
     tags = [new_tag() for _ in sessions]
     traces = [upstream.plan(tag, STREAM_TEXTS, TOKEN_DELAY) for tag in tags]
     stalled = set(range(SLOW_STALLED))
-    rss_before = rss_mb(pids.server)
-    rss_peak = rss_before
-
-    async def sample_memory() -> None:
-        nonlocal rss_peak
-        while True:
-            await asyncio.sleep(0.5)
-            rss_peak = max(rss_peak, rss_mb(pids.server))
-
-    sampler = asyncio.create_task(sample_memory())
     before = server_cpu(pids)
-    try:
+    with peak_rss(pids.server) as memory:
         streams = await asyncio.gather(
             *(
                 ask(client, s, t, STALL_AFTER_DELTAS if i in stalled else None)
                 for i, (s, t) in enumerate(zip(sessions, tags, strict=True))
             )
         )
-    finally:
-        sampler.cancel()
     cpu = cpu_use(before, server_cpu(pids))
     upstream.clear()
     readers = [
@@ -748,7 +775,7 @@ async def bench_slow_readers(
     report(area, "  integrity", integrity([s for s, _ in readers], expected).describe(len(readers)))
     stalled_streams = [streams[i] for i in sorted(stalled)]
     report(area, "the stalled ones", integrity(stalled_streams, expected).describe(len(stalled)))
-    report(area, "server memory (RSS)", f"{rss_before:.0f} MB before, peak {rss_peak:.0f} MB")
+    report(area, "server memory (RSS)", memory.describe(SLOW_STREAMS))
     report(area, "  cpu", cpu)
     if error := first_error(streams):
         report(area, "  first error", error)

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 
 from app.api.bodies import JSONRoute
-from app.api.deps import Config, Engine, Hub, IdempotencyKey, Tenant
+from app.api.deps import Config, Engine, Hub, IdempotencyKey, LocalWorkers, Tenant
 from app.api.errors import error_responses
 from app.api.schemas import AskRequest, Run
 from app.api.sse import RUN_INSTEAD_OF_STREAM, SSE_RESPONSE, ResumeAfter, event_stream
@@ -37,6 +37,7 @@ async def ask(
     tenant: Tenant,
     settings: Config,
     hub: Hub,
+    local_workers: LocalWorkers,
     idempotency_key: IdempotencyKey = None,
 ) -> Response:
     """Commit the user's entry and start a run; stream its events, or answer 202 with it."""
@@ -62,6 +63,8 @@ async def ask(
     )
     result = await service.ask(engine, settings, tenant, str(session_id), params)
     run_id = result.run.id
+    if result.created and local_workers is not None:
+        local_workers.offer(run_id, result.run.job_id)
     if not body.stream:
         return JSONResponse(Run.of(result.run).model_dump(mode="json"), status_code=202)
 

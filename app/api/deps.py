@@ -11,6 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.api.hub import EventHub
 from app.config import Settings
 from app.services.keys import tenant_for_key
+from app.worker.handoff import Handoff
 
 _bearer = HTTPBearer(auto_error=False, description="An API key: `threadline keys create`.")
 
@@ -18,6 +19,12 @@ _bearer = HTTPBearer(auto_error=False, description="An API key: `threadline keys
 def get_engine(request: Request) -> AsyncEngine:
     engine: AsyncEngine = request.app.state.engine
     return engine
+
+
+def get_handoff(request: Request) -> Handoff | None:
+    """The workers of this process (`threadline serve`), to start its asks' runs at once."""
+    handoff: Handoff | None = request.app.state.handoff
+    return handoff
 
 
 def get_hub(request: Request) -> EventHub:
@@ -48,6 +55,7 @@ Engine = Annotated[AsyncEngine, Depends(get_engine)]
 Config = Annotated[Settings, Depends(get_settings)]
 Tenant = Annotated[str, Depends(get_tenant)]
 Hub = Annotated[EventHub, Depends(get_hub)]
+LocalWorkers = Annotated[Handoff | None, Depends(get_handoff)]
 IdempotencyKey = Annotated[
     str | None,
     Header(

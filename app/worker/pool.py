@@ -25,6 +25,7 @@ from app.services import runs
 from app.services.asks import expire_waiting_runs
 from app.tools.webhook import aclose_shared_client
 from app.worker import runtime as runtimes
+from app.worker.handoff import Handoff
 from app.worker.lease import WorkerLease
 from app.worker.run import execute_run
 
@@ -81,11 +82,12 @@ async def worker_pool(
     concurrency: int,
     engine: AsyncEngine | None = None,
     on_committed: Committed | None = None,
-) -> AsyncIterator[None]:
+) -> AsyncIterator[Handoff]:
     """Run `concurrency` run-executing workers in this process until the block exits; with
     `engine` (`threadline serve`: the API's), on its pool rather than one of their own, so that
     one process holds one pool of database connections; `on_committed` is told the run events
-    they commit (serve: its event hub, for this process's followers)."""
+    they commit (serve: its event hub, for this process's followers). Yields the handoff
+    through which this process's asks start their runs at once (app/worker/handoff.py)."""
     own_engine = engine is None
     if engine is None:
         engine = create_engine(settings)
@@ -96,6 +98,7 @@ async def worker_pool(
     runtime = runtimes.Runtime(engine, settings, Router(settings), writer, lease)
     app = queue_app(settings, runtime, concurrency)
     registered = _remember_registrations(app)
+    handoff = Handoff(runtime, registered, concurrency, execute_run)
     async with app.open_async():
         background = [
             asyncio.create_task(writer.run(), name="event-writer"),
@@ -103,6 +106,7 @@ async def worker_pool(
             asyncio.create_task(_recover_runs(runtime), name="run-recovery"),
             asyncio.create_task(_retry_stalled(app, runtime, registered), name="stalled-jobs"),
             asyncio.create_task(_prune_events(engine, settings), name="event-pruner"),
+            asyncio.create_task(handoff.watch_aborts(), name="handoff-aborts"),
             asyncio.create_task(
                 app.run_worker_async(
                     queues=[RUN_QUEUE],
@@ -115,8 +119,9 @@ async def worker_pool(
             ),
         ]
         try:
-            yield
+            yield handoff
         finally:
+            await handoff.close(settings.worker_shutdown_seconds)
             for task in reversed(background):
                 task.cancel()
                 with contextlib.suppress(BaseException):
