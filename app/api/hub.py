@@ -45,6 +45,17 @@ RETRY_MAX_SECONDS = 5.0
 OUTAGE_SECONDS = 300.0  # how long a follower waits for the database before giving up
 # Live rows buffered per subscriber; past it they are dropped, and read from the table later.
 SUBSCRIBER_BUFFER = 256
+# A follower that hears nothing reads the table after poll_seconds, then after twice as long
+# each time, up to this: a thousand streams waiting on a slow model must not become hundreds
+# of reads a second (nothing is missed meanwhile: a live row, or a reconnected LISTEN, ends
+# the wait at once).
+POLL_MAX_SECONDS = 30.0
+
+
+def poll_wait(first: float, idle_reads: int) -> float:
+    """How long a follower waits for a live row after `idle_reads` reads that brought none."""
+    grown: float = first * 2.0 ** min(idle_reads, 16)
+    return max(first, min(grown, POLL_MAX_SECONDS))
 
 
 def _backoff() -> Iterator[float]:
@@ -60,6 +71,7 @@ class _Subscriber:
     def __init__(self, size: int) -> None:
         self.queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=size)
         self.overflowed = False  # rows were dropped: the table has them
+        self.idle_reads = 0  # table reads since the last live row (see poll_wait)
 
     def offer(self, row: dict[str, Any]) -> None:
         try:
@@ -163,9 +175,12 @@ class EventHub:
                 subscriber.overflowed = False  # rows arriving from now on are kept again
                 return await self._read_through_outages(run_id, last)
             try:
-                row = await asyncio.wait_for(subscriber.queue.get(), timeout=self._poll)
+                wait = poll_wait(self._poll, subscriber.idle_reads)
+                row = await asyncio.wait_for(subscriber.queue.get(), timeout=wait)
             except TimeoutError:
+                subscriber.idle_reads += 1
                 return await self._read_through_outages(run_id, last)
+            subscriber.idle_reads = 0
             if row["seq"] == last + 1:
                 return events_db.Backlog([row], ended=False, last_seq=row["seq"])
             if row["seq"] > last:  # a gap: refill it from the table

@@ -192,3 +192,10 @@ async def test_a_stalled_follower_holds_a_bounded_buffer_and_gets_every_event_la
         assert run_id not in small._feeds  # the follower let go of its feed
     finally:
         await small.stop()
+
+
+def test_a_follower_that_hears_nothing_reads_the_table_less_and_less_often() -> None:
+    waits = [hub_module.poll_wait(2.0, reads) for reads in range(8)]
+    assert waits == [2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0, 30.0]
+    assert hub_module.poll_wait(3600.0, 5) == 3600.0  # never shorter than the first wait
+    assert hub_module.poll_wait(2.0, 10**6) == 30.0
