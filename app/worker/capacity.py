@@ -25,7 +25,8 @@ MAX_RUNS = 10_000
 FILES_PER_RUN = 4
 # Database pools, the embedded cluster's files, logs, imports: kept out of the runs' share.
 RESERVED_FILES = 256
-# Per waiting run, generously (measured: ~100 KB in the streaming benchmark, see README).
+# Per waiting run, generously: bench/streams.py measures the server's resident memory growing
+# by tens of KB per stream (and the bare relay's by about as much).
 MEMORY_PER_RUN = 2 * 1024 * 1024
 # When the limits cannot be read (not Linux/Unix): a number any small host carries.
 FALLBACK_RUNS = 1000
