@@ -46,6 +46,7 @@ readme: $(RUN_STAMP)
 
 bench: $(TEST_STAMP) postgres pgbouncer
 	$(BIN)/python -m bench.journal
+	$(BIN)/python -m bench.streams
 
 $(BIN)/python:
 	@echo "==> creating the virtualenv $(VENV)"

@@ -935,7 +935,7 @@ def model_seconds() -> float:
 
 
 def client_for_url(url: str, key: str, streams: int) -> httpx.AsyncClient:
-    return client_for(Server(url, 0), key, streams)
+    return client_for(Server("threadline", url, 0), key, streams)
 
 
 # --- Running --------------------------------------------------------------------------------
