@@ -145,6 +145,14 @@ class Script:
         return output
 
 
+def test_the_streaming_helper_with_scripted_answers(package: Path) -> None:
+    """Heartbeats inside a stream, a stream ended before its run, error answers (the API's
+    JSON one and a proxy's page), a 204, an abort: a client whose fetch answers from a script
+    (clients/typescript/test/helper.ts)."""
+    output = Script(package, "http://threadline.test", "sk-test").run("helper")
+    assert output.count("ok: ") == 5, output
+
+
 def key_of(api: httpx.AsyncClient) -> str:
     return api.headers["Authorization"].removeprefix("Bearer ")
 

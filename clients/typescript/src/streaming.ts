@@ -124,7 +124,7 @@ export async function* runEvents(
   const path = `/v1/runs/${encodeURIComponent(runId)}/events`;
   let after = options.after ?? 0;
   let failures = 0;
-  for (;;) {
+  while (!options.signal?.aborted) {
     try {
       const response = await open(options, "GET", path, undefined, {
         "Last-Event-ID": String(after),
@@ -139,8 +139,8 @@ export async function* runEvents(
       if (options.signal?.aborted) return;
       // the server ended the stream before the run ended (e.g. it shut down): go on elsewhere
     } catch (error) {
-      if (!(error instanceof Dropped)) throw error;
       if (options.signal?.aborted) return;
+      if (!(error instanceof Dropped)) throw error;
       failures += 1;
       if (failures > (options.reconnects ?? 5)) throw unwrap(error);
       await sleep(Math.min(200 * 2 ** failures, 5_000));
@@ -194,9 +194,9 @@ async function* startAndFollow(
     }
     if (options.signal?.aborted) return;
   } catch (error) {
+    if (options.signal?.aborted) return;
     // before run.created nothing says which run: the caller asks again (same Idempotency-Key)
     if (!(error instanceof Dropped) || runId === undefined) throw unwrap(error);
-    if (options.signal?.aborted) return;
   }
   if (runId !== undefined) yield* runEvents(runId, { ...options, after: last });
 }
@@ -225,7 +225,6 @@ async function open(
       signal: options.signal,
     });
   } catch (error) {
-    if (options.signal?.aborted) throw error;
     throw new Dropped("the connection failed", { cause: error });
   }
   if (response.status === 204) return null;
