@@ -19,9 +19,10 @@
  * `runEvents(runId, { after: lastId })`. An error answer instead of a stream (e.g. 409
  * `session_busy`) throws `StreamRefused` with the server's JSON error.
  *
- * The generated `ask` and `compactSession` functions cannot do this (their SSE client would
- * resend the POST to reconnect, and cannot read a 202): `submitAsk` and `submitCompaction`
- * start a run without streaming and return it.
+ * The generated `ask`, `compactSession` and `streamRunEvents` cannot do this: their generic SSE
+ * client yields each event's `data` alone, retries an error answer without end, reconnects by
+ * resending the POST (a second ask), and cannot read a 202. `submitAsk` and
+ * `submitCompaction` start a run without streaming and return it.
  */
 
 import { createParser, type EventSourceMessage } from "eventsource-parser";
