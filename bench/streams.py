@@ -61,7 +61,7 @@ from app.db.engine import create_engine
 from app.services.keys import create_key
 from app.worker.pool import libpq_url
 from bench.journal import report
-from testkit.server import free_port
+from testkit.server import free_port, wait_ready
 from testkit.sse_client import TERMINAL, events
 from testkit.upstream import FakeUpstream, Json, Script, Step, Text
 
@@ -185,18 +185,6 @@ def server_env(database_url: str, upstream: TimedUpstream) -> dict[str, str]:
     }
     env.update({f"THREADLINE_{k.upper()}": str(v) for k, v in values.items()})
     return env
-
-
-def wait_ready(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and process.poll() is None:
-        try:
-            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"threadline serve never became ready:\n{log.read_text()[-2000:]}")
 
 
 def stop(process: subprocess.Popen[bytes]) -> None:

@@ -90,9 +90,8 @@ from bench.streams import (
     stat_fields,
     stop,
     tenant_key,
-    wait_ready,
 )
-from testkit.server import free_port
+from testkit.server import free_port, wait_ready
 from testkit.upstream import Json, Script, Text, ToolCall
 
 # --- 1. Iteration overhead ------------------------------------------------------------------
