@@ -44,7 +44,7 @@ def _ping(dbapi_connection: Any) -> bool:
     a streaming process. A simple-protocol query prepares nothing, so it is as safe behind a
     transaction pooler (its own transaction there)."""
     try:
-        _await(dbapi_connection._connection.execute(";"))
+        _await(dbapi_connection._connection.execute("SELECT 1"))
     except Exception as error:
         dbapi_connection._handle_exception(error)  # raised as the DBAPI error, as the dialect's
     return True
