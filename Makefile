@@ -12,6 +12,8 @@ TEST_STAMP := $(VENV)/.installed-test-$(SUM)
 # The AI SDK (npm package `ai`, pinned by its lockfile) that tests drive the useChat endpoint with.
 AI_SDK_DIR := tests/api/ui_chat_js
 AI_SDK := $(AI_SDK_DIR)/node_modules/.package-lock.json
+# Also what tests/clients/test_typescript.py checks before running `npm ci` itself.
+NPM_STAMP := clients/typescript/node_modules/.installed
 # --no-compile: byte-compiling every installed module took most of a cold install (~60 of
 # ~100 s); Python compiles the modules the service imports on first use instead.
 PIP := $(BIN)/pip install --disable-pip-version-check --progress-bar on --no-compile
@@ -24,7 +26,7 @@ SHOW_PROGRESS := awk '/^ *\[ *[0-9]+(%|\/[0-9]+)\]|^(Collecting|Building|Install
 run: $(RUN_STAMP) postgres
 	$(BIN)/threadline serve
 
-test: $(TEST_STAMP) postgres pgbouncer lint $(AI_SDK)
+test: $(TEST_STAMP) postgres pgbouncer lint $(NPM_STAMP) $(AI_SDK)
 	$(BIN)/pytest
 
 # The client sources written by hand (not the generated package beside them).
@@ -39,9 +41,21 @@ openapi: $(RUN_STAMP)
 	$(BIN)/threadline openapi > openapi/openapi.json
 
 # The Python client, generated from openapi/openapi.json (with the streaming helper) into
-# clients/python/threadline_client; `pip install clients/python` installs it.
-clients: $(TEST_STAMP)
+# clients/python/threadline_client; `pip install clients/python` installs it. The TypeScript
+# client, generated into clients/typescript/src/generated and built into its dist/.
+clients: $(TEST_STAMP) $(NPM_STAMP)
 	$(BIN)/python clients/python/generate.py
+	cd clients/typescript && log=$$(npm run --silent generate 2>&1) && echo "$$log" \
+		&& ! grep -qi warn <<<"$$log" || { echo "openapi-ts failed or warned"; exit 1; }
+	cd clients/typescript && npx tsc
+
+# The TypeScript client's tools (the generator, tsc) and its tests' (eventsource), pinned by
+# its package-lock.json; `make test` needs them for the TypeScript client's tests.
+$(NPM_STAMP): clients/typescript/package-lock.json
+	@command -v npm >/dev/null || { echo "npm not found: install Node.js 20.19+ (with npm)"; exit 1; }
+	@echo "==> installing the TypeScript client's packages (npm ci)"
+	cd clients/typescript && npm ci --no-audit --no-fund
+	touch $@
 
 # The README's tables of run states and run events, generated from app/runs.
 readme: $(RUN_STAMP)
@@ -49,6 +63,7 @@ readme: $(RUN_STAMP)
 
 bench: $(TEST_STAMP) postgres pgbouncer
 	$(BIN)/python -m bench.journal
+	$(BIN)/python -m bench.streams
 
 $(BIN)/python:
 	@echo "==> creating the virtualenv $(VENV)"
@@ -65,12 +80,8 @@ $(TEST_STAMP): $(RUN_STAMP)
 	$(PIP) -e '.[dev,local]'
 	rm -f $(VENV)/.installed-test-* && touch $@
 
-# Node and npm from Debian's packages when absent (as root, like PostgreSQL below).
 $(AI_SDK): $(AI_SDK_DIR)/package-lock.json
-	@if ! command -v npm >/dev/null && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-		echo "==> installing Node and npm (apt-get install -y nodejs npm)"; \
-		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends nodejs npm; \
-	fi
+	@command -v npm >/dev/null || { echo "npm not found: install Node.js 20.19+ (with npm)"; exit 1; }
 	@echo "==> installing the AI SDK for the useChat tests (npm ci)"
 	npm ci --prefix $(AI_SDK_DIR) --no-audit --no-fund
 

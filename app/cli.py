@@ -42,6 +42,20 @@ def progress(step: str) -> None:
     print(f"==> {step}", file=sys.stderr, flush=True)
 
 
+def runs_at_once(settings: Settings, requested: int | None = None) -> int:
+    """Runs this process executes at once: as requested or configured, else what it can carry
+    (app/worker/capacity.py). The open-file limit is raised either way: runs hold sockets."""
+    from app.worker.capacity import default_concurrency, raise_open_file_limit
+
+    if requested is not None:
+        raise_open_file_limit()
+        return requested
+    if settings.worker_concurrency is not None:
+        raise_open_file_limit()
+        return settings.worker_concurrency
+    return default_concurrency()
+
+
 def serve(settings: Settings) -> None:
     import uvicorn
 
@@ -74,8 +88,11 @@ def serve(settings: Settings) -> None:
                 key_file.touch(mode=0o600)
                 key_file.write_text(key + "\n")
             print(f"Development API key: {key}", flush=True)
+        workers = runs_at_once(ready)
         print(f"Threadline serving on http://{ready.host}:{ready.port}", flush=True)
-        app = create_app(ready, workers=ready.worker_concurrency)
+        if workers:
+            print(f"Runs executed at once: {workers}", flush=True)
+        app = create_app(ready, workers=workers)
         uvicorn.run(app, host=ready.host, port=ready.port, log_level=ready.log_level)
 
 
@@ -230,7 +247,7 @@ def main(argv: list[str] | None = None) -> None:
         overrides = {k: v for k, v in flags if v is not None}
         serve(settings.model_copy(update=overrides))
     elif args.command == "worker":
-        worker(settings, args.concurrency or settings.worker_concurrency or 1)
+        worker(settings, runs_at_once(settings, args.concurrency) or 1)
     elif args.command == "migrate":
         migrate(settings)
     elif args.command == "keys":

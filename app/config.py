@@ -121,8 +121,13 @@ class Settings(BaseSettings):
     breaker_cooldown_seconds: float = Field(
         default=30, ge=0, description="How long a tripped provider is skipped."
     )
-    worker_concurrency: int = Field(
-        default=8, ge=0, description="Runs `threadline serve` executes at once (0: API only)."
+    worker_concurrency: int | None = Field(
+        default=None,
+        ge=0,
+        description="Runs `threadline serve` (or `threadline worker`) executes at once (0: API "
+        "only). Unset: what the process can carry, min(10000, (open-file limit - 256) / 4, "
+        "available memory / 2 MB): a run waiting on its model holds memory and sockets, not "
+        "CPU nor a database connection. Asks beyond it wait in the queue.",
     )
     worker_heartbeat_seconds: float = Field(
         default=5, gt=0, description="How often a worker tells the queue it is alive."

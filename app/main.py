@@ -67,7 +67,9 @@ def create_app(settings: Settings | None = None, *, workers: int = 0) -> FastAPI
         gc.freeze()
         try:
             if workers:  # `threadline serve`: the worker pool runs in this process too
-                async with worker_pool(settings, workers):
+                pool = worker_pool(settings, workers, app.state.engine, app.state.hub.publish)
+                async with pool as handoff:
+                    app.state.handoff = handoff
                     yield
             else:
                 yield
@@ -90,6 +92,7 @@ def create_app(settings: Settings | None = None, *, workers: int = 0) -> FastAPI
     # Unset: a key of this process only (its tokens open streams on this process alone).
     secret = settings.stream_token_secret or secrets.token_urlsafe(32)
     app.state.stream_token_secret = secret.encode()
+    app.state.handoff = None  # `threadline serve`: its workers start this process's asks
     install_error_handlers(app)
     install_docs(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)

@@ -29,6 +29,7 @@ from app.core.entries import EntryKind
 from app.core.formats import openai_request_tokens
 from app.core.policy import ContextPolicy
 from app.core.projection import JournalEntry, ProjectionInput, project
+from app.core.tokens import REPLY_PRIMING, TokenCounter
 from app.db.engine import create_engine
 from app.llm.tokenizers import encoding_counter
 from app.main import create_app
@@ -151,6 +152,43 @@ def report_figures(
     report("tokens", "largest full-history request", f"{max(full):,}")
     report("ratio", "full history / Threadline (all calls)", f"{sum(full) / sent:.1f}x")
     report("ratio", "Threadline / full history", f"{sent / sum(full):.4f}")
+    report_prefix([b for b in bodies if not scenario.is_summarization(b)], counter)
+
+
+KEEP_SHARE = 0.9
+
+
+def report_prefix(bodies: list[dict[str, Any]], counter: TokenCounter) -> None:
+    """How much of each model call for an ask repeats the one before it byte for byte (what a
+    provider's prompt cache can serve), compactions and window jumps included."""
+    kept = shared_total = 0
+    sizes = [openai_request_tokens(b, counter) for b in bodies]
+    for previous, current, previous_size in zip(bodies, bodies[1:], sizes, strict=False):
+        shared = shared_prefix_tokens(previous, current, counter)
+        shared_total += shared
+        kept += shared >= KEEP_SHARE * previous_size
+    pairs = max(1, len(bodies) - 1)
+    report("prefix", f"calls keeping >= {KEEP_SHARE:.0%} as prefix", f"{kept / pairs:.1%}")
+    report(
+        "prefix",
+        "input in the previous call's prefix",
+        f"{shared_total / max(1, sum(sizes[1:])):.1%} of input tokens",
+    )
+
+
+def shared_prefix_tokens(
+    previous: dict[str, Any], current: dict[str, Any], counter: TokenCounter
+) -> int:
+    """The tokens of the tools and leading messages `current` sends exactly as `previous` did."""
+    if previous.get("tools") != current.get("tools"):
+        return 0
+    same = 0
+    for old, new in zip(previous["messages"], current["messages"], strict=False):
+        if old != new:
+            break
+        same += 1
+    prefix = {"messages": current["messages"][:same], "tools": current.get("tools", [])}
+    return openai_request_tokens(prefix, counter) - REPLY_PRIMING
 
 
 def main() -> None:

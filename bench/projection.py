@@ -6,8 +6,10 @@ set, else a throwaway embedded cluster left at Postgres's default (durable) sett
 1. project_session on a short and a long session under one explicit policy: the loader should
    read about a budget's worth of the tail, whatever the session's length.
 2. tiktoken throughput over a mixed corpus, and what counting adds to a single-entry append.
-3. Pure: how often consecutive asks of a scripted conversation share their prompt prefix (what
-   provider prompt caches reuse) under chunked versus sliding windowing.
+3. Pure: how often consecutive asks of a scripted conversation (a tool-heavy research session
+   and a plain chat) keep their prompt prefix, and the share of input tokens a provider's prompt
+   cache can serve, at budgets of 4k to 32k, under chunked versus sliding windowing. Run only
+   this part with `python -m bench.projection prefix`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import json
 import os
 import random
 import statistics
+import sys
 import sysconfig
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -67,9 +70,10 @@ LARGE_CHARS = 100_000
 COUNT_SAMPLES = 30
 COUNT_REPEAT = 10  # entry_tokens calls per timing sample: one short count is a few µs
 
-TURNS = 300
-# A tight window (a turn is ~12% of the budget) and a roomier one (~3%).
-PREFIX_WINDOWS = (8_000, 32_000)
+TURNS = 200
+# From a tight window (a research turn is ~25% of the budget) to a roomy one (~3%).
+PREFIX_WINDOWS = (4_000, 8_000, 16_000, 32_000)
+# An ask keeps the prefix when it repeats at least this share of the previous ask's prompt.
 KEEP_SHARE = 0.9
 SEED = 20_261_122
 SYSTEM_PROMPT = (
@@ -422,7 +426,8 @@ class Turn:
 
 
 def script() -> list[Turn]:
-    """A varied conversation: short and long asks, answers, and tool results."""
+    """A research session: short and long asks and answers, a third of the turns calling a tool
+    whose result is up to 5,000 characters of JSON."""
     rng = random.Random(SEED)
     turns = []
     for _ in range(TURNS):
@@ -434,6 +439,15 @@ def script() -> list[Turn]:
             Turn(prose(rng, rng.randint(40, 700)), tool, prose(rng, rng.randint(80, 2_400)))
         )
     return turns
+
+
+def chat_script() -> list[Turn]:
+    """A plain chat: asks of 40-500 characters, answers of 80-1,500, no tools."""
+    rng = random.Random(SEED + 1)
+    return [
+        Turn(prose(rng, rng.randint(40, 500)), None, prose(rng, rng.randint(80, 1_500)))
+        for _ in range(TURNS)
+    ]
 
 
 class Journal:
@@ -476,18 +490,43 @@ class Journal:
 
 def shared_prefix_tokens(previous: Projection, current: Projection) -> int:
     """Tokens of the leading part of `current`'s request that is identical to `previous`'s."""
+    return _prefix_tokens(current, _same_messages(previous, current))
+
+
+def cacheable_tokens(previous: Projection, current: Projection) -> int:
+    """Tokens of `current`'s request a provider's prompt cache can serve: its prefix up to the
+    furthest cache breakpoint of `previous` (where that request wrote the cache) that it
+    repeats byte for byte."""
+    same = _same_messages(previous, current)
+    reached = [b for b in previous.meta.cache_breakpoints if b < same]
+    return _prefix_tokens(current, reached[-1] + 1) if reached else 0
+
+
+def _same_messages(previous: Projection, current: Projection) -> int:
+    """How many leading messages the two requests share, on the wire (-1: the tools differ)."""
     before = to_openai(previous.messages, previous.tool_spec)
     after = to_openai(current.messages, current.tool_spec)
     if before.get("tools") != after.get("tools"):
-        return 0
+        return -1
     same = 0
     for old, new in zip(before["messages"], after["messages"], strict=False):
         if old != new:
             break
         same += 1
+    return same
+
+
+def _prefix_tokens(projection: Projection, messages: int) -> int:
+    """The tokens of the tools and the first `messages` messages (none when -1)."""
+    if messages < 0:
+        return 0
     counter = stored_counter()
-    shared = sum(message_tokens(m, counter) for m in current.messages[:same])
-    return count_tools(current.tool_spec, counter) + shared
+    shared = sum(message_tokens(m, counter) for m in projection.messages[:messages])
+    return count_tools(projection.tool_spec, counter) + shared
+
+
+def request_tokens(projection: Projection) -> int:
+    return _prefix_tokens(projection, len(projection.messages))
 
 
 @dataclass
@@ -499,21 +538,29 @@ class WindowStats:
     truncated: int = 0
     prompt_tokens: int = 0
     shared_tokens: int = 0
+    request_tokens: int = 0  # as the shares count them: tools and messages
+    cacheable_tokens: int = 0
     thread_tokens: int = 0  # the whole conversation's stored token counts
 
     @property
     def kept_share(self) -> float:
         return self.kept / self.pairs
 
+    @property
+    def cacheable_share(self) -> float:
+        return self.cacheable_tokens / self.request_tokens
+
     def add(self, previous: Projection | None, current: Projection) -> None:
         self.asks += 1
         self.prompt_tokens += current.meta.estimated_tokens
+        self.request_tokens += request_tokens(current)
         self.truncated += current.meta.truncated
         if previous is None:
             return
         shared = shared_prefix_tokens(previous, current)
         self.pairs += 1
         self.shared_tokens += shared
+        self.cacheable_tokens += cacheable_tokens(previous, current)
         self.kept += shared >= KEEP_SHARE * previous.meta.estimated_tokens
         self.jumps += previous.meta.window_start_seq != current.meta.window_start_seq
 
@@ -534,12 +581,18 @@ def simulate(policy: ContextPolicy, turns: Sequence[Turn]) -> WindowStats:
 
 
 def bench_prefix() -> None:
-    turns = script()
-    for window in PREFIX_WINDOWS:
-        bench_prefix_window(ContextPolicy(max_input_tokens=window), turns)
+    summary: dict[str, list[str]] = {}
+    for name, turns in (("research", script()), ("chat", chat_script())):
+        for window in PREFIX_WINDOWS:
+            stats = bench_prefix_window(name, ContextPolicy(max_input_tokens=window), turns)
+            summary.setdefault(name, []).append(
+                f"{window // 1000}k {stats.kept_share:.1%} / {stats.cacheable_share:.1%}"
+            )
+    for name, figures in summary.items():
+        report("prefix", f"{name}: kept / cache can serve", ", ".join(figures))
 
 
-def bench_prefix_window(policy: ContextPolicy, turns: list[Turn]) -> None:
+def bench_prefix_window(name: str, policy: ContextPolicy, turns: list[Turn]) -> WindowStats:
     chunked = policy
     sliding = policy.model_copy(update={"window_chunk_tokens": 0})
     results = {
@@ -549,13 +602,18 @@ def bench_prefix_window(policy: ContextPolicy, turns: list[Turn]) -> None:
     chunk, slide = results.values()
     report(
         "prefix",
-        "conversation",
+        f"{name}, max_input {chunked.max_input_tokens:,}",
         f"{TURNS} turns ({sum(t.tool is not None for t in turns)} with a tool call), "
         f"{chunk.thread_tokens / TURNS:,.0f} tokens per turn; budget {chunked.budget:,} "
-        f"(max_input {chunked.max_input_tokens:,}, system prompt and {len(TOOLS)} tools)",
+        f"(system prompt and {len(TOOLS)} tools)",
     )
     for label, stats in results.items():
-        report("prefix", label, f"{stats.kept_share:.1%} of asks keep the prefix")
+        report(
+            "prefix",
+            label,
+            f"{stats.kept_share:.1%} of asks keep >= {KEEP_SHARE:.0%} of the prompt as prefix",
+        )
+        report("prefix", "  cache can serve", f"{stats.cacheable_share:.1%} of input tokens")
         report("prefix", "  window jumps", f"{stats.jumps} (of {stats.pairs} consecutive asks)")
         report(
             "prefix",
@@ -568,6 +626,7 @@ def bench_prefix_window(policy: ContextPolicy, turns: list[Turn]) -> None:
         f"{chunk.kept_share / slide.kept_share:.2f}" if slide.kept else "n/a (sliding kept none)"
     )
     report("prefix", "ratio chunked/sliding (kept share)", ratio)
+    return chunk
 
 
 # --- Running -----------------------------------------------------------------------------
@@ -599,6 +658,9 @@ async def run(url: str, source: str) -> None:
 
 
 def main() -> None:
+    if sys.argv[1:] == ["prefix"]:
+        bench_prefix()
+        return
     with database() as (url, source):
         asyncio.run(run(url, source))
 

@@ -37,7 +37,7 @@ from app.db.engine import create_engine
 from app.services.keys import create_key
 from app.worker.pool import libpq_url
 from testkit.pgbouncer import PgBouncer, find_pgbouncer
-from testkit.server import free_port
+from testkit.server import free_port, wait_ready
 from testkit.sse_client import TERMINAL, Event, events
 from testkit.upstream import FakeUpstream, Script, Text
 
@@ -86,18 +86,6 @@ def env_for(
 def start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
         return subprocess.Popen([THREADLINE, *args], env=env, stdout=out, stderr=out)
-
-
-def wait_ready(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and process.poll() is None:
-        try:
-            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"{url} never became ready:\n{log.read_text()[-2000:]}")
 
 
 @contextmanager

@@ -1,25 +1,37 @@
 """Streaming benchmark: what an ask adds before the first delta, and how many SSE streams one
-`threadline serve` carries.
+`threadline serve` carries with its default settings, each beside a bare relay measured in the
+same run.
 
-Prints figures only. Run with `python -m bench.streams`. The served process is the real thing:
-`threadline serve` (API and workers) in an OS process of its own, on a throwaway embedded
-cluster at Postgres's default (durable) settings except max_connections, raised so that the
-server's pools fit. The fake OpenAI upstream (a thread) and the load generator (httpx on
-uvloop) share this process. Each phase prints the CPU the server, Postgres, this process and
-the rest of the machine used, so a saturated load generator, or a busy shared machine, shows.
+Prints figures only. Run with `python -m bench.streams` (`make bench`); `--quick` (or
+BENCH_QUICK=1) runs fewer asks and only the first steps, to iterate; BENCH_PROFILE=<dir> has
+py-spy (the dev extra) sample each server into <dir>/<name>.txt (collapsed stacks).
+
+The served process is the real thing: `threadline serve` (API and workers) in an OS process of
+its own, at its default settings (only the model and its upstream are configured), on a
+throwaway embedded cluster at Postgres's defaults (durable). The baseline, bench/relay.py,
+relays the same fake upstream to SSE through the same SDK in an OS process of its own, with no
+database, auth or queue. The fake OpenAI upstream (a thread) and the load generator (httpx on
+uvloop) share this process. Each phase prints the CPU the server (or relay), Postgres, this
+process and the rest of the machine used, so a saturated load generator, or a busy shared
+machine, shows.
 
 1. Ask overhead: POST /ask (stream: true) to the first `message.delta` at the client, less the
    fake upstream's own time (request received to first chunk sent), one ask at a time and
-   200 at once; beside it the floor, one durable single-row INSERT round trip with asyncpg
-   (autocommit: the INSERT is its own fsync'd commit).
+   200 at once (there also the time to the first token, all included); beside it the floor,
+   one durable single-row INSERT round trip with asyncpg (autocommit: its own fsync'd commit).
 2. Concurrent streams: N asks at once, the upstream sending 50 tokens/s for 10 s each; per
-   token, the added latency from the fake sending it to the client receiving it; every
-   stream's event ids and text checked. N steps up while p99 stays under the bound.
+   token, the added latency from the fake sending it to the client receiving it, and the gap
+   between consecutive deltas at the client; every stream's event ids and text checked. N steps
+   up (100, 250, 500, 750, 1000) while both p99s stay within the bound.
+3. Slow readers: 100 streams, 10 of which stop reading for a while mid-stream; the other 90
+   against the bound, the 10 checked for every event once they read again, and the server's
+   memory before and during the stall.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import re
@@ -29,6 +41,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Coroutine, Iterator, Sequence
@@ -48,34 +61,37 @@ from app.db.engine import create_engine
 from app.services.keys import create_key
 from app.worker.pool import libpq_url
 from bench.journal import report
-from testkit.server import free_port
+from testkit.server import free_port, wait_ready
 from testkit.sse_client import TERMINAL, events
 from testkit.upstream import FakeUpstream, Json, Script, Step, Text
 
 T = TypeVar("T")
 
 MODEL = "openai:gpt-4o-mini"
-MAX_CONNECTIONS = 400
-POOL = 50  # per engine: the API's and the workers' each, plus as many overflow
-STEPS = (10, 25, 50, 100, 200, 400, 800)
-WORKERS = max(200, *STEPS)
-SEQUENTIAL_ASKS, WARMUP_ASKS = 100, 5
+# `--quick` or BENCH_QUICK=1: fewer asks, the first steps only, a shorter stall.
+QUICK = "--quick" in sys.argv[1:] or os.environ.get("BENCH_QUICK", "") not in ("", "0")
+STEPS = (100, 250) if QUICK else (100, 250, 500, 750, 1000)
+SEQUENTIAL_ASKS, WARMUP_ASKS = (30, 5) if QUICK else (100, 5)
 BURST = 200
 FLOOR_INSERTS, FLOOR_WARMUP = 200, 10
 OVERHEAD_TEXTS = ("t0 ", "t1 ", "t2 ")
 STREAM_TOKENS, TOKEN_DELAY = 500, 0.02  # 50 tokens/s: 10 s per stream
 STREAM_TEXTS = tuple(f"t{i} " for i in range(STREAM_TOKENS))
-BOUND_MS = 250.0
-STREAM_TIMEOUT = 60.0  # a stream not finished by then counts as unfinished
-BUDGET_SECONDS = 200.0  # no further step starts past this
+BOUND_MS = 150.0  # p99 of both the added latency and the gap between deltas
+STREAM_TIMEOUT = 90.0  # a stream not finished by then counts as unfinished
+BUDGET_SECONDS = 120.0 if QUICK else 400.0  # no further step starts past this (per target)
+SLOW_STREAMS, SLOW_STALLED = 100, 10
+STALL_SECONDS = 10.0 if QUICK else 30.0
+STALL_AFTER_DELTAS = 25  # a stalled reader stops reading after this many deltas
 CREATE_CONCURRENCY = 32
 TAG = re.compile(r"bench-[0-9a-f]{12}")
 THREADLINE = os.path.join(os.path.dirname(sys.executable), "threadline")
+# BENCH_PROFILE=<dir>: py-spy samples each server while it is measured, into <dir>/<name>.txt.
+PROFILE_DIR = os.environ.get("BENCH_PROFILE", "")
+# Only what the benchmark must configure: everything else is `threadline serve`'s default.
 SERVER_ENV: dict[str, object] = {
     "openai_api_key": "sk-bench",
     "default_model": MODEL,
-    "worker_concurrency": WORKERS,
-    "db_pool_size": POOL,
     "log_level": "warning",  # no access log line per request
 }
 SHOWN_SETTINGS = (
@@ -155,6 +171,7 @@ class TimedUpstream(FakeUpstream):
 
 @dataclass(frozen=True)
 class Server:
+    name: str  # "threadline" or "relay"
     url: str
     pid: int
 
@@ -170,18 +187,6 @@ def server_env(database_url: str, upstream: TimedUpstream) -> dict[str, str]:
     return env
 
 
-def wait_ready(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and process.poll() is None:
-        try:
-            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"threadline serve never became ready:\n{log.read_text()[-2000:]}")
-
-
 def stop(process: subprocess.Popen[bytes]) -> None:
     if process.poll() is None:
         process.send_signal(signal.SIGTERM)
@@ -193,25 +198,67 @@ def stop(process: subprocess.Popen[bytes]) -> None:
 
 
 @contextmanager
+def launched(name: str, command: list[str], env: dict[str, str], port: int) -> Iterator[Server]:
+    """A server (`command`) in an OS process of its own, until the block exits."""
+    url = f"http://127.0.0.1:{port}"
+    logs = Path(tempfile.mkdtemp(prefix=f"threadline-bench-{name}-"))
+    log = logs / f"{name}.log"
+    with log.open("wb") as sink:
+        process = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT)
+    profiler: subprocess.Popen[bytes] | None = None
+    try:
+        wait_ready(url, process, log)
+        if PROFILE_DIR:
+            profiler = profile(process.pid, Path(PROFILE_DIR) / f"{name}.txt")
+        yield Server(name, url, process.pid)
+    finally:
+        if profiler is not None:
+            profiler.send_signal(signal.SIGINT)  # py-spy writes its samples, then exits
+            profiler.wait(timeout=60)
+        stop(process)
+        logged = log.read_text(errors="replace")
+        if "Traceback" in logged:  # what went wrong in the server, for the figures' sake
+            tail = logged[logged.index("Traceback") :][:3000]
+            print(f"{name} logged errors; the first:\n{tail}", file=sys.stderr)
+        shutil.rmtree(logs, ignore_errors=True)
+
+
+def profile(pid: int, output: Path) -> subprocess.Popen[bytes]:
+    """py-spy sampling `pid` until interrupted, into `output` (collapsed stacks: one line per
+    stack, with its sample count; flamegraph.pl or speedscope read it)."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    py_spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    command = [py_spy, "record", "--pid", str(pid), "--format", "raw", "--rate", "100"]
+    return subprocess.Popen(
+        [*command, "--output", str(output)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+
+
+@contextmanager
 def served(database_url: str, upstream: TimedUpstream) -> Iterator[Server]:
     """`threadline serve` (API and workers) in an OS process of its own."""
     port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    logs = Path(tempfile.mkdtemp(prefix="threadline-bench-serve-"))
-    log = logs / "serve.log"
-    with log.open("wb") as sink:
-        process = subprocess.Popen(
-            [THREADLINE, "serve", "--port", str(port)],
-            env=server_env(database_url, upstream),
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        wait_ready(url, process, log)
-        yield Server(url, process.pid)
-    finally:
-        stop(process)
-        shutil.rmtree(logs, ignore_errors=True)
+    command = [THREADLINE, "serve", "--port", str(port)]
+    with launched("threadline", command, server_env(database_url, upstream), port) as server:
+        yield server
+
+
+@contextmanager
+def relayed(upstream: TimedUpstream) -> Iterator[Server]:
+    """The bare relay (bench/relay.py) in an OS process of its own."""
+    port = free_port()
+    command = [sys.executable, "-m", "bench.relay", "--port", str(port)]
+    command += ["--upstream", upstream.openai_base_url]
+    with launched("relay", command, dict(os.environ), port) as server:
+        yield server
+
+
+def rss_mb(pid: int) -> float:
+    """The resident memory of a process, MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
 
 
 def stat_fields(pid: int) -> list[str]:
@@ -240,6 +287,7 @@ def postgres_cpu(postmaster: int) -> float:
 
 @dataclass(frozen=True)
 class Pids:
+    name: str  # the server's: "threadline" or "relay"
     server: int
     postmaster: int
 
@@ -275,7 +323,7 @@ def cpu_sample(processes: dict[str, int], postmaster: int) -> CpuSample:
 
 
 def server_cpu(pids: Pids) -> CpuSample:
-    return cpu_sample({"server": pids.server}, pids.postmaster)
+    return cpu_sample({pids.name: pids.server}, pids.postmaster)
 
 
 def cpu_use(before: CpuSample, after: CpuSample) -> str:
@@ -335,18 +383,26 @@ async def create_sessions(client: httpx.AsyncClient, count: int) -> list[str]:
     return list(await asyncio.gather(*(one() for _ in range(count))))
 
 
-async def read_stream(response: httpx.Response, stream: Stream) -> None:
+async def read_stream(
+    response: httpx.Response, stream: Stream, stall_after: int | None = None
+) -> None:
+    """Read to the terminal event; with `stall_after`, stop reading for STALL_SECONDS after
+    that many deltas (the socket is left unread: the server's writes back up)."""
     async for event in events(response):
         now = time.perf_counter()
         stream.ids.append(event.id)
         if event.type == "message.delta":
             stream.deltas.append((now, event.data["text"]))
+            if stall_after is not None and len(stream.deltas) == stall_after:
+                await asyncio.sleep(STALL_SECONDS)
         if event.type in TERMINAL:
             stream.terminal = event.type
             return
 
 
-async def ask(client: httpx.AsyncClient, session_id: str, tag: str) -> Stream:
+async def ask(
+    client: httpx.AsyncClient, session_id: str, tag: str, stall_after: int | None = None
+) -> Stream:
     """One streamed ask, read to its terminal event (or for STREAM_TIMEOUT at most)."""
     body = {"input": f"Please answer {tag}", "stream": True}
     stream = Stream(started=time.perf_counter())
@@ -360,7 +416,7 @@ async def ask(client: httpx.AsyncClient, session_id: str, tag: str) -> Stream:
             if response.status_code != 200:
                 stream.error = (await response.aread()).decode()[:200]
                 return stream
-            await read_stream(response, stream)
+            await read_stream(response, stream, stall_after)
     except (TimeoutError, httpx.HTTPError) as exc:
         stream.error = f"{type(exc).__name__}: {exc}"
     return stream
@@ -407,6 +463,18 @@ def stages_ms(stream: Stream, trace: Trace) -> tuple[float, float, float] | None
         (trace.received - stream.answered) * 1000,
         (stream.deltas[0][0] - trace.sent[0]) * 1000,
     )
+
+
+def first_token_ms(stream: Stream) -> float | None:
+    """Ask sent to its first delta at the client, everything included."""
+    return (stream.deltas[0][0] - stream.started) * 1000 if stream.deltas else None
+
+
+def gaps_ms(stream: Stream) -> list[float]:
+    """The time between consecutive deltas at the client (the upstream sends one token every
+    TOKEN_DELAY: a longer gap is a stall somewhere on the way)."""
+    times = [received for received, _ in stream.deltas]
+    return [(b - a) * 1000 for a, b in itertools.pairwise(times)]
 
 
 def added_latencies_ms(stream: Stream, trace: Trace) -> list[float]:
@@ -483,50 +551,50 @@ async def timed_ask(
     return await ask(client, session_id, tag), trace
 
 
-def report_overhead(label: str, results: Sequence[tuple[Stream, Trace]], floor: float) -> None:
+def report_overhead(
+    area: str, label: str, results: Sequence[tuple[Stream, Trace]], floor: float | None
+) -> None:
     samples = [o for s, t in results if (o := overhead_ms(s, t)) is not None]
     checked = integrity([s for s, _ in results], "".join(OVERHEAD_TEXTS))
-    p50 = percentile(samples, 50)
-    report("ask", label, f"{spread(samples)} over {len(samples)}")
-    report("ask", "  ratio p50 / floor p50", f"{p50 / floor:.1f}")
+    report(area, label, f"{spread(samples)} over {len(samples)}")
+    if floor is not None:
+        ratios = (
+            f"p50 {percentile(samples, 50) / floor:.1f}, p99 {percentile(samples, 99) / floor:.1f}"
+        )
+        report(area, "  ratio to the floor's p50", ratios)
+    firsts = [f for s, _ in results if (f := first_token_ms(s)) is not None]
+    report(area, "  first token, all included", spread(firsts))
     legs = [leg for s, t in results if (leg := stages_ms(s, t)) is not None]
     if legs:
         committed, to_upstream, to_client = (statistics.median(x) for x in zip(*legs, strict=True))
         report(
-            "ask",
+            area,
             "  legs, p50 each",
-            f"ask committed {committed:.1f} ms, then upstream request {to_upstream:.1f} ms,"
+            f"response headers {committed:.1f} ms, then upstream request {to_upstream:.1f} ms,"
             f" first chunk to client {to_client:.1f} ms",
         )
-    report("ask", "  streams", checked.describe(len(results)))
+    report(area, "  streams", checked.describe(len(results)))
     if error := first_error([s for s, _ in results]):
-        report("ask", "  first error", error)
+        report(area, "  first error", error)
 
 
 async def bench_overhead(
-    client: httpx.AsyncClient, upstream: TimedUpstream, database_url: str, pids: Pids
+    client: httpx.AsyncClient, upstream: TimedUpstream, pids: Pids, floor: float | None
 ) -> None:
-    floor = await floor_ms(database_url)
-    report("floor", "durable 1-row INSERT (asyncpg)", f"{spread(floor)} over {FLOOR_INSERTS}")
-    floor_p50 = percentile(floor, 50)
-
+    area = f"{pids.name[:6]} ask"
     sessions = await create_sessions(client, WARMUP_ASKS + SEQUENTIAL_ASKS)
     before = server_cpu(pids)
     sequential = [await timed_ask(client, upstream, s) for s in sessions]
-    report_overhead("1 at a time, first delta", sequential[WARMUP_ASKS:], floor_p50)
-    report("ask", "  cpu", cpu_use(before, server_cpu(pids)))
+    report_overhead(area, "1 at a time, overhead", sequential[WARMUP_ASKS:], floor)
+    report(area, "  cpu", cpu_use(before, server_cpu(pids)))
 
     for round_ in ("warm-up", "measured"):
         sessions = await create_sessions(client, BURST)
         before = server_cpu(pids)
         burst = await asyncio.gather(*(timed_ask(client, upstream, s) for s in sessions))
         if round_ == "measured":
-            report_overhead(f"{BURST} at once, first delta", burst, floor_p50)
-            report(
-                "ask",
-                "  cpu",
-                cpu_use(before, server_cpu(pids)),
-            )
+            report_overhead(area, f"{BURST} at once, overhead", burst, floor)
+            report(area, "  cpu", cpu_use(before, server_cpu(pids)))
         upstream.clear()
 
 
@@ -537,17 +605,20 @@ async def bench_overhead(
 class StepResult:
     streams: int
     latencies: list[float]
+    gaps: list[float]
     checked: Integrity
     cpu: str
     error: str | None
+    memory: str
 
     @property
     def met(self) -> bool:
-        return bool(self.latencies) and self.checked.clean and self.p99 < BOUND_MS
-
-    @property
-    def p99(self) -> float:
-        return percentile(self.latencies, 99)
+        return (
+            bool(self.latencies)
+            and self.checked.clean
+            and percentile(self.latencies, 99) <= BOUND_MS
+            and percentile(self.gaps, 99) <= BOUND_MS
+        )
 
 
 async def stream_step(
@@ -557,58 +628,145 @@ async def stream_step(
     tags = [new_tag() for _ in sessions]
     traces = [upstream.plan(tag, STREAM_TEXTS, TOKEN_DELAY) for tag in tags]
     before = server_cpu(pids)
-    streams = await asyncio.gather(
-        *(ask(client, s, t) for s, t in zip(sessions, tags, strict=True))
-    )
+    with peak_rss(pids.server) as memory:
+        streams = await asyncio.gather(
+            *(ask(client, s, t) for s, t in zip(sessions, tags, strict=True))
+        )
     cpu = cpu_use(before, server_cpu(pids))
     upstream.clear()
-    latencies = [
-        ms for s, t in zip(streams, traces, strict=True) for ms in added_latencies_ms(s, t)
-    ]
-    checked = integrity(streams, "".join(STREAM_TEXTS))
-    return StepResult(count, latencies, checked, cpu, first_error(streams))
+    return StepResult(
+        count,
+        [ms for s, t in zip(streams, traces, strict=True) for ms in added_latencies_ms(s, t)],
+        [ms for s in streams for ms in gaps_ms(s)],
+        integrity(streams, "".join(STREAM_TEXTS)),
+        cpu,
+        first_error(streams),
+        memory.describe(count),
+    )
 
 
-def report_step(step: StepResult) -> None:
-    label = f"N={step.streams}"
-    if step.latencies:
-        latency = f"{spread(step.latencies)}, max {max(step.latencies):.1f} ms"
+@dataclass
+class Memory:
+    """A server's resident memory before a phase and its peak during it (MB)."""
+
+    before: float
+    peak: float
+
+    def describe(self, streams: int) -> str:
+        grown = self.peak - self.before
+        return (
+            f"{self.before:.0f} MB before, peak {self.peak:.0f} MB:"
+            f" +{grown:.0f} MB, {grown * 1024 / streams:.0f} KB per stream"
+        )
+
+
+@contextmanager
+def peak_rss(pid: int) -> Iterator[Memory]:
+    """Sample the server's resident memory every 0.5 s in a thread while the block runs."""
+    memory = Memory(rss_mb(pid), rss_mb(pid))
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.5):
+            memory.peak = max(memory.peak, rss_mb(pid))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        yield memory
+    finally:
+        done.set()
+        sampler.join()
+
+
+def report_latency(area: str, label: str, latencies: list[float], gaps: list[float]) -> None:
+    if latencies:
+        report(area, f"{label} added latency", f"{spread(latencies)}, max {max(latencies):.1f} ms")
+        report(area, "  gap between deltas", f"{spread(gaps)}, max {max(gaps):.1f} ms")
     else:
-        latency = "no deltas"
-    verdict = "meets" if step.met else "misses"
-    report("streams", f"{label} added delta latency", f"{latency} ({verdict} the bound)")
-    report("streams", "  integrity", step.checked.describe(step.streams))
-    report("streams", "  cpu", step.cpu)
+        report(area, f"{label} added latency", "no deltas")
+
+
+def report_step(area: str, step: StepResult) -> None:
+    report_latency(area, f"N={step.streams}", step.latencies, step.gaps)
+    report(area, "  verdict", "meets the bound" if step.met else "misses the bound")
+    report(area, "  integrity", step.checked.describe(step.streams))
+    report(area, "  cpu", step.cpu)
+    report(area, "  server memory (RSS)", step.memory)
     if step.error:
-        report("streams", "  first error", step.error)
+        report(area, "  first error", step.error)
 
 
-async def bench_streams(client: httpx.AsyncClient, upstream: TimedUpstream, pids: Pids) -> None:
-    report(
-        "streams",
-        "load per stream",
-        f"{STREAM_TOKENS} tokens at {1 / TOKEN_DELAY:.0f}/s (~{STREAM_TOKENS * TOKEN_DELAY:.0f} s)",
-    )
-    report(
-        "streams",
-        "bound",
-        f"p99 added latency < {BOUND_MS:.0f} ms, every stream complete and exact",
-    )
+async def bench_streams(
+    client: httpx.AsyncClient, upstream: TimedUpstream, pids: Pids
+) -> int | None:
+    """Step N up while the bound holds; returns the largest N that met it."""
+    area = f"{pids.name[:6]} N"
     started = time.monotonic()
     best: int | None = None
     for count in STEPS:
         if time.monotonic() - started > BUDGET_SECONDS:
-            report("streams", f"N={count}", "skipped (time budget spent)")
+            report(area, f"N={count}", "skipped (time budget spent)")
             break
         step = await stream_step(client, upstream, pids, count)
-        report_step(step)
+        report_step(area, step)
         if not step.met:
             break
         best = count
     largest = f"{best}" if best is not None else f"none (below {STEPS[0]})"
     if best == STEPS[-1]:
         largest += " (the largest step tried)"
-    report("streams", "largest N within the bound", largest)
+    report(area, "largest N within the bound", largest)
+    return best
+
+
+# --- 3. Slow readers ------------------------------------------------------------------------
+
+
+async def bench_slow_readers(
+    client: httpx.AsyncClient, upstream: TimedUpstream, pids: Pids
+) -> None:
+    area = f"{pids.name[:6]} slow"
+    sessions = await create_sessions(client, SLOW_STREAMS)
+    tags = [new_tag() for _ in sessions]
+    traces = [upstream.plan(tag, STREAM_TEXTS, TOKEN_DELAY) for tag in tags]
+    stalled = set(range(SLOW_STALLED))
+    before = server_cpu(pids)
+    with peak_rss(pids.server) as memory:
+        streams = await asyncio.gather(
+            *(
+                ask(client, s, t, STALL_AFTER_DELTAS if i in stalled else None)
+                for i, (s, t) in enumerate(zip(sessions, tags, strict=True))
+            )
+        )
+    cpu = cpu_use(before, server_cpu(pids))
+    upstream.clear()
+    readers = [
+        (s, t) for i, (s, t) in enumerate(zip(streams, traces, strict=True)) if i not in stalled
+    ]
+    latencies = [ms for s, t in readers for ms in added_latencies_ms(s, t)]
+    gaps = [ms for s, _ in readers for ms in gaps_ms(s)]
+    report(
+        area,
+        "setup",
+        f"{SLOW_STREAMS} streams; {SLOW_STALLED} stop reading for {STALL_SECONDS:.0f} s after"
+        f" {STALL_AFTER_DELTAS} deltas",
+    )
+    report_latency(area, f"the {SLOW_STREAMS - SLOW_STALLED} others:", latencies, gaps)
+    met = (
+        bool(latencies)
+        and percentile(latencies, 99) <= BOUND_MS
+        and percentile(gaps, 99) <= BOUND_MS
+    )
+    report(area, "  verdict", "meets the bound" if met else "misses the bound")
+    expected = "".join(STREAM_TEXTS)
+    report(area, "  integrity", integrity([s for s, _ in readers], expected).describe(len(readers)))
+    stalled_streams = [streams[i] for i in sorted(stalled)]
+    report(area, "the stalled ones", integrity(stalled_streams, expected).describe(len(stalled)))
+    report(area, "server memory (RSS)", memory.describe(SLOW_STREAMS))
+    report(area, "  cpu", cpu)
+    if error := first_error(streams):
+        report(area, "  first error", error)
 
 
 # --- Running -------------------------------------------------------------------------------
@@ -624,19 +782,22 @@ async def print_header(database_url: str) -> int:
         postmaster = int(stat_fields(backend)[1])  # while the backend lives
     finally:
         await conn.close()
-    tick = Settings.model_fields["event_tick_seconds"].default
-    print("Threadline streaming benchmark")
+    print("Threadline streaming benchmark" + (" (quick)" if QUICK else ""))
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"machine:  {os.cpu_count()} cores, load average {load} at start")
-    print(
-        "database: throwaway embedded cluster at server defaults (durable), but for"
-        f" max_connections={MAX_CONNECTIONS} (default 100) so the server's pools fit"
-    )
+    print("database: throwaway embedded cluster at server defaults (durable)")
     print(f"postgres: {server_version}; {' '.join(shown)}")
     settings = " ".join(f"{k}={v}" for k, v in SERVER_ENV.items() if k != "openai_api_key")
-    print(f"server:   `threadline serve` in its own process; {settings}; event_tick={tick}s")
+    print(f"server:   `threadline serve` in its own process, default settings but {settings}")
+    print("relay:    bench/relay.py (Starlette + uvicorn + openai SDK, no database) in its own")
     print("upstream: FakeUpstream (OpenAI streaming) in a thread of this process")
     print(f"client:   httpx {httpx.__version__} in this process, {loop_name()}")
+    print(
+        f"bound:    p99 added latency and p99 gap between deltas <= {BOUND_MS:.0f} ms, every"
+        " stream complete and exact;"
+        f" streams of {STREAM_TOKENS} tokens at {1 / TOKEN_DELAY:.0f}/s"
+        f" (~{STREAM_TOKENS * TOKEN_DELAY:.0f} s)"
+    )
     return postmaster
 
 
@@ -648,13 +809,30 @@ async def tenant_key(database_url: str) -> str:
         await engine.dispose()
 
 
-async def run(database_url: str, upstream: TimedUpstream, server: Server) -> None:
+async def run(database_url: str, upstream: TimedUpstream) -> None:
     postmaster = await print_header(database_url)
-    pids = Pids(server.pid, postmaster)
+    floor = await floor_ms(database_url)
+    report("floor", "durable 1-row INSERT (asyncpg)", f"{spread(floor)} over {FLOOR_INSERTS}")
+    floor_p50 = percentile(floor, 50)
+    capacity: dict[str, int | None] = {}
+    with relayed(upstream) as relay:
+        pids = Pids(relay.name, relay.pid, postmaster)
+        async with client_for(relay, "relay", max(BURST, *STEPS)) as client:
+            await bench_overhead(client, upstream, pids, None)
+            capacity[relay.name] = await bench_streams(client, upstream, pids)
     key = await tenant_key(database_url)
-    async with client_for(server, key, max(BURST, *STEPS)) as client:
-        await bench_overhead(client, upstream, database_url, pids)
-        await bench_streams(client, upstream, pids)
+    with served(database_url, upstream) as server:
+        pids = Pids(server.name, server.pid, postmaster)
+        async with client_for(server, key, max(BURST, *STEPS)) as client:
+            await bench_overhead(client, upstream, pids, floor_p50)
+            capacity[server.name] = await bench_streams(client, upstream, pids)
+            await bench_slow_readers(client, upstream, pids)
+    relay_n, threadline_n = capacity["relay"], capacity["threadline"]
+    report(
+        "streams",
+        "largest N: threadline / relay",
+        f"{threadline_n or 0} / {relay_n or 0} (steps {', '.join(map(str, STEPS))})",
+    )
 
 
 def loop_name() -> str:
@@ -673,13 +851,8 @@ def run_loop(main: Coroutine[Any, Any, T]) -> T:
 
 
 def main() -> None:
-    settings = {"max_connections": str(MAX_CONNECTIONS)}
-    with (
-        throwaway_cluster("threadline-bench-", settings) as database_url,
-        TimedUpstream() as upstream,
-        served(database_url, upstream) as server,
-    ):
-        run_loop(run(database_url, upstream, server))
+    with throwaway_cluster("threadline-bench-") as database_url, TimedUpstream() as upstream:
+        run_loop(run(database_url, upstream))
 
 
 if __name__ == "__main__":

@@ -90,9 +90,8 @@ from bench.streams import (
     stat_fields,
     stop,
     tenant_key,
-    wait_ready,
 )
-from testkit.server import free_port
+from testkit.server import free_port, wait_ready
 from testkit.upstream import Json, Script, Text, ToolCall
 
 # --- 1. Iteration overhead ------------------------------------------------------------------
@@ -935,7 +934,7 @@ def model_seconds() -> float:
 
 
 def client_for_url(url: str, key: str, streams: int) -> httpx.AsyncClient:
-    return client_for(Server(url, 0), key, streams)
+    return client_for(Server("threadline", url, 0), key, streams)
 
 
 # --- Running --------------------------------------------------------------------------------

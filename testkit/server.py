@@ -1,11 +1,15 @@
-"""A real uvicorn in a thread of this process, on a free port of 127.0.0.1."""
+"""A real uvicorn in a thread of this process, on a free port of 127.0.0.1; and the wait for a
+service started as a process of its own."""
 
 from __future__ import annotations
 
 import socket
+import subprocess
 import threading
 import time
+from pathlib import Path
 
+import httpx
 import uvicorn
 from starlette.types import ASGIApp
 
@@ -34,3 +38,20 @@ def serve_in_thread(app: ASGIApp) -> tuple[uvicorn.Server, threading.Thread, str
 def stop_thread_server(server: uvicorn.Server, thread: threading.Thread) -> None:
     server.should_exit = True
     thread.join(timeout=30)
+
+
+def wait_ready(
+    url: str, server: subprocess.Popen[bytes], log: Path | None = None
+) -> httpx.Response:
+    """Poll `url`/readyz until it answers 200; fails with the server's log if it exits first."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and server.poll() is None:
+        try:
+            response = httpx.get(f"{url}/readyz", timeout=5)
+            if response.status_code == 200:
+                return response
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    output = log.read_text(errors="replace")[-3000:] if log else ""
+    raise RuntimeError(f"{url} never became ready (exit: {server.poll()})\n{output}")

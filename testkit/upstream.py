@@ -61,12 +61,14 @@ class ToolCall:
 class Usage:
     """The usage the upstream reports (wherever the step stands in the script).
 
-    `input` is the whole prompt, `cached` included, as OpenAI counts it.
+    `input` is the whole prompt, `cached` (read from the prompt cache) and `written` (written
+    to it) included, as OpenAI counts it. Only Anthropic reports `written`.
     """
 
     input: int
     output: int
     cached: int = 0
+    written: int = 0
 
 
 @dataclass(frozen=True)
@@ -442,11 +444,11 @@ class FakeUpstream:
             "stop_reason": None,
             "stop_sequence": None,
             "usage": {
-                # Anthropic counts cache reads apart from input; Usage.input is the total.
-                "input_tokens": usage.input - usage.cached,
+                # Anthropic counts cache reads and writes apart; Usage.input is the total.
+                "input_tokens": usage.input - usage.cached - usage.written,
                 "output_tokens": 1,
                 "cache_read_input_tokens": usage.cached,
-                "cache_creation_input_tokens": 0,
+                "cache_creation_input_tokens": usage.written,
             },
         }
         yield _event("message_start", {"type": "message_start", "message": message})

@@ -12,7 +12,6 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -61,23 +60,6 @@ def create_database(database_url: str, prefix: str, *, migrate: bool = True) -> 
     if migrate:
         upgrade_to_head(url)
     return url
-
-
-def wait_ready(
-    url: str, server: subprocess.Popen[bytes], log: Path | None = None
-) -> httpx.Response:
-    """Poll `url`/readyz until it answers 200; fails with the server's log if it exits first."""
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and server.poll() is None:
-        try:
-            response = httpx.get(f"{url}/readyz", timeout=5)
-            if response.status_code == 200:
-                return response
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    output = log.read_text(errors="replace")[-3000:] if log else ""
-    raise AssertionError(f"{url} never became ready (exit: {server.poll()})\n{output}")
 
 
 @pytest.fixture(scope="session")

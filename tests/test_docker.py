@@ -18,8 +18,7 @@ from pathlib import Path
 import pytest
 
 from app.db.embedded import throwaway_cluster
-from testkit.server import free_port
-from tests.e2e import wait_ready
+from testkit.server import free_port, wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = (ROOT / "Dockerfile").read_text()

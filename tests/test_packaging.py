@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from testkit.server import free_port
-from tests.e2e import create_database, wait_ready
+from testkit.server import free_port, wait_ready
+from tests.e2e import create_database
 
 ROOT = Path(__file__).resolve().parents[1]
 

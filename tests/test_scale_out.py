@@ -25,12 +25,12 @@ from app.config import Settings
 from app.worker.pool import libpq_url
 from testkit.api import history, new_session
 from testkit.pgbouncer import PgBouncer, find_pgbouncer
-from testkit.server import free_port
+from testkit.server import free_port, wait_ready
 from testkit.sse_client import TERMINAL, Event, events, read_to_end
 from testkit.upstream import DEFAULT_SCRIPT as OK
 from testkit.upstream import FakeUpstream, Hold, Script, Text
 from tests.conftest import issue_key
-from tests.e2e import THREADLINE, create_database, e2e_env, process_env, wait_ready
+from tests.e2e import THREADLINE, create_database, e2e_env, process_env
 
 pytestmark = pytest.mark.slow
 

@@ -10,6 +10,7 @@ import pytest
 
 from app.config import Settings
 from app.db.engine import create_engine, pool_limit
+from app.worker.capacity import runs_capacity
 from app.worker.pool import queue_pool_size
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,16 +43,23 @@ def test_the_engine_opens_what_pool_limit_says(defaults: Settings) -> None:
     assert pool.size() + pool._max_overflow == pool_limit(defaults)  # type: ignore[attr-defined]
 
 
+def default_runs_at_once(defaults: Settings) -> int:
+    """Unset, runs at once follow what the process carries: the doc counts a host whose
+    limits cannot be read, which carries the fewest of any ordinary host."""
+    assert defaults.worker_concurrency is None
+    return runs_capacity(None, None)
+
+
 def test_the_connection_table_matches_the_code(defaults: Settings) -> None:
-    pools, workers = pool_limit(defaults), defaults.worker_concurrency
+    pools, queue = pool_limit(defaults), queue_pool_size(default_runs_at_once(defaults))
     api = [pools, HUB, 0, 0]
-    worker = [pools, 0, LEASE, queue_pool_size(workers)]
-    # `threadline serve` with workers: the API's engine and the worker pool's, both
-    served = [2 * pools, HUB, LEASE, queue_pool_size(workers)]
+    worker = [pools, 0, LEASE, queue]
+    # `threadline serve` with workers: the API and the workers share one engine
+    served = [pools, HUB, LEASE, queue]
     expected = {
         "`threadline serve --workers 0` (API)": [*api, sum(api)],
-        f"`threadline worker --concurrency {workers}`": [*worker, sum(worker)],
-        f"`threadline serve` (API and {workers} workers)": [*served, sum(served)],
+        "`threadline worker`": [*worker, sum(worker)],
+        "`threadline serve` (API and workers)": [*served, sum(served)],
     }
     assert table() == expected
 
@@ -63,7 +71,7 @@ def test_the_formula_of_the_queue_pool_is_the_codes() -> None:
 
 
 def test_the_worked_examples_add_up(defaults: Settings) -> None:
-    pools, queue = pool_limit(defaults), queue_pool_size(defaults.worker_concurrency)
+    pools, queue = pool_limit(defaults), queue_pool_size(default_runs_at_once(defaults))
     api, worker = pools + HUB, pools + LEASE + queue
     apis, workers = 2, 1
     assert f"{apis} {TIMES} {api} + {worker} = **{apis * api + workers * worker}**" in DOC

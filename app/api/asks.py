@@ -8,7 +8,7 @@ from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 
 from app.api.bodies import JSONRoute
-from app.api.deps import Config, Engine, Hub, IdempotencyKey, Reader, Tenant
+from app.api.deps import Config, Engine, Hub, IdempotencyKey, LocalWorkers, Reader, Tenant
 from app.api.errors import error_responses
 from app.api.schemas import AskRequest, Run
 from app.api.sse import RUN_INSTEAD_OF_STREAM, SSE_RESPONSE, ResumeAfter, event_stream
@@ -39,6 +39,7 @@ async def ask(
     tenant: Tenant,
     settings: Config,
     hub: Hub,
+    local_workers: LocalWorkers,
     idempotency_key: IdempotencyKey = None,
 ) -> Response:
     """Commit the user's entry and start a run; stream its events, or answer 202 with it."""
@@ -64,6 +65,8 @@ async def ask(
     )
     result = await service.ask(engine, settings, tenant, str(session_id), params)
     run_id = result.run.id
+    if result.created and local_workers is not None:
+        local_workers.offer(run_id, result.run.job_id)
     if not body.stream:
         return JSONResponse(Run.of(result.run).model_dump(mode="json"), status_code=202)
 
@@ -71,7 +74,9 @@ async def ask(
         await service.cancel_run(engine, tenant, run_id)
 
     gone = cancel_run if body.on_disconnect == "cancel" else None
-    stream = await event_stream(hub, run_id, 0, settings.sse_heartbeat_seconds, gone)
+    stream = await event_stream(
+        hub, run_id, 0, settings.sse_heartbeat_seconds, gone, created=result.created
+    )
     if stream is None:  # a repeated Idempotency-Key's run, over and its events gone
         run = await service.get_run(engine, tenant, run_id)
         return JSONResponse(Run.of(run).model_dump(mode="json"), status_code=202)

@@ -16,6 +16,7 @@ from app.config import Settings
 from app.core.stream_tokens import ExpiredToken, InvalidToken, StreamGrant, verify
 from app.runs.model import Run
 from app.services.keys import tenant_for_key
+from app.worker.handoff import Handoff
 
 _bearer = HTTPBearer(auto_error=False, description="An API key: `threadline keys create`.")
 _stream_token = APIKeyQuery(
@@ -30,6 +31,12 @@ _stream_token = APIKeyQuery(
 def get_engine(request: Request) -> AsyncEngine:
     engine: AsyncEngine = request.app.state.engine
     return engine
+
+
+def get_handoff(request: Request) -> Handoff | None:
+    """The workers of this process (`threadline serve`), to start its asks' runs at once."""
+    handoff: Handoff | None = request.app.state.handoff
+    return handoff
 
 
 def get_hub(request: Request) -> EventHub:
@@ -119,6 +126,7 @@ Config = Annotated[Settings, Depends(get_settings)]
 Tenant = Annotated[str, Depends(get_tenant)]
 Hub = Annotated[EventHub, Depends(get_hub)]
 Reader = Annotated[StreamReader, Depends(get_stream_reader)]
+LocalWorkers = Annotated[Handoff | None, Depends(get_handoff)]
 IdempotencyKey = Annotated[
     str | None,
     Header(

@@ -1,10 +1,17 @@
 """The event hub: one LISTEN connection per API process, fanning run events out to SSE clients.
 
 A worker's tick sends one NOTIFY naming the runs with new events. The hub fetches them for every
-followed run in one query and hands each row to that run's subscribers. A subscriber first
+followed run in one query and hands each row to that run's subscribers. The workers of its own
+process (`threadline serve`) hand it their committed rows directly (publish): those are not
+read back, only the other processes' are. A subscriber first
 catches up from the table (replay), then takes live rows, skipping what it has and refilling
 any gap from the table: every event exactly once, in order, on any API instance. It ends with
 the run: after the terminal event, or once the run is seen to be over with nothing left to send.
+
+A subscriber's buffer is bounded (SUBSCRIBER_BUFFER rows): a client that stops reading stops
+its follower, whose buffer fills; the rows past it are dropped and the follower refills them
+from the table once its client reads again. A stalled stream holds at most that many rows (and
+what its socket buffers hold), and never slows the others: rows are handed out without waiting.
 
 A database outage does not end a follower: its reads are retried with backoff (the SSE response
 keeps the client's connection open with its heartbeats meanwhile), and the LISTEN connection is
@@ -24,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.db import events as events_db
 from app.db.outage import database_unavailable
@@ -36,6 +43,19 @@ PAGE = 1000
 RETRY_FIRST_SECONDS = 0.25
 RETRY_MAX_SECONDS = 5.0
 OUTAGE_SECONDS = 300.0  # how long a follower waits for the database before giving up
+# Live rows buffered per subscriber; past it they are dropped, and read from the table later.
+SUBSCRIBER_BUFFER = 256
+# A follower that hears nothing reads the table after poll_seconds, then after twice as long
+# each time, up to this: a thousand streams waiting on a slow model must not become hundreds
+# of reads a second (nothing is missed meanwhile: a live row, or a reconnected LISTEN, ends
+# the wait at once).
+POLL_MAX_SECONDS = 30.0
+
+
+def poll_wait(first: float, idle_reads: int) -> float:
+    """How long a follower waits for a live row after `idle_reads` reads that brought none."""
+    grown: float = first * 2.0 ** min(idle_reads, 16)
+    return max(first, min(grown, POLL_MAX_SECONDS))
 
 
 def _backoff() -> Iterator[float]:
@@ -45,9 +65,24 @@ def _backoff() -> Iterator[float]:
         delay = min(delay * 2, RETRY_MAX_SECONDS)
 
 
+class _Subscriber:
+    """One follower's buffer of live rows, bounded: what does not fit is dropped, and noted."""
+
+    def __init__(self, size: int) -> None:
+        self.queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=size)
+        self.overflowed = False  # rows were dropped: the table has them
+        self.idle_reads = 0  # table reads since the last live row (see poll_wait)
+
+    def offer(self, row: dict[str, Any]) -> None:
+        try:
+            self.queue.put_nowait(row)
+        except asyncio.QueueFull:
+            self.overflowed = True
+
+
 @dataclass
 class _Feed:
-    subscribers: set[asyncio.Queue[dict[str, Any]]] = field(default_factory=set)
+    subscribers: set[_Subscriber] = field(default_factory=set)
     cursor: int = 0  # the highest seq fetched and handed out for this run
 
 
@@ -58,7 +93,9 @@ class EventHub:
         libpq_url: str,
         poll_seconds: float = 2.0,
         outage_seconds: float = OUTAGE_SECONDS,
+        subscriber_buffer: int = SUBSCRIBER_BUFFER,
     ) -> None:
+        self._buffer = subscriber_buffer
         self._engine = engine
         self._url = libpq_url
         self._poll = poll_seconds
@@ -96,9 +133,9 @@ class EventHub:
         event, or as soon as the run is seen to be over without one left to send: a follower
         never outlives its run, whatever its resume point and whether or not events remain."""
         after_seq = min(after_seq, events_db.MAX_SEQ)  # a cursor the fetch query can bind
-        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        subscriber = _Subscriber(self._buffer)
         feed = self._feeds.setdefault(run_id, _Feed(cursor=after_seq))
-        feed.subscribers.add(queue)  # before the replay: nothing committed later is missed
+        feed.subscribers.add(subscriber)  # before the replay: nothing committed later is missed
         last, positioned = after_seq, False
         try:
             backlog = await self._read_through_outages(run_id, last)
@@ -122,23 +159,28 @@ class EventHub:
                     if feed.cursor < cursor:
                         self._want({run_id: cursor})
                     positioned = True
-                backlog = await self._next(queue, run_id, last)
+                backlog = await self._next(subscriber, run_id, last)
         finally:
-            feed.subscribers.discard(queue)
+            feed.subscribers.discard(subscriber)
             if not feed.subscribers and self._feeds.get(run_id) is feed:
                 del self._feeds[run_id]
 
-    async def _next(
-        self, queue: asyncio.Queue[dict[str, Any]], run_id: str, last: int
-    ) -> events_db.Backlog:
+    async def _next(self, subscriber: _Subscriber, run_id: str, last: int) -> events_db.Backlog:
         """What comes after `last`: the next live row, or the table's backlog when rows were
-        skipped or nothing arrived for a while (a lost notification, or a run that ended
-        without an event this follower is owed, must not keep the stream open)."""
+        skipped (dropped from a full buffer, too) or nothing arrived for a while (a lost
+        notification, or a run that ended without an event this follower is owed, must not
+        keep the stream open)."""
         while True:
-            try:
-                row = await asyncio.wait_for(queue.get(), timeout=self._poll)
-            except TimeoutError:
+            if subscriber.overflowed and subscriber.queue.empty():
+                subscriber.overflowed = False  # rows arriving from now on are kept again
                 return await self._read_through_outages(run_id, last)
+            try:
+                wait = poll_wait(self._poll, subscriber.idle_reads)
+                row = await asyncio.wait_for(subscriber.queue.get(), timeout=wait)
+            except TimeoutError:
+                subscriber.idle_reads += 1
+                return await self._read_through_outages(run_id, last)
+            subscriber.idle_reads = 0
             if row["seq"] == last + 1:
                 return events_db.Backlog([row], ended=False, last_seq=row["seq"])
             if row["seq"] > last:  # a gap: refill it from the table
@@ -147,8 +189,17 @@ class EventHub:
                 return events_db.Backlog([], ended=True, last_seq=row["seq"])
 
     async def _read(self, run_id: str, after_seq: int, limit: int = PAGE) -> events_db.Backlog:
-        async with self._engine.connect() as conn:
+        async with self._reading() as conn:
             return await events_db.read_backlog(conn, run_id, after_seq, limit)
+
+    @contextlib.asynccontextmanager
+    async def _reading(self) -> AsyncIterator[AsyncConnection]:
+        """A connection for the hub's reads, in autocommit: no BEGIN and ROLLBACK around them
+        (two round trips of four). Each statement still reads a fresh snapshot, which is all
+        read_backlog's ordering needs (as under READ COMMITTED)."""
+        async with self._engine.connect() as conn:
+            await conn.execution_options(isolation_level="AUTOCOMMIT")
+            yield conn
 
     async def _read_through_outages(self, run_id: str, after_seq: int) -> events_db.Backlog:
         """_read, tried again with backoff while the database is unreachable (for at most
@@ -163,6 +214,19 @@ class EventHub:
                 log.info("run %s: database unavailable, reading again in %g s", run_id, delay)
             await asyncio.sleep(delay)
         raise AssertionError("unreachable: the backoff never ends")
+
+    def publish(self, rows: list[dict[str, Any]]) -> None:
+        """Rows this process's worker has just committed, handed to their followers from
+        memory (the NOTIFY that follows finds nothing left to fetch). Only a feed's next row
+        (seq = cursor + 1) is: after a gap (events of another transaction whose NOTIFY is not
+        read yet) the rest is left to the fetch loop, which reads them from the table."""
+        for row in rows:
+            feed = self._feeds.get(str(row["run_id"]))
+            if feed is None or row["seq"] != feed.cursor + 1:
+                continue
+            feed.cursor = row["seq"]
+            for subscriber in feed.subscribers:
+                subscriber.offer(row)
 
     def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
         try:
@@ -193,7 +257,7 @@ class EventHub:
             if not cursors:
                 continue
             try:
-                async with self._engine.connect() as conn:
+                async with self._reading() as conn:
                     rows = await events_db.read_events_of_runs(conn, cursors)
             except Exception as exc:
                 if database_unavailable(exc):  # followers poll meanwhile; LISTEN refetches
@@ -207,8 +271,8 @@ class EventHub:
                 if feed is None or row["seq"] <= feed.cursor:
                     continue
                 feed.cursor = row["seq"]
-                for queue in feed.subscribers:
-                    queue.put_nowait(dict(row))
+                for subscriber in feed.subscribers:
+                    subscriber.offer(dict(row))
 
     async def _listen(self) -> None:
         """Keep one LISTEN connection; after any reconnect, fetch everything followed. While

@@ -17,7 +17,8 @@ from app.services.projection import project_session, session_context
 
 router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["context"], route_class=JSONRoute)
 
-_FORMATS = {"neutral": to_neutral, "openai": to_openai, "anthropic": to_anthropic}
+# Anthropic's carries the cache_control marks at the projection's cache_breakpoints.
+_FORMATS = {"neutral": to_neutral, "openai": to_openai}
 
 
 @router.post(
@@ -53,7 +54,11 @@ async def projection(
         context_window=result.context_window,
         policy=result.policy.model_dump(mode="json"),
         meta=projected.meta,
-        request=_FORMATS[body.format](projected.messages, projected.tool_spec),
+        request=(
+            to_anthropic(projected.messages, projected.tool_spec, projected.meta.cache_breakpoints)
+            if body.format == "anthropic"
+            else _FORMATS[body.format](projected.messages, projected.tool_spec)
+        ),
     )
 
 

@@ -133,9 +133,12 @@ class ForkRequest(Strict):
 
 
 class Usage(BaseModel):
-    input_tokens: int
+    input_tokens: int = Field(description="Prompt tokens, cache reads and writes included.")
     output_tokens: int
-    cached_tokens: int
+    cached_tokens: int = Field(description="Prompt tokens read from the provider's cache.")
+    cache_write_tokens: int = Field(
+        description="Prompt tokens written to the provider's cache (Anthropic)."
+    )
     cost_usd: float
 
 
@@ -165,6 +168,7 @@ class Session(BaseModel):
                 input_tokens=row["input_tokens"],
                 output_tokens=row["output_tokens"],
                 cached_tokens=row["cached_tokens"],
+                cache_write_tokens=row["cache_write_tokens"],
                 cost_usd=float(row["cost_usd"]),
             ),
             parent_id=str(row["parent_id"]) if row["parent_id"] else None,
@@ -384,9 +388,12 @@ class AskRequest(Strict):
 
 
 class RunUsage(BaseModel):
-    input_tokens: int
+    input_tokens: int = Field(description="Prompt tokens, cache reads and writes included.")
     output_tokens: int
-    cached_tokens: int
+    cached_tokens: int = Field(description="Prompt tokens read from the provider's cache.")
+    cache_write_tokens: int = Field(
+        description="Prompt tokens written to the provider's cache (Anthropic)."
+    )
     cost_usd: float | None
     estimated: bool = Field(
         default=False,
@@ -459,6 +466,7 @@ class Run(BaseModel):
                 input_tokens=run.input_tokens,
                 output_tokens=run.output_tokens,
                 cached_tokens=run.cached_tokens,
+                cache_write_tokens=run.cache_write_tokens,
                 cost_usd=float(run.cost_usd) if run.cost_usd is not None else None,
                 estimated=run.usage_estimated,
             ),

@@ -108,11 +108,15 @@ async def event_stream(
     after_seq: int,
     heartbeat_seconds: float,
     on_client_gone: Callable[[], Awaitable[None]] | None = None,
+    *,
+    created: bool = False,
 ) -> EventSourceResponse | None:
     """The run's events after `after_seq` as SSE, ending with the run (hub.follow); None when
     the run is already over and nothing is left to send: the caller answers without a stream
-    (a 204 also stops an EventSource from reconnecting, which an empty 200 would not)."""
-    if not await hub.has_more(run_id, after_seq):
+    (a 204 also stops an EventSource from reconnecting, which an empty 200 would not). A run
+    this request has just `created` always has something to send (its `run.created`, kept
+    for the retention period): it is not asked."""
+    if not created and not await hub.has_more(run_id, after_seq):
         return None
 
     async def events() -> AsyncIterator[ServerSentEvent]:

@@ -142,15 +142,34 @@ def _openai_tool(tool: ToolSpec) -> Json:
 
 
 CONTINUATION_NOTE = "(conversation continues)"
+# Anthropic refuses a request with more cache_control marks than this.
+MAX_CACHE_BREAKPOINTS = 4
+CACHE_CONTROL: Json = {"type": "ephemeral"}
 
 
-def to_anthropic(messages: Sequence[Message], tools: Sequence[ToolSpec]) -> Json:
+def to_anthropic(
+    messages: Sequence[Message], tools: Sequence[ToolSpec], cache_breakpoints: Iterable[int] = ()
+) -> Json:
+    """The Messages request; each of `cache_breakpoints` (indices in `messages`) puts a
+    cache_control mark on the last block of that message, so that Anthropic caches the prompt
+    up to there (the newest MAX_CACHE_BREAKPOINTS of them; a message sending no block gets none).
+    """
+    marked = sorted({i for i in cache_breakpoints if 0 <= i < len(messages)})
+    marked = marked[-MAX_CACHE_BREAKPOINTS:]
     leading = _leading_system_count(messages)
     request: Json = {}
-    system = _nonblank([_text_block(_sendable_text(m)) for m in messages[:leading]])
+    system = _nonblank(
+        [
+            _marked([_text_block(_sendable_text(m))], i in marked)[0]
+            for i, m in enumerate(messages[:leading])
+        ]
+    )
     if system:
         request["system"] = system
-    turns = [_anthropic_turn(m) for m in messages[leading:]]
+    turns = [
+        _marked_turn(_anthropic_turn(m), leading + i in marked)
+        for i, m in enumerate(messages[leading:])
+    ]
     if not turns or turns[0][0] == "assistant":
         # Anthropic requires a user turn first: a window or an import may start with the
         # assistant, or hold none at all (all history summarized or rolled back).
@@ -164,6 +183,23 @@ def to_anthropic(messages: Sequence[Message], tools: Sequence[ToolSpec]) -> Json
             for t in tools
         ]
     return request
+
+
+def _marked(blocks: list[Json], mark: bool) -> list[Json]:
+    """`blocks` with a cache_control mark on the last one that will be sent (a blank text block
+    is dropped), when `mark`."""
+    if not mark:
+        return blocks
+    for index in range(len(blocks) - 1, -1, -1):
+        if _nonblank([blocks[index]]):
+            blocks[index] = {**blocks[index], "cache_control": dict(CACHE_CONTROL)}
+            break
+    return blocks
+
+
+def _marked_turn(turn: tuple[str, list[Json]], mark: bool) -> tuple[str, list[Json]]:
+    role, blocks = turn
+    return role, _marked(blocks, mark)
 
 
 def _leading_system_count(messages: Sequence[Message]) -> int:

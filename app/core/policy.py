@@ -73,9 +73,11 @@ class ContextPolicy(BaseModel):
     window_chunk_tokens: Annotated[int, Field(ge=0)] | None = Field(
         default=None,
         description="When history must be dropped, drop it in chunks of about this many tokens "
-        "so consecutive prompts share their prefix (prompt caches). Default: a quarter of the "
-        "budget rounded down to a power of two; 0: slide by one group. A window never leaves "
-        "more than one chunk of the budget unused unless no turn start uses more.",
+        "so consecutive prompts share their prefix (prompt caches). Default: the largest power "
+        "of two at most the budget (a truncated window then leaves at most about half to two "
+        "thirds of the budget unused; set a smaller chunk for fuller windows and fewer cache "
+        "hits); 0: slide by one group. A window never leaves more than one chunk of the budget "
+        "unused unless no turn start uses more.",
     )
 
     @model_validator(mode="after")
@@ -107,11 +109,29 @@ class ContextPolicy(BaseModel):
 
     @property
     def chunk_tokens(self) -> int:
-        """window_chunk_tokens, else a quarter of the budget rounded down to a power of two (so
-        that the anchors, and the prompt prefix, do not move with every change of budget)."""
+        """window_chunk_tokens, else default_chunk(budget)."""
         if self.window_chunk_tokens is not None:
             return self.window_chunk_tokens
-        return 1 << (max(1, self.budget // 4).bit_length() - 1)
+        return default_chunk(self.budget)
+
+
+# The default chunk: the largest power of two at most the budget. A window jumps about once per
+# chunk of thread growth, so a large chunk keeps the prompt prefix (and a provider's prompt
+# cache) across many asks. A larger budget never sends less history, so near the bottom of a
+# level (a budget just past a power of two) the window follows the level below; in all, a
+# truncated window leaves at most about half the budget unused, two thirds at a level's
+# middle. A power of two, so that anchors move only where the budget crosses a level, not
+# with every change of it.
+
+
+def default_chunk(budget: int) -> int:
+    """The default chunk of a budget: the largest power of two <= budget."""
+    return 1 << (max(1, budget).bit_length() - 1)
+
+
+def largest_budget_with_chunk(chunk: int) -> int:
+    """The largest budget whose default chunk is `chunk` (a power of two)."""
+    return 2 * chunk - 1
 
 
 PRESETS: dict[str, dict[str, Any]] = {

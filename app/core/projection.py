@@ -16,9 +16,10 @@ from typing import Any
 
 from app.core.entries import EntryKind
 from app.core.eviction import READ_TOOL_OUTPUT, output_ref, oversized_page, preview, sizes
+from app.core.formats import MAX_CACHE_BREAKPOINTS
 from app.core.memory import MEMORY_LINES, memory_block
 from app.core.messages import Message, ToolCall, ToolSpec, result_text
-from app.core.policy import ContextPolicy
+from app.core.policy import ContextPolicy, largest_budget_with_chunk
 from app.core.tokens import (
     REPLY_PRIMING,
     STORED_ENCODING,
@@ -109,6 +110,10 @@ class ProjectionMeta:
     history_tokens: int
     pending_tokens: int
     evicted_outputs: int  # tool results in the window sent as a preview (read_tool_output)
+    # Indices in the messages that end a prefix a provider should cache (at most
+    # MAX_CACHE_BREAKPOINTS, ascending): the system message (with the tools before it), the
+    # summary checkpoint, the last message before the newest turn, and the last message.
+    cache_breakpoints: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -243,9 +248,37 @@ def project(source: ProjectionInput) -> Projection:
         history_tokens=sum(g.tokens for g in history_in_window),
         pending_tokens=sum(g.tokens for g in window if g.pending),
         evicted_outputs=sum(g.evicted for g in history_in_window),
+        cache_breakpoints=cache_breakpoints(
+            head, summary_sent, sum(len(g.messages) for g in older[start:]), window
+        ),
     )
     messages = head.messages + tuple(m for g in window for m in g.messages)
     return Projection(messages, tools, meta)
+
+
+def cache_breakpoints(
+    head: _Head, summary_sent: bool, older_messages: int, window: Sequence[_Group]
+) -> tuple[int, ...]:
+    """Where the prompt's stable prefixes end, as message indices.
+
+    Each is a prefix the next ask repeats byte for byte unless the window jumps: the system
+    message (tools and system prompt change only when configured), the summary checkpoint
+    (until the next compaction), the end of the history before the newest turn (which the
+    model calls of that turn's tool loop repeat), and the last message (the next ask repeats
+    all of it, up to its own newest turn).
+    """
+    points: set[int] = set()
+    system = 1 if head.messages and head.messages[0].role == "system" else 0
+    if system:
+        points.add(0)
+    if summary_sent:
+        points.add(len(head.messages) - 1)
+    if older_messages:
+        points.add(len(head.messages) + older_messages - 1)
+    total = len(head.messages) + sum(len(g.messages) for g in window)
+    if total:
+        points.add(total - 1)
+    return tuple(sorted(points))[-MAX_CACHE_BREAKPOINTS:]
 
 
 def _split_at_newest_turn(groups: list[_Group]) -> tuple[list[_Group], list[_Group]]:
@@ -689,11 +722,12 @@ def _window_start(
     consecutive prompts share their prefix until the next jump.
 
     An explicit window_chunk_tokens fixes the anchors, and each budget picks by `start_for`,
-    which is monotonic in the room. The default chunk follows the budget (a quarter of it,
-    rounded down to a power of two, so anchors move only where the budget doubles): the window
-    is the fullest of this level's and those the largest budget of each lower level would send,
-    so that crossing into a coarser level never sends less. The price: near the bottom of a
-    level, a finer level's window may win, whose start moves at its finer chunks.
+    which is monotonic in the room. The default chunk follows the budget (the largest power of
+    two at most it, so anchors move only where the budget doubles): the window is the fullest
+    of this level's and those the largest budget of each lower level would send, so that
+    crossing into a coarser level never sends less. The price: near the bottom of a level, a
+    finer level's window may win, whose start moves at its finer chunks (and which bounds the
+    room left unused to half a chunk plus what the budget is past the level's bottom).
     """
     plan = _WindowPlan(older, required, complete, policy)
     room = room_at(policy.budget)
@@ -702,8 +736,7 @@ def _window_start(
     level = policy.chunk_tokens  # a power of two
     chosen = plan.start_for(room, level)
     while level > 1 and chosen > 0:
-        # The largest budget whose chunk is level // 2 is 4 * level - 1.
-        room = room_at(4 * level - 1)
+        room = room_at(largest_budget_with_chunk(level // 2))
         level //= 2
         if room < 0:
             break
@@ -742,10 +775,12 @@ class _WindowPlan:
         """The window start for `room` with anchors every `chunk` tokens (0: none).
 
         The first anchor the fill reaches, when it leaves at most `chunk` of the room unused;
-        else the fullest window (the oldest turn start the fill reaches). Monotonic in `room`:
-        a larger room moves the fill start, and so the first anchor and the fullest window, no
-        later, and an anchor good for a room stays good for a larger one only if it is reached
-        first (else the fuller window is taken).
+        else the first of the anchors every chunk / 2, chunk / 4, ... tokens that does; else
+        the fullest window (the oldest turn start the fill reaches). Monotonic in `room`: a
+        larger room moves the fill start, and so each level's first anchor and the fullest
+        window, no later; an anchor good for a room stays good for a larger one only if it is
+        reached first (else a finer or the fullest window is taken), and a finer level's
+        anchors include the coarser ones', so a finer level's choice is never later.
         """
         start = self.fill_start(room)
         if start == 0 and self.complete:
@@ -754,10 +789,18 @@ class _WindowPlan:
         if not candidates:
             return len(self.older)
         chosen = candidates[0]
-        if chunk > 0:
-            anchor = next((i for i in self._anchors(chunk) if i >= start), None)
+        # The first anchor the fill reaches, at the chunk's anchors or, when that one leaves
+        # too much unused, at finer ones (halves of the chunk, while it divides evenly: each
+        # level's anchors include the coarser one's); the fullest window only when none fits.
+        level = chunk
+        while level > 0:
+            anchor = next((i for i in self._anchors(level) if i >= start), None)
             if anchor is not None and self.suffix[anchor] >= room - chunk:
                 chosen = anchor
+                break
+            if level % 2:
+                break
+            level //= 2
         if self.protected is not None and self.protected >= start:
             chosen = min(chosen, self.protected)  # never chunk away the turns the policy keeps
         return chosen

@@ -69,6 +69,41 @@ async def append_events(
     return last
 
 
+def numbered(
+    events: Sequence[tuple[str, str, Mapping[str, Any]]], last: Mapping[str, int]
+) -> list[dict[str, Any]]:
+    """The rows append_events wrote, as a follower reads them ({run_id, seq, type, data}):
+    each run's events took the seqs up to its last one, in order; a run missing from `last`
+    (fenced) wrote none."""
+    counts: dict[str, int] = {}
+    for run_id, _, _ in events:
+        counts[run_id] = counts.get(run_id, 0) + 1
+    taken = dict.fromkeys(counts, 0)
+    rows = []
+    for run_id, kind, data in events:
+        if run_id not in last:
+            continue
+        taken[run_id] += 1
+        seq = last[run_id] - counts[run_id] + taken[run_id]
+        rows.append({"run_id": run_id, "seq": seq, "type": str(kind), "data": as_jsonb(data)})
+    return rows
+
+
+def as_jsonb(value: Any) -> Any:
+    """`value` as it reads back from a jsonb column: object keys in jsonb's order (shorter keys
+    first, then by their bytes; the last of duplicate keys). A row handed out from memory
+    then serializes to the same bytes as the same row read from the table."""
+    if isinstance(value, Mapping):
+        items = sorted(
+            ((str(k), as_jsonb(v)) for k, v in value.items()),
+            key=lambda kv: (len(kv[0].encode()), kv[0].encode()),
+        )
+        return dict(items)
+    if isinstance(value, list | tuple):
+        return [as_jsonb(v) for v in value]
+    return value
+
+
 async def notify(conn: AsyncConnection, last_seqs: Mapping[str, int]) -> None:
     """Tell every API process which runs have events up to which seq (sent on commit)."""
     payload = json.dumps({"runs": dict(last_seqs)}, separators=(",", ":"))

@@ -77,6 +77,7 @@ sessions = Table(
     Column("input_tokens", BigInteger, nullable=False, server_default=text("0")),
     Column("output_tokens", BigInteger, nullable=False, server_default=text("0")),
     Column("cached_tokens", BigInteger, nullable=False, server_default=text("0")),
+    Column("cache_write_tokens", BigInteger, nullable=False, server_default=text("0")),
     Column("cost_usd", Numeric(20, 10), nullable=False, server_default=text("0")),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
@@ -179,6 +180,7 @@ runs = Table(
     Column("input_tokens", BigInteger, nullable=False, server_default=text("0")),
     Column("output_tokens", BigInteger, nullable=False, server_default=text("0")),
     Column("cached_tokens", BigInteger, nullable=False, server_default=text("0")),
+    Column("cache_write_tokens", BigInteger, nullable=False, server_default=text("0")),
     # The server reported no usage: the counts above are our tokenizer's estimate.
     Column("usage_estimated", Boolean, nullable=False, server_default=text("false")),
     Column("cost_usd", Numeric(20, 10)),

@@ -3,7 +3,11 @@
 Events: text and tool-call deltas (a tool call's pieces share its content block index), then
 one UsageReport, then Finish(stop_reason) last. Usage follows the OpenAI convention the rest
 of Threadline counts with: input_tokens is the whole prompt, cached tokens included (Anthropic
-reports the uncached, cache-read and cache-write parts separately).
+reports the uncached, cache-read and cache-write parts separately); the cache-write part is
+reported as cache_write_tokens.
+
+The request's cache_breakpoints become cache_control marks (see app.core.formats.to_anthropic):
+Anthropic caches a prompt prefix only where a block asks for it.
 
 request.temperature is not sent: the Messages API version this SDK speaks has no such
 parameter.
@@ -66,7 +70,7 @@ class AnthropicProvider:
         return classified(self._stream(request), anthropic.APIError, classify_anthropic)
 
     async def _stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
-        wire = to_anthropic(request.messages, request.tools)
+        wire = to_anthropic(request.messages, request.tools, request.cache_breakpoints)
         events = await self._client.messages.create(
             model=request.model,
             max_tokens=request.max_output_tokens or DEFAULT_MAX_TOKENS,
@@ -134,7 +138,9 @@ class _State:
 
     def usage(self) -> UsageReport:
         prompt = self.input_tokens + self.cache_read + self.cache_write
-        return UsageReport(prompt, self.output_tokens, self.cache_read)
+        return UsageReport(
+            prompt, self.output_tokens, self.cache_read, cache_write_tokens=self.cache_write
+        )
 
 
 def classify_anthropic(error: anthropic.APIError) -> ProviderError:

@@ -21,6 +21,18 @@ class ModelRequest:
     # The tokens the projection kept free for the answer (the policy's reserve): the answer's
     # length for providers that need one when max_output_tokens is unset (local, compat).
     answer_room: int | None = None
+    # Indices in `messages` that end a prefix worth caching (the projection's
+    # cache_breakpoints): Anthropic marks them with cache_control, others ignore them.
+    cache_breakpoints: Sequence[int] = ()
+    # Routes consecutive calls of one thread to the same prompt cache (OpenAI's
+    # prompt_cache_key); None: send none.
+    cache_key: str | None = None
+
+
+def prompt_cache_key(session_id: str) -> str:
+    """The prompt cache key of a session's model calls: one per thread, so that consecutive
+    asks (whose prompts share their prefix) reach the same cache."""
+    return f"threadline-{session_id}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,11 +52,14 @@ class ToolCallDelta:
 
 @dataclass(frozen=True, slots=True)
 class UsageReport:
-    input_tokens: int
+    input_tokens: int  # the whole prompt, cache reads and writes included
     output_tokens: int
-    cached_tokens: int = 0
+    cached_tokens: int = 0  # of the input, read from the provider's prompt cache
     # Counted by us with a tokenizer because the server reported none: an estimate.
     estimated: bool = False
+    # Of the input, written to the provider's prompt cache (Anthropic bills these above the
+    # input price; OpenAI caches without a charge and reports none).
+    cache_write_tokens: int = 0
 
     def plus(self, other: UsageReport | None) -> UsageReport:
         """Usage summed over several model calls (estimated if any of them was)."""
@@ -55,6 +70,7 @@ class UsageReport:
             self.output_tokens + other.output_tokens,
             self.cached_tokens + other.cached_tokens,
             self.estimated or other.estimated,
+            self.cache_write_tokens + other.cache_write_tokens,
         )
 
 

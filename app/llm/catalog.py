@@ -158,17 +158,27 @@ def _positive(value: Any) -> int | None:
 
 
 def cost_usd(
-    model: str, input_tokens: int, output_tokens: int, cached_tokens: int
+    model: str,
+    input_tokens: int,
+    output_tokens: int,
+    cached_tokens: int,
+    cache_write_tokens: int = 0,
 ) -> Decimal | None:
-    """What a call cost, where genai-prices knows the model's price; None elsewhere."""
+    """What a call cost, where genai-prices knows the model's price; None elsewhere.
+
+    Cache reads and writes are priced at the model's own cache prices (Anthropic: reads a
+    tenth of the input price, writes a quarter above it; OpenAI: reads half of it)."""
     provider, _, name = model.partition(":")
     if provider not in ("openai", "anthropic"):
         return None
     from genai_prices import Usage, calc_price
 
-    # genai-prices counts cache reads inside input_tokens, as both providers report them.
+    # genai-prices counts cache reads and writes inside input_tokens, as we report them.
     usage = Usage(
-        input_tokens=input_tokens, output_tokens=output_tokens, cache_read_tokens=cached_tokens
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        cache_read_tokens=cached_tokens,
+        cache_write_tokens=cache_write_tokens,
     )
     try:
         return Decimal(calc_price(usage, model_ref=name, provider_id=provider).total_price)

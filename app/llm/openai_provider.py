@@ -38,6 +38,8 @@ class OpenAIProvider:
     `output_limit` caps every answer (the endpoint's own limit); `answer_in_room` caps an answer
     the caller left uncapped at the room the projection kept for it (request.answer_room), so
     that a server with a small window is never asked for more than prompt and answer fit.
+    `send_cache_key` sends request.cache_key as prompt_cache_key, which routes a thread's calls
+    to the same prompt cache; OpenAI's own API only (compatible servers may refuse the field).
     """
 
     def __init__(
@@ -49,6 +51,7 @@ class OpenAIProvider:
         legacy_max_tokens: bool = False,
         output_limit: int | None = None,
         answer_in_room: bool = False,
+        send_cache_key: bool = False,
     ) -> None:
         self._client = openai.AsyncOpenAI(
             api_key=api_key, base_url=base_url, max_retries=0, timeout=timeout
@@ -56,6 +59,7 @@ class OpenAIProvider:
         self._legacy_max_tokens = legacy_max_tokens
         self._output_limit = output_limit
         self._answer_in_room = answer_in_room
+        self._send_cache_key = send_cache_key
 
     def _output_cap(self, request: ModelRequest) -> int | None:
         cap = request.max_output_tokens
@@ -80,6 +84,7 @@ class OpenAIProvider:
         limit = self._output_cap(request)
         cap = limit if limit is not None else openai.omit
         legacy = self._legacy_max_tokens
+        cache_key = request.cache_key if self._send_cache_key else None
         chunks = await self._client.chat.completions.create(
             model=request.model,
             messages=cast(Any, wire["messages"]),
@@ -89,6 +94,7 @@ class OpenAIProvider:
             stream_options={"include_usage": True},
             max_completion_tokens=openai.omit if legacy else cap,
             max_tokens=cap if legacy else openai.omit,
+            prompt_cache_key=cache_key if cache_key is not None else openai.omit,
         )
         finish: str | None = None
         usage: UsageReport | None = None

@@ -118,7 +118,11 @@ class Router:
         settings = self._settings
         key = _require(settings.openai_api_key, "openai", "THREADLINE_OPENAI_API_KEY")
         timeout = settings.llm_request_timeout_seconds
-        return Route("openai", name, lambda: OpenAIProvider(key, settings.openai_base_url, timeout))
+        return Route(
+            "openai",
+            name,
+            lambda: OpenAIProvider(key, settings.openai_base_url, timeout, send_cache_key=True),
+        )
 
     def _anthropic(self, name: str) -> Route:
         settings = self._settings

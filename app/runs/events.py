@@ -122,6 +122,11 @@ class TokenUsage(_Payload):
     input_tokens: int = Field(description="Prompt tokens, cached ones included.")
     output_tokens: int = Field(description="Tokens the model generated.")
     cached_tokens: int = Field(description="Prompt tokens served from the provider's cache.")
+    cache_write_tokens: int = Field(
+        default=0,
+        description="Prompt tokens written to the provider's cache (Anthropic reports them; "
+        "they cost more than other input).",
+    )
     estimated: bool = Field(
         description="True when the provider reported no usage and the service counted the "
         "tokens with its tokenizer."
@@ -332,6 +337,11 @@ class UsageData(EventData):
     input_tokens: int = Field(description="Prompt tokens, cached ones included.")
     output_tokens: int = Field(description="Tokens the model generated.")
     cached_tokens: int = Field(description="Prompt tokens served from the provider's cache.")
+    cache_write_tokens: int = Field(
+        default=0,
+        description="Prompt tokens written to the provider's cache (Anthropic reports them; "
+        "they cost more than other input).",
+    )
     estimated: bool = Field(
         description="True when the provider reported no usage and the service counted them."
     )

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -18,6 +18,8 @@ from app.runs.machine import Event
 
 log = logging.getLogger(__name__)
 DELTA = EventType.MESSAGE_DELTA
+# Told the rows of each committed tick ({run_id, seq, type, data}): this process's followers.
+Committed = Callable[[list[dict[str, Any]]], None]
 
 
 async def append(conn: AsyncConnection, run_id: str, events: Sequence[Event]) -> int:
@@ -32,11 +34,21 @@ async def append(conn: AsyncConnection, run_id: str, events: Sequence[Event]) ->
 class EventWriter:
     """Buffers the events of the runs a worker executes and commits them every tick. Text
     deltas queued in one tick are coalesced into one event; the first delta of a run is
-    flushed at once, so the first token is never held back a tick."""
+    flushed at once, so the first token is never held back a tick.
 
-    def __init__(self, engine: AsyncEngine, tick_seconds: float = 0.05) -> None:
+    With `on_committed` (`threadline serve`: the API's event hub), each tick's rows are handed
+    to this process's followers from memory once committed, besides the NOTIFY that tells every
+    other process to read them from the table."""
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        tick_seconds: float = 0.05,
+        on_committed: Committed | None = None,
+    ) -> None:
         self._engine = engine
         self._tick = tick_seconds
+        self.on_committed = on_committed
         self._pending: dict[str, list[Event]] = {}
         self._wake = asyncio.Event()
         self._flushing = asyncio.Lock()
@@ -91,6 +103,11 @@ class EventWriter:
                     "run %s was taken over by another attempt: its events here dropped", run
                 )
                 self.superseded.add(run)
+            if self.on_committed is not None:
+                try:
+                    self.on_committed(events_db.numbered(rows, last))
+                except Exception:  # followers read the table instead: nothing is lost
+                    log.exception("handing committed events to local followers failed")
 
     async def run(self) -> None:
         """Flush every tick (or at once when woken) until cancelled."""

@@ -162,7 +162,13 @@ async def finish(conn: AsyncConnection, run: Run, outcome: Outcome) -> Run:
         )
     usage = outcome.usage
     cost = (
-        cost_usd(model, usage.input_tokens, usage.output_tokens, usage.cached_tokens)
+        cost_usd(
+            model,
+            usage.input_tokens,
+            usage.output_tokens,
+            usage.cached_tokens,
+            usage.cache_write_tokens,
+        )
         if usage
         else None
     )
@@ -171,6 +177,7 @@ async def finish(conn: AsyncConnection, run: Run, outcome: Outcome) -> Run:
             "input_tokens": usage.input_tokens,
             "output_tokens": usage.output_tokens,
             "cached_tokens": usage.cached_tokens,
+            "cache_write_tokens": usage.cache_write_tokens,
             "model": model,
         }
         if usage.estimated:
@@ -202,6 +209,7 @@ async def finish(conn: AsyncConnection, run: Run, outcome: Outcome) -> Run:
             "input_tokens": usage.input_tokens,
             "output_tokens": usage.output_tokens,
             "cached_tokens": usage.cached_tokens,
+            "cache_write_tokens": usage.cache_write_tokens,
             "estimated": usage.estimated,
         }
         if usage
@@ -221,6 +229,7 @@ async def finish(conn: AsyncConnection, run: Run, outcome: Outcome) -> Run:
             "input_tokens": usage.input_tokens if usage else 0,
             "output_tokens": usage.output_tokens if usage else 0,
             "cached_tokens": usage.cached_tokens if usage else 0,
+            "cache_write_tokens": usage.cache_write_tokens if usage else 0,
             "usage_estimated": usage.estimated if usage else False,
             "cost_usd": cost,
             "ended_at": func.now(),
@@ -236,6 +245,7 @@ async def finish(conn: AsyncConnection, run: Run, outcome: Outcome) -> Run:
             "input_tokens": sessions.c.input_tokens + usage.input_tokens,
             "output_tokens": sessions.c.output_tokens + usage.output_tokens,
             "cached_tokens": sessions.c.cached_tokens + usage.cached_tokens,
+            "cache_write_tokens": sessions.c.cache_write_tokens + usage.cache_write_tokens,
             "cost_usd": sessions.c.cost_usd + (cost or 0),
         }
     await conn.execute(

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 
 import procrastinate
 from procrastinate import JobContext
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import Settings
 from app.db import events as events_db
@@ -19,11 +20,12 @@ from app.db.engine import create_direct_engine, create_engine
 from app.db.jobs import RUN_QUEUE, RUN_TASK
 from app.llm.router import Router
 from app.llm.tokenizers import stored_counter
-from app.runs.writer import EventWriter
+from app.runs.writer import Committed, EventWriter
 from app.services import runs
 from app.services.asks import expire_waiting_runs
 from app.tools.webhook import aclose_shared_client
 from app.worker import runtime as runtimes
+from app.worker.handoff import Handoff
 from app.worker.lease import WorkerLease
 from app.worker.run import execute_run
 
@@ -74,11 +76,22 @@ def queue_app(settings: Settings, runtime: runtimes.Runtime, concurrency: int) -
 
 
 @contextlib.asynccontextmanager
-async def worker_pool(settings: Settings, concurrency: int) -> AsyncIterator[None]:
-    """Run `concurrency` run-executing workers in this process until the block exits."""
-    engine = create_engine(settings)
+async def worker_pool(
+    settings: Settings,
+    concurrency: int,
+    engine: AsyncEngine | None = None,
+    on_committed: Committed | None = None,
+) -> AsyncIterator[Handoff]:
+    """Run `concurrency` run-executing workers in this process until the block exits; with
+    `engine` (`threadline serve`: the API's), on its pool rather than one of their own, so that
+    one process holds one pool of database connections; `on_committed` is told the run events
+    they commit (serve: its event hub, for this process's followers). Yields the handoff
+    through which this process's asks start their runs at once (app/worker/handoff.py)."""
+    own_engine = engine is None
+    if engine is None:
+        engine = create_engine(settings)
     await asyncio.to_thread(stored_counter)  # load the vocabulary now, not on the first ask
-    writer = EventWriter(engine, settings.event_tick_seconds)
+    writer = EventWriter(engine, settings.event_tick_seconds, on_committed)
     # The lease's lock lives as long as its connection: one of its own, never a pooled one (the
     # pool's would be out of the pool for good) nor one through a transaction pooler (which
     # hands the server connection, and the lock with it, to other clients between transactions).
@@ -88,6 +101,7 @@ async def worker_pool(settings: Settings, concurrency: int) -> AsyncIterator[Non
     runtime = runtimes.Runtime(engine, settings, Router(settings), writer, lease)
     app = queue_app(settings, runtime, concurrency)
     registered = _remember_registrations(app)
+    handoff = Handoff(runtime, registered, concurrency, execute_run)
     async with app.open_async():
         background = [
             asyncio.create_task(writer.run(), name="event-writer"),
@@ -95,6 +109,7 @@ async def worker_pool(settings: Settings, concurrency: int) -> AsyncIterator[Non
             asyncio.create_task(_recover_runs(runtime), name="run-recovery"),
             asyncio.create_task(_retry_stalled(app, runtime, registered), name="stalled-jobs"),
             asyncio.create_task(_prune_events(engine, settings), name="event-pruner"),
+            asyncio.create_task(handoff.watch_aborts(), name="handoff-aborts"),
             asyncio.create_task(
                 app.run_worker_async(
                     queues=[RUN_QUEUE],
@@ -107,8 +122,9 @@ async def worker_pool(settings: Settings, concurrency: int) -> AsyncIterator[Non
             ),
         ]
         try:
-            yield
+            yield handoff
         finally:
+            await handoff.close(settings.worker_shutdown_seconds)
             for task in reversed(background):
                 task.cancel()
                 with contextlib.suppress(BaseException):
@@ -124,7 +140,8 @@ async def worker_pool(settings: Settings, concurrency: int) -> AsyncIterator[Non
             await lease.release()
             await lease_engine.dispose()
             await aclose_shared_client()
-            await engine.dispose()
+            if own_engine:
+                await engine.dispose()
 
 
 async def _recover_runs(runtime: runtimes.Runtime) -> None:
@@ -192,10 +209,7 @@ async def _retry_stalled(
             log.exception("checking for stalled jobs failed")
 
 
-async def _prune_events(engine: object, settings: Settings) -> None:
-    from sqlalchemy.ext.asyncio import AsyncEngine
-
-    assert isinstance(engine, AsyncEngine)
+async def _prune_events(engine: AsyncEngine, settings: Settings) -> None:
     while True:
         await asyncio.sleep(min(settings.event_retention_seconds / 4, 300))
         try:

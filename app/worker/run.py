@@ -41,6 +41,7 @@ from app.llm.base import (
     TextDelta,
     ToolCallDelta,
     UsageReport,
+    prompt_cache_key,
 )
 from app.runs.events import EventType
 from app.runs.machine import committed_events
@@ -310,6 +311,8 @@ async def _model_turn(
         max_output_tokens=params.max_output_tokens,
         temperature=params.temperature,
         answer_room=projected.policy.reserve,
+        cache_breakpoints=projection.meta.cache_breakpoints,
+        cache_key=prompt_cache_key(run.session_id),
     )
     progress.text = []
     pieces: list[tuple[int, str | None, str | None, str]] = []

@@ -37,6 +37,7 @@ async def test_ask_streams_and_commits(api: httpx.AsyncClient, upstream: FakeUps
         "input_tokens": 12,
         "output_tokens": 3,
         "cached_tokens": 0,
+        "cache_write_tokens": 0,
         "estimated": False,
     }
     committed = [e.data["kind"] for e in events if e.type == "entry.committed"]
@@ -74,9 +75,14 @@ async def test_anthropic_sessions_stream_through_the_anthropic_sdk(
     assert events[-1].data["usage"]["cached_tokens"] == 5
     received = upstream.requests[-1]
     assert received.path == "/v1/messages"
-    assert received.body["system"] == [{"type": "text", "text": "S"}]
+    # Marked for Anthropic's prompt cache: the system prompt and the last message.
+    ephemeral = {"type": "ephemeral"}
+    assert received.body["system"] == [{"type": "text", "text": "S", "cache_control": ephemeral}]
     assert received.body["messages"] == [
-        {"role": "user", "content": [{"type": "text", "text": "Salut"}]}
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "Salut", "cache_control": ephemeral}],
+        }
     ]
 
 

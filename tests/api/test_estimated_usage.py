@@ -42,6 +42,7 @@ async def test_usage_a_server_does_not_report_is_estimated_and_flagged(
         "input_tokens": 40,
         "output_tokens": 2,
         "cached_tokens": 0,
+        "cache_write_tokens": 0,
         "estimated": False,
     }
     reported = (await api.get(f"/v1/runs/{again[-1].data['run_id']}")).json()

@@ -149,3 +149,53 @@ async def test_a_long_outage_or_another_error_ends_the_follower_with_it(
     with pytest.raises(ValueError, match="a bug"):
         await followed(broken, run_id, 0)
     assert len(bug) == 1
+
+
+async def test_a_stalled_follower_holds_a_bounded_buffer_and_gets_every_event_later(
+    e2e_engine: AsyncEngine,
+    e2e_settings: Settings,
+    api: httpx.AsyncClient,
+    upstream: FakeUpstream,
+) -> None:
+    """A follower whose client stops reading keeps at most its buffer of live rows; the rest
+    are dropped, and read from the table once it reads again: every event once, in order."""
+    assert e2e_settings.database_url is not None
+    buffer = 3
+    small = EventHub(
+        e2e_engine,
+        libpq_url(e2e_settings.database_url),
+        poll_seconds=3600,
+        subscriber_buffer=buffer,
+    )
+    await small.start()
+    try:
+        sid = (await new_session(api))["id"]
+        words = [f"w{i} " for i in range(30)]
+        # Each token a tick or more apart: one event each, far more than the buffer holds.
+        upstream.script(*(Text(w) for w in words), token_delay=0.05)
+        asked = await api.post(f"/v1/sessions/{sid}/ask", json={"input": "go", "stream": False})
+        run_id = str(asked.json()["id"])
+        follower = small.follow(run_id, 0)
+        first = await anext(follower)  # then the client stops reading
+        for _ in range(600):  # the run ends meanwhile (a failure bound, not a measure)
+            if (await api.get(f"/v1/runs/{run_id}")).json()["status"] == "completed":
+                break
+            await asyncio.sleep(0.1)
+        (subscriber,) = small._feeds[run_id].subscribers
+        assert subscriber.queue.qsize() <= buffer
+        assert subscriber.overflowed
+        rows = [first, *[row async for row in follower]]
+        assert [r["seq"] for r in rows] == list(range(1, len(rows) + 1))
+        assert rows[-1]["type"] == "run.completed"
+        deltas = "".join(r["data"]["text"] for r in rows if r["type"] == "message.delta")
+        assert deltas == "".join(words)
+        assert run_id not in small._feeds  # the follower let go of its feed
+    finally:
+        await small.stop()
+
+
+def test_a_follower_that_hears_nothing_reads_the_table_less_and_less_often() -> None:
+    waits = [hub_module.poll_wait(2.0, reads) for reads in range(8)]
+    assert waits == [2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0, 30.0]
+    assert hub_module.poll_wait(3600.0, 5) == 3600.0  # never shorter than the first wait
+    assert hub_module.poll_wait(2.0, 10**6) == 30.0

@@ -68,7 +68,13 @@ async def test_projection_in_every_format_writes_nothing(client: httpx.AsyncClie
     }
     anthropic = (await projection(client, sid, pending=pending, format="anthropic")).json()
     assert validate_anthropic(anthropic["request"]) == []
-    assert anthropic["request"]["system"] == [{"type": "text", "text": "Be brief."}]
+    # The projection's cache breakpoints, marked: the system prompt, the history before the
+    # newest turn (the answer "3 °C."), the ask.
+    ephemeral = {"type": "ephemeral"}
+    assert anthropic["request"]["system"] == [
+        {"type": "text", "text": "Be brief.", "cache_control": ephemeral}
+    ]
+    assert neutral["meta"]["cache_breakpoints"] == [0, 4, 5]
     assert openai["meta"] == neutral["meta"] == anthropic["meta"]
     assert await history(client, sid) == before  # a dry run
 

@@ -3,10 +3,13 @@ nothing is left to send (204 for GETs, the run itself for a repeated ask), over 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import socket
 import uuid
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -16,6 +19,7 @@ from testkit.api import new_session
 from testkit.sse_client import TERMINAL, Event, collect, read_to_end, until_closed
 from testkit.upstream import FakeUpstream, Stall, Text
 from tests.api.test_compaction import converse
+from tests.e2e import Service
 
 
 async def _finished_run(
@@ -182,3 +186,88 @@ async def test_a_repeated_compaction_whose_events_are_gone_answers_with_its_run(
         "compaction",
         "completed",
     )
+
+
+def _raw_ask(url: str, key: str, session_id: str) -> socket.socket:
+    """POST an ask with stream: true on a raw socket with a small receive buffer (so that a
+    client that stops reading soon backs the server's writes up), headers sent, nothing read."""
+    parts = urlsplit(url)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect((parts.hostname, parts.port))
+    body = json.dumps({"input": "go", "stream": True}).encode()
+    sock.sendall(
+        (
+            f"POST /v1/sessions/{session_id}/ask HTTP/1.1\r\nHost: {parts.netloc}\r\n"
+            f"Authorization: Bearer {key}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        ).encode()
+        + body
+    )
+    return sock
+
+
+def _read_all(sock: socket.socket) -> bytes:
+    sock.settimeout(60)  # a failure bound: the server closes the connection after the stream
+    chunks = []
+    while data := sock.recv(65536):
+        chunks.append(data)
+    return b"".join(chunks)
+
+
+def _sse_events(response: bytes) -> list[Event]:
+    """The events of a raw HTTP/1.1 response with a chunked text/event-stream body."""
+    head, _, rest = response.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), head
+    body = bytearray()
+    while True:
+        size_line, _, rest = rest.partition(b"\r\n")
+        size = int(size_line.split(b";")[0], 16)
+        if size == 0:
+            break
+        body += rest[:size]
+        rest = rest[size + 2 :]
+    out = []
+    for block in body.decode().replace("\r\n", "\n").split("\n\n"):
+        fields = dict(
+            line.split(": ", 1) for line in block.split("\n") if line and not line.startswith(":")
+        )
+        if fields:
+            out.append(Event(int(fields["id"]), fields["event"], json.loads(fields["data"])))
+    return out
+
+
+async def test_a_client_that_stops_reading_does_not_hold_up_others_and_misses_nothing(
+    api: httpx.AsyncClient, upstream: FakeUpstream, service: Service
+) -> None:
+    """A raw socket client stops reading its stream while the run writes far more than its
+    buffers hold; another stream meanwhile runs to its end. Read again, the stalled stream has
+    every event once, in order, through its terminal one."""
+    stalled_sid = (await new_session(api))["id"]
+    other_sid = (await new_session(api))["id"]
+    words = [f"{i:04d}" + "x" * 2000 + " " for i in range(400)]  # ~800 KB, many ticks
+    upstream.script(*(Text(w) for w in words), token_delay=0.001)
+    key = api.headers["Authorization"].removeprefix("Bearer ")
+    sock = _raw_ask(service.url, key, stalled_sid)
+    try:
+        for _ in range(600):  # its run took the long answer (a failure bound, not a measure)
+            if upstream.pending == 0:
+                break
+            await asyncio.sleep(0.05)
+        upstream.script(Text("meanwhile"))
+        other = await collect(api, "POST", f"/v1/sessions/{other_sid}/ask", json={"input": "q"})
+        assert other[-1].type == "run.completed"
+        said = "".join(e.data["text"] for e in other if e.type == "message.delta")
+        assert said == "meanwhile"
+        for _ in range(600):  # the stalled run ends too, unread
+            if (await api.get(f"/v1/sessions/{stalled_sid}")).json()["status"] != "active":
+                break
+            await asyncio.sleep(0.1)
+        events = _sse_events(await asyncio.to_thread(_read_all, sock))
+    finally:
+        sock.close()
+    assert [e.id for e in events] == list(range(1, len(events) + 1))
+    assert [e.type for e in events].count("run.completed") == 1
+    assert events[-1].type == "run.completed"
+    text = "".join(e.data["text"] for e in events if e.type == "message.delta")
+    assert text == "".join(words)

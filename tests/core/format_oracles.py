@@ -182,6 +182,24 @@ def validate_anthropic(request: Json) -> list[str]:
         problems += _tool_result_problems(at, message, blocks, messages[at - 1] if at else None)
         following = messages[at + 1] if at + 1 < len(messages) else None
         problems += _unanswered_uses(at, blocks, following)
+    problems += _cache_control_problems(request)
+    return problems
+
+
+def _cache_control_problems(request: Json) -> list[str]:
+    """At most 4 blocks (tools, system and messages together) may carry cache_control."""
+    system = request.get("system", [])
+    blocks = [*request.get("tools", []), *([] if isinstance(system, str) else system)]
+    for message in request["messages"]:
+        blocks += _blocks_of(message.get("content"))
+    marks = [b["cache_control"] for b in blocks if "cache_control" in b]
+    problems = [
+        f"cache_control: {m!r} is not a cache breakpoint"
+        for m in marks
+        if m != {"type": "ephemeral"}
+    ]
+    if len(marks) > 4:
+        problems.append(f"cache_control: {len(marks)} breakpoints, at most 4 are allowed")
     return problems
 
 

@@ -737,3 +737,37 @@ def test_wire_count_by_hand() -> None:
     # assistant 3+1 + call 3+2+1+1; tool 3+1 + 3 + id 2
     expected = 3 + (4 + 3 + 85 + 255 + 2) + (4 + 7) + (4 + 3 + 2)
     assert openai_request_tokens(to_openai(messages, []), Words()) == expected
+
+
+def test_anthropic_cache_breakpoints_mark_the_last_block_sent_of_each_message() -> None:
+    messages = [
+        Message("system", "S"),
+        Message("user", "one"),
+        Message("assistant", "  "),  # blank: sends no block, so it takes no mark
+        Message("user", "two"),
+        Message("assistant", "", tool_calls=(ToolCall("t1", "get_weather", {"city": "Oslo"}),)),
+        Message("tool", "cold", tool_call_id="t1"),
+        Message("user", "three"),
+    ]
+    request = to_anthropic(messages, [WEATHER], cache_breakpoints=(0, 2, 4, 5, 6, 99))
+
+    assert validate_anthropic(request) == []
+    marks = [
+        block.get("id") or block.get("tool_use_id") or block.get("text")
+        for block in [*request["system"], *(b for m in request["messages"] for b in m["content"])]
+        if block.get("cache_control") == {"type": "ephemeral"}
+    ]
+    # At most 4, the newest kept: the tool call's block, its result, the last text.
+    assert marks == ["t1", "t1", "three"]
+    unmarked = to_anthropic(messages, [WEATHER])
+    assert "cache_control" not in json.dumps(unmarked)
+    chat = [Message("user" if i % 2 else "assistant", f"m{i}") for i in range(14)]
+    assert validate_anthropic(to_anthropic(chat, [], range(14))) == []
+
+
+def test_the_anthropic_validator_allows_four_cache_breakpoints() -> None:
+    request = to_anthropic([Message("user", f"u{i}") for i in range(9)], [])
+    blocks = request["messages"][0]["content"]
+    for block in blocks[:5]:
+        block["cache_control"] = {"type": "ephemeral"}
+    assert validate_anthropic(request) == ["cache_control: 5 breakpoints, at most 4 are allowed"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
@@ -74,4 +75,40 @@ async def test_append_allocates_dense_seqs_per_run_in_order(engine: AsyncEngine)
     assert [(r["seq"], r["type"], r["data"]) for r in other][2:] == [
         (3, "usage", {"n": 1}),
         (4, "run.completed", {"n": 2}),
+    ]
+
+
+async def test_rows_numbered_in_memory_are_the_rows_the_table_holds(engine: AsyncEngine) -> None:
+    """What a worker hands its own process's followers (numbered) is exactly what any other
+    process reads from the table: the same seqs, types and data, keys in jsonb's order, so
+    that a live event and its replay serialize to the same bytes."""
+    first = await run_with_events(engine, None)
+    second = await run_with_events(engine, None)
+    data: list[dict[str, Any]] = [
+        {"text": "a"},
+        {"zz": 1, "a": [{"bb": 2, "a": None}], "é": "x", "ab": {"c": True, "b": 1.5}},
+        {"tool_call_id": "call_1", "index": 0, "arguments": "{", "name": "f"},
+        {"text": "b", "text2": "c"},
+    ]
+    events = [(first, "message.delta", data[0]), (second, "tool_call.delta", data[2])]
+    events += [(first, "message.delta", data[1]), (first, "message.delta", data[3])]
+    async with engine.begin() as conn:
+        last = await events_db.append_events(conn, events)
+        stored = await events_db.read_events_of_runs(conn, {first: 2, second: 2})
+    numbered = events_db.numbered(events, last)
+    as_read = [{**dict(row), "run_id": str(row["run_id"])} for row in stored]
+
+    def key(row: dict[str, Any]) -> tuple[str, int]:
+        return (str(row["run_id"]), int(row["seq"]))
+
+    assert sorted(numbered, key=key) == sorted(as_read, key=key)
+    for row in as_read:
+        (mine,) = [r for r in numbered if key(r) == key(row)]
+        assert json.dumps(mine["data"]) == json.dumps(row["data"])  # the same key order
+
+
+def test_a_fenced_run_is_numbered_nothing() -> None:
+    events = [("a", "message.delta", {"text": "x"}), ("b", "message.delta", {"text": "y"})]
+    assert events_db.numbered(events, {"a": 7}) == [
+        {"run_id": "a", "seq": 7, "type": "message.delta", "data": {"text": "x"}}
     ]

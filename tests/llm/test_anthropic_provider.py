@@ -234,3 +234,41 @@ async def test_a_stall_mid_stream_times_out(upstream: FakeUpstream) -> None:
 
     assert events == [TextDelta("a")]
     assert caught.value.kind == "timeout"
+
+
+async def test_cache_breakpoints_go_out_as_cache_control_marks(
+    provider: AnthropicProvider, upstream: FakeUpstream
+) -> None:
+    # The system message, the history before the newest turn, and the newest message.
+    request = ModelRequest("claude-test", CONVERSATION, cache_breakpoints=(0, 3, 4))
+
+    await collect(provider.stream(request))
+
+    body = upstream.requests[0].body
+    ephemeral = {"type": "ephemeral"}
+    assert body["system"] == [
+        {"type": "text", "text": "You are terse.", "cache_control": ephemeral}
+    ]
+    marked = [
+        (turn["role"], block["type"])
+        for turn in body["messages"]
+        for block in turn["content"]
+        if block.get("cache_control") == ephemeral
+    ]
+    assert marked == [("user", "tool_result"), ("user", "text")]
+    assert body["messages"][-1]["content"][-1] == {
+        "type": "text",
+        "text": "And in Rome?",
+        "cache_control": ephemeral,
+    }
+
+
+async def test_cache_reads_and_writes_are_reported_apart(
+    provider: AnthropicProvider, upstream: FakeUpstream
+) -> None:
+    # The wire says 2 uncached, 4 read from the cache and 6 written to it.
+    upstream.script(Text("ok"), Usage(12, 2, cached=4, written=6))
+
+    events = await collect(provider.stream(HELLO))
+
+    assert UsageReport(12, 2, cached_tokens=4, cache_write_tokens=6) in events

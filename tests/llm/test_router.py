@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -209,6 +210,22 @@ async def test_compat_endpoints_get_their_base_url(
     assert first.headers["authorization"] == "Bearer compat-key"
     assert second.path == "/llama/v1/chat/completions"
     assert second.body["model"] == "llama"
+
+
+async def test_only_openai_itself_gets_the_prompt_cache_key(
+    make_router: Any, upstream: FakeUpstream
+) -> None:
+    """OpenAI routes a thread's calls to one prompt cache by the key; compatible servers (vLLM,
+    llama.cpp) know no such field and may refuse it."""
+    router = make_router()
+    keyed = replace(HELLO, cache_key="threadline-s1")
+
+    await collect(router.stream(OPENAI, keyed))
+    await collect(router.stream("compat:vllm/meta-llama/Llama-3-8B", keyed))
+
+    openai_request, compat_request = upstream.requests
+    assert openai_request.body["prompt_cache_key"] == "threadline-s1"
+    assert "prompt_cache_key" not in compat_request.body
 
 
 async def test_a_rate_limit_before_output_is_retried(

@@ -1,0 +1,153 @@
+"""In-process handoff: the process that committed an ask starts its run at once.
+
+`threadline serve` runs the API and workers in one process; an ask's run need not wait for
+procrastinate's worker to hear of its job and fetch it (one job at a time): the ask hands it
+over here. Its procrastinate job stays the durable record and the crash backup. Exactly one
+worker runs it: the handoff claims the job itself, as procrastinate's fetch does (todo -> doing
+under this process's worker id, only if no job of the same session lock is running or queued
+before it), and a job that procrastinate's worker took first is left to it. A claimed run is
+then executed and fenced like any other (its lease, its attempt); if this process dies, the
+lease goes with it and another worker resumes the run from the journal (app/worker/pool.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+
+from sqlalchemy import text
+
+from app.db.outage import retrying
+from app.worker.runtime import Runtime
+
+log = logging.getLogger(__name__)
+ABORT_CHECK_SECONDS = 0.5
+
+# procrastinate_fetch_job_v2's choice, for one given job: still todo, and first of its lock.
+_CLAIM = text(
+    "UPDATE procrastinate_jobs SET status = 'doing', worker_id = :worker_id"
+    " WHERE id = (SELECT jobs.id FROM procrastinate_jobs AS jobs"
+    "  WHERE jobs.id = :job_id AND jobs.status = 'todo'"
+    "  AND (jobs.scheduled_at IS NULL OR jobs.scheduled_at <= now())"
+    "  AND NOT EXISTS (SELECT 1 FROM procrastinate_jobs AS other_jobs"
+    "   WHERE jobs.lock IS NOT NULL AND other_jobs.lock = jobs.lock AND ("
+    "    other_jobs.status = 'doing' OR (other_jobs.status = 'todo' AND ("
+    "     other_jobs.priority > jobs.priority"
+    "     OR (other_jobs.priority = jobs.priority AND other_jobs.id < jobs.id)))))"
+    "  FOR UPDATE OF jobs SKIP LOCKED)"
+    " RETURNING id"
+)
+_ABORTS = text(
+    "SELECT id FROM procrastinate_jobs"
+    " WHERE id = ANY(CAST(:ids AS bigint[])) AND status = 'doing' AND abort_requested"
+)
+_FINISH = text(
+    "SELECT procrastinate_finish_job_v1(:job_id, CAST(:status AS procrastinate_job_status), false)"
+)
+Execute = Callable[[Runtime, str, Callable[[], str | None]], Awaitable[None]]
+
+
+class Handoff:
+    """Runs handed over by this process's asks, up to `limit` at once (beyond it, or before
+    the worker is registered, the queue's worker takes them as usual)."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        worker_ids: list[int],
+        limit: int,
+        execute: Execute,
+    ) -> None:
+        self._runtime = runtime
+        self._worker_ids = worker_ids  # procrastinate's registrations of this process
+        self._limit = limit
+        self._execute = execute
+        self._running: dict[int, asyncio.Task[None]] = {}  # by job id
+        self._aborted: set[int] = set()
+        self._closed = False
+        self.claimed = 0  # runs this handoff executed (for tests)
+
+    def offer(self, run_id: str, job_id: int | None) -> None:
+        """Start the run now if this process has room; never waits, never fails the ask."""
+        if self._closed or job_id is None or not self._worker_ids:
+            return
+        if len(self._running) >= self._limit:
+            return
+        task = asyncio.create_task(self._run(run_id, job_id), name=f"handoff {run_id}")
+        self._running[job_id] = task
+        task.add_done_callback(lambda _t: self._running.pop(job_id, None))
+
+    async def _run(self, run_id: str, job_id: int) -> None:
+        try:
+            async with self._runtime.engine.begin() as conn:
+                worker_id = self._worker_ids[-1]
+                claim = await conn.execute(_CLAIM, {"job_id": job_id, "worker_id": worker_id})
+                claimed = claim.scalar()
+        except Exception:
+            log.warning("handing run %s over failed; the queue runs it", run_id, exc_info=True)
+            return
+        if claimed is None:
+            return  # the queue's worker took it, or its session has another job first
+        self.claimed += 1
+        status = "failed"
+        try:
+            await self._execute(self._runtime, run_id, lambda: self._reason(job_id))
+            status = "succeeded"
+        except asyncio.CancelledError:
+            # Shutting down: the job ends failed, so another worker resumes the run
+            # (app/worker/pool.py requeues a run whose job ended without ending it).
+            status = "failed"
+            raise
+        except Exception:
+            log.exception("run %s failed in its handoff", run_id)
+        finally:
+            self._aborted.discard(job_id)
+            await asyncio.shield(self._finish(job_id, status))
+
+    async def _finish(self, job_id: int, status: str) -> None:
+        async def finish() -> None:
+            async with self._runtime.engine.begin() as conn:
+                await conn.execute(_FINISH, {"job_id": job_id, "status": status})
+
+        try:
+            await retrying(finish)
+        except Exception:  # the run's recovery ends it, if this process cannot
+            log.exception("finishing job %s failed", job_id)
+
+    def _reason(self, job_id: int) -> str | None:
+        return "user_request" if job_id in self._aborted else None
+
+    async def watch_aborts(self) -> None:
+        """Cancel the runs whose job was asked to abort (a user's cancel), as procrastinate's
+        worker does for the jobs it runs."""
+        while True:
+            await asyncio.sleep(ABORT_CHECK_SECONDS)
+            if not self._running:
+                continue
+            try:
+                async with self._runtime.engine.connect() as conn:
+                    ids = list(self._running)
+                    aborted = (await conn.execute(_ABORTS, {"ids": ids})).scalars().all()
+            except Exception:
+                log.warning("checking handed-over runs for cancels failed", exc_info=True)
+                continue
+            for job_id in aborted:
+                task = self._running.get(int(job_id))
+                if task is not None and int(job_id) not in self._aborted:
+                    self._aborted.add(int(job_id))
+                    task.cancel()
+
+    async def close(self, grace_seconds: float) -> None:
+        """Stop taking runs; let those running finish for `grace_seconds`, then cancel them
+        (their jobs end failed: the runs resume on another worker, or at the next start)."""
+        self._closed = True
+        tasks = list(self._running.values())
+        if tasks and grace_seconds > 0:
+            await asyncio.wait(tasks, timeout=grace_seconds)
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(BaseException):
+                await task

@@ -1,0 +1,116 @@
+"""The in-process handoff: `threadline serve` starts its own asks' runs at once, each exactly
+once although procrastinate's worker is told of the same jobs, and a process killed after the
+handoff leaves its run to the durable job: another worker finishes it."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import Counter
+
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from app.config import Settings
+from app.main import create_app
+from app.worker.handoff import Handoff
+from testkit.api import history, new_session
+from testkit.server import free_port, serve_in_thread, stop_thread_server
+from testkit.sse_client import collect
+from testkit.upstream import FakeUpstream, Text, Usage
+from tests.conftest import issue_key
+from tests.e2e import Process, create_database, e2e_env, process_env
+from tests.worker.conftest import Workers
+
+
+@pytest.fixture
+def handoff_settings(database_url: str, upstream: FakeUpstream) -> tuple[Settings, str]:
+    """A database of its own (no other test's workers take these runs), and a key."""
+    settings = Settings(database_url=create_database(database_url, "handoff"), **e2e_env(upstream))
+    return settings, issue_key(settings, f"handoff-{uuid.uuid4()}")
+
+
+async def test_each_run_is_executed_once_though_the_queue_hears_of_it_too(
+    handoff_settings: tuple[Settings, str], upstream: FakeUpstream
+) -> None:
+    settings, key = handoff_settings
+    upstream.clear()
+    asks = 12
+    for i in range(asks):
+        upstream.script(Text(f"answer {i}"), Usage(3, 2))
+    app: FastAPI = create_app(settings, workers=4)  # fewer than the asks: some queue
+    server, thread, url = serve_in_thread(app)
+    try:
+        headers = {"Authorization": f"Bearer {key}"}
+        async with httpx.AsyncClient(base_url=url, headers=headers, timeout=60) as api:
+            sessions = [(await new_session(api))["id"] for _ in range(asks)]
+            streams = await asyncio.gather(
+                *(
+                    collect(api, "POST", f"/v1/sessions/{sid}/ask", json={"input": "q"})
+                    for sid in sessions
+                )
+            )
+            for events in streams:
+                types = [e.type for e in events]
+                assert types.count("run.started") == 1 and types[-1] == "run.completed"
+                assert [e.id for e in events] == list(range(1, len(events) + 1))
+                run = (await api.get(f"/v1/runs/{events[0].data['run_id']}")).json()
+                assert run["attempts"] == 1
+            for sid in sessions:
+                kinds = Counter(e["kind"] for e in await history(api, sid))
+                assert kinds == {"message": 2, "run_start": 1, "usage": 1, "run_end": 1}
+        assert len(upstream.requests) == asks  # no run called the model twice
+        handoff = app.state.handoff
+        assert isinstance(handoff, Handoff) and handoff.claimed > 0
+    finally:
+        stop_thread_server(server, thread)
+        upstream.clear()
+
+
+@pytest.mark.slow
+async def test_a_serve_process_killed_after_the_handoff_leaves_its_run_to_the_queue(
+    handoff_settings: tuple[Settings, str], upstream: FakeUpstream
+) -> None:
+    """`threadline serve` takes its ask's run at once and is killed mid-answer (kill -9): a
+    `threadline worker` started afterwards resumes the run from the journal and ends it."""
+    settings, key = handoff_settings
+    upstream.clear()
+    upstream.script(*[Text(f"a{i} ") for i in range(200)], token_delay=0.03)  # killed midway
+    upstream.script(Text("the retried "), Text("answer"), Usage(7, 3))
+    port = free_port()
+    env = process_env(settings, port=port, worker_concurrency=2)
+    served = Process(["serve", "--port", str(port)], env, f"http://127.0.0.1:{port}/readyz")
+    headers = {"Authorization": f"Bearer {key}"}
+    workers: Workers | None = None
+    api_server, api_thread, api_url = serve_in_thread(create_app(settings))  # API only
+    try:
+        async with httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{port}", headers=headers, timeout=60
+        ) as direct:
+            sid = (await new_session(direct))["id"]
+            asked = await collect(
+                direct, "POST", f"/v1/sessions/{sid}/ask", json={"input": "q"}, stop_after=6
+            )
+        assert [e.type for e in asked].count("message.delta") >= 2
+        run_id = asked[0].data["run_id"]
+        served.kill()
+        workers = Workers(process_env(settings, worker_concurrency=2))
+        async with httpx.AsyncClient(base_url=api_url, headers=headers, timeout=90) as api:
+            done = (
+                await api.get(f"/v1/runs/{run_id}", params={"wait": "true", "timeout": 60})
+            ).json()
+            assert done["status"] == "completed", done
+            assert done["result"] == "the retried answer" and done["attempts"] == 2
+            events = await collect(api, "GET", f"/v1/runs/{run_id}/events")
+            assert [e.id for e in events] == list(range(1, len(events) + 1))
+            assert [e.type for e in events].count("run.completed") == 1
+            kinds = Counter(e["kind"] for e in await history(api, sid))
+            assert kinds == {"message": 2, "run_start": 1, "usage": 1, "run_end": 1}
+        assert len(upstream.requests) == 2
+    finally:
+        served.stop()
+        if workers is not None:
+            workers.stop()
+        stop_thread_server(api_server, api_thread)
+        upstream.clear()
