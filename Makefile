@@ -1,7 +1,7 @@
 # `make run` serves with zero configuration; `make test` runs lint, types and the test suite.
 # Both install what they need: the venv and packages, and PostgreSQL binaries when absent.
 # `make run` installs only what the service needs (the base packages and the `local` extra);
-# `make test` adds the test and lint tools.
+# `make test` adds the test and lint tools, and the AI SDK (npm) the useChat tests drive.
 
 SHELL := /bin/bash
 VENV ?= .venv
@@ -9,6 +9,9 @@ BIN := $(VENV)/bin
 SUM := $(shell cksum pyproject.toml | cut -d' ' -f1)
 RUN_STAMP := $(VENV)/.installed-run-$(SUM)
 TEST_STAMP := $(VENV)/.installed-test-$(SUM)
+# The AI SDK (npm package `ai`, pinned by its lockfile) that tests drive the useChat endpoint with.
+AI_SDK_DIR := tests/api/ui_chat_js
+AI_SDK := $(AI_SDK_DIR)/node_modules/.package-lock.json
 # Also what tests/clients/test_typescript.py checks before running `npm ci` itself.
 NPM_STAMP := clients/typescript/node_modules/.installed
 # --no-compile: byte-compiling every installed module took most of a cold install (~60 of
@@ -23,7 +26,7 @@ SHOW_PROGRESS := awk '/^ *\[ *[0-9]+(%|\/[0-9]+)\]|^(Collecting|Building|Install
 run: $(RUN_STAMP) postgres
 	$(BIN)/threadline serve
 
-test: $(TEST_STAMP) postgres pgbouncer lint $(NPM_STAMP)
+test: $(TEST_STAMP) postgres pgbouncer lint $(NPM_STAMP) $(AI_SDK)
 	$(BIN)/pytest
 
 # The client sources written by hand (not the generated package beside them).
@@ -77,6 +80,11 @@ $(TEST_STAMP): $(RUN_STAMP)
 	$(PIP) -e '.[dev,local]'
 	rm -f $(VENV)/.installed-test-* && touch $@
 
+$(AI_SDK): $(AI_SDK_DIR)/package-lock.json
+	@command -v npm >/dev/null || { echo "npm not found: install Node.js 20.19+ (with npm)"; exit 1; }
+	@echo "==> installing the AI SDK for the useChat tests (npm ci)"
+	npm ci --prefix $(AI_SDK_DIR) --no-audit --no-fund
+
 # System binaries are preferred; as root on Debian/Ubuntu, install them when missing. Elsewhere
 # the embedded cluster falls back to the binaries bundled in the pgserver package.
 postgres:
@@ -102,4 +110,4 @@ pgbouncer:
 	fi
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis $(AI_SDK_DIR)/node_modules

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
+import uuid
+from asyncio.subprocess import PIPE
 from pathlib import Path
 
 import httpx
@@ -127,3 +129,32 @@ def test_the_run_reference_tables_are_the_ones_the_code_generates() -> None:
     for (start, end), table in run_reference().items():
         section = README[README.index(start) + len(start) : README.index(end)]
         assert section == f"\n{table}", "run `make readme` and commit README.md"
+
+
+async def test_the_use_chat_example_runs_as_written(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    """The README's Node example of the AI SDK's transport, against the served app."""
+    from tests.api.test_ui_messages import JS, install_ai_sdk
+
+    section = README[README.index("### The AI SDK's `useChat`") :]
+    start = section.index("```js\n") + len("```js\n")
+    example = section[start : section.index("```\n", start)]
+    install_ai_sdk()
+    upstream.script(Text("Hello"), Text(" from Threadline"))
+    script = JS / f"readme-{uuid.uuid4().hex}.mjs"  # beside node_modules, where `ai` resolves
+    script.write_text(example)
+    try:
+        env = {
+            **os.environ,
+            "API": str(api.base_url).rstrip("/"),
+            "KEY": api.headers["Authorization"].removeprefix("Bearer "),
+        }
+        node = await asyncio.create_subprocess_exec(
+            "node", str(script), env=env, stdout=PIPE, stderr=PIPE
+        )
+        out, err = await node.communicate()
+    finally:
+        script.unlink()
+    assert node.returncode == 0, err.decode()
+    assert out.decode() == "Hello from Threadline\n"

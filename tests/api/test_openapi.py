@@ -26,6 +26,7 @@ from schemathesis.checks import (
 )
 
 from app.api.sse import event_component
+from app.api.ui_messages import UI_CHUNK_SCHEMA
 from app.config import Settings
 from app.main import create_app
 from app.runs.events import PAYLOADS, EventType
@@ -53,6 +54,8 @@ def test_streams_are_documented_as_event_streams_only(app: FastAPI) -> None:
                     assert list(content) == ["text/event-stream"], operation["operationId"]
                     assert status == "200"
                     streaming[operation["operationId"]] = content["text/event-stream"]["schema"]
+    # The AI SDK's chat protocol streams its own chunks (app/api/ui_stream.py).
+    assert streaming.pop("uiChat") == streaming.pop("resumeUiChat") == UI_CHUNK_SCHEMA
     assert set(streaming) == {"ask", "compactSession", "joinSessionStream", "streamRunEvents"}
     assert all(s == {"$ref": "#/components/schemas/RunEvent"} for s in streaming.values())
     union = document["components"]["schemas"]["RunEvent"]

@@ -1,0 +1,224 @@
+"""Run events as the AI SDK's UI message stream (`x-vercel-ai-ui-message-stream: v1`).
+
+The AI SDK (`ai`, `@ai-sdk/react`'s `useChat`) reads a stream of JSON chunks, one per SSE
+`data:` line, ending with `data: [DONE]`. `UIStream` turns a run's events, in seq order, into
+those chunks. It holds the few facts the protocol needs that a single event does not carry:
+which text part and step are open, and which tool call a streamed piece belongs to.
+
+A run is one assistant message (its id is the run's); each model turn is a step (`start-step`
+.. `finish-step`). `message.reset` (the turn starts over: a retried model call, a restarted
+run) cannot retract what a client has rendered: the protocol has no chunk that removes a part,
+and useChat's Chat keeps every part it was sent, whatever message id comes later. So the
+voided attempt's text and step are closed, and a `data-threadline-reset` part marks where the
+retry begins: the answer is what follows the last marker (the journal keeps only that one).
+Ids derive from the run id and the events alone, so a replay (a resumed stream) yields the
+same chunks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from app.runs.events import EventType
+
+HEADER = "x-vercel-ai-ui-message-stream"
+VERSION = "v1"
+DONE = "[DONE]"
+
+# Threadline's finish reasons, in the protocol's words.
+_FINISH_REASONS = {
+    "stop": "stop",
+    "length": "length",
+    "tool_calls": "tool-calls",
+    "content_filter": "content-filter",
+    "other": "other",
+}
+
+Chunk = dict[str, Any]
+# From this share of the budget the meter reads `approaching_limit`, as context.warning does.
+WARNING_SHARE = 0.8
+
+
+def context_meter(tokens: int, budget: int, level: str | None = None) -> Chunk:
+    """The context meter: how full the model's context is, as a data part with a fixed id (a
+    later one replaces it). `level`: `ok`, `approaching_limit` or `at_limit`."""
+    share = tokens / budget if budget else 0.0
+    if level is None:
+        level = (
+            "at_limit" if share >= 1 else "approaching_limit" if share >= WARNING_SHARE else "ok"
+        )
+    meter = {"tokens": tokens, "budget": budget, "percent": round(100 * share, 1), "level": level}
+    return {"type": "data-threadline-context", "id": "context", "data": meter}
+
+
+class UIStream:
+    """Translate one run's events, from its first (`run.created`), in order."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        self._resets = 0  # message.reset events so far: the marker parts' ids
+        self._step_open = False
+        self._after_tools = False  # a tool ran: the model's next output is a new step
+        self._text_id: str | None = None
+        self._parts = 0  # text parts opened: their ids
+        self._calls: dict[int, str] = {}  # the turn's tool call index -> its id
+        self._announced: set[str] = set()  # calls with a tool-input-start sent
+        self.waiting = False  # the last event was run.requires_action
+
+    def translate(self, event_type: str, data: Mapping[str, Any]) -> list[Chunk]:
+        """The chunks for one run event (none for events the protocol has no use for).
+        `waiting` tells whether the run now waits for client-side tool outputs."""
+        self.waiting = False
+        match event_type:
+            case EventType.RUN_CREATED:
+                return [
+                    {"type": "start", "messageId": self.run_id},
+                    {
+                        "type": "data-threadline-run",
+                        "id": "run",
+                        "data": {"runId": data["run_id"], "sessionId": data["session_id"]},
+                    },
+                ]
+            case EventType.MESSAGE_DELTA:
+                out = self._open_step()
+                if self._text_id is None:
+                    self._parts += 1
+                    self._text_id = f"text-{self._parts}"
+                    out.append({"type": "text-start", "id": self._text_id})
+                out.append({"type": "text-delta", "id": self._text_id, "delta": data["text"]})
+                return out
+            case EventType.TOOL_CALL_DELTA:
+                return self._tool_call_piece(data)
+            case EventType.TOOL_CALL:
+                out = self._open_step()
+                out.append(
+                    {
+                        "type": "tool-input-available",
+                        "toolCallId": data["tool_call_id"],
+                        "toolName": data["name"],
+                        "input": data["arguments"],
+                        "providerExecuted": True,  # the service runs it, not the browser
+                    }
+                )
+                return out
+            case EventType.TOOL_RESULT:
+                self._after_tools = True
+                call = {"toolCallId": data["tool_call_id"], "providerExecuted": True}
+                if data["is_error"]:
+                    return [{"type": "tool-output-error", **call, "errorText": data["preview"]}]
+                return [{"type": "tool-output-available", **call, "output": data["preview"]}]
+            case EventType.RUN_REQUIRES_ACTION:
+                # The browser runs these (useChat's onToolCall). The stream ends here: useChat
+                # sends the outputs with its next request, which streams the rest of the run.
+                out = self._open_step()
+                for call in data["tool_calls"]:
+                    out.append(
+                        {
+                            "type": "tool-input-available",
+                            "toolCallId": call["tool_call_id"],
+                            "toolName": call["name"],
+                            "input": call["arguments"],
+                        }
+                    )
+                self.waiting = True
+                return [*out, *self._close_step(), {"type": "finish", "finishReason": "tool-calls"}]
+            case EventType.MESSAGE_RESET:
+                self._resets += 1
+                self._calls.clear()
+                reset = {
+                    "type": "data-threadline-reset",
+                    "id": f"reset-{self._resets}",
+                    "data": {"reason": data["reason"], "attempt": data["attempt"]},
+                }
+                return [*self._close_step(), reset]
+            case EventType.CONTEXT_WARNING:
+                return [self._context(data)]
+            case EventType.USAGE:
+                return [{"type": "data-threadline-usage", "id": "usage", "data": dict(data)}]
+            case EventType.RUN_COMPLETED:
+                reason = _FINISH_REASONS.get(data.get("finish_reason") or "stop", "other")
+                return [*self._close_step(), {"type": "finish", "finishReason": reason}]
+            case EventType.RUN_FAILED:
+                error = data["error"]
+                return [
+                    *self._close_step(),
+                    {"type": "error", "errorText": f"{error['code']}: {error['message']}"},
+                ]
+            case EventType.RUN_CANCELLED:
+                return [*self._close_step(), {"type": "abort"}]
+        return []
+
+    def answered(
+        self, data: Mapping[str, Any], outputs: Mapping[str, tuple[Any, bool]]
+    ) -> list[Chunk]:
+        """Instead of translate, for a replayed `run.requires_action` whose outputs the client
+        sent already (`outputs`: by call id, with whether each is an error): the calls with
+        their outputs, marked `providerExecuted` so that useChat does not run them again."""
+        out = self._open_step()
+        for call in data["tool_calls"]:
+            call_id = call["tool_call_id"]
+            done = {"toolCallId": call_id, "providerExecuted": True}
+            out.append(
+                {
+                    "type": "tool-input-available",
+                    **done,
+                    "toolName": call["name"],
+                    "input": call["arguments"],
+                }
+            )
+            output, is_error = outputs.get(call_id, (None, False))
+            if is_error:
+                out.append({"type": "tool-output-error", **done, "errorText": str(output)})
+            else:
+                out.append({"type": "tool-output-available", **done, "output": output})
+        self._after_tools = True
+        return out
+
+    def _context(self, data: Mapping[str, Any]) -> Chunk:
+        return context_meter(data["tokens"], data["budget"], data["level"])
+
+    def _tool_call_piece(self, data: Mapping[str, Any]) -> list[Chunk]:
+        out = self._open_step()
+        index = data["index"]
+        call_id = data.get("tool_call_id") or self._calls.get(index)
+        if call_id is None:  # no id yet: nothing the protocol can attach it to
+            return out
+        self._calls[index] = call_id
+        if call_id not in self._announced:
+            if "name" not in data:
+                return out
+            self._announced.add(call_id)
+            out.append(
+                {"type": "tool-input-start", "toolCallId": call_id, "toolName": data["name"]}
+            )
+        if data["arguments"]:
+            out.append(
+                {
+                    "type": "tool-input-delta",
+                    "toolCallId": call_id,
+                    "inputTextDelta": data["arguments"],
+                }
+            )
+        return out
+
+    def _open_step(self) -> list[Chunk]:
+        out: list[Chunk] = []
+        if self._step_open and self._after_tools:
+            out = self._close_step()
+        if not self._step_open:
+            out.append({"type": "start-step"})
+            self._step_open = True
+            self._after_tools = False
+            self._calls.clear()
+        return out
+
+    def _close_step(self) -> list[Chunk]:
+        out: list[Chunk] = []
+        if self._text_id is not None:
+            out.append({"type": "text-end", "id": self._text_id})
+            self._text_id = None
+        if self._step_open:
+            out.append({"type": "finish-step"})
+            self._step_open = False
+        return out

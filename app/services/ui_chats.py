@@ -1,0 +1,216 @@
+"""AI SDK chats as sessions: a chat id names a session, a regenerate is a rollback and an ask.
+
+The frontend (`useChat`) keeps its own copy of the conversation and sends all of it; the
+session's journal stays the source of truth, so only the newest user message is taken from it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import RowMapping
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.core.entries import EntryKind
+from app.db import events as events_db
+from app.db import journal as journal_db
+from app.db import runs as runs_db
+from app.db import sessions as sessions_db
+from app.services import asks, journal
+from app.services.errors import Conflict, Invalid
+
+# Sessions made for chats get ids derived from this namespace, the tenant and the chat id.
+CHAT_NAMESPACE = uuid.UUID("6f1c2a0e-5b7d-4c3e-9a8f-1d2e3f4a5b6c")
+CHAT_ID_KEY = "ai_sdk_chat_id"  # the metadata key holding the chat id of such a session
+MAX_CHAT_ID_LENGTH = 512
+HISTORY_PAGE = 1000  # entries read per page when looking for the live user messages
+
+
+def derived_session_id(tenant_id: str, chat_id: str) -> str:
+    return str(uuid.uuid5(CHAT_NAMESPACE, f"{tenant_id}/{chat_id}"))
+
+
+async def find_session(engine: AsyncEngine, tenant_id: str, chat_id: str) -> RowMapping | None:
+    """The chat's session: the session whose id the chat id is, else the one made for it."""
+    async with engine.connect() as conn:
+        if _is_uuid(chat_id):
+            own = await sessions_db.get_session(conn, tenant_id, chat_id)
+            if own is not None:
+                return own
+        return await sessions_db.get_session(
+            conn, tenant_id, derived_session_id(tenant_id, chat_id)
+        )
+
+
+async def chat_session(engine: AsyncEngine, tenant_id: str, chat_id: str) -> RowMapping:
+    """The chat's session, made on the chat's first message (with the default config)."""
+    found = await find_session(engine, tenant_id, chat_id)
+    if found is not None:
+        return found
+    session_id = derived_session_id(tenant_id, chat_id)
+    try:
+        async with engine.begin() as conn:
+            return await sessions_db.insert_session(
+                conn,
+                id=session_id,
+                tenant_id=tenant_id,
+                title=None,
+                metadata={CHAT_ID_KEY: chat_id},
+                config={},
+            )
+    except IntegrityError:  # a concurrent first message made it
+        again = await find_session(engine, tenant_id, chat_id)
+        if again is None:
+            raise
+        return again
+
+
+def _is_uuid(text: str) -> bool:
+    try:
+        uuid.UUID(text)
+    except ValueError:
+        return False
+    return True
+
+
+def no_user_message(messages: list[dict[str, Any]]) -> Invalid:
+    return Invalid(
+        "no_user_message",
+        "the last message must be the user's new message (or, once the chat's run waits for "
+        "client-side tool outputs, the answer with them)",
+        {"loc": ["body", "messages", len(messages) - 1]},
+    )
+
+
+def new_user_text(messages: list[dict[str, Any]]) -> str:
+    """The text of the last message, which must be the user's: the one to journal."""
+    if not messages or messages[-1].get("role") != "user":
+        raise no_user_message(messages)
+    parts = messages[-1].get("parts")
+    texts = [
+        p["text"]
+        for p in parts or []
+        if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+    ]
+    if not "".join(texts).strip():
+        raise Invalid(
+            "empty_message",
+            "the user's message has no text part",
+            {"loc": ["body", "messages", len(messages) - 1, "parts"]},
+        )
+    return "\n\n".join(texts)
+
+
+async def live_user_messages(
+    engine: AsyncEngine, tenant_id: str, session_id: str
+) -> tuple[list[RowMapping], int]:
+    """The session's user messages that no rollback took out, oldest first, and the rev they
+    were read at: the user messages the chat shows."""
+    users: list[RowMapping] = []
+    ranges: list[tuple[int, int]] = []
+    after: int | None = None
+    while True:
+        page = await journal.read_history(
+            engine,
+            tenant_id,
+            session_id,
+            after_seq=after,
+            before_seq=None,
+            limit=HISTORY_PAGE,
+            kinds=[str(EntryKind.MESSAGE), str(EntryKind.ROLLBACK)],
+            order="asc",
+        )
+        for entry in page.entries:
+            if entry["kind"] == EntryKind.ROLLBACK:
+                ranges.append((entry["payload"]["from_seq"], entry["payload"]["to_seq"]))
+            elif entry["payload"].get("role") == "user":
+                users.append(entry)
+        if not page.has_more:
+            live = [u for u in users if not any(a <= u["seq"] <= b for a, b in ranges)]
+            return live, page.rev
+        after = page.entries[-1]["seq"]
+
+
+async def roll_back_from(
+    engine: AsyncEngine, tenant_id: str, session_id: str, position: int | None, reason: str
+) -> str | list[dict[str, Any]] | None:
+    """Take the chat's user message at `position` (0-based among the chat's user messages;
+    None: the last one) and everything after it out of the session's context, for a
+    regenerate or an edit; returns that message's content. None when there is no such
+    message (nothing to take out). `reason`: the rollback entry's."""
+    async with engine.connect() as conn:
+        active = await runs_db.active_runs(conn, session_id, kind="ask")
+    if active:
+        raise Conflict(
+            "session_busy",
+            "the chat has a run in progress; stop it first",
+            {"active_run_id": active[-1].id},
+        )
+    live, rev = await live_user_messages(engine, tenant_id, session_id)
+    if position is None:
+        position = len(live) - 1
+    if not 0 <= position < len(live):
+        return None
+    entry = live[position]
+    rollback = journal.NewEntry(
+        EntryKind.ROLLBACK, {"from_seq": entry["seq"], "to_seq": rev, "reason": reason}, {}
+    )
+    # expected_rev: an entry appended meanwhile would not be one the client meant to void.
+    await journal.append_entries(engine, tenant_id, session_id, [rollback], expected_rev=rev)
+    content: str | list[dict[str, Any]] = entry["payload"]["content"]
+    return content
+
+
+@dataclass(frozen=True)
+class ToolOutputs:
+    run_id: str
+    streamed_through: int  # the run's last event seq before the outputs were sent
+
+
+async def submit_tool_outputs(
+    engine: AsyncEngine, tenant_id: str, session_id: str, message: dict[str, Any]
+) -> ToolOutputs:
+    """The outputs of the client-side tool calls the chat's run waits on, from the assistant
+    message useChat sends back once its onToolCall handlers gave them (`addToolOutput`)."""
+    run = await asks.active_run(engine, tenant_id, session_id)
+    if run is None:
+        raise Conflict("run_not_waiting", "the chat has no run waiting for tool outputs", {})
+    outputs = [
+        asks.ToolOutput(p["toolCallId"], p.get("errorText", ""), is_error=True)
+        if p["state"] == "output-error"
+        else asks.ToolOutput(p["toolCallId"], p.get("output"))
+        for p in message.get("parts") or []
+        if isinstance(p, dict)
+        and (str(p.get("type", "")).startswith("tool-") or p.get("type") == "dynamic-tool")
+        and not p.get("providerExecuted")
+        and p.get("state") in ("output-available", "output-error")
+        and isinstance(p.get("toolCallId"), str)
+    ]
+    async with engine.connect() as conn:
+        seen = (await events_db.read_backlog(conn, run.id, events_db.MAX_SEQ, 1)).last_seq
+    await asks.submit_tool_outputs(engine, tenant_id, run.id, outputs)
+    return ToolOutputs(run.id, seen)
+
+
+async def events_after(engine: AsyncEngine, run_id: str, seq: int) -> bool:
+    """Whether the run has events after `seq` (a replayed run.requires_action was answered)."""
+    async with engine.connect() as conn:
+        return bool((await events_db.read_backlog(conn, run_id, seq, 1)).rows)
+
+
+async def client_tool_outputs(
+    engine: AsyncEngine, tenant_id: str, run_id: str
+) -> dict[str, tuple[Any, bool]]:
+    """The outputs the client sent for the run's client-side tool calls, by call id (each
+    with whether it is an error), from the journal."""
+    run = await asks.get_run(engine, tenant_id, run_id)
+    async with engine.connect() as conn:
+        entries = await journal_db.run_entries(conn, run.session_id, run.input_seq, run_id)
+    return {
+        e.refs["tool_call_id"]: (e.payload.get("content"), bool(e.payload.get("is_error")))
+        for e in entries
+        if e.kind == EntryKind.TOOL_RESULT and "tool_call_id" in e.refs
+    }

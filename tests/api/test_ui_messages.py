@@ -1,0 +1,433 @@
+"""The AI SDK's chat protocol, driven by the AI SDK itself: its DefaultChatTransport (what
+`useChat` sends) and readUIMessageStream (what it renders), in Node, against the served app."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+import threading
+import urllib.parse
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from testkit.api import history, new_session
+from testkit.upstream import FailMidStream, FakeUpstream, Hold, Text, ToolCall, Usage
+
+JS = Path(__file__).parent / "ui_chat_js"
+HANG_SECONDS = 300
+CALCULATOR = {
+    "name": "calculator",
+    "kind": "builtin",
+    "description": "Arithmetic",
+    "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
+}
+
+
+def install_ai_sdk() -> None:
+    """The pinned `ai` package (package-lock.json), installed once (`make test` does it too)."""
+    if not (JS / "node_modules" / "ai").is_dir():
+        npm = shutil.which("npm")
+        assert npm is not None, "Node and npm are needed (Node 20 or later)"
+        subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=JS, check=True)
+
+
+@pytest.fixture(scope="module")
+def ai_sdk() -> None:
+    install_ai_sdk()
+
+
+def user(text: str, message_id: str | None = None) -> dict[str, Any]:
+    return {
+        "id": message_id or str(uuid.uuid4()),
+        "role": "user",
+        "parts": [{"type": "text", "text": text}],
+    }
+
+
+class Node:
+    """`node chat.mjs` running one scenario; its JSON lines are read as they come."""
+
+    def __init__(self, api: httpx.AsyncClient, scenario: str, chat_id: str, **args: Any) -> None:
+        self.args = {
+            "api": str(api.base_url.join("/v1/ui/chat")),
+            "key": api.headers["Authorization"].removeprefix("Bearer "),
+            "chatId": chat_id,
+            "scenario": scenario,
+            **args,
+        }
+        self.process: asyncio.subprocess.Process | None = None
+
+    async def __aenter__(self) -> Node:
+        node = shutil.which("node")
+        assert node is not None
+        self.process = await asyncio.create_subprocess_exec(
+            node,
+            str(JS / "chat.mjs"),
+            json.dumps(self.args),
+            cwd=JS,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        return self
+
+    async def line(self) -> dict[str, Any]:
+        assert self.process is not None and self.process.stdout is not None
+        # A guard against a hang, not a speed check: every scenario ends far sooner.
+        raw = await asyncio.wait_for(self.process.stdout.readline(), HANG_SECONDS)
+        if not raw:
+            assert self.process.stderr is not None
+            error = (await self.process.stderr.read()).decode()
+            raise AssertionError(f"node ended without output: {error}")
+        result: dict[str, Any] = json.loads(raw)
+        return result
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.process is not None
+        if self.process.returncode is None:
+            if exc[0] is not None:
+                self.process.kill()
+            await self.process.wait()
+        if exc[0] is None:
+            assert self.process.returncode == 0
+
+
+async def run_node(api: httpx.AsyncClient, scenario: str, chat_id: str, **args: Any) -> Any:
+    async with Node(api, scenario, chat_id, **args) as node:
+        return await node.line()
+
+
+def texts_of(message: dict[str, Any]) -> list[str]:
+    return [p["text"] for p in message["parts"] if p["type"] == "text"]
+
+
+def run_id_of(chunks: list[dict[str, Any]]) -> str:
+    run: str = next(c for c in chunks if c["type"] == "data-threadline-run")["data"]["runId"]
+    return run
+
+
+@pytest.fixture
+def release() -> Iterator[threading.Event]:
+    """An upstream Hold's release, set at the end whatever happens (the fake must not hang)."""
+    event = threading.Event()
+    yield event
+    event.set()
+
+
+async def test_a_streamed_answer_renders_and_only_the_new_message_is_journaled(
+    api: httpx.AsyncClient, upstream: FakeUpstream, ai_sdk: None
+) -> None:
+    chat = f"chat-{uuid.uuid4()}"
+    upstream.script(Text("Hello"), Text(", world"), Usage(5, 2))
+    result = await run_node(api, "send", chat, messages=[user("Hi")])
+    final = result["messages"][-1]
+    assert final["role"] == "assistant" and texts_of(final) == ["Hello, world"]
+    assert [p["type"] for p in final["parts"]] == [
+        "data-threadline-run",
+        "data-threadline-context",
+        "step-start",
+        "text",
+        "data-threadline-usage",
+    ]
+    meter = final["parts"][1]["data"]
+    assert meter["level"] == "ok" and 0 < meter["tokens"] < meter["budget"]
+    assert meter["percent"] == round(100 * meter["tokens"] / meter["budget"], 1)
+    types = [c["type"] for c in result["chunks"]]
+    assert types[:4] == ["start", "data-threadline-run", "data-threadline-context", "start-step"]
+    assert types[-3:] == ["text-end", "finish-step", "finish"]
+    assert result["chunks"][-1]["finishReason"] == "stop" and result["errors"] == []
+
+    # The frontend's copy of the history is not the journal's: only its last message counts.
+    upstream.script(Text("Fine"))
+    stale = [user("something else"), {**final, "parts": [{"type": "text", "text": "edited"}]}]
+    body = {"id": chat, "messages": [*stale, user("How are you?")], "trigger": "submit-message"}
+    async with api.stream("POST", "/v1/ui/chat", json=body) as response:
+        assert response.status_code == 200
+        assert response.headers["x-vercel-ai-ui-message-stream"] == "v1"
+        assert response.headers["content-type"].startswith("text/event-stream")
+        lines = [line async for line in response.aiter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    sent = upstream.requests[-1].body["messages"]
+    assert [(m["role"], m["content"]) for m in sent] == [
+        ("user", "Hi"),
+        ("assistant", "Hello, world"),
+        ("user", "How are you?"),
+    ]
+    session = (await api.get("/v1/sessions", params={"metadata": f"ai_sdk_chat_id:{chat}"})).json()
+    sid = session["data"][0]["id"]
+    journal = await history(api, sid)
+    assert [e["payload"]["content"] for e in journal if e["kind"] == "message"] == [
+        "Hi",
+        "Hello, world",
+        "How are you?",
+        "Fine",
+    ]
+
+
+async def test_a_tool_call_renders_as_a_tool_part_and_a_second_step(
+    api: httpx.AsyncClient, upstream: FakeUpstream, ai_sdk: None
+) -> None:
+    # A chat id that is a session's id is that session (here, one with a tool).
+    sid = (await new_session(api, config={"tools": [CALCULATOR]}))["id"]
+    upstream.script(
+        Text("Let me compute."),
+        ToolCall("call_1", "calculator", '{"expression": "4 * 3"}'),
+        Usage(30, 10),
+    )
+    upstream.script(Text("The result is 12"), Usage(50, 5))
+    result = await run_node(api, "send", sid, messages=[user("Multiply 4 by 3")])
+    parts = result["messages"][-1]["parts"]
+    assert [p["type"] for p in parts if not p["type"].startswith("data-")] == [
+        "step-start",
+        "text",
+        "tool-calculator",
+        "step-start",
+        "text",
+    ]
+    tool = next(p for p in parts if p["type"] == "tool-calculator")
+    assert tool["toolCallId"] == "call_1_1_0" and tool["state"] == "output-available"
+    assert tool["input"] == {"expression": "4 * 3"} and tool["output"] == "12"
+    assert tool["providerExecuted"] is True
+    assert texts_of(result["messages"][-1]) == ["Let me compute.", "The result is 12"]
+    assert result["chunks"][-1] == {"type": "finish", "finishReason": "stop"}
+
+
+async def test_a_client_side_tool_runs_in_the_browser_and_the_run_goes_on(
+    api: httpx.AsyncClient, upstream: FakeUpstream, ai_sdk: None
+) -> None:
+    locate = {"name": "get_location", "kind": "client", "description": "Where the user is"}
+    sid = (await new_session(api, config={"tools": [locate]}))["id"]
+    upstream.script(Text("Let me look."), ToolCall("call_loc", "get_location", "{}"))
+    upstream.script(Text("You are in Oslo."))
+    actions = [{"send": "Where am I?", "until": "You are in Oslo."}]
+    outputs = {"get_location": {"city": "Oslo"}}
+    result = await run_node(api, "chat", sid, actions=actions, toolOutputs=outputs)
+    assert result["errors"] == [] and result["status"] == "ready"
+    assert [m["role"] for m in result["messages"]] == ["user", "assistant"]
+    parts = [p for p in result["messages"][-1]["parts"] if not p["type"].startswith("data-")]
+    assert [p["type"] for p in parts] == [
+        "step-start",
+        "text",
+        "tool-get_location",
+        "step-start",
+        "text",
+    ]
+    tool = parts[2]
+    assert tool["state"] == "output-available" and tool["output"] == {"city": "Oslo"}
+    assert texts_of(result["messages"][-1]) == ["Let me look.", "You are in Oslo."]
+    sent = upstream.requests[-1].body["messages"]
+    assert [m["role"] for m in sent] == ["user", "assistant", "tool"]
+    assert sent[-1]["content"] == '{"city":"Oslo"}'
+
+
+async def test_a_resume_replays_past_a_client_tool_call_already_answered(
+    api: httpx.AsyncClient, upstream: FakeUpstream, ai_sdk: None, release: threading.Event
+) -> None:
+    locate = {"name": "get_location", "kind": "client", "description": "Where the user is"}
+    sid = (await new_session(api, config={"tools": [locate]}))["id"]
+    upstream.script(ToolCall("call_loc", "get_location", "{}"))
+    upstream.script(Text("Oslo"), Hold(release), Text("!"))
+    body = {"id": sid, "messages": [user("Where am I?")], "on_disconnect": "continue"}
+    async with api.stream("POST", "/v1/ui/chat", json=body) as response:
+        lines = [line async for line in response.aiter_lines() if line.startswith("data: ")]
+    assert lines[-2:] == ['data: {"type":"finish","finishReason":"tool-calls"}', "data: [DONE]"]
+    run_id = json.loads(lines[1].removeprefix("data: "))["data"]["runId"]
+    outputs = {"tool_outputs": [{"tool_call_id": "call_1_1_0", "output": {"city": "Oslo"}}]}
+    assert (await api.post(f"/v1/runs/{run_id}/tool_outputs", json=outputs)).status_code == 200
+    # The page is reloaded while the answer is held: the replay goes past the answered wait.
+    async with Node(api, "resume", sid) as node:
+        assert await node.line() == {"connected": True}
+        release.set()
+        result = await node.line()
+    assert result["errors"] == [] and result["chunks"][-1]["type"] == "finish"
+    final = result["messages"][-1]
+    assert texts_of(final) == ["Oslo!"]
+    tool = next(p for p in final["parts"] if p["type"] == "tool-get_location")
+    assert tool["state"] == "output-available" and tool["output"] == {"city": "Oslo"}
+    assert tool["providerExecuted"] is True  # answered: useChat's onToolCall must not rerun it
+
+
+async def test_a_reload_resumes_the_active_run_and_204_when_there_is_none(
+    api: httpx.AsyncClient, upstream: FakeUpstream, ai_sdk: None, release: threading.Event
+) -> None:
+    chat = f"chat-{uuid.uuid4()}"
+    assert (await run_node(api, "resume", chat)) == {"resumed": False}  # a new chat
+    upstream.script(Text("Hello "), Hold(release), Text("world"))
+    # The page that asked is reloaded mid-answer (it asked to keep the run on leaving).
+    body = {"id": chat, "messages": [user("Hi")], "on_disconnect": "continue"}
+    async with api.stream("POST", "/v1/ui/chat", json=body) as response:
+        async for line in response.aiter_lines():
+            if '"text-delta"' in line:
+                break
+    # The reloaded page: useChat({resume: true}) calls the Chat's resumeStream() on load.
+    async with Node(api, "chat", chat, actions=[{"resume": True}]) as node:
+        assert await node.line() == {"connected": True}
+        release.set()
+        result = await node.line()
+    assert result["errors"] == [] and result["status"] == "ready"
+    assert [(m["role"], texts_of(m)) for m in result["messages"]] == [
+        ("assistant", ["Hello world"])
+    ]
+    assert (await run_node(api, "resume", chat)) == {"resumed": False}
+    response = await api.get(f"/v1/ui/chat/{chat}/stream")
+    assert response.status_code == 204
+
+
+async def test_regenerate_rolls_back_the_last_answer_and_asks_again(
+    api: httpx.AsyncClient, upstream: FakeUpstream, ai_sdk: None
+) -> None:
+    chat = f"chat-{uuid.uuid4()}"
+    upstream.script(Text("A first joke"))
+    upstream.script(Text("A second joke"))
+    upstream.script(Text("A better joke"))
+    # useChat's regenerate(): it drops the answer, sends the rest and names the answer.
+    actions = [{"send": "Tell me a joke"}, {"regenerate": True}, {"regenerate": True}]
+    result = await run_node(api, "chat", chat, actions=actions)
+    assert result["errors"] == [] and result["status"] == "ready"
+    assert [(m["role"], texts_of(m)) for m in result["messages"]] == [
+        ("user", ["Tell me a joke"]),
+        ("assistant", ["A better joke"]),
+    ]
+    sent = upstream.requests[-1].body["messages"]
+    assert [(m["role"], m["content"]) for m in sent] == [("user", "Tell me a joke")]
+    sid = (await api.get("/v1/sessions", params={"metadata": f"ai_sdk_chat_id:{chat}"})).json()
+    journal = await history(api, sid["data"][0]["id"])
+    rollbacks = [e["payload"] for e in journal if e["kind"] == "rollback"]
+    asked = [e["seq"] for e in journal if e["payload"].get("role") == "user"]
+    assert [(r["from_seq"], r["reason"]) for r in rollbacks] == [
+        (asked[0], "regenerate"),
+        (asked[1], "regenerate"),
+    ]
+
+
+async def test_an_edited_message_rolls_back_from_it_and_asks_the_new_text(
+    api: httpx.AsyncClient, upstream: FakeUpstream, ai_sdk: None
+) -> None:
+    chat = f"chat-{uuid.uuid4()}"
+    for answer_text in ("Paris", "Berlin", "Rome"):
+        upstream.script(Text(answer_text))
+    actions = [
+        {"send": "Capital of France?"},
+        {"send": "Capital of Germany?"},
+        {"edit": "Capital of Italy?", "userIndex": 0},
+    ]
+    result = await run_node(api, "chat", chat, actions=actions)
+    assert result["errors"] == []
+    assert [(m["role"], texts_of(m)) for m in result["messages"]] == [
+        ("user", ["Capital of Italy?"]),
+        ("assistant", ["Rome"]),
+    ]
+    sent = upstream.requests[-1].body["messages"]
+    assert [(m["role"], m["content"]) for m in sent] == [("user", "Capital of Italy?")]
+    sid = (await api.get("/v1/sessions", params={"metadata": f"ai_sdk_chat_id:{chat}"})).json()
+    journal = await history(api, sid["data"][0]["id"])
+    (rollback,) = [e["payload"] for e in journal if e["kind"] == "rollback"]
+    assert rollback["from_seq"] == journal[0]["seq"] and rollback["reason"] == "edit"
+
+
+async def test_stop_cancels_the_run(
+    api: httpx.AsyncClient, upstream: FakeUpstream, ai_sdk: None, release: threading.Event
+) -> None:
+    chat = f"chat-{uuid.uuid4()}"
+    upstream.script(Text("A long "), Hold(release), Text("answer"))
+    result = await run_node(api, "stop", chat, messages=[user("Write an essay")])
+    assert result["aborted"] is True
+    run_id = run_id_of(result["chunks"])
+    run = (await api.get(f"/v1/runs/{run_id}", params={"wait": "true"})).json()
+    assert run["status"] == "cancelled"
+
+
+async def test_stop_in_the_chat_cancels_the_run(
+    api: httpx.AsyncClient, upstream: FakeUpstream, ai_sdk: None, release: threading.Event
+) -> None:
+    chat = f"chat-{uuid.uuid4()}"
+    upstream.script(Text("A long "), Hold(release), Text("answer"))
+    actions = [{"send": "Write an essay", "stopOnText": True}]
+    result = await run_node(api, "chat", chat, actions=actions)
+    assert result["status"] == "ready" and result["errors"] == []
+    assert texts_of(result["messages"][-1]) == ["A long "]
+    run_id = next(p for p in result["messages"][-1]["parts"] if p["type"] == "data-threadline-run")
+    run = (await api.get(f"/v1/runs/{run_id['data']['runId']}", params={"wait": "true"})).json()
+    assert run["status"] == "cancelled"
+
+
+def answer(message: dict[str, Any]) -> list[str]:
+    """The text parts after the last reset marker: what the run answers."""
+    parts = message["parts"]
+    resets = [i for i, p in enumerate(parts) if p["type"] == "data-threadline-reset"]
+    after = parts[resets[-1] + 1 :] if resets else parts
+    return [p["text"] for p in after if p["type"] == "text"]
+
+
+async def test_a_retried_model_call_renders_as_a_marked_new_step(
+    api: httpx.AsyncClient, upstream: FakeUpstream, ai_sdk: None
+) -> None:
+    """The protocol cannot take back rendered text: the voided attempt stays a closed step,
+    a marker part follows, and the answer is what comes after it, in one message."""
+    for scenario in ("send", "chat"):
+        chat = f"chat-{uuid.uuid4()}"
+        upstream.script(Text("half "), Text("an answer"), FailMidStream("overloaded", "Over"))
+        upstream.script(Text("the whole "), Text("answer"), Usage(12, 3))
+        if scenario == "send":  # readUIMessageStream
+            result = await run_node(api, "send", chat, messages=[user("Hi")])
+            assert result["chunks"][-1] == {"type": "finish", "finishReason": "stop"}
+        else:  # useChat's Chat
+            result = await run_node(api, "chat", chat, actions=[{"send": "Hi"}])
+            assert [m["role"] for m in result["messages"]] == ["user", "assistant"]
+        assert result["errors"] == []
+        final = result["messages"][-1]
+        assert texts_of(final) == ["half an answer", "the whole answer"]
+        assert answer(final) == ["the whole answer"]
+        types = [p["type"] for p in final["parts"] if p["type"] != "data-threadline-usage"]
+        assert types == [
+            "data-threadline-run",
+            "data-threadline-context",
+            "step-start",
+            "text",
+            "data-threadline-reset",
+            "step-start",
+            "text",
+        ]
+        assert all(p["state"] == "done" for p in final["parts"] if p["type"] == "text")
+
+
+async def test_bad_requests_get_json_errors(api: httpx.AsyncClient) -> None:
+    chat = f"chat-{uuid.uuid4()}"
+    no_user = {"id": chat, "messages": [], "trigger": "submit-message"}
+    response = await api.post("/v1/ui/chat", json=no_user)
+    assert response.status_code == 422
+    assert response.json()["error"]["code"] == "no_user_message"
+    empty = {"id": chat, "messages": [{"id": "m", "role": "user", "parts": []}]}
+    response = await api.post("/v1/ui/chat", json=empty)
+    assert response.json()["error"]["code"] == "empty_message"
+    regenerate = {"id": chat, "messages": [], "trigger": "regenerate-message"}
+    response = await api.post("/v1/ui/chat", json=regenerate)
+    assert response.status_code == 422
+    assert response.json()["error"]["code"] == "nothing_to_regenerate"
+    response = await api.post("/v1/ui/chat", json={"id": chat, "messages": [], "trigger": "x"})
+    assert response.status_code == 422 and "error" in response.json()
+    anonymous = await httpx.AsyncClient(base_url=api.base_url).post("/v1/ui/chat", json=no_user)
+    assert anonymous.status_code == 401
+
+
+async def test_any_chat_id_the_ai_sdk_may_send_is_a_chat_or_a_json_error(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    upstream.script(Text("Hi"))
+    odd = f"team/{uuid.uuid4()}?#%"
+    body = {"id": odd, "messages": [user("Hi")]}
+    async with api.stream("POST", "/v1/ui/chat", json=body) as response:
+        assert response.status_code == 200
+        lines = [line async for line in response.aiter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    escaped = urllib.parse.quote(odd, safe="")  # as the AI SDK's encodeURIComponent
+    assert (await api.get(f"/v1/ui/chat/{escaped}/stream")).status_code == 204
+    for bad in ("nul\u0000", "x" * 513, ""):
+        response = await api.post("/v1/ui/chat", json={"id": bad, "messages": [user("Hi")]})
+        assert response.status_code == 422 and "error" in response.json(), bad
