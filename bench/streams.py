@@ -397,7 +397,10 @@ async def read_stream(
                 await asyncio.sleep(STALL_SECONDS)
         if event.type in TERMINAL:
             stream.terminal = event.type
+            if event.type != "run.completed":  # shown as the phase's first error
+                stream.error = f"{event.type}: {json.dumps(event.data)}"[:300]
             return
+    stream.error = stream.error or f"the stream ended after event {stream.ids[-1:]}, no terminal"
 
 
 async def ask(
