@@ -161,7 +161,9 @@ def browser(served: Browsed) -> Iterator[Browser]:
         pytest.skip("no Chromium binary (make test installs Debian's chromium)")
     with sync_playwright() as driver:
         # As root (CI containers) Chromium's sandbox cannot start.
-        launched = driver.chromium.launch(executable_path=binary, args=["--no-sandbox"])
+        launched = driver.chromium.launch(
+            executable_path=binary, args=["--no-sandbox"], timeout=WAIT_MS
+        )
         try:
             yield launched
         finally:
@@ -191,8 +193,14 @@ def stream_url(served: Browsed) -> tuple[str, str]:
 CLOSED = "window.sources.length === 1 && window.sources[0].readyState === 2"
 
 
-def open_page(browser: Browser, origin: str, api: str, url: str) -> Page:
+def new_page(browser: Browser) -> Page:
     page = browser.new_page()
+    page.set_default_timeout(WAIT_MS)  # loading, evaluating: slow on a loaded machine
+    return page
+
+
+def open_page(browser: Browser, origin: str, api: str, url: str) -> Page:
+    page = new_page(browser)
     page.goto(f"{origin}/?{urlencode({'api': api, 'stream': url})}")
     return page
 
@@ -258,7 +266,7 @@ def test_a_preflighted_fetch_works_from_the_allowed_origin_only(
     origin's preflight passes and its POST goes through; the other origin's stops there."""
     outcomes: dict[str, Any] = {}
     for origin in (served.page, served.elsewhere):
-        page = browser.new_page()
+        page = new_page(browser)
         try:
             page.goto(f"{origin}/blank")
             outcomes[origin] = page.evaluate(FETCH_A_SESSION, [served.api, served.key])
