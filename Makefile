@@ -1,7 +1,7 @@
 # `make run` serves with zero configuration; `make test` runs lint, types and the test suite.
 # Both install what they need: the venv and packages, and PostgreSQL binaries when absent.
 # `make run` installs only what the service needs (the base packages and the `local` extra);
-# `make test` adds the test and lint tools, and the AI SDK (npm) the useChat tests drive.
+# `make test` adds the test and lint tools, the AI SDK (npm) the useChat tests drive, and Chromium.
 
 SHELL := /bin/bash
 VENV ?= .venv
@@ -21,12 +21,12 @@ PIP := $(BIN)/pip install --disable-pip-version-check --progress-bar on --no-com
 # "[12/96]") and its own lines; the whole log stays in the venv for when something fails.
 SHOW_PROGRESS := awk '/^ *\[ *[0-9]+(%|\/[0-9]+)\]|^(Collecting|Building|Installing|Successfully|ERROR|error)/ { print; fflush() }'
 
-.PHONY: run test lint openapi readme clients bench postgres pgbouncer clean
+.PHONY: run test lint openapi readme clients bench postgres pgbouncer chromium clean
 
 run: $(RUN_STAMP) postgres
 	$(BIN)/threadline serve
 
-test: $(TEST_STAMP) postgres pgbouncer lint $(NPM_STAMP) $(AI_SDK)
+test: $(TEST_STAMP) postgres pgbouncer chromium lint $(NPM_STAMP) $(AI_SDK)
 	$(BIN)/pytest
 
 # The client sources written by hand (not the generated package beside them).
@@ -107,6 +107,19 @@ pgbouncer:
 		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends pgbouncer; \
 	else \
 		echo "no PgBouncer: the tests through a connection pooler will be skipped"; \
+	fi
+
+# The browser tests drive a real headless Chromium through Playwright, launched from the system's
+# binary (Playwright's own browser downloads are never used); installed the same way, and those
+# tests are skipped where there is none.
+chromium:
+	@if command -v chromium >/dev/null || command -v chromium-browser >/dev/null; then \
+		:; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "==> installing Chromium (apt-get install -y chromium)"; \
+		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium; \
+	else \
+		echo "no Chromium: the browser tests will be skipped"; \
 	fi
 
 clean:
