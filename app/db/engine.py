@@ -79,3 +79,13 @@ async def read_snapshot(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
         await conn.execution_options(isolation_level="REPEATABLE READ")
         async with conn.begin():
             yield conn
+
+
+@asynccontextmanager
+async def autocommit(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
+    """A pooled connection without a transaction around its statements: for reads of one
+    statement each, which then take one round trip instead of three (no BEGIN, no ROLLBACK).
+    Each statement reads a fresh snapshot, as it would in a transaction of its own."""
+    async with engine.connect() as conn:
+        await conn.execution_options(isolation_level="AUTOCOMMIT")
+        yield conn

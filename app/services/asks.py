@@ -148,6 +148,7 @@ async def _commit(
                 entry_id(run_id, "start"),
             ),
         ],
+        fresh_ids=True,  # derived from run_id, a new uuid4: nothing to replay
     )
     user_seq = int(appended.entries[0]["seq"])
     run_params = RunParams(
