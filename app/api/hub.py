@@ -34,6 +34,7 @@ import asyncpg
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.db import events as events_db
+from app.db.engine import autocommit
 from app.db.outage import database_unavailable
 from app.runs.events import TERMINAL
 
@@ -196,9 +197,9 @@ class EventHub:
     async def _reading(self) -> AsyncIterator[AsyncConnection]:
         """A connection for the hub's reads, in autocommit: no BEGIN and ROLLBACK around them
         (two round trips of four). Each statement still reads a fresh snapshot, which is all
-        read_backlog's ordering needs (as under READ COMMITTED)."""
-        async with self._engine.connect() as conn:
-            await conn.execution_options(isolation_level="AUTOCOMMIT")
+        read_backlog's ordering needs (as under READ COMMITTED). Behind a transaction pooler,
+        in a transaction after all (app/db/engine.autocommit)."""
+        async with autocommit(self._engine) as conn:
             yield conn
 
     async def _read_through_outages(self, run_id: str, after_seq: int) -> events_db.Backlog:

@@ -19,6 +19,10 @@ def pool_limit(settings: Settings) -> int:
     return 2 * settings.db_pool_size
 
 
+# An engine option of ours: the database is reached through a transaction pooler.
+BEHIND_POOLER = "threadline_behind_pooler"
+
+
 def create_engine(settings: Settings) -> AsyncEngine:
     # pool_pre_ping: a pooled connection is tested (one round trip) when it is checked out, and
     # replaced if it died. After a database restart, every pooled connection is dead: without
@@ -30,6 +34,7 @@ def create_engine(settings: Settings) -> AsyncEngine:
         pool_recycle=1800,
         pool_pre_ping=True,
         connect_args=_statement_options(settings),
+        execution_options={BEHIND_POOLER: not settings.db_prepared_statements},
     )
     engine.dialect.do_ping = _ping  # type: ignore[method-assign]
     return engine
@@ -79,3 +84,18 @@ async def read_snapshot(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
         await conn.execution_options(isolation_level="REPEATABLE READ")
         async with conn.begin():
             yield conn
+
+
+@asynccontextmanager
+async def autocommit(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
+    """A pooled connection without a transaction around its statements: for reads of one
+    statement each, which then take one round trip instead of three (no BEGIN, no ROLLBACK).
+    Each statement reads a fresh snapshot, as it would in a transaction of its own.
+
+    Not behind a transaction pooler: outside a transaction it may run a statement's prepare
+    and its execution on two different server connections ("prepared statement does not
+    exist"); there the reads keep their transaction."""
+    async with engine.connect() as conn:
+        if not engine.get_execution_options().get(BEHIND_POOLER, False):
+            await conn.execution_options(isolation_level="AUTOCOMMIT")
+        yield conn

@@ -109,10 +109,10 @@ async def _commit(
     if session is None:
         raise session_not_found(session_id)
     policy = run_policies.merged(session["config"].get("run_policy"), params.run_policy)
+    # Counting the session's turns is a query: only made when a turn limit is set.
+    turns = await runs_db.count_asks(conn, session_id) if policy.max_turns is not None else 0
     refused = run_policies.violation_before_ask(
-        policy,
-        await runs_db.count_asks(conn, session_id),
-        int(session["input_tokens"]) + int(session["output_tokens"]),
+        policy, turns, int(session["input_tokens"]) + int(session["output_tokens"])
     )
     if refused is not None:
         rule, message = refused
@@ -148,6 +148,7 @@ async def _commit(
                 entry_id(run_id, "start"),
             ),
         ],
+        fresh_ids=True,  # derived from run_id, a new uuid4: nothing to replay
     )
     user_seq = int(appended.entries[0]["seq"])
     run_params = RunParams(

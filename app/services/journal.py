@@ -78,13 +78,22 @@ async def append_entries(
 
 
 async def append_in(
-    conn: AsyncConnection, tenant_id: str, session_id: str, new_entries: Sequence[NewEntry]
+    conn: AsyncConnection,
+    tenant_id: str,
+    session_id: str,
+    new_entries: Sequence[NewEntry],
+    *,
+    fresh_ids: bool = False,
 ) -> AppendResult:
     """Append inside the caller's transaction (a use case writing entries with other rows).
 
-    Entries with ids already in the thread make it a replay, as for append_entries.
+    Entries with ids already in the thread make it a replay, as for append_entries. With
+    `fresh_ids`, the caller vouches that no id can be stored yet (derived from an id it has just
+    made up): the replay lookup, two statements, is skipped. The unique index still refuses a
+    duplicate.
     """
-    return await _append_rows(conn, tenant_id, session_id, _prepare(new_entries), None)
+    rows = _prepare(new_entries)
+    return await _append_rows(conn, tenant_id, session_id, rows, None, fresh_ids=fresh_ids)
 
 
 async def _append_rows(
@@ -93,9 +102,11 @@ async def _append_rows(
     session_id: str,
     rows: list[dict[str, Any]],
     expected_rev: int | None,
+    *,
+    fresh_ids: bool = False,
 ) -> AppendResult:
     client_ids = [r["id"] for r in rows if r["client_id"]]
-    if client_ids:
+    if client_ids and not fresh_ids:
         replay = await _find_replay(conn, tenant_id, session_id, rows, client_ids)
         if replay is not None:
             return replay

@@ -8,6 +8,7 @@ import secrets
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db import tenants as tenants_db
+from app.db.engine import autocommit
 
 KEY_PREFIX = "tl_"
 
@@ -26,7 +27,7 @@ async def create_key(engine: AsyncEngine, tenant_name: str, name: str | None = N
 
 
 async def tenant_for_key(engine: AsyncEngine, key: str) -> str | None:
-    async with engine.connect() as conn:
+    async with autocommit(engine) as conn:  # every request: one statement, no transaction
         return await tenants_db.tenant_for_key_hash(conn, hash_key(key))
 
 

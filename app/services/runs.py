@@ -42,6 +42,9 @@ async def create(
 ) -> Run:
     """Insert a queued run, announce it with `run.created` and defer its job: the run and its
     job are committed together or not at all."""
+    # The job first, so the run is inserted with its job_id (no UPDATE after): no worker sees
+    # the job before this transaction commits, the run with it.
+    job_id = await jobs_db.defer_run(conn, id, session_id, kind.value)
     run = await runs_db.insert_run(
         conn,
         id=id,
@@ -52,10 +55,9 @@ async def create(
         params=params.ask_json() if kind is RunKind.ASK else params.compaction_json(),
         idempotency_key=idempotency_key,
         user_entry_seq=user_entry_seq,
+        job_id=job_id,
     )
     await writer.append(conn, run.id, machine.created(run))
-    job_id = await jobs_db.defer_run(conn, run.id, session_id, kind.value)
-    run = await runs_db.update_run(conn, run.id, {"job_id": job_id})
     await conn.execute(
         update(sessions)
         .where(sessions.c.id == session_id)

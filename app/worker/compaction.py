@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy import RowMapping
 
 from app.db import runs as runs_db
+from app.db.engine import autocommit
 from app.llm.base import ProviderError
 from app.llm.catalog import context_window
 from app.runs.events import EventType
@@ -177,7 +178,7 @@ async def await_compaction_jobs(runtime: Runtime, run: Run, config: Mapping[str,
     loop = asyncio.get_running_loop()
     deadline = loop.time() + policy.compaction_wait_seconds
     while True:
-        async with runtime.engine.connect() as conn:
+        async with autocommit(runtime.engine) as conn:
             active = await runs_db.active_runs(conn, run.session_id, kind="compaction")
         earlier = [r for r in active if r.created_at < run.created_at]
         if not earlier:
@@ -203,12 +204,12 @@ async def await_earlier_asks(runtime: Runtime, run_id: str) -> None:
     Asks not running (queued behind another, or waiting for tool outputs) are not waited for:
     their turns stay raw, and a queued one may need this worker slot to run at all. Asks no
     longer wait in the queue behind a compaction: see await_compaction_jobs."""
-    async with runtime.engine.connect() as conn:
+    async with autocommit(runtime.engine) as conn:
         run = await runs_db.get_run(conn, run_id)
     if run is None or run.kind is not RunKind.COMPACTION:
         return
     while True:
-        async with runtime.engine.connect() as conn:
+        async with autocommit(runtime.engine) as conn:
             active = await runs_db.active_runs(conn, run.session_id, kind="ask")
         if not any(r.created_at < run.created_at and r.status is RunStatus.RUNNING for r in active):
             return

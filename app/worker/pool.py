@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator
 
@@ -20,6 +21,7 @@ from app.db.engine import create_direct_engine, create_engine
 from app.db.jobs import RUN_QUEUE, RUN_TASK
 from app.llm.router import Router
 from app.llm.tokenizers import stored_counter
+from app.runs.model import RunKind
 from app.runs.writer import Committed, EventWriter
 from app.services import runs
 from app.services.asks import expire_waiting_runs
@@ -101,7 +103,10 @@ async def worker_pool(
     runtime = runtimes.Runtime(engine, settings, Router(settings), writer, lease)
     app = queue_app(settings, runtime, concurrency)
     registered = _remember_registrations(app)
-    handoff = Handoff(runtime, registered, concurrency, execute_run)
+    # Only asks are handed over (app/api/asks.py): their runs need no compaction check.
+    handoff = Handoff(
+        runtime, registered, concurrency, functools.partial(execute_run, kind=RunKind.ASK)
+    )
     async with app.open_async():
         background = [
             asyncio.create_task(writer.run(), name="event-writer"),

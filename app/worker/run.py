@@ -32,6 +32,7 @@ from app.core.tool_loop import (
 from app.db import journal as journal_db
 from app.db import runs as runs_db
 from app.db import sessions as sessions_db
+from app.db.engine import autocommit
 from app.db.outage import database_unavailable, retrying
 from app.llm.base import (
     Finish,
@@ -86,13 +87,19 @@ class _Progress:
 
 
 async def execute_run(
-    runtime: Runtime, run_id: str, abort_reason: Callable[[], str | None]
+    runtime: Runtime,
+    run_id: str,
+    abort_reason: Callable[[], str | None],
+    *,
+    kind: RunKind | None = None,
 ) -> None:
     """Execute a run. procrastinate stops a job by cancelling its task: a user's cancel ends
     the run `cancelled` with what arrived; a worker shutdown re-raises, so the job is retried
-    and the run resumes elsewhere."""
+    and the run resumes elsewhere. `kind`, when the caller knows it (an ask's handoff), spares
+    reading the run to learn whether it is a compaction."""
     try:
-        await await_earlier_asks(runtime, run_id)  # a compaction job, queued behind asks
+        if kind is not RunKind.ASK:
+            await await_earlier_asks(runtime, run_id)  # a compaction job, queued behind asks
     except asyncio.CancelledError:
         if abort_reason() != "user_request":
             raise  # else: _claim ends the run cancelled
@@ -227,7 +234,7 @@ async def _converse(runtime: Runtime, run: Run, progress: _Progress) -> Outcome 
     session_id = run.session_id
     policy = RunPolicy.model_validate(run.params.run_policy or {})
     # Read once: a run keeps the tools it started with, and the session's earlier spending.
-    async with runtime.engine.connect() as conn:
+    async with autocommit(runtime.engine) as conn:
         session = await sessions_db.get_session(conn, run.tenant_id, session_id)
     config: dict[str, Any] = session["config"] if session is not None else {}
     tools = offered_tools(config, run.params.tools)
@@ -235,7 +242,7 @@ async def _converse(runtime: Runtime, run: Run, progress: _Progress) -> Outcome 
     if await await_compaction_jobs(runtime, run, config):
         progress.compaction_failed = True  # one is still summarizing: no second one meanwhile
     while True:
-        async with runtime.engine.connect() as conn:
+        async with autocommit(runtime.engine) as conn:
             done = await journal_db.run_entries(conn, session_id, run.input_seq, run.id)
         step = _over_budget(policy, tokens_before, progress) or next_step(
             done, policy.max_iterations
