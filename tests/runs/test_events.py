@@ -119,6 +119,8 @@ def test_an_unknown_type_is_refused() -> None:
 
 REF = "#/components/schemas/{model}"
 STREAMING_OPERATIONS = {"ask", "joinSessionStream", "streamRunEvents", "compactSession"}
+# The AI SDK's chat routes stream its UI message chunks, not run events (tests/api/test_openapi.py).
+UI_STREAMING_OPERATIONS = {"uiChat", "resumeUiChat"}
 
 
 @pytest.fixture(scope="module")
@@ -185,6 +187,8 @@ def test_every_stream_is_described_as_run_events(document: dict[str, Any]) -> No
             for response in operation["responses"].values():
                 if "text/event-stream" in response.get("content", {}):
                     streams[operation["operationId"]] = response["content"]["text/event-stream"]
+    for operation in UI_STREAMING_OPERATIONS:
+        assert streams.pop(operation) != {"schema": {"$ref": REF.format(model="RunEvent")}}
     assert set(streams) == STREAMING_OPERATIONS
     for stream in streams.values():
         assert stream == {"schema": {"$ref": REF.format(model="RunEvent")}}
