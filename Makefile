@@ -85,42 +85,32 @@ $(AI_SDK): $(AI_SDK_DIR)/package-lock.json
 	@echo "==> installing the AI SDK for the useChat tests (npm ci)"
 	npm ci --prefix $(AI_SDK_DIR) --no-audit --no-fund
 
-# System binaries are preferred; as root on Debian/Ubuntu, install them when missing. Elsewhere
-# the embedded cluster falls back to the binaries bundled in the pgserver package.
-postgres:
-	@if command -v pg_ctl >/dev/null || ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1; then \
+# System binaries are preferred; as root on Debian/Ubuntu, a missing one is installed with apt-get.
+# $(call apt_binary,package,test that it is there,what happens without it)
+define apt_binary
+	@if $(2); then \
 		:; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-		echo "==> installing PostgreSQL binaries (apt-get install -y postgresql)"; \
-		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends postgresql; \
+		echo "==> installing $(1) (apt-get install -y $(1))"; \
+		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $(1); \
 	else \
-		echo "no system PostgreSQL binaries: using those bundled with pgserver"; \
+		echo "no $(1): $(3)"; \
 	fi
+endef
+
+# Elsewhere the embedded cluster falls back to the binaries bundled in the pgserver package.
+postgres:
+	$(call apt_binary,postgresql,command -v pg_ctl >/dev/null || ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1,using the binaries bundled with pgserver)
 
 # The tests and benchmarks of several processes behind a connection pooler run a real PgBouncer
-# (Debian installs it in /usr/sbin); installed the same way, and skipped where it cannot be.
+# (Debian installs it in /usr/sbin); skipped where there is none.
 pgbouncer:
-	@if command -v pgbouncer >/dev/null || [ -x /usr/sbin/pgbouncer ]; then \
-		:; \
-	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-		echo "==> installing PgBouncer (apt-get install -y pgbouncer)"; \
-		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends pgbouncer; \
-	else \
-		echo "no PgBouncer: the tests through a connection pooler will be skipped"; \
-	fi
+	$(call apt_binary,pgbouncer,command -v pgbouncer >/dev/null || [ -x /usr/sbin/pgbouncer ],the tests through a connection pooler will be skipped)
 
 # The browser tests drive a real headless Chromium through Playwright, launched from the system's
-# binary (Playwright's own browser downloads are never used); installed the same way, and those
-# tests are skipped where there is none.
+# binary (Playwright's own browser downloads are never used); skipped where there is none.
 chromium:
-	@if command -v chromium >/dev/null || command -v chromium-browser >/dev/null; then \
-		:; \
-	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-		echo "==> installing Chromium (apt-get install -y chromium)"; \
-		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium; \
-	else \
-		echo "no Chromium: the browser tests will be skipped"; \
-	fi
+	$(call apt_binary,chromium,command -v chromium >/dev/null || command -v chromium-browser >/dev/null,the browser tests will be skipped)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis $(AI_SDK_DIR)/node_modules
