@@ -63,7 +63,7 @@ ChatId = Annotated[
 ]
 
 
-class UIChatRequest(BaseModel):
+class UiChatRequest(BaseModel):
     """What the AI SDK's DefaultChatTransport sends (its `body` option adds fields)."""
 
     model_config = ConfigDict(extra="allow")
@@ -106,7 +106,7 @@ class UIChatRequest(BaseModel):
     responses={**UI_STREAM_RESPONSE, **error_responses(400, 401, 404, 409, 413, 422)},
 )
 async def ui_chat(
-    body: UIChatRequest, engine: Engine, tenant: Tenant, settings: Config, hub: Hub
+    body: UiChatRequest, engine: Engine, tenant: Tenant, settings: Config, hub: Hub
 ) -> Response:
     """Journal the chat's new user message (or regenerate the last answer) and stream the run
     in the AI SDK's UI message stream protocol."""

@@ -24,7 +24,7 @@ async def test_a_checkout_pings_with_one_statement_and_no_transaction(
         async with engine.connect() as conn:  # the same pooled connection, pinged
             await conn.execute(text("SELECT 1"))
         # The ping alone (no BEGIN and ROLLBACK around it), then the statement's transaction.
-        assert [q.strip().upper() for q in seen[:2]] == [";", "BEGIN;"]
+        assert [q.strip().upper() for q in seen[:2]] == ["SELECT 1", "BEGIN;"]
     finally:
         await engine.dispose()
 
