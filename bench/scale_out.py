@@ -36,6 +36,7 @@ from app.db.embedded import throwaway_cluster
 from app.db.engine import create_engine
 from app.services.keys import create_key
 from app.worker.pool import libpq_url
+from testkit.database import create_database
 from testkit.pgbouncer import PgBouncer, find_pgbouncer
 from testkit.server import free_port, wait_ready
 from testkit.sse_client import TERMINAL, Event, events
@@ -258,22 +259,7 @@ def main() -> None:
             print("through PgBouncer: skipped (pgbouncer is not installed)")
         else:
             # A database of its own: the first mode's sessions and jobs stay out of it.
-            run_mode(fresh_database(url), upstream, streams, pooled=True)
-
-
-def fresh_database(cluster_url: str) -> str:
-    name = f"scale_{uuid.uuid4().hex[:10]}"
-
-    async def create() -> None:
-        conn = await asyncpg.connect(libpq_url(cluster_url))
-        try:
-            await conn.execute(f'CREATE DATABASE "{name}"')
-        finally:
-            await conn.close()
-
-    asyncio.run(create())
-    base, _, query = cluster_url.partition("?")
-    return f"{base.rsplit('/', 1)[0]}/{name}" + (f"?{query}" if query else "")
+            run_mode(create_database(url, "scale", migrate=False), upstream, streams, pooled=True)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
@@ -14,17 +13,15 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import asyncpg
 import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import Settings
 from app.db.engine import create_engine
-from app.db.migrate import upgrade_to_head
 from app.main import create_app
 from app.services.keys import create_key
-from app.worker.pool import libpq_url
+from testkit.database import create_database as create_database  # the tests import it here
 from testkit.server import free_port, serve_in_thread, stop_thread_server
 from testkit.upstream import FakeUpstream
 
@@ -41,25 +38,6 @@ class Service:
 def upstream() -> Iterator[FakeUpstream]:
     with FakeUpstream() as fake:
         yield fake
-
-
-def create_database(database_url: str, prefix: str, *, migrate: bool = True) -> str:
-    """A new database in the test cluster, migrated unless told not to; returns its URL."""
-    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
-
-    async def create() -> None:
-        conn = await asyncpg.connect(libpq_url(database_url))
-        try:
-            await conn.execute(f'CREATE DATABASE "{name}"')
-        finally:
-            await conn.close()
-
-    asyncio.run(create())
-    base, _, query = database_url.partition("?")
-    url = f"{base.rsplit('/', 1)[0]}/{name}" + (f"?{query}" if query else "")
-    if migrate:
-        upgrade_to_head(url)
-    return url
 
 
 @pytest.fixture(scope="session")
