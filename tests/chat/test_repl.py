@@ -19,8 +19,9 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.services.keys import create_key
+from testkit.proxy import CuttingProxy
 from testkit.server import free_port
-from testkit.upstream import FakeUpstream, Hold, Text
+from testkit.upstream import FakeUpstream, Hold, Text, ToolCall
 from tests.e2e import Service
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -150,6 +151,8 @@ async def test_a_message_streams_its_answer_and_commands_show_the_session(
     child.say("Weather in Oslo?")
     child.expect_text("Pack an umbrella: rain all week.")  # Markdown: the ** are rendered
     child.expect_text("openai:gpt-4o-mini")  # how the answer ended, under it
+    child.say("/stop")
+    child.expect_text("the last run is over (completed)")
 
     child.say("/history")
     child.expect(r"#1 +user: Weather in Oslo\?")
@@ -215,6 +218,41 @@ async def test_ctrl_c_stops_the_answer_and_a_second_one_leaves(
     (end,) = ends.json()["data"]
     run = (await api.get(f"/v1/runs/{end['payload']['run_id']}")).json()
     assert run["status"] == "cancelled" and run["result"] == "The first words "
+
+
+async def test_a_dropped_stream_is_resumed_where_it_dropped(
+    service: Service, key: str, upstream: FakeUpstream, spawn: Spawn
+) -> None:
+    release = threading.Event()
+    upstream.script(Text("First half, "), Hold(release), Text("second half."))
+    proxy = CuttingProxy(service.url, b"First half", on_cut=release.set)
+    try:
+        child = spawn("--url", proxy.url, "--key", key)
+        child.say("Both halves, please")
+        child.expect_text("First half, second half.")
+        child.expect_text("openai:gpt-4o-mini")
+        child.say("/quit")
+        assert child.exit_status() == 0
+        assert proxy.cut.is_set()
+    finally:
+        release.set()
+        proxy.close()
+
+
+async def test_a_client_side_tool_call_stops_the_answer(
+    service: Service, key: str, api: httpx.AsyncClient, upstream: FakeUpstream, spawn: Spawn
+) -> None:
+    """The terminal cannot run a client's tools: the run would wait for outputs for nothing."""
+    tool = {"name": "pick_color", "kind": "client"}
+    created = await api.post("/v1/sessions", json={"config": {"tools": [tool]}})
+    session_id = created.json()["id"]
+    upstream.script(ToolCall("c1", "pick_color", "{}"))
+    child = spawn("--url", service.url, "--key", key, "--resume", session_id)
+    child.say("Pick a color")
+    child.expect_text("the model called client-side tools (pick_color)")
+    child.expect_text("stopped: the partial answer is kept")
+    child.say("/quit")
+    assert child.exit_status() == 0
 
 
 async def test_resume_shows_the_last_turns_and_compact_summarizes(
