@@ -199,9 +199,8 @@ class Chat:
     def context(self) -> None:
         ctx = self.client.context(self.session_id)
         window = ctx["context_window"]
-        table = Table(
-            title=f"{ctx['model']} · window {window:,} tokens", title_justify="left", box=None
-        )
+        self.console.print(f"{escape(ctx['model'])} · window {window:,} tokens")
+        table = Table(box=None)
         table.add_column("segment")
         table.add_column("tokens", justify="right")
         table.add_column("of window", justify="right")
@@ -233,9 +232,7 @@ class Chat:
 
     def fork(self, at_seq: int | None) -> None:
         child = self.client.fork(self.session_id, at_seq)
-        self.console.print(
-            f"forked {self.session_id} at seq {child['fork_seq']}: now in [bold]{child['id']}[/]"
-        )
+        self.console.print(f"forked at seq {child['fork_seq']}: now in [bold]{child['id']}[/]")
         self.session_id = str(child["id"])
         self.last_run = None
 
@@ -357,8 +354,7 @@ def main(url: str | None, key: str | None, resume: str | None, fork: str | None)
         console.print(f"[bold]Threadline chat[/] · session [bold]{chat.session_id}[/]")
         console.print(f"{how} · model {escape(model)}")
         console.print(
-            f"[dim]/help for commands · resume later with: threadline chat --resume "
-            f"{chat.session_id}[/]"
+            f"[dim]/help for commands · later: threadline chat --resume {chat.session_id}[/]"
         )
         if resume is not None:
             chat.history(RESUME_MESSAGES, ("message",))

@@ -156,8 +156,8 @@ class RunView:
         self.ended = kind
         if kind == "run.completed":
             self.text = str(data.get("text") or "")
-            if self.text and not self.answered and data.get("finish_reason") is not None:
-                self.delta(self.text)  # an answer whose deltas were not seen
+            if self.text and not self.answered:
+                self.delta(self.text)  # a compaction's summary (it streams no deltas)
             usage = data.get("usage") or {}
             tokens = (
                 f" · {usage.get('input_tokens')} in / {usage.get('output_tokens')} out tokens"
