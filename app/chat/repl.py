@@ -17,12 +17,17 @@ from rich.text import Text
 
 from app.chat import commands
 from app.chat.client import ApiError, ChatError, Client, RunEvent, Stream
-from app.chat.view import RunView, one_line
+from app.chat.view import RunView, one_line, printable
 
 # Turns shown when a session is resumed, and entries /history shows.
 RESUME_MESSAGES = 6
 HISTORY_ENTRIES = 20
 SHOWN_KINDS = ("message", "tool_call", "tool_result", "summary", "rollback")
+
+
+def shown(text: str) -> str:
+    """Text from the service or the user, printed as itself: no markup, no control codes."""
+    return escape(printable(text))
 
 
 def entry_line(entry: dict[str, Any], width: int = 200) -> tuple[str, str]:
@@ -62,7 +67,7 @@ def content_text(payload: dict[str, Any]) -> str:
 def highlighted(excerpt: str) -> Text:
     """A search excerpt with its <b>…</b> marks (Postgres ts_headline) in bold."""
     text = Text()
-    for i, piece in enumerate(re.split(r"</?b>", excerpt)):
+    for i, piece in enumerate(re.split(r"</?b>", printable(excerpt))):
         text.append(" ".join(piece.split("\n")), style="bold" if i % 2 else "")
     return text
 
@@ -88,9 +93,9 @@ class Chat:
             except KeyboardInterrupt:
                 return  # a second Ctrl-C while an answer was being stopped
             except ApiError as exc:
-                self.console.print(f"[red]error:[/] {escape(str(exc))}")
+                self.console.print(f"[red]error:[/] {shown(str(exc))}")
             except ChatError as exc:  # the service went away: it may come back
-                self.console.print(f"[red]{escape(str(exc))}[/]")
+                self.console.print(f"[red]{shown(str(exc))}[/]")
 
     def execute(self, command: commands.Command) -> bool:
         """Do what the command says; False: leave."""
@@ -100,7 +105,7 @@ class Chat:
             case commands.Empty():
                 pass
             case commands.Invalid(message):
-                self.console.print(f"[yellow]{escape(message)}[/]")
+                self.console.print(f"[yellow]{shown(message)}[/]")
             case commands.Help():
                 self.help()
             case commands.Say(text):
@@ -199,13 +204,15 @@ class Chat:
     def context(self) -> None:
         ctx = self.client.context(self.session_id)
         window = ctx["context_window"]
-        self.console.print(f"{escape(ctx['model'])} · window {window:,} tokens")
+        self.console.print(f"{shown(ctx['model'])} · window {window:,} tokens")
         table = Table(box=None)
         table.add_column("segment")
         table.add_column("tokens", justify="right")
         table.add_column("of window", justify="right")
         for segment, tokens in ctx["breakdown"].items():
-            table.add_row(segment, f"{tokens:,}", f"{ctx['shares'].get(segment, 0):.1f}%")
+            table.add_row(
+                Text(printable(segment)), f"{tokens:,}", f"{ctx['shares'].get(segment, 0):.1f}%"
+            )
         table.add_row(
             Text("total", style="bold"),
             Text(f"{ctx['tokens']:,}", style="bold"),
@@ -251,7 +258,7 @@ class Chat:
     def search(self, term: str) -> None:
         hits = self.client.search(self.session_id, term)
         if not hits:
-            self.console.print(f"[dim]nothing matches {escape(term)!r}[/]")
+            self.console.print(f"[dim]nothing matches {shown(term)!r}[/]")
         for hit in hits:
             line = Text(f"#{hit['seq']:<4} {hit['kind']}: ", style="dim")
             line.append_text(highlighted(hit["excerpt"]))
@@ -259,10 +266,10 @@ class Chat:
 
     def model(self, name: str | None) -> None:
         if name is None:
-            self.console.print(f"model: {self.client.context(self.session_id)['model']}")
+            self.console.print(f"model: {shown(self.client.context(self.session_id)['model'])}")
             return
         self.client.set_model(self.session_id, name)
-        self.console.print(f"model: {escape(name)}")
+        self.console.print(f"model: {shown(name)}")
 
 
 # -- starting
@@ -352,7 +359,7 @@ def main(url: str | None, key: str | None, resume: str | None, fork: str | None)
         chat = Chat(client, console, session)
         model = session["config"].get("model") or client.context(chat.session_id)["model"]
         console.print(f"[bold]Threadline chat[/] · session [bold]{chat.session_id}[/]")
-        console.print(f"{how} · model {escape(model)}")
+        console.print(f"{how} · model {shown(model)}")
         console.print(
             f"[dim]/help for commands · later: threadline chat --resume {chat.session_id}[/]"
         )
@@ -361,10 +368,10 @@ def main(url: str | None, key: str | None, resume: str | None, fork: str | None)
         chat.loop(prompt_reader(console))
         return 0
     except ApiError as exc:
-        errors.print(f"[red]error:[/] {escape(str(exc))}")
+        errors.print(f"[red]error:[/] {shown(str(exc))}")
         return 1
     except ChatError as exc:
-        errors.print(f"[red]{escape(str(exc))}[/]")
+        errors.print(f"[red]{shown(str(exc))}[/]")
         return 1
     except KeyboardInterrupt:
         return 130

@@ -5,6 +5,7 @@ the answer is written as plain text, piece by piece, with no control sequences."
 from __future__ import annotations
 
 import json
+import re
 from types import TracebackType
 from typing import Any
 
@@ -15,6 +16,15 @@ from rich.segment import Segment
 from rich.text import Text
 
 from app.chat.client import RunEvent
+
+# C0 controls but tab and newline, DEL and C1 controls: what the service sends (a model's
+# answer, a tool's result) must never move the cursor, retitle the window or write the
+# clipboard (ESC sequences), in a terminal or in a file that is later printed.
+CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    return CONTROLS.sub("", text)
 
 
 class Tail:
@@ -33,7 +43,7 @@ class Tail:
 
 
 def one_line(text: str, width: int) -> str:
-    flat = " ".join(text.split())
+    flat = " ".join(printable(text).split())
     return flat if len(flat) <= width else flat[: width - 1] + "…"
 
 
@@ -87,6 +97,7 @@ class RunView:
             self._live.update(Tail(self._group()))
 
     def delta(self, text: str) -> None:
+        text = printable(text)
         self.answered = True
         if self.blocks and isinstance(self.blocks[-1], str):
             self.blocks[-1] += text
@@ -100,6 +111,7 @@ class RunView:
             self._plain_open = True
 
     def note(self, text: str, style: str = "dim") -> None:
+        text = printable(text)
         self.blocks.append(Text(text, style=style))
         if self._live is not None:
             self._changed()
