@@ -23,6 +23,7 @@ from testkit.proxy import CuttingProxy
 from testkit.server import free_port
 from testkit.upstream import FakeUpstream, Hold, Text, ToolCall
 from tests.e2e import Service
+from tests.test_cli import Served
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPT = "›"  # noqa: RUF001 (the chat's prompt)
@@ -117,18 +118,20 @@ class Terminal:
 
 
 Spawn = Callable[..., Terminal]
+SpawnIn = Callable[..., Terminal]  # (directory, variables, *arguments)
 
 
 @pytest.fixture
-def spawn(tmp_path: Path) -> Iterator[Spawn]:
+def spawn_in(tmp_path: Path) -> Iterator[SpawnIn]:
+    """`threadline chat` with these arguments, in a directory, with these variables."""
     children: list[pexpect.spawn[str]] = []
 
-    def start(*args: str) -> Terminal:
+    def start(where: Path, variables: dict[str, str], *args: str) -> Terminal:
         child = pexpect.spawn(
             sys.executable,
             ["-m", "app.cli", "chat", *args],
-            cwd=str(tmp_path),
-            env=chat_env(tmp_path),
+            cwd=str(where),
+            env={**chat_env(tmp_path), **variables},
             encoding="utf-8",
             dimensions=(40, 120),
         )
@@ -138,6 +141,16 @@ def spawn(tmp_path: Path) -> Iterator[Spawn]:
     yield start
     for child in children:
         child.close(force=True)
+
+
+@pytest.fixture
+def spawn(tmp_path: Path, spawn_in: SpawnIn) -> Spawn:
+    """`threadline chat` with these arguments."""
+
+    def start(*args: str) -> Terminal:
+        return spawn_in(tmp_path, {}, *args)
+
+    return start
 
 
 async def test_a_message_streams_its_answer_and_commands_show_the_session(
@@ -358,3 +371,20 @@ def test_the_key_and_url_come_from_the_environment_or_the_dev_key_file(
         timeout=TIMEOUT,
     )
     assert refused.returncode == 1 and "the API key was refused" in refused.stderr + refused.stdout
+
+
+@pytest.mark.slow
+def test_chat_needs_nothing_beyond_serve(workdir: Path, spawn_in: SpawnIn) -> None:
+    """`threadline serve` with no configuration, then `threadline chat` with none either, from
+    the same directory: the dev key file and serve's address; the local model answers."""
+    served = Served(workdir)
+    try:
+        # serve listens where THREADLINE_PORT says (as it would for the user, with another port)
+        child = spawn_in(workdir, {"THREADLINE_PORT": str(served.port)})
+        child.expect_text("new session · model local:smollm2-135m-instruct")
+        child.say("Say hello.")
+        child.expect(r"local:smollm2-135m-instruct · \d+ in / \d+ out tokens")
+        child.say("/quit")
+        assert child.exit_status() == 0
+    finally:
+        served.stop()
