@@ -185,6 +185,10 @@ class Stream:
         self.ended: dict[str, Any] | None = None  # a run that was over already (202)
         self._saw_terminal = False
 
+    def again(self) -> Stream:
+        """The same request with the same Idempotency-Key, from its start: the same run."""
+        return Stream(self._client, self._path, self._body, self.key)
+
     def __iter__(self) -> Iterator[RunEvent]:
         failures = 0
         while self.run_id is None:

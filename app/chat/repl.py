@@ -134,24 +134,28 @@ class Chat:
     def follow(self, stream: Stream) -> None:
         """Show a run as it streams. Ctrl-C cancels it and shows how it ended; a second
         Ctrl-C leaves (KeyboardInterrupt goes up to the loop)."""
+        shown_id = 0  # the last event shown (Ctrl-C may come between receiving and showing)
         with RunView(self.console) as view:
             try:
                 for event in stream:
-                    self._show(event, view, stream)
+                    self._show(event, view)
+                    shown_id = event.id
             except KeyboardInterrupt:
                 view.note("stopping…", "yellow")
+                # Before its first event, the same ask again (same Idempotency-Key) names the
+                # run; an ask the service never got is then made, and cancelled at once.
                 run_id = stream.run_id or self._join(stream)
                 if run_id is None:
                     return
                 self._cancel(run_id)
-                for event in self.client.run_events(run_id, stream.last_id):
-                    self._show(event, view, stream)
+                for event in self.client.run_events(run_id, shown_id):
+                    self._show(event, view)
         if stream.ended is not None:  # a repeated key whose run is over: its outcome
             self.console.print(f"[dim]that run had ended: {stream.ended.get('status')}[/]")
         elif view.ended is None:
             self.console.print("[yellow]the stream ended before the run did[/]")
 
-    def _show(self, event: RunEvent, view: RunView, stream: Stream) -> None:
+    def _show(self, event: RunEvent, view: RunView) -> None:
         if event.event == "run.created":
             self.last_run = str(event.data["run_id"])
         view.handle(event)
@@ -162,13 +166,13 @@ class Chat:
                 "run: stopping the answer",
                 "yellow",
             )
-            assert stream.run_id is not None
-            self._cancel(stream.run_id)
+            if self.last_run is not None:  # set by this run's run.created
+                self._cancel(self.last_run)
 
     def _join(self, stream: Stream) -> str | None:
         """The run of an ask interrupted before its first event: the same Idempotency-Key
         names it."""
-        again = Stream(self.client, stream._path, stream._body, stream.key)
+        again = stream.again()
         for _ in again:
             if again.run_id is not None:
                 return again.run_id
