@@ -388,3 +388,19 @@ def test_chat_needs_nothing_beyond_serve(workdir: Path, spawn_in: SpawnIn) -> No
         assert child.exit_status() == 0
     finally:
         served.stop()
+
+
+async def test_the_prompt_recalls_lines_of_earlier_chats(
+    service: Service, key: str, spawn: Spawn
+) -> None:
+    child = spawn("--url", service.url, "--key", key)
+    child.say("/help")
+    child.expect_text("/compact [focus]")
+    child.say("/quit")
+    assert child.exit_status() == 0
+
+    child = spawn("--url", service.url, "--key", key)
+    child.say("\x1b[A\x1b[A")  # up twice: /quit, then /help (Enter runs it)
+    child.expect_text("/compact [focus]")
+    child.say("/quit")
+    assert child.exit_status() == 0
