@@ -404,3 +404,36 @@ async def test_the_prompt_recalls_lines_of_earlier_chats(
     child.expect_text("/compact [focus]")
     child.say("/quit")
     assert child.exit_status() == 0
+
+
+def test_refused_commands_say_why_and_the_chat_goes_on(
+    service: Service, key: str, tmp_path: Path
+) -> None:
+    lines = [
+        "/fork 999999",  # past the session's rev
+        "/model gpt-4",  # not provider:model
+        "/search " + "x" * 1001,  # longer than a query may be
+        '/search "unbalanced -',
+        "/compact",  # nothing to compact yet
+        "/stop",
+        "/history",
+    ]
+    result = subprocess.run(
+        [sys.executable, "-m", "app.cli", "chat", "--url", service.url, "--key", key],
+        input="\n".join(lines) + "\n",
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=chat_env(tmp_path),
+        timeout=TIMEOUT,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+    out = " ".join(result.stdout.split())  # the console wraps long lines
+    assert "error: at_seq 999999 is beyond the session's rev 0 (422 fork_seq_out_of_range)" in out
+    assert "error: invalid request at body.config.model" in out
+    assert "error: invalid request at query.q" in out
+    assert """nothing matches '"unbalanced -'""" in out
+    assert "(409 nothing_to_compact)" in out
+    assert "no answer to stop" in out
+    assert "no entries yet" in out
