@@ -8,8 +8,9 @@ Streams are the Responses API's events (`event:` the type, `data:` the event as 
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Response
@@ -23,6 +24,7 @@ from app.openai_api.errors import OPENAI_ERRORS, OpenAIRoute, unsupported
 from app.openai_api.events import ResponseStream
 from app.openai_api.objects import Json
 from app.openai_api.schemas import ConversationCreate, ItemsCreate, ResponseCreate
+from app.services import asks
 
 PREFIX = "/openai/v1"
 router = APIRouter(prefix=PREFIX, tags=["openai"], route_class=OpenAIRoute)
@@ -46,17 +48,31 @@ Limit = Annotated[int, Query(ge=1, le=100)]
 
 
 def _sse(
-    hub: EventHub, stream: ResponseStream, starting_after: int, heartbeat: float
+    hub: EventHub,
+    stream: ResponseStream,
+    starting_after: int,
+    heartbeat: float,
+    on_client_gone: Callable[[], Awaitable[Any]] | None = None,
 ) -> EventSourceResponse:
     async def events() -> AsyncIterator[ServerSentEvent]:
-        async for row in hub.follow(stream.run_id, 0):
-            for event in stream.translate(row["type"], row["data"]):
-                if event["sequence_number"] > starting_after:
-                    yield ServerSentEvent(
-                        data=json.dumps(event, separators=(",", ":")), event=event["type"]
-                    )
-            if stream.done:
-                return
+        finished = False
+        try:
+            async for row in hub.follow(stream.run_id, 0):
+                for event in stream.translate(row["type"], row["data"]):
+                    if event["sequence_number"] > starting_after:
+                        yield ServerSentEvent(
+                            data=json.dumps(event, separators=(",", ":")), event=event["type"]
+                        )
+                if stream.done:
+                    break
+            finished = True
+        except Exception:
+            finished = True  # ours (as in app/api/sse.py): dropped, not a reason to cancel
+            raise
+        finally:
+            # sse-starlette ends the generator with CancelledError when the client leaves.
+            if not finished and on_client_gone is not None:
+                await asyncio.shield(on_client_gone())
 
     return EventSourceResponse(
         events(), ping=heartbeat, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -83,12 +99,18 @@ async def create_response(
     created = await service.create_response(engine, settings, tenant, body, local_workers)
     loaded, base = created.loaded, created.base
     if body.stream:
-        stream = service.stream_of(loaded, base, queued=bool(body.background))
-        return _sse(hub, stream, -1, settings.sse_heartbeat_seconds)
+        stream = service.stream_of(loaded, base)
+        run_id = loaded.run.id
+
+        async def cancel_run() -> None:  # a response not in the background ends with its stream
+            await asks.cancel_run(engine, tenant, run_id)
+
+        gone = None if body.background else cancel_run
+        return _sse(hub, stream, -1, settings.sse_heartbeat_seconds, gone)
     if not body.background:
         await service.until_done(hub, loaded)
     loaded = await service.load(engine, tenant, loaded.id)
-    return JSONResponse(service.response_of(loaded, {**base, "id": loaded.id}))
+    return JSONResponse(await service.current(engine, loaded, base))
 
 
 @router.get(
@@ -115,7 +137,7 @@ async def get_response(
     if stream:
         run_stream = service.stream_of(loaded, service.base_of(loaded))
         return _sse(hub, run_stream, starting_after, settings.sse_heartbeat_seconds)
-    return JSONResponse(service.response_of(loaded))
+    return JSONResponse(await service.current(engine, loaded))
 
 
 @router.post(

@@ -20,6 +20,7 @@ from app.api.schemas import Metadata
 from app.config import Settings
 from app.core.entries import EntryKind
 from app.core.projection import JournalEntry, PendingEntry
+from app.db import events as events_db
 from app.db import journal as journal_db
 from app.llm.base import ProviderError
 from app.llm.router import Router
@@ -177,9 +178,10 @@ async def load(engine: AsyncEngine, tenant_id: str, given: str, param: str | Non
     return Loaded(run, segment, parts, tools, instructions)
 
 
-def base_of(
-    loaded: Loaded, previous_response_id: str | None = None, background: bool = False
-) -> Json:
+def base_of(loaded: Loaded, previous_response_id: str | None = None) -> Json:
+    """A background response's run goes on without its client (on_disconnect: continue); any
+    other's stream stops it when the client leaves: that is how a replay knows which it was."""
+    background = loaded.run.params.on_disconnect == "continue"
     return response_base(
         loaded.id,
         loaded.run,
@@ -191,12 +193,15 @@ def base_of(
     )
 
 
-def response_of(loaded: Loaded, base: Json | None = None) -> Json:
-    """The response as the journal and the run have it now."""
+def response_of(loaded: Loaded, base: Json | None = None, live: list[Json] | None = None) -> Json:
+    """The response as the journal and the run have it now (`live`: the output streamed so
+    far, for a response still in progress)."""
     run = loaded.run
     part = loaded.parts[loaded.segment]
     output = mapping.output_items(run.id, loaded.segment, part.outputs, loaded.tool_names)
     status, reason = run_status(run, part.answered)
+    if live is not None and status in ("queued", "in_progress"):
+        output = live
     ended = status not in ("queued", "in_progress")
     return response_object(
         base or base_of(loaded),
@@ -208,8 +213,27 @@ def response_of(loaded: Loaded, base: Json | None = None) -> Json:
     )
 
 
-def stream_of(loaded: Loaded, base: Json, *, queued: bool = False) -> ResponseStream:
+def stream_of(loaded: Loaded, base: Json) -> ResponseStream:
+    queued = bool(base.get("background"))  # a background response is created queued
     return ResponseStream(loaded.run.id, loaded.segment, base, loaded.tool_names, queued=queued)
+
+
+async def current(engine: AsyncEngine, loaded: Loaded, base: Json | None = None) -> Json:
+    """The response now: for one in progress, with what its run has streamed so far (the
+    journal has only what it committed)."""
+    if not loaded.run.active or not loaded.latest:
+        return response_of(loaded, base)
+    stream = stream_of(loaded, {})
+    after = 0
+    while not stream.done:
+        async with engine.connect() as conn:
+            rows = await events_db.read_events(conn, loaded.run.id, after)
+        if not rows:
+            break
+        for row in rows:
+            stream.translate(row["type"], row["data"])
+        after = int(rows[-1]["seq"])
+    return response_of(loaded, base, stream.output)
 
 
 async def until_done(hub: EventHub, loaded: Loaded) -> None:
@@ -257,7 +281,6 @@ async def create_response(
     given = mapping.parse_input(body.input)
     tools = tool_definitions(body.tools or [])
     model = checked_model(settings, body.model) if body.model is not None else None
-    background = bool(body.background)
     if given.content is None:  # function_call_output items: the waiting run goes on
         if body.previous_response_id is None:
             raise OpenAIError(
@@ -272,7 +295,7 @@ async def create_response(
         loaded = await _ask(engine, settings, tenant_id, body, given, model, tools)
         if local_workers is not None and loaded.run.job_id is not None:
             local_workers.offer(loaded.run.id, loaded.run.job_id)
-    return Created(loaded, base_of(loaded, body.previous_response_id, background))
+    return Created(loaded, base_of(loaded, body.previous_response_id))
 
 
 async def _answer_calls(
@@ -350,6 +373,7 @@ async def _ask(
             temperature=body.temperature,
             metadata=dict(body.metadata or {}),
             tools=tools,
+            on_disconnect="continue" if body.background else "cancel",
             before=tuple(PendingEntry(str(e.kind), e.payload, e.refs) for e in given.before),
         )
         result = await asks.ask(engine, settings, tenant_id, session_id, params)
