@@ -149,7 +149,7 @@ def test_a_replay_is_the_same_stream_and_resumes_exactly(plan: list[Turn], after
 
 
 def test_a_reset_turn_is_dropped_and_its_place_used_again() -> None:
-    events = [
+    events: list[tuple[str, dict[str, Any]]] = [
         (EventType.RUN_CREATED, {}),
         (EventType.MESSAGE_DELTA, {"text": "voided"}),
         (EventType.MESSAGE_RESET, {"reason": "provider_retry", "attempt": 1}),
