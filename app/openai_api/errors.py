@@ -13,23 +13,11 @@ from typing import Any
 from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException
 
 from app.api.bodies import JSONRoute
 from app.openai_api.items import ItemError
 from app.services.errors import Conflict, Invalid, NotFound, PreconditionFailed, ServiceError
-
-
-class OpenAIErrorBody(BaseModel):
-    message: str = Field(description="What went wrong, for people.")
-    type: str = Field(description="`invalid_request_error`, `authentication_error`, ...")
-    param: str | None = Field(description="The request parameter at fault, if one is.")
-    code: str | None = Field(description="A machine-readable code.")
-
-
-class OpenAIErrorResponse(BaseModel):
-    error: OpenAIErrorBody
 
 
 class OpenAIError(Exception):
@@ -152,17 +140,3 @@ class OpenAIRoute(JSONRoute):
                 return error_json(error, dict(headers) if headers else None)
 
         return shaped
-
-
-OPENAI_ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": OpenAIErrorResponse, "description": description}
-    for status, description in (
-        (400, "The request is malformed, or names a parameter or value not supported."),
-        (401, "Missing or unknown API key (a Threadline key)."),
-        (404, "No such response or conversation for this key's tenant."),
-        (
-            409,
-            "Conflicts with the current state (e.g. the conversation has a response in progress).",
-        ),
-    )
-}

@@ -20,29 +20,17 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from app.api.deps import Config, Engine, Hub, LocalWorkers, Tenant
 from app.api.hub import EventHub
 from app.openai_api import service
-from app.openai_api.errors import OPENAI_ERRORS, OpenAIRoute, unsupported
+from app.openai_api.errors import OpenAIRoute, unsupported
 from app.openai_api.events import ResponseStream
 from app.openai_api.objects import Json
 from app.openai_api.schemas import ConversationCreate, ItemsCreate, ResponseCreate
 from app.services import asks
 
 PREFIX = "/openai/v1"
-router = APIRouter(prefix=PREFIX, tags=["openai"], route_class=OpenAIRoute)
+# Not in Threadline's OpenAPI document: OpenAI's API reference describes this prefix, and its
+# clients are the openai SDKs, not clients generated from that document.
+router = APIRouter(prefix=PREFIX, tags=["openai"], route_class=OpenAIRoute, include_in_schema=False)
 
-STREAM_RESPONSE: dict[int | str, dict[str, Any]] = {
-    200: {
-        "description": "The response (JSON), or with `stream: true` its events "
-        "(text/event-stream): `event:` the type (`response.created`, "
-        "`response.output_item.added`, `response.output_text.delta`, "
-        "`response.function_call_arguments.delta`, `response.completed`, "
-        "`response.incomplete`, `response.failed`, ...), `data:` the event, with its "
-        "`sequence_number`.",
-        "content": {
-            "application/json": {"schema": {"type": "object"}},
-            "text/event-stream": {"schema": {"type": "object"}},
-        },
-    }
-}
 Order = Annotated[Literal["asc", "desc"], Query(description="By position: desc (newest first).")]
 Limit = Annotated[int, Query(ge=1, le=100)]
 
@@ -83,7 +71,6 @@ def _sse(
     "/responses",
     operation_id="openaiCreateResponse",
     response_model=None,
-    responses={**STREAM_RESPONSE, **OPENAI_ERRORS},
 )
 async def create_response(
     body: ResponseCreate,
@@ -117,7 +104,6 @@ async def create_response(
     "/responses/{response_id}",
     operation_id="openaiGetResponse",
     response_model=None,
-    responses={**STREAM_RESPONSE, **OPENAI_ERRORS},
 )
 async def get_response(
     response_id: str,
@@ -143,7 +129,6 @@ async def get_response(
 @router.post(
     "/responses/{response_id}/cancel",
     operation_id="openaiCancelResponse",
-    responses=OPENAI_ERRORS,
 )
 async def cancel_response(response_id: str, engine: Engine, tenant: Tenant, hub: Hub) -> Json:
     """Stop the response's run; what it had said is kept, marked incomplete."""
@@ -153,7 +138,6 @@ async def cancel_response(response_id: str, engine: Engine, tenant: Tenant, hub:
 @router.delete(
     "/responses/{response_id}",
     operation_id="openaiDeleteResponse",
-    responses=OPENAI_ERRORS,
 )
 async def delete_response(response_id: str, engine: Engine, tenant: Tenant) -> Json:
     """Take the response out of its conversation's context (a rollback: the journal keeps
@@ -175,7 +159,6 @@ def _page(data: list[Json], has_more: bool) -> Json:
 @router.get(
     "/responses/{response_id}/input_items",
     operation_id="openaiListInputItems",
-    responses=OPENAI_ERRORS,
 )
 async def list_input_items(
     response_id: str,
@@ -198,7 +181,6 @@ async def list_input_items(
 @router.post(
     "/conversations",
     operation_id="openaiCreateConversation",
-    responses=OPENAI_ERRORS,
 )
 async def create_conversation(body: ConversationCreate, engine: Engine, tenant: Tenant) -> Json:
     """A new conversation (a session), with its first items."""
@@ -208,7 +190,6 @@ async def create_conversation(body: ConversationCreate, engine: Engine, tenant: 
 @router.get(
     "/conversations/{conversation_id}",
     operation_id="openaiGetConversation",
-    responses=OPENAI_ERRORS,
 )
 async def get_conversation(conversation_id: str, engine: Engine, tenant: Tenant) -> Json:
     return await service.get_conversation(engine, tenant, conversation_id)
@@ -217,7 +198,6 @@ async def get_conversation(conversation_id: str, engine: Engine, tenant: Tenant)
 @router.delete(
     "/conversations/{conversation_id}",
     operation_id="openaiDeleteConversation",
-    responses=OPENAI_ERRORS,
 )
 async def delete_conversation(conversation_id: str, engine: Engine, tenant: Tenant) -> Json:
     """Delete the conversation's session (its forks keep what they share)."""
@@ -227,7 +207,6 @@ async def delete_conversation(conversation_id: str, engine: Engine, tenant: Tena
 @router.get(
     "/conversations/{conversation_id}/items",
     operation_id="openaiListConversationItems",
-    responses=OPENAI_ERRORS,
 )
 async def list_items(
     conversation_id: str,
@@ -250,7 +229,6 @@ async def list_items(
 @router.post(
     "/conversations/{conversation_id}/items",
     operation_id="openaiCreateConversationItems",
-    responses=OPENAI_ERRORS,
 )
 async def add_items(
     conversation_id: str,
