@@ -92,7 +92,7 @@ async def create_response(
         async def cancel_run() -> None:  # a response not in the background ends with its stream
             await asks.cancel_run(engine, tenant, run_id)
 
-        gone = None if body.background else cancel_run
+        gone = None if base["background"] else cancel_run
         return _sse(hub, stream, -1, settings.sse_heartbeat_seconds, gone)
     if not body.background:
         await service.until_done(hub, loaded)

@@ -332,6 +332,25 @@ async def _answer_calls(
             f"'{sorted(changed)[0]}' was not among them.",
             param="tools",
         )
+    params = run.params
+    kept = {
+        "max_output_tokens": (body.max_output_tokens, params.max_output_tokens),
+        "temperature": (body.temperature, params.temperature),
+        "metadata": (body.metadata, params.metadata),
+        "background": (body.background, params.on_disconnect == "continue"),
+    }
+    for name, (sent, own) in kept.items():
+        if sent is not None and sent != own:
+            raise OpenAIError(
+                400,
+                f"Function call outputs continue response '{previous.id}' with its {name} "
+                f"({own!r}); leave {name} out or send that value.",
+                param=name,
+            )
+    if body.instructions is not None and body.instructions != previous.instructions:
+        await sessions.update_session(
+            engine, tenant_id, run.session_id, {"config": {"system_prompt": body.instructions}}
+        )
     outputs = [asks.ToolOutput(o.call_id, o.output) for o in given.tool_outputs]
     await asks.submit_tool_outputs(engine, tenant_id, run.id, outputs)
     return await load(engine, tenant_id, mapping.response_id(run.id, previous.segment + 1))
