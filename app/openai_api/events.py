@@ -21,7 +21,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from app.openai_api.items import Item, output_item_id
-from app.openai_api.objects import INCOMPLETE_REASONS, Json, response_object, usage_object
+from app.openai_api.objects import (
+    INCOMPLETE_REASONS,
+    Json,
+    response_error,
+    response_object,
+    usage_object,
+)
 from app.runs.events import EventType
 
 
@@ -107,9 +113,8 @@ class ResponseStream:
                 return [*out, self._end("response.completed", "completed")]
             case EventType.RUN_FAILED:
                 out = self._close_text("incomplete")
-                error = data["error"]
                 self.done = True
-                failed = {"code": str(error["code"]), "message": str(error["message"])}
+                failed = response_error(data["error"])
                 return [*out, self._end("response.failed", "failed", error=failed)]
             case EventType.RUN_CANCELLED:
                 # The Responses API has no event for a cancelled response: it ends failed in

@@ -115,10 +115,15 @@ def run_status(run: Run, answered: bool) -> tuple[str, str | None]:
     return "cancelled", None
 
 
+def response_error(error: Mapping[str, Any]) -> Json:
+    """A run's error as a response's: OpenAI's codes are a closed set (the SDKs type them), so
+    Threadline's code leads the message."""
+    code = str(error.get("code", "internal_error"))
+    shown = "rate_limit_exceeded" if code == "provider_rate_limit" else "server_error"
+    return {"code": shown, "message": f"{code}: {error.get('message', '')}"}
+
+
 def run_error(run: Run) -> Json | None:
     if run.status is not RunStatus.FAILED or not run.error:
         return None
-    return {
-        "code": str(run.error.get("code", "server_error")),
-        "message": run.error.get("message", ""),
-    }
+    return response_error(run.error)

@@ -178,7 +178,10 @@ def test_endings() -> None:
         ],
     )
     assert failed[-1]["type"] == "response.failed"
-    assert failed[-1]["response"]["error"] == {"code": "provider_server", "message": "boom"}
+    assert failed[-1]["response"]["error"] == {
+        "code": "server_error",
+        "message": "provider_server: boom",
+    }
     assert failed[-1]["response"]["output"][0]["status"] == "incomplete"
     cancelled = stream(
         0, [(EventType.RUN_CREATED, {}), (EventType.RUN_CANCELLED, {"reason": "cancel"})]

@@ -27,7 +27,7 @@ from openai.types.responses import (
 )
 
 from testkit.api import history, new_session
-from testkit.upstream import FakeUpstream, Hold, Text, ToolCall, Usage
+from testkit.upstream import Fail, FakeUpstream, Hold, Text, ToolCall, Usage
 
 MODELS = ["gpt-4o-mini", "anthropic:claude-haiku-4-5"]
 WEATHER: Any = {
@@ -516,3 +516,43 @@ async def test_a_long_conversation_compacts_while_the_client_notices_nothing(
     last = json.dumps(asks[-1].body["messages"])
     assert len(last) < full_history  # a summary and the last turns, not the whole history
     assert "turn 1:" not in last and f"turn {turns}:" in last
+
+
+async def test_a_failed_model_call_is_a_failed_response(
+    client: AsyncOpenAI, upstream: FakeUpstream
+) -> None:
+    upstream.script(Fail(400, "bad_request", "no such thing"))
+    failed = await client.responses.create(model="gpt-4o-mini", input="Hi")
+    assert failed.status == "failed"
+    assert failed.error is not None and failed.error.code == "server_error"
+    assert failed.error.message.startswith("provider_bad_request: ")
+    upstream.script(Fail(400, "bad_request", "no such thing"))
+    stream = await client.responses.create(
+        model="gpt-4o-mini", previous_response_id=failed.id, input="Again", stream=True
+    )
+    events = [e async for e in stream]
+    assert events[-1].type == "response.failed" and ended(events).status == "failed"
+
+
+async def test_leaving_a_stream_cancels_a_response_not_in_the_background(
+    client: AsyncOpenAI, upstream: FakeUpstream, release: threading.Event
+) -> None:
+    upstream.script(Text("Start"), Hold(release), Text(" never"))
+    stream = await client.responses.create(model="gpt-4o-mini", input="Go", stream=True)
+    created = None
+    async for event in stream:
+        if isinstance(event, ResponseCreatedEvent):
+            created = event.response
+        if event.type == "response.output_text.delta":
+            break
+    await stream.close()
+    assert created is not None and not created.background
+
+    async def cancelled() -> bool:
+        assert created is not None
+        return (await client.responses.retrieve(created.id)).status == "cancelled"
+
+    await until(cancelled, "the response is cancelled once its client left")
+    release.set()
+    kept = await client.responses.retrieve(created.id)
+    assert kept.output_text == "Start"
