@@ -13,17 +13,22 @@ import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Depends, Query, Response
 from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
-from app.api.deps import Config, Engine, Hub, LocalWorkers, Tenant
+from app.api.deps import Config, Engine, Hub, LocalWorkers, Tenant, get_tenant
 from app.api.hub import EventHub
 from app.openai_api import service
-from app.openai_api.errors import OpenAIRoute, unsupported
+from app.openai_api.errors import OpenAIError, OpenAIRoute, unsupported
 from app.openai_api.events import ResponseStream
 from app.openai_api.objects import Json
-from app.openai_api.schemas import ConversationCreate, ItemsCreate, ResponseCreate
+from app.openai_api.schemas import (
+    ConversationCreate,
+    ConversationUpdate,
+    ItemsCreate,
+    ResponseCreate,
+)
 from app.services import asks
 
 PREFIX = "/openai/v1"
@@ -193,6 +198,37 @@ async def create_conversation(body: ConversationCreate, engine: Engine, tenant: 
 )
 async def get_conversation(conversation_id: str, engine: Engine, tenant: Tenant) -> Json:
     return await service.get_conversation(engine, tenant, conversation_id)
+
+
+@router.post("/conversations/{conversation_id}", operation_id="openaiUpdateConversation")
+async def update_conversation(
+    conversation_id: str, body: ConversationUpdate, engine: Engine, tenant: Tenant
+) -> Json:
+    """Replace the conversation's metadata."""
+    return await service.update_conversation(engine, tenant, conversation_id, body.metadata)
+
+
+@router.get(
+    "/conversations/{conversation_id}/items/{item_id}", operation_id="openaiGetConversationItem"
+)
+async def get_item(conversation_id: str, item_id: str, engine: Engine, tenant: Tenant) -> Json:
+    return await service.get_item(engine, tenant, conversation_id, item_id)
+
+
+@router.delete(
+    "/conversations/{conversation_id}/items/{item_id}",
+    operation_id="openaiDeleteConversationItem",
+    dependencies=[Depends(get_tenant)],  # a stranger is told to authenticate first
+)
+async def delete_item(conversation_id: str, item_id: str) -> Json:
+    """Refused: items are journal entries, never deleted."""
+    raise OpenAIError(
+        400,
+        "Items are entries of the conversation's journal and are never deleted: delete a "
+        "response to take it out of the conversation's context.",
+        param="item_id",
+        code="unsupported_operation",
+    )
 
 
 @router.delete(

@@ -76,3 +76,9 @@ class ItemsCreate(_Body):
     """`POST /openai/v1/conversations/{id}/items`."""
 
     items: Annotated[list[dict[str, Any]], Field(min_length=1, max_length=1000)]
+
+
+class ConversationUpdate(_Body):
+    """`POST /openai/v1/conversations/{id}`."""
+
+    metadata: OpenAIMetadata

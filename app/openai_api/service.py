@@ -537,6 +537,18 @@ def entry_of(row: RowMapping) -> JournalEntry:
 _METADATA = TypeAdapter(Metadata)
 
 
+def _checked_metadata(metadata: Any) -> dict[str, str]:
+    """Metadata as sessions keep it (Threadline's rules for keys and values)."""
+    try:
+        checked: dict[str, str] = _METADATA.validate_python(metadata)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise OpenAIError(
+            400, f"Invalid metadata: {first['msg']}", param="metadata", code="invalid_value"
+        ) from exc
+    return checked
+
+
 def conversation_object(session: RowMapping) -> Json:
     return {
         "id": mapping.conversation_id(str(session["id"])),
@@ -566,13 +578,7 @@ async def create_conversation(
     items: list[dict[str, Any]] | None,
     metadata: dict[str, str] | None,
 ) -> Json:
-    try:
-        checked = _METADATA.validate_python(metadata or {})
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        raise OpenAIError(
-            400, f"Invalid metadata: {first['msg']}", param="metadata", code="invalid_value"
-        ) from exc
+    checked = _checked_metadata(metadata or {})
     entries = _entries(items, "items") if items else []
     session = await sessions.create_session(
         engine, tenant_id, title=None, metadata=checked, config={}
@@ -591,6 +597,38 @@ async def create_conversation(
 async def get_conversation(engine: AsyncEngine, tenant_id: str, given: str) -> Json:
     session_id = await _conversation(engine, tenant_id, given, "conversation_id")
     return conversation_object(await sessions.get_session(engine, tenant_id, session_id))
+
+
+async def update_conversation(
+    engine: AsyncEngine, tenant_id: str, given: str, metadata: dict[str, str]
+) -> Json:
+    """Replace the conversation's metadata (the session's), as OpenAI's update does."""
+    session_id = await _conversation(engine, tenant_id, given, "conversation_id")
+    checked = _checked_metadata(metadata)
+    session = await sessions.get_session(engine, tenant_id, session_id)
+    patch: dict[str, str | None] = {k: None for k in session["metadata"] or {} if k not in checked}
+    patch |= checked
+    updated = await sessions.update_session(engine, tenant_id, session_id, {"metadata": patch})
+    return conversation_object(updated)
+
+
+async def get_item(engine: AsyncEngine, tenant_id: str, given: str, item_id: str) -> Json:
+    session_id = await _conversation(engine, tenant_id, given, "conversation_id")
+    seq = _item_seq(item_id, "item_id")
+    page = await journal.read_history(
+        engine,
+        tenant_id,
+        session_id,
+        after_seq=seq - 1,
+        before_seq=seq + 1,
+        limit=1,
+        kinds=ITEM_KINDS,
+        order="asc",
+    )
+    found = mapping.conversation_items(session_id, [entry_of(r) for r in page.entries])
+    if not found or found[0]["id"] != item_id:
+        raise not_found("item", item_id)
+    return found[0]
 
 
 async def delete_conversation(engine: AsyncEngine, tenant_id: str, given: str) -> Json:
@@ -628,10 +666,10 @@ async def list_items(
     return ItemPage(mapping.conversation_items(session_id, entries), page.has_more)
 
 
-def _item_seq(item_id: str) -> int:
+def _item_seq(item_id: str, param: str = "after") -> int:
     tail = item_id.rsplit("_", 1)[-1]
-    if not tail.isdigit():
-        raise OpenAIError(400, f"'{item_id}' is not an item id of this API.", param="after")
+    if not tail.isdigit() or len(tail) > 18:
+        raise OpenAIError(400, f"'{item_id}' is not an item id of this API.", param=param)
     return int(tail)
 
 

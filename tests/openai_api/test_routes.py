@@ -187,6 +187,16 @@ async def test_a_conversation_with_items(
     assert [e["kind"] for e in journal if e["kind"] == "message"] == ["message"] * 5
     fetched = await client.conversations.retrieve(conversation.id)
     assert fetched.id == conversation.id
+    updated = await client.conversations.update(conversation.id, metadata={"topic": "names"})
+    assert updated.metadata == {"topic": "names"}
+    assert (await client.conversations.retrieve(conversation.id)).metadata == {"topic": "names"}
+    second = str(page.data[1].id)
+    one = await client.conversations.items.retrieve(second, conversation_id=conversation.id)
+    assert one.id == second
+    with pytest.raises(openai.BadRequestError):
+        await client.conversations.items.delete(second, conversation_id=conversation.id)
+    with pytest.raises(openai.NotFoundError):
+        await client.conversations.items.retrieve(second + "0", conversation_id=conversation.id)
     deleted = await client.conversations.delete(conversation.id)
     assert deleted.deleted
     with pytest.raises(openai.NotFoundError):
