@@ -566,3 +566,19 @@ async def test_leaving_a_stream_cancels_a_response_not_in_the_background(
     release.set()
     kept = await client.responses.retrieve(created.id)
     assert kept.output_text == "Start"
+
+
+async def test_the_sdk_stream_helper_builds_the_same_response(
+    client: AsyncOpenAI, upstream: FakeUpstream
+) -> None:
+    """`client.responses.stream()` assembles the response from the events on its own."""
+    upstream.script(Text("Hel"), Text("lo"), ToolCall("up_1", "get_weather", '{"city": "Oslo"}'))
+    async with client.responses.stream(model="gpt-4o-mini", input="Hi", tools=[WEATHER]) as stream:
+        async for _ in stream:
+            pass
+        final = await stream.get_final_response()
+    assert final.output_text == "Hello"
+    stored = await client.responses.retrieve(final.id)
+    assert [(o.type, getattr(o, "id", None)) for o in final.output] == [
+        (o.type, getattr(o, "id", None)) for o in stored.output
+    ]
