@@ -579,6 +579,7 @@ async def test_the_sdk_stream_helper_builds_the_same_response(
         final = await stream.get_final_response()
     assert final.output_text == "Hello"
     stored = await client.responses.retrieve(final.id)
+    assert all(getattr(o, "id", None) for o in stored.output)
     assert [(o.type, getattr(o, "id", None)) for o in final.output] == [
         (o.type, getattr(o, "id", None)) for o in stored.output
     ]
