@@ -366,9 +366,10 @@ async def _ask(
     tools: list[dict[str, Any]],
 ) -> Loaded:
     assert given.content is not None
-    made: str | None = None  # a session made for this response alone
+    made: str | None = None  # a session (or fork) made for this response alone
     if body.previous_response_id is not None:
-        session_id = await _continuing(engine, tenant_id, body.previous_response_id)
+        session_id, forked = await _continuing(engine, tenant_id, body.previous_response_id)
+        made = session_id if forked else None
     elif body.conversation is not None:
         given_id = body.conversation if isinstance(body.conversation, str) else body.conversation.id
         session_id = await _conversation(engine, tenant_id, given_id, "conversation")
@@ -379,7 +380,7 @@ async def _ask(
         )
         session_id = made = str(session["id"])
     try:
-        if body.instructions is not None and made is None:
+        if body.instructions is not None:
             session = await sessions.get_session(engine, tenant_id, session_id)
             if (session["config"] or {}).get("system_prompt") != body.instructions:
                 await sessions.update_session(
@@ -403,9 +404,10 @@ async def _ask(
     return await load(engine, tenant_id, mapping.response_id(result.run.id))
 
 
-async def _continuing(engine: AsyncEngine, tenant_id: str, given: str) -> str:
+async def _continuing(engine: AsyncEngine, tenant_id: str, given: str) -> tuple[str, bool]:
     """The session a new message after response `given` goes to: its own when that response
-    is the latest there, else a fork at the response's end (nothing is copied)."""
+    is the latest there, else a fork at the response's end (nothing is copied); and whether
+    it is a new fork."""
     previous = await load(engine, tenant_id, given, "previous_response_id")
     run = previous.run
     if run.status is RunStatus.REQUIRES_ACTION:
@@ -443,11 +445,11 @@ async def _continuing(engine: AsyncEngine, tenant_id: str, given: str) -> str:
         order="asc",
     )
     if not later.entries:
-        return run.session_id
+        return run.session_id, False
     fork = await sessions.fork_session(
         engine, tenant_id, run.session_id, at_seq=end, title=None, metadata=None
     )
-    return str(fork["id"])
+    return str(fork["id"]), True
 
 
 async def _conversation(engine: AsyncEngine, tenant_id: str, given: str, param: str) -> str:

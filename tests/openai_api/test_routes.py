@@ -342,6 +342,16 @@ async def test_a_branch_from_an_older_response_forks_the_conversation(
     # The fork shares the prefix in place: nothing was copied.
     own = await history(api, fork["id"], after_seq=fork["fork_seq"])
     assert "Q1" not in [e["payload"].get("content") for e in own]
+    # A branch whose question is refused leaves no fork behind.
+    sessions = (await api.get("/v1/sessions")).json()["data"]
+    bad_image: Any = [
+        {"role": "user", "content": [{"type": "input_image", "image_url": "ftp://example.com/x"}]}
+    ]
+    with pytest.raises(openai.BadRequestError):
+        await client.responses.create(
+            model="gpt-4o-mini", previous_response_id=first.id, input=bad_image
+        )
+    assert (await api.get("/v1/sessions")).json()["data"] == sessions
     # Both branches go on.
     upstream.script(Text("A3"))
     third = await client.responses.create(
