@@ -367,6 +367,7 @@ async def _ask(
 ) -> Loaded:
     assert given.content is not None
     made: str | None = None  # a session (or fork) made for this response alone
+    restore: Any = _UNCHANGED  # the system prompt the instructions replaced
     if body.previous_response_id is not None:
         session_id, forked = await _continuing(engine, tenant_id, body.previous_response_id)
         made = session_id if forked else None
@@ -382,10 +383,10 @@ async def _ask(
     try:
         if body.instructions is not None:
             session = await sessions.get_session(engine, tenant_id, session_id)
-            if (session["config"] or {}).get("system_prompt") != body.instructions:
-                await sessions.update_session(
-                    engine, tenant_id, session_id, {"config": {"system_prompt": body.instructions}}
-                )
+            prompt = (session["config"] or {}).get("system_prompt")
+            if prompt != body.instructions:
+                await _set_prompt(engine, tenant_id, session_id, body.instructions)
+                restore = prompt
         params = asks.AskParams(
             content=given.content,
             model=model,
@@ -398,10 +399,25 @@ async def _ask(
         )
         result = await asks.ask(engine, settings, tenant_id, session_id, params)
     except Exception:
-        if made is not None:  # nothing of this response is kept
+        # Nothing of a refused response is kept: not the session made for it, nor its
+        # instructions.
+        if made is not None:
             await sessions.delete_session(engine, tenant_id, made)
+        elif restore is not _UNCHANGED:
+            await _set_prompt(engine, tenant_id, session_id, restore)
         raise
     return await load(engine, tenant_id, mapping.response_id(result.run.id))
+
+
+_UNCHANGED = object()
+
+
+async def _set_prompt(
+    engine: AsyncEngine, tenant_id: str, session_id: str, prompt: str | None
+) -> None:
+    """The session's system prompt (None: none)."""
+    change = {"config": {"system_prompt": prompt}}
+    await sessions.update_session(engine, tenant_id, session_id, change)
 
 
 async def _continuing(engine: AsyncEngine, tenant_id: str, given: str) -> tuple[str, bool]:

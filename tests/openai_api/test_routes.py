@@ -593,3 +593,26 @@ async def test_the_sdk_stream_helper_builds_the_same_response(
     assert [(o.type, getattr(o, "id", None)) for o in final.output] == [
         (o.type, getattr(o, "id", None)) for o in stored.output
     ]
+
+
+async def test_instructions_are_the_conversation_s_prompt_unless_the_response_is_refused(
+    client: AsyncOpenAI, upstream: FakeUpstream, api: httpx.AsyncClient
+) -> None:
+    upstream.script(Text("ok"))
+    first = await client.responses.create(model="gpt-4o-mini", instructions="A", input="Hi")
+    assert first.conversation is not None
+    session = session_of(first.conversation.id)
+    bad_image: Any = [
+        {"role": "user", "content": [{"type": "input_image", "image_url": "ftp://example.com/x"}]}
+    ]
+    with pytest.raises(openai.BadRequestError):
+        await client.responses.create(
+            model="gpt-4o-mini", previous_response_id=first.id, instructions="B", input=bad_image
+        )
+    assert (await api.get(f"/v1/sessions/{session}")).json()["config"]["system_prompt"] == "A"
+    upstream.script(Text("ok"))
+    await client.responses.create(
+        model="gpt-4o-mini", previous_response_id=first.id, instructions="B", input="Again"
+    )
+    assert (await api.get(f"/v1/sessions/{session}")).json()["config"]["system_prompt"] == "B"
+    assert ("system", "B") in prompt_texts(upstream)
