@@ -182,6 +182,9 @@ def base_of(loaded: Loaded, previous_response_id: str | None = None) -> Json:
     """A background response's run goes on without its client (on_disconnect: continue); any
     other's stream stops it when the client leaves: that is how a replay knows which it was."""
     background = loaded.run.params.on_disconnect == "continue"
+    if previous_response_id is None and loaded.segment > 0:
+        # The part of the run before this one: the response whose calls this one answers.
+        previous_response_id = mapping.response_id(loaded.run.id, loaded.segment - 1)
     return response_base(
         loaded.id,
         loaded.run,

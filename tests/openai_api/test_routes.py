@@ -235,6 +235,8 @@ async def test_a_function_tool_round_trip(
     assert [o.type for o in final.output] == ["message"]
     sent = json.dumps(upstream.requests[-1].body)
     assert "3 C" in sent
+    stored = await client.responses.retrieve(final.id)
+    assert stored.previous_response_id == first.id == final.previous_response_id
     inputs = await client.responses.input_items.list(final.id)
     assert [i.type for i in inputs.data] == ["function_call_output"]
     # The first response still reads as it ended: with its function call.
