@@ -19,7 +19,7 @@ from app.api.hub import EventHub
 from app.api.schemas import Metadata
 from app.config import Settings
 from app.core.entries import EntryKind
-from app.core.projection import JournalEntry, PendingEntry
+from app.core.projection import JournalEntry, PendingEntry, without_rolled_back
 from app.db import events as events_db
 from app.db import journal as journal_db
 from app.llm.base import ProviderError
@@ -170,6 +170,8 @@ async def load(engine: AsyncEngine, tenant_id: str, given: str, param: str | Non
         entries = await journal_db.run_entries(conn, run.session_id, run.input_seq, run.id)
     if any(e.id == entry_id(run.id, DELETED_PART) for e in entries):
         raise missing
+    # What the run took back (a model turn that started over) was never its answer.
+    entries = without_rolled_back(entries)
     tools = client_tools(run, session)
     parts = mapping.segments(entries, frozenset(t["name"] for t in tools))
     if segment >= len(parts):
@@ -683,8 +685,34 @@ async def list_items(
         kinds=ITEM_KINDS,
         order="asc" if order == "asc" else "desc",
     )
-    entries = [entry_of(r) for r in page.entries]
+    entries = await _in_context(engine, tenant_id, session_id, [entry_of(r) for r in page.entries])
     return ItemPage(mapping.conversation_items(session_id, entries), page.has_more)
+
+
+async def _in_context(
+    engine: AsyncEngine, tenant_id: str, session_id: str, entries: list[JournalEntry]
+) -> list[JournalEntry]:
+    """The entries no rollback took out of the conversation (a deleted response, a model turn
+    that started over), in their order."""
+    rollbacks: list[JournalEntry] = []
+    after: int | None = None
+    while True:
+        page = await journal.read_history(
+            engine,
+            tenant_id,
+            session_id,
+            after_seq=after,
+            before_seq=None,
+            limit=1000,
+            kinds=[str(EntryKind.ROLLBACK)],
+            order="asc",
+        )
+        rollbacks += [entry_of(r) for r in page.entries]
+        if not page.has_more:
+            break
+        after = int(page.entries[-1]["seq"])
+    kept = {e.seq for e in without_rolled_back(sorted([*entries, *rollbacks], key=lambda e: e.seq))}
+    return [e for e in entries if e.seq in kept]
 
 
 def _item_seq(item_id: str, param: str = "after") -> int:

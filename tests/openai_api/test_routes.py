@@ -27,7 +27,7 @@ from openai.types.responses import (
 )
 
 from testkit.api import history, new_session
-from testkit.upstream import Fail, FakeUpstream, Hold, Text, ToolCall, Usage
+from testkit.upstream import Fail, FailMidStream, FakeUpstream, Hold, Text, ToolCall, Usage
 
 MODELS = ["gpt-4o-mini", "anthropic:claude-haiku-4-5"]
 WEATHER: Any = {
@@ -411,6 +411,10 @@ async def test_deleting_a_response_takes_it_out_of_the_context(
         model="gpt-4o-mini", conversation=first.conversation.id, input="Q3"
     )
     assert [t for r, t in prompt_texts(upstream) if r != "system"] == ["Q1", "A1", "Q3"]
+    # The conversation's items are what its context holds.
+    items = await client.conversations.items.list(first.conversation.id, order="asc")
+    texts = [m.content[0].text for m in items.data if isinstance(m, Message)]  # type: ignore[union-attr]
+    assert texts == ["Q1", "A1", "Q3", "A3"]
 
 
 async def test_refusals_are_openai_errors(
@@ -618,3 +622,19 @@ async def test_instructions_are_the_conversation_s_prompt_unless_the_response_is
     )
     assert (await api.get(f"/v1/sessions/{session}")).json()["config"]["system_prompt"] == "B"
     assert ("system", "B") in prompt_texts(upstream)
+
+
+async def test_a_model_turn_that_started_over_is_not_in_the_output(
+    client: AsyncOpenAI, upstream: FakeUpstream
+) -> None:
+    upstream.script(Text("voided"), FailMidStream())
+    upstream.script(Text("kept"))
+    answer = await client.responses.create(model="gpt-4o-mini", input="Hi")
+    assert answer.output_text == "kept" and len(answer.output) == 1
+    assert answer.conversation is not None
+    items = await client.conversations.items.list(answer.conversation.id, order="asc")
+    texts = [m.content[0].text for m in items.data if isinstance(m, Message)]  # type: ignore[union-attr]
+    assert texts == ["Hi", "kept"]
+    replay = [e async for e in await client.responses.retrieve(answer.id, stream=True)]
+    assert ended(replay).output_text == "kept"
+    assert [o.id for o in ended(replay).output] == [o.id for o in answer.output]
