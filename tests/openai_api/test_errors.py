@@ -38,6 +38,12 @@ KEYS = [
     "metadata",
     "top_p",
 ]
+# The profile's (a slow example on a loaded machine is no bug), and one live service for all
+# examples: the fixtures are function-scoped on purpose.
+SUPPRESSED = [
+    *(settings.default.suppress_health_check if settings.default else ()),
+    HealthCheck.function_scoped_fixture,
+]
 bodies = st.dictionaries(st.sampled_from(KEYS), json_values, max_size=5) | json_values
 ITEMS = st.one_of(
     st.fixed_dictionaries(
@@ -58,9 +64,7 @@ def assert_openai_error(response: httpx.Response) -> None:
 
 
 @given(body=bodies)
-@settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
+@settings(max_examples=60, suppress_health_check=SUPPRESSED)
 async def test_any_body_is_answered_or_refused_in_openai_s_shape(
     api: httpx.AsyncClient, upstream: FakeUpstream, body: Any
 ) -> None:
@@ -72,9 +76,7 @@ async def test_any_body_is_answered_or_refused_in_openai_s_shape(
 
 
 @given(items=st.lists(ITEMS, max_size=3), metadata=json_values)
-@settings(
-    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
+@settings(max_examples=40, suppress_health_check=SUPPRESSED)
 async def test_any_conversation_items_are_taken_or_refused_in_openai_s_shape(
     api: httpx.AsyncClient, items: list[Any], metadata: Any
 ) -> None:
