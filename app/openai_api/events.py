@@ -274,3 +274,22 @@ class ResponseStream:
 
 def _json_text(arguments: Any) -> str:
     return json.dumps(arguments, separators=(",", ":"))
+
+
+_ENDINGS = {
+    "completed": "response.completed",
+    "incomplete": "response.incomplete",
+    "failed": "response.failed",
+    "cancelled": "response.failed",
+}
+
+
+def ended_stream(response: Json) -> list[Json]:
+    """The stream of an ended response whose run events are gone (kept only for the event
+    retention period): its creation and its end, as the journal has it."""
+    created = {**response, "status": "in_progress", "output": [], "usage": None, "error": None}
+    created["incomplete_details"] = None
+    return [
+        {"type": "response.created", "sequence_number": 0, "response": created},
+        {"type": _ENDINGS[response["status"]], "sequence_number": 1, "response": response},
+    ]

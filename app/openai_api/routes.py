@@ -21,7 +21,7 @@ from app.api.deps import Config, Engine, Hub, LocalWorkers, Tenant, get_tenant
 from app.api.hub import EventHub
 from app.openai_api import service
 from app.openai_api.errors import OpenAIError, OpenAIRoute, unsupported
-from app.openai_api.events import ResponseStream
+from app.openai_api.events import ResponseStream, ended_stream
 from app.openai_api.objects import Json
 from app.openai_api.schemas import (
     ConversationCreate,
@@ -70,6 +70,11 @@ def _sse(
     return EventSourceResponse(
         events(), ping=heartbeat, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     )
+
+
+async def _replayed(events: list[Json]) -> AsyncIterator[ServerSentEvent]:
+    for event in events:
+        yield ServerSentEvent(data=json.dumps(event, separators=(",", ":")), event=event["type"])
 
 
 @router.post(
@@ -126,6 +131,11 @@ async def get_response(
         raise unsupported("include")
     loaded = await service.load(engine, tenant, response_id)
     if stream:
+        if not await hub.has_more(loaded.run.id, 0):  # over, and its events are gone
+            ended = ended_stream(await service.current(engine, loaded))
+            return EventSourceResponse(
+                _replayed([e for e in ended if e["sequence_number"] > starting_after])
+            )
         run_stream = service.stream_of(loaded, service.base_of(loaded))
         return _sse(hub, run_stream, starting_after, settings.sse_heartbeat_seconds)
     return JSONResponse(await service.current(engine, loaded))

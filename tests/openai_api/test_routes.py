@@ -25,7 +25,9 @@ from openai.types.responses import (
     ResponseStreamEvent,
     ResponseTextDeltaEvent,
 )
+from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.db import events as events_db
 from testkit.api import history, new_session
 from testkit.upstream import Fail, FailMidStream, FakeUpstream, Hold, Text, ToolCall, Usage
 
@@ -290,7 +292,7 @@ async def test_background_poll_and_cancel(
 
 
 async def test_a_background_stream_resumes_after_a_sequence_number(
-    client: AsyncOpenAI, upstream: FakeUpstream, release: threading.Event
+    client: AsyncOpenAI, upstream: FakeUpstream, release: threading.Event, e2e_engine: AsyncEngine
 ) -> None:
     upstream.script(Text("One"), Hold(release), Text(" two"), Text(" three"), Usage(8, 3))
     stream = await client.responses.create(
@@ -316,6 +318,13 @@ async def test_a_background_stream_resumes_after_a_sequence_number(
     # A replay from the start is the same events.
     replay = [e async for e in await client.responses.retrieve(response_id, stream=True)]
     assert [e.model_dump() for e in replay] == [e.model_dump() for e in seen + resumed]
+    # Once the run's events are pruned (past their retention), the journal tells its end.
+    async with e2e_engine.begin() as conn:
+        assert await events_db.prune(conn, 0) > 0
+    late = [e async for e in await client.responses.retrieve(response_id, stream=True)]
+    assert [e.type for e in late] == ["response.created", "response.completed"]
+    assert ended(late).output_text == "One two three"
+    assert ended(late).output[0].id == ended(replay).output[0].id
 
 
 async def test_a_branch_from_an_older_response_forks_the_conversation(
