@@ -218,11 +218,11 @@ function Sessions({ api, models, current, onOpen, version, fail }) {
         <label htmlFor="new-title">Title (optional)</label>
         <input id="new-title" value={title} onChange={(e) => setTitle(e.target.value)} placeholder="From the first message" />
         <label htmlFor="new-model">Model</label>
+        {models && <p className="meta hint">The default: {models.default_model}</p>}
         <select id="new-model" value={model || models?.default_model || ""} onChange={(e) => setModel(e.target.value)}>
           {(models?.data ?? []).map((m) => (
             <option key={m.id} value={m.id}>
               {m.id}
-              {m.id === models.default_model ? " (default)" : ""}
             </option>
           ))}
         </select>
