@@ -247,6 +247,40 @@ def test_stop_cancels_the_run_and_keeps_what_it_said(
         assert answer["content"] == "The first part" and answer["status"] == "incomplete"
 
 
+def test_regenerate_replaces_the_last_answer(
+    browser: Browser, served: Served, upstream: FakeUpstream
+) -> None:
+    upstream.clear()
+    upstream.script(Text("A first answer."))
+    upstream.script(Text("A better answer."))
+    page = signed_in(browser, served)
+    try:
+        page.get_by_role("button", name="New session with the default model").click()
+        box = page.get_by_label("Message", exact=True)
+        box.fill("Answer me")
+        box.press("Enter")
+        expect(assistant_text(page)).to_have_text("A first answer.")
+        expect(page.get_by_role("button", name="Branch from message #3")).to_be_visible()
+        page.get_by_role("button", name="Regenerate").click()
+        expect(assistant_text(page)).to_have_text("A better answer.")
+        # Then from the journal: the rolled-back turn is left out, the question asked again.
+        answer = page.locator(".message.assistant")
+        expect(
+            answer.get_by_role("button", name=re.compile("^Branch from message"))
+        ).to_be_visible()
+        expect(page.locator(".message")).to_have_count(2)
+        expect(page.locator(".message.user")).to_have_text(re.compile("Answer me"))
+        session_id = page.evaluate("location.hash").split("=")[1]
+    finally:
+        page.close()
+    with api(served) as client:
+        entries = client.get(f"/v1/sessions/{session_id}/entries").json()["data"]
+    [rollback] = [e["payload"] for e in entries if e["kind"] == "rollback"]
+    assert rollback["reason"] == "regenerate"
+    texts = [e["payload"]["content"] for e in entries if e["kind"] == "message"]
+    assert texts == ["Answer me", "A first answer.", "Answer me", "A better answer."]
+
+
 def test_a_retried_turn_shows_its_voided_attempt_apart(
     browser: Browser, served: Served, upstream: FakeUpstream
 ) -> None:

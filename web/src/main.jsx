@@ -114,6 +114,16 @@ function Shell({ apiKey, onSignOut }) {
     };
   }, [api, sessionId, version, fail, open]);
 
+  const quickStart = async () => {
+    try {
+      const created = await api.createSession({ config: { model: models.default_model } });
+      setListVersion((v) => v + 1);
+      open(created.id);
+    } catch (error) {
+      fail(error);
+    }
+  };
+
   const changed = useCallback(() => {
     setVersion((v) => v + 1);
     setListVersion((v) => v + 1);
@@ -145,7 +155,16 @@ function Shell({ apiKey, onSignOut }) {
           <Chat key={`${sessionId}:${rewritten}`} api={api} apiKey={apiKey} session={session} onChanged={changed} onOpen={open} fail={fail} />
         ) : (
           <div className="empty">
-            <p>{sessionId ? "Loading…" : "Choose a session, or start a new one."}</p>
+            {sessionId ? (
+              <p>Loading…</p>
+            ) : (
+              <>
+                <p>Choose a session, or start a new one.</p>
+                <button type="button" disabled={!models} onClick={quickStart}>
+                  New session with the default model
+                </button>
+              </>
+            )}
           </div>
         )}
       </main>
