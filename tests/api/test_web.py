@@ -474,3 +474,44 @@ def test_at_phone_width_nothing_overflows_and_the_panels_open(
         shot(page, "11-phone-details")
     finally:
         page.close()
+
+
+UNLABELLED = """() => [...document.querySelectorAll("input, select, textarea, button")]
+  .filter((el) => !(el.labels?.length || el.getAttribute("aria-label") || (
+    el.tagName === "BUTTON" && el.textContent.trim())))
+  .map((el) => el.outerHTML)"""
+
+
+def test_the_keyboard_alone_works_and_every_control_is_labelled(
+    browser: Browser, served: Served, upstream: FakeUpstream
+) -> None:
+    """Tab to a control, Enter to use it: a session is started and a message sent without a
+    pointer; the focused control shows it is focused."""
+    upstream.clear()
+    upstream.script(Text("Typed, not clicked."))
+    page = signed_in(browser, served)
+    try:
+
+        def tab_to(name: str) -> None:
+            """Tab until the control with this label (or text) has the focus."""
+            named = "((el) => el.labels?.[0]?.textContent.trim() || el.textContent.trim())"
+            for _ in range(60):
+                page.keyboard.press("Tab")
+                if page.evaluate(f"{named}(document.activeElement)") == name:
+                    outline = page.evaluate("getComputedStyle(document.activeElement).outlineStyle")
+                    assert outline != "none", name  # focus is visible
+                    return
+            raise AssertionError(f"Tab never reached {name!r}")
+
+        tab_to("Start session")
+        page.keyboard.press("Enter")
+        expect(page.get_by_label("Message", exact=True)).to_be_visible()
+        tab_to("Message")
+        page.keyboard.type("Sent from the keyboard")
+        page.keyboard.press("Enter")
+        expect(assistant_text(page)).to_have_text("Typed, not clicked.")
+        expect(page.locator(".message.assistant button.branch")).to_be_visible()
+        assert page.evaluate(UNLABELLED) == []
+        tab_to("Compact")  # the side panel is reachable too
+    finally:
+        page.close()
