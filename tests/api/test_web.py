@@ -365,6 +365,15 @@ def test_tool_calls_fold_and_a_branch_switches_between_threads(
         expect(page.locator(".bar .title")).to_have_text("Trip")
         expect(page.locator(".message")).to_have_count(4)
         expect(branches.get_by_role("button", name="Trip (branch at 4)")).to_be_visible()
+        # A second branch, from the first question: from it, its sibling is one click away.
+        page.get_by_role("button", name="Branch from message #1").click()
+        expect(page.locator(".bar .title")).to_have_text("Trip (branch at 1)")
+        expect(page.locator(".message")).to_have_count(1)
+        branches.get_by_role("button", name="Trip (branch at 4)").click()
+        expect(page.locator(".bar .title")).to_have_text("Trip (branch at 4)")
+        expect(page.locator(".message")).to_have_count(2)
+        expect(branches).to_contain_text("Other branches of it")
+        shot(page, "07-branch-siblings")
     finally:
         page.close()
 

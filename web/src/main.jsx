@@ -563,11 +563,17 @@ function Compact({ api, session, onCompacted, fail }) {
 function Branches({ api, session, version, onOpen, fail }) {
   const [children, setChildren] = useState([]);
   const [parent, setParent] = useState(null);
+  const [siblings, setSiblings] = useState([]); // the parent's other forks
   useEffect(() => {
     let live = true;
     api.sessions({ parent_id: session.id, limit: 50 }).then((page) => live && setChildren(page.data), fail);
-    if (session.parent_id) api.session(session.parent_id).then((p) => live && setParent(p), () => live && setParent(null));
-    else setParent(null);
+    if (session.parent_id) {
+      api.session(session.parent_id).then((p) => live && setParent(p), () => live && setParent(null));
+      api.sessions({ parent_id: session.parent_id, limit: 50 }).then((page) => live && setSiblings(page.data.filter((s) => s.id !== session.id)), fail);
+    } else {
+      setParent(null);
+      setSiblings([]);
+    }
     return () => {
       live = false;
     };
@@ -581,6 +587,20 @@ function Branches({ api, session, version, onOpen, fail }) {
           <button type="button" className="link" onClick={() => onOpen(parent.id)}>{parent.title || "Untitled session"}</button>
         </p>
       )}
+      {siblings.length > 0 && (
+        <>
+          <h3>Other branches of it</h3>
+          <ul className="plain">
+            {siblings.map((other) => (
+              <li key={other.id}>
+                <button type="button" className="link" onClick={() => onOpen(other.id)}>{other.title || "Untitled session"}</button>{" "}
+                <span className="meta">at #{other.fork_seq}</span>
+              </li>
+            ))}
+          </ul>
+        </>
+      )}
+      {children.length > 0 && parent && <h3>Branches of this one</h3>}
       {children.length > 0 ? (
         <ul className="plain">
           {children.map((child) => (
