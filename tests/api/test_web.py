@@ -281,6 +281,48 @@ def test_regenerate_replaces_the_last_answer(
     assert texts == ["Answer me", "A first answer.", "Answer me", "A better answer."]
 
 
+def test_a_long_session_sends_the_new_message_alone(
+    browser: Browser, served: Served, upstream: FakeUpstream
+) -> None:
+    """The journal holds the conversation: however much history the page shows, its request
+    carries only the new message (useChat would send them all)."""
+    upstream.clear()
+    upstream.script(Text("Noted."))
+    with api(served) as client:
+        sid = client.post("/v1/sessions", json={"title": "Long history"}).json()["id"]
+        turns = [
+            {"kind": "message", "payload": {"role": role, "content": f"{role} {i} " * 200}}
+            for i in range(20)
+            for role in ("user", "assistant")
+        ]
+        assert client.post(f"/v1/sessions/{sid}/entries", json={"entries": turns}).is_success
+    page = signed_in(browser, served)
+    sent: list[Any] = []
+    page.on(
+        "request",
+        lambda request: (
+            sent.append(request.post_data_json) if request.url.endswith("/v1/ui/chat") else None
+        ),
+    )
+    try:
+        open_session(page, served, sid)
+        expect(page.locator(".message")).to_have_count(40)
+        box = page.get_by_label("Message", exact=True)
+        box.fill("One more thing")
+        box.press("Enter")
+        expect(assistant_text(page)).to_have_text("Noted.")
+    finally:
+        page.close()
+    [body] = sent
+    assert [m["role"] for m in body["messages"]] == ["user"]
+    assert body["messages"][0]["parts"] == [{"type": "text", "text": "One more thing"}]
+    assert (body["id"], body["trigger"], body["on_disconnect"]) == (
+        sid,
+        "submit-message",
+        "continue",
+    )
+
+
 def test_a_retried_turn_shows_its_voided_attempt_apart(
     browser: Browser, served: Served, upstream: FakeUpstream
 ) -> None:

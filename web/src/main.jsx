@@ -292,6 +292,11 @@ function Conversation({ api, apiKey, session, initial, rejoin, onChanged, onOpen
         headers: { Authorization: `Bearer ${apiKey}` },
         // The run goes on when the page goes away (a reload rejoins it); Stop cancels it.
         body: { on_disconnect: "continue" },
+        // The journal holds the conversation and only the new message is read: the request
+        // stays small however long the session is.
+        prepareSendMessagesRequest: ({ id, messages, body, trigger, messageId }) => ({
+          body: { ...body, id, messages: messages.slice(-1), trigger, messageId },
+        }),
       }),
     [apiKey],
   );
