@@ -90,6 +90,7 @@ def serve(settings: Settings) -> None:
             print(f"Development API key: {key}", flush=True)
         workers = runs_at_once(ready)
         print(f"Threadline serving on http://{ready.host}:{ready.port}", flush=True)
+        print(f"Chat in the browser: http://{ready.host}:{ready.port}/ui/", flush=True)
         if workers:
             print(f"Runs executed at once: {workers}", flush=True)
         app = create_app(ready, workers=workers)
