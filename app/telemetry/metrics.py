@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 MULTIPROC_DIR = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
 # No `*_created` timestamp series beside each counter: they double the scrape for nothing here.
-disable_created_metrics()
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 # Latencies from a few milliseconds (journal appends) to minutes (long runs).
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)

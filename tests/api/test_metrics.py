@@ -15,9 +15,7 @@ from app.main import create_app
 TOKEN = "metrics-token-0123456789"
 
 
-async def scrape(
-    settings: Settings, headers: dict[str, str | bytes] | None = None
-) -> httpx.Response:
+async def scrape(settings: Settings, headers: dict[bytes, bytes] | None = None) -> httpx.Response:
     app = create_app(settings)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
@@ -49,12 +47,12 @@ async def test_open_by_default_and_parsable(settings: Settings) -> None:
 async def test_a_token_guards_it(settings: Settings, authorization: str | None) -> None:
     guarded = settings.model_copy(update={"metrics_token": TOKEN})
     # Header values as sent on the wire (latin-1: a client may send any byte).
-    headers = {"Authorization": authorization.encode("latin-1")} if authorization else {}
+    headers = {b"authorization": authorization.encode("latin-1")} if authorization else {}
     refused = await scrape(guarded, headers)
     assert refused.status_code == 401
     assert refused.headers["www-authenticate"] == "Bearer"
     assert refused.json()["error"]["code"] == "unauthorized"
-    allowed = await scrape(guarded, {"Authorization": f"Bearer {TOKEN}"})
+    allowed = await scrape(guarded, {b"authorization": f"Bearer {TOKEN}".encode()})
     assert allowed.status_code == 200 and "threadline_runs_total" in allowed.text
 
 
@@ -63,7 +61,7 @@ async def test_an_api_key_does_not_open_a_guarded_endpoint(
 ) -> None:
     key = await new_key()
     guarded = settings.model_copy(update={"metrics_token": TOKEN})
-    assert (await scrape(guarded, {"Authorization": f"Bearer {key}"})).status_code == 401
+    assert (await scrape(guarded, {b"authorization": f"Bearer {key}".encode()})).status_code == 401
 
 
 async def test_off_is_404(settings: Settings) -> None:
