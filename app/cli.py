@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import gc
 import json
+import logging
 import signal
 import sys
 from collections.abc import Iterator
@@ -38,8 +39,14 @@ def database(settings: Settings, *, own_cluster: bool) -> Iterator[Settings]:
 
 
 def progress(step: str) -> None:
-    """A startup step that may take seconds, on stderr (stdout carries what commands print)."""
-    print(f"==> {step}", file=sys.stderr, flush=True)
+    """A startup step that may take seconds, on stderr (stdout carries what commands print);
+    a log line when logs are JSON."""
+    from app.telemetry.logging import logs_json
+
+    if logs_json():
+        logging.getLogger("threadline").info(step)
+    else:
+        print(f"==> {step}", file=sys.stderr, flush=True)
 
 
 def runs_at_once(settings: Settings, requested: int | None = None) -> int:

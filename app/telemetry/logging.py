@@ -30,6 +30,7 @@ REQUEST_ID_HEADER = "x-request-id"
 _SANE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:/+=@-]{1,128}")
 
 _ids: ContextVar[dict[str, str] | None] = ContextVar("threadline_log_ids", default=None)
+_json = False  # this process logs JSON (configure): its other stderr lines must be JSON too
 
 
 def bind(**ids: str | None) -> None:
@@ -166,4 +167,10 @@ def configure(level: str, format_: str | None) -> None:
     uvicorn, which applies it)."""
     import logging.config
 
+    global _json
+    _json = json_by_default(format_)
     logging.config.dictConfig(log_config(level, format_))
+
+
+def logs_json() -> bool:
+    return _json

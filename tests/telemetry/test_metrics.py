@@ -19,11 +19,12 @@ from app.db.engine import create_engine
 from app.main import create_app
 from app.services.keys import create_key
 from testkit.api import new_session
-from testkit.metrics import Samples, ascrape
+from testkit.metrics import Samples, ascrape, scrape
 from testkit.server import serve_in_thread, stop_thread_server
 from testkit.sse_client import collect, events
 from testkit.upstream import Fail, FakeUpstream, Hold, Text, Usage
 from tests.e2e import create_database
+from tests.telemetry.conftest import Deployment
 
 MODEL = {"provider": "openai", "model": "gpt-4o-mini"}
 
@@ -215,3 +216,38 @@ async def test_queue_depth_and_oldest_age_reflect_queued_jobs(
         api, lambda s: s.get("threadline_queue_oldest_job_age_seconds", {"queue": "runs"}) > 0
     )
     assert waiting.get("threadline_queue_depth", {"queue": "runs"}) == 3
+
+
+def test_a_scrape_of_the_api_sums_the_worker_process(deployment: Deployment) -> None:
+    """With PROMETHEUS_MULTIPROC_DIR, the API process (no workers) reports the runs its
+    neighbour `threadline worker` executed: the scrape sums both processes."""
+    before = scrape(deployment.url)
+    with httpx.Client(
+        base_url=deployment.url,
+        headers={"Authorization": f"Bearer {deployment.key}"},
+        timeout=60,
+    ) as client:
+        sid = client.post("/v1/sessions", json={}).json()["id"]
+        asked = client.post(f"/v1/sessions/{sid}/ask", json={"input": "hi", "stream": False})
+        run_id = asked.json()["id"]
+        ended = client.get(f"/v1/runs/{run_id}", params={"wait": "true", "timeout": 60})
+        assert ended.json()["status"] == "completed", ended.text
+    done = {"kind": "ask", "status": "completed"}
+    deadline = time.monotonic() + 60
+    while (after := scrape(deployment.url)).get("threadline_runs_total", done) <= before.get(
+        "threadline_runs_total", done
+    ):
+        assert time.monotonic() < deadline, after.text
+        time.sleep(0.1)
+    # counted by the API process
+    assert after.get("threadline_asks_total", {"outcome": "created"}) > before.get(
+        "threadline_asks_total", {"outcome": "created"}
+    )
+    # counted by the worker process, which serves no HTTP
+    ok = {**MODEL, "outcome": "ok"}
+    assert after.get("threadline_provider_calls_total", ok) > before.get(
+        "threadline_provider_calls_total", ok
+    )
+    assert after.get("threadline_first_token_seconds_count", {"provider": "openai"}) > 0
+    files = {p.name for p in deployment.metrics_dir.iterdir()}
+    assert len({f.rsplit("_", 1)[1] for f in files if f.startswith("counter_")}) == 2, files
