@@ -218,6 +218,61 @@ async def test_queue_depth_and_oldest_age_reflect_queued_jobs(
     assert waiting.get("threadline_queue_depth", {"queue": "runs"}) == 3
 
 
+@pytest.fixture
+def breaker_database(database_url: str) -> str:
+    return create_database(database_url, "metrics_breaker")
+
+
+@pytest.fixture
+async def api_with_a_quick_breaker(
+    breaker_database: str, e2e_settings: Settings, upstream: FakeUpstream
+) -> AsyncIterator[httpx.AsyncClient]:
+    """`threadline serve` whose breaker opens after 2 failures, for no time (the next call is
+    its trial), and which does not retry."""
+    settings = e2e_settings.model_copy(
+        update={
+            "database_url": breaker_database,
+            "breaker_failures": 2,
+            "breaker_cooldown_seconds": 0,
+            "llm_max_retries": 0,
+        }
+    )
+    upstream.clear()
+    server, thread, base = serve_in_thread(create_app(settings, workers=2))
+    engine = create_engine(settings)
+    try:
+        key = await create_key(engine, "breaker-tenant")
+        async with httpx.AsyncClient(
+            base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=30
+        ) as client:
+            yield client
+    finally:
+        await engine.dispose()
+        stop_thread_server(server, thread)
+
+
+async def test_the_breaker_state_and_its_trips(
+    api_with_a_quick_breaker: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    api = api_with_a_quick_breaker
+    sid = (await new_session(api))["id"]
+    before = await ascrape(api)
+    for _ in range(2):
+        upstream.script(Fail(500, "server"))
+        assert (await ask(api, sid, "fail"))[-1].type == "run.failed"
+    tripped = await ascrape(api)
+    openai = {"provider": "openai"}
+    assert (
+        tripped.get("threadline_provider_breaker_trips_total", openai)
+        == before.get("threadline_provider_breaker_trips_total", openai) + 1
+    )
+    assert tripped.get("threadline_provider_breaker_open", openai) == 1
+    upstream.script(Text("back"))
+    assert (await ask(api, sid, "trial"))[-1].type == "run.completed"
+    closed = await ascrape(api)
+    assert closed.get("threadline_provider_breaker_open", openai) == 0
+
+
 def test_a_scrape_of_the_api_sums_the_worker_process(deployment: Deployment) -> None:
     """With PROMETHEUS_MULTIPROC_DIR, the API process (no workers) reports the runs its
     neighbour `threadline worker` executed: the scrape sums both processes."""
