@@ -124,6 +124,12 @@ def worker(settings: Settings, concurrency: int) -> None:
     if settings.database_url is None:
         raise SystemExit("threadline worker needs THREADLINE_DATABASE_URL (the API's database)")
 
+    if settings.worker_metrics_port is not None and settings.metrics_enabled:
+        from app.telemetry import metrics_server
+
+        port, token = settings.worker_metrics_port, settings.metrics_token
+        metrics_server.serve(settings.host, port, token)
+
     async def run() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

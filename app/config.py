@@ -207,6 +207,13 @@ class Settings(BaseSettings):
         description="When set, GET /metrics needs `Authorization: Bearer <this token>`. "
         "Unset: /metrics is open on the API port.",
     )
+    worker_metrics_port: int | None = Field(
+        default=None,
+        ge=0,
+        le=65535,
+        description="Port on which `threadline worker` serves GET /metrics (on `host`; the "
+        "metrics token applies). Unset: none.",
+    )
     otel_enabled: bool = Field(
         default=False,
         description="Trace asks with OpenTelemetry (the `otel` extra), exported over OTLP to "

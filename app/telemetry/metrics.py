@@ -312,15 +312,17 @@ class _QueueSnapshot(Collector):
         yield oldest
 
 
-def exposition(queues: dict[str, tuple[int, float]]) -> bytes:
+def exposition(queues: dict[str, tuple[int, float]] | None) -> bytes:
     """The metrics of this process (with a multiprocess directory: of every process on the
-    host), then the queue's as read by the caller."""
+    host), then the queue's as read by the caller (None: a worker's, without them)."""
     if MULTIPROC_DIR:
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
         base = generate_latest(registry)
     else:
         base = generate_latest(REGISTRY)
+    if queues is None:
+        return base
     snapshot = CollectorRegistry()
     snapshot.register(_QueueSnapshot(queues))
     return base + generate_latest(snapshot)

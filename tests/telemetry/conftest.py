@@ -15,11 +15,14 @@ from testkit.server import free_port, wait_ready
 from tests.conftest import issue_key
 from tests.e2e import THREADLINE, create_database, process_env
 
+METRICS_TOKEN = "telemetry-metrics-token"
+
 
 @dataclass(frozen=True)
 class Deployment:
     url: str
     key: str
+    worker_metrics_url: str
     api_log: Path
     worker_log: Path
     metrics_dir: Path
@@ -50,8 +53,14 @@ def deployment(
     )
     logs = tmp_path_factory.mktemp("telemetry-logs")
     metrics_dir = tmp_path_factory.mktemp("prometheus-multiproc")
-    port = free_port()
-    env = process_env(settings, port=port, log_format="json")
+    port, worker_port = free_port(), free_port()
+    env = process_env(
+        settings,
+        port=port,
+        log_format="json",
+        metrics_token=METRICS_TOKEN,
+        worker_metrics_port=worker_port,
+    )
     env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
     url = f"http://127.0.0.1:{port}"
     api = _start(["serve", "--workers", "0"], env, logs / "api.log")
@@ -60,7 +69,8 @@ def deployment(
         wait_ready(url, api, logs / "api.log")
         worker = _start(["worker", "--concurrency", "2"], env, logs / "worker.log")
         key = issue_key(settings, "telemetry")
-        yield Deployment(url, key, logs / "api.log", logs / "worker.log", metrics_dir)
+        worker_url = f"http://127.0.0.1:{worker_port}"
+        yield Deployment(url, key, worker_url, logs / "api.log", logs / "worker.log", metrics_dir)
     finally:
         if worker is not None:
             _stop(worker)

@@ -24,7 +24,7 @@ from testkit.server import serve_in_thread, stop_thread_server
 from testkit.sse_client import collect, events
 from testkit.upstream import Fail, FakeUpstream, Hold, Text, Usage
 from tests.e2e import create_database
-from tests.telemetry.conftest import Deployment
+from tests.telemetry.conftest import METRICS_TOKEN, Deployment
 
 MODEL = {"provider": "openai", "model": "gpt-4o-mini"}
 
@@ -276,7 +276,7 @@ async def test_the_breaker_state_and_its_trips(
 def test_a_scrape_of_the_api_sums_the_worker_process(deployment: Deployment) -> None:
     """With PROMETHEUS_MULTIPROC_DIR, the API process (no workers) reports the runs its
     neighbour `threadline worker` executed: the scrape sums both processes."""
-    before = scrape(deployment.url)
+    before = scrape(deployment.url, METRICS_TOKEN)
     with httpx.Client(
         base_url=deployment.url,
         headers={"Authorization": f"Bearer {deployment.key}"},
@@ -289,9 +289,9 @@ def test_a_scrape_of_the_api_sums_the_worker_process(deployment: Deployment) -> 
         assert ended.json()["status"] == "completed", ended.text
     done = {"kind": "ask", "status": "completed"}
     deadline = time.monotonic() + 60
-    while (after := scrape(deployment.url)).get("threadline_runs_total", done) <= before.get(
+    while (after := scrape(deployment.url, METRICS_TOKEN)).get(
         "threadline_runs_total", done
-    ):
+    ) <= before.get("threadline_runs_total", done):
         assert time.monotonic() < deadline, after.text
         time.sleep(0.1)
     # counted by the API process
@@ -306,3 +306,23 @@ def test_a_scrape_of_the_api_sums_the_worker_process(deployment: Deployment) -> 
     assert after.get("threadline_first_token_seconds_count", {"provider": "openai"}) > 0
     files = {p.name for p in deployment.metrics_dir.iterdir()}
     assert len({f.rsplit("_", 1)[1] for f in files if f.startswith("counter_")}) == 2, files
+
+
+def test_a_worker_serves_its_own_metrics(deployment: Deployment) -> None:
+    url = deployment.worker_metrics_url
+    deadline = time.monotonic() + 60
+    while True:  # the worker may still be starting
+        try:
+            refused = httpx.get(f"{url}/metrics", timeout=10)
+            break
+        except httpx.TransportError:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    assert refused.status_code == 401
+    assert refused.json()["error"]["code"] == "unauthorized"
+    wrong = httpx.get(f"{url}/metrics", headers={"Authorization": "Bearer nope"}, timeout=10)
+    assert wrong.status_code == 401
+    assert httpx.get(f"{url}/other", timeout=10).status_code == 404
+    samples = scrape(url, METRICS_TOKEN)
+    assert "threadline_runs_total" in samples.text
+    assert "threadline_queue_depth" not in samples.names()  # the API's to report
