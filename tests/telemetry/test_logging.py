@@ -12,6 +12,8 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import given as examples
+from hypothesis import strategies as st
 
 from app.telemetry.logging import JsonFormatter, request_id_of
 from tests.telemetry.conftest import Deployment
@@ -110,3 +112,11 @@ def test_a_json_line_carries_exceptions_and_unicode() -> None:
     line = json.loads(JsonFormatter().format(record))
     assert line["message"] == "ünï ok" and line["level"] == "error"
     assert "ValueError: bad" in line["exception"]
+
+
+@examples(st.text(max_size=200))
+def test_a_request_id_is_always_safe_to_log_and_echo(sent: str) -> None:
+    chosen = request_id_of(sent)
+    assert chosen == sent or (len(chosen) == 32 and int(chosen, 16) >= 0)
+    assert 1 <= len(chosen) <= 128 and chosen.isascii() and chosen.isprintable()
+    assert " " not in chosen
