@@ -1,7 +1,7 @@
 # `make run` serves with zero configuration; `make test` runs lint, types and the test suite.
 # Both install what they need: the venv and packages, and PostgreSQL binaries when absent.
 # `make run` installs only what the service needs (the base packages and the `local` extra);
-# `make test` adds the test and lint tools, the AI SDK (npm) the useChat tests drive, and Chromium.
+# `make test` adds the test and lint tools, the AI SDK and `openai` (npm) that tests drive, and Chromium.
 
 SHELL := /bin/bash
 VENV ?= .venv
@@ -12,6 +12,9 @@ TEST_STAMP := $(VENV)/.installed-test-$(SUM)
 # The AI SDK (npm package `ai`, pinned by its lockfile) that tests drive the useChat endpoint with.
 AI_SDK_DIR := tests/api/ui_chat_js
 AI_SDK := $(AI_SDK_DIR)/node_modules/.package-lock.json
+# The `openai` package for Node (pinned by its lockfile) that tests drive /openai/v1 with.
+OPENAI_NODE_DIR := tests/openai_api/node_sdk
+OPENAI_NODE := $(OPENAI_NODE_DIR)/node_modules/.package-lock.json
 # Also what tests/clients/test_typescript.py checks before running `npm ci` itself.
 NPM_STAMP := clients/typescript/node_modules/.installed
 # --no-compile: byte-compiling every installed module took most of a cold install (~60 of
@@ -26,7 +29,7 @@ SHOW_PROGRESS := awk '/^ *\[ *[0-9]+(%|\/[0-9]+)\]|^(Collecting|Building|Install
 run: $(RUN_STAMP) postgres
 	$(BIN)/threadline serve
 
-test: $(TEST_STAMP) postgres pgbouncer chromium lint $(NPM_STAMP) $(AI_SDK)
+test: $(TEST_STAMP) postgres pgbouncer chromium lint $(NPM_STAMP) $(AI_SDK) $(OPENAI_NODE)
 	$(BIN)/pytest
 
 # The client sources written by hand (not the generated package beside them).
@@ -86,6 +89,11 @@ $(AI_SDK): $(AI_SDK_DIR)/package-lock.json
 	@command -v npm >/dev/null || { echo "npm not found: install Node.js 20.19+ (with npm)"; exit 1; }
 	@echo "==> installing the AI SDK for the useChat tests (npm ci)"
 	npm ci --prefix $(AI_SDK_DIR) --no-audit --no-fund
+
+$(OPENAI_NODE): $(OPENAI_NODE_DIR)/package-lock.json
+	@command -v npm >/dev/null || { echo "npm not found: install Node.js 20.19+ (with npm)"; exit 1; }
+	@echo "==> installing the openai package for Node for the /openai/v1 tests (npm ci)"
+	npm ci --prefix $(OPENAI_NODE_DIR) --no-audit --no-fund
 
 # System binaries are preferred; as root on Debian/Ubuntu, a missing one is installed with apt-get.
 # $(call apt_binary,package,test that it is there,what happens without it)

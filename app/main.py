@@ -33,6 +33,7 @@ from app.api.openapi_document import install_document
 from app.config import Settings
 from app.db.engine import create_engine
 from app.llm.tokenizers import stored_counter
+from app.openai_api import routes as openai_routes
 from app.telemetry import metrics as metric_hooks
 from app.telemetry import tracing
 from app.telemetry.logging import RequestIds
@@ -128,6 +129,7 @@ def create_app(settings: Settings | None = None, *, workers: int = 0) -> FastAPI
     app.include_router(compaction.router)
     app.include_router(stream_tokens.router)
     app.include_router(ui_messages.router)
+    app.include_router(openai_routes.router)
     app.include_router(health.router)
     app.include_router(metrics.router)
     install_document(app, settings)
