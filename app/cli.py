@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import gc
 import json
+import logging
 import signal
 import sys
 from collections.abc import Iterator
@@ -38,8 +39,14 @@ def database(settings: Settings, *, own_cluster: bool) -> Iterator[Settings]:
 
 
 def progress(step: str) -> None:
-    """A startup step that may take seconds, on stderr (stdout carries what commands print)."""
-    print(f"==> {step}", file=sys.stderr, flush=True)
+    """A startup step that may take seconds, on stderr (stdout carries what commands print);
+    a log line when logs are JSON."""
+    from app.telemetry.logging import logs_json
+
+    if logs_json():
+        logging.getLogger("threadline").info(step)
+    else:
+        print(f"==> {step}", file=sys.stderr, flush=True)
 
 
 def runs_at_once(settings: Settings, requested: int | None = None) -> int:
@@ -63,10 +70,12 @@ def serve(settings: Settings) -> None:
     from app.db.migrate import upgrade_to_head
     from app.main import create_app
     from app.services.keys import ensure_dev_key
+    from app.telemetry.logging import configure, log_config
 
     # uvicorn re-raises SIGTERM after its graceful shutdown; as an exception it unwinds through
     # the `finally` below and the embedded cluster is stopped instead of orphaned.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    configure(settings.log_level, settings.log_format)
     embedded = settings.database_url is None
     with database(settings, own_cluster=True) as ready:
         assert ready.database_url is not None
@@ -94,18 +103,33 @@ def serve(settings: Settings) -> None:
         if workers:
             print(f"Runs executed at once: {workers}", flush=True)
         app = create_app(ready, workers=workers)
-        uvicorn.run(app, host=ready.host, port=ready.port, log_level=ready.log_level)
+        uvicorn.run(
+            app,
+            host=ready.host,
+            port=ready.port,
+            log_level=ready.log_level,
+            log_config=log_config(ready.log_level, ready.log_format),
+        )
 
 
 def worker(settings: Settings, concurrency: int) -> None:
     """Run workers alone (no API): more capacity against the same database, on any host."""
-    import logging
-
+    from app.telemetry import metrics, tracing
+    from app.telemetry.logging import configure
     from app.worker.pool import worker_pool
 
-    logging.basicConfig(level=settings.log_level.upper())
+    configure(settings.log_level, settings.log_format)
+    tracing.configure(settings)
+    metrics.configure(settings.metrics_enabled)
+    metrics.forget_dead_processes()
     if settings.database_url is None:
         raise SystemExit("threadline worker needs THREADLINE_DATABASE_URL (the API's database)")
+
+    if settings.worker_metrics_port is not None and settings.metrics_enabled:
+        from app.telemetry import metrics_server
+
+        port, token = settings.worker_metrics_port, settings.metrics_token
+        metrics_server.serve(settings.host, port, token)
 
     async def run() -> None:
         stop = asyncio.Event()
@@ -117,7 +141,10 @@ def worker(settings: Settings, concurrency: int) -> None:
             print(f"Threadline worker running {concurrency} at once", flush=True)
             await stop.wait()
 
-    asyncio.run(run())
+    try:
+        asyncio.run(run())
+    finally:
+        metrics.process_stopped()
 
 
 def migrate(settings: Settings) -> None:

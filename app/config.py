@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -193,6 +193,32 @@ class Settings(BaseSettings):
         default=20, ge=1, description="Pooled connections per process (as many again overflow)."
     )
     log_level: str = Field(default="info", description="uvicorn/app log level.")
+    log_format: Literal["json", "text"] | None = Field(
+        default=None,
+        description="`json`: one JSON object a line, with request_id, tenant_id, session_id "
+        "and run_id; `text`: plain lines. Unset: json when stderr is not a terminal.",
+    )
+    metrics_enabled: bool = Field(
+        default=True, description="Serve Prometheus metrics at GET /metrics (false: 404)."
+    )
+    metrics_token: str | None = Field(
+        default=None,
+        min_length=16,
+        description="When set, GET /metrics needs `Authorization: Bearer <this token>`. "
+        "Unset: /metrics is open on the API port.",
+    )
+    worker_metrics_port: int | None = Field(
+        default=None,
+        ge=0,
+        le=65535,
+        description="Port on which `threadline worker` serves GET /metrics (on `host`; the "
+        "metrics token applies). Unset: none.",
+    )
+    otel_enabled: bool = Field(
+        default=False,
+        description="Trace asks with OpenTelemetry (the `otel` extra), exported over OTLP to "
+        "OTEL_EXPORTER_OTLP_ENDPOINT. Also on when that variable is set.",
+    )
     cors_origins: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="Origins browsers may call the API from, comma-separated (e.g. "

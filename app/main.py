@@ -17,6 +17,7 @@ from app.api import (
     entries,
     health,
     memory,
+    metrics,
     models,
     projection,
     runs,
@@ -35,6 +36,9 @@ from app.config import Settings
 from app.db.engine import create_engine
 from app.llm.tokenizers import stored_counter
 from app.openai_api import routes as openai_routes
+from app.telemetry import metrics as metric_hooks
+from app.telemetry import tracing
+from app.telemetry.logging import RequestIds
 from app.worker.pool import libpq_url, worker_pool
 
 API_VERSION = "0.1.0"
@@ -48,17 +52,21 @@ CORS_REQUEST_HEADERS = [
     "If-Match",
     "If-None-Match",
     "Last-Event-ID",  # an EventSource's reconnect, or a fetch-based stream resuming
+    "X-Request-ID",
 ]
-CORS_EXPOSED_HEADERS = ["ETag", "Retry-After", "WWW-Authenticate", "Allow"]
+CORS_EXPOSED_HEADERS = ["ETag", "Retry-After", "WWW-Authenticate", "Allow", "X-Request-ID"]
 
 
 def create_app(settings: Settings | None = None, *, workers: int = 0) -> FastAPI:
     """The API; with `workers`, also that many run-executing workers in the same process."""
     settings = settings or Settings()
+    tracing.configure(settings)  # tracing asked for without the `otel` extra: fails here
+    metric_hooks.configure(settings.metrics_enabled)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         assert settings.database_url is not None
+        metric_hooks.forget_dead_processes()
         app.state.engine = create_engine(settings)
         # Appends and projections count tokens: load the vocabulary before the first request.
         await asyncio.to_thread(stored_counter)
@@ -79,6 +87,7 @@ def create_app(settings: Settings | None = None, *, workers: int = 0) -> FastAPI
         finally:
             await app.state.hub.stop()
             await app.state.engine.dispose()
+            metric_hooks.process_stopped()
 
     app = FastAPI(
         title="Threadline",
@@ -109,6 +118,9 @@ def create_app(settings: Settings | None = None, *, workers: int = 0) -> FastAPI
             expose_headers=CORS_EXPOSED_HEADERS,
             max_age=600,
         )
+    app.add_middleware(tracing.TraceRequests)
+    # Outermost: every answer, refusals included, echoes its request id.
+    app.add_middleware(RequestIds)
     app.include_router(sessions.router)
     app.include_router(entries.router)
     app.include_router(projection.router)
@@ -122,6 +134,7 @@ def create_app(settings: Settings | None = None, *, workers: int = 0) -> FastAPI
     app.include_router(models.router)
     app.include_router(openai_routes.router)
     app.include_router(health.router)
+    app.include_router(metrics.router)
     install_web(app)
     install_document(app, settings)
     return app

@@ -16,6 +16,7 @@ from app.config import Settings
 from app.core.stream_tokens import ExpiredToken, InvalidToken, StreamGrant, verify
 from app.runs.model import Run
 from app.services.keys import tenant_for_key
+from app.telemetry import logging as log_ids
 from app.worker.handoff import Handoff
 
 _bearer = HTTPBearer(auto_error=False, description="An API key: `threadline keys create`.")
@@ -60,6 +61,10 @@ async def get_tenant(
     tenant_id = await tenant_for_key(get_engine(request), credentials.credentials)
     if tenant_id is None:
         raise HTTPException(401, "unknown or revoked API key", {"WWW-Authenticate": "Bearer"})
+    params = request.path_params
+    log_ids.bind(
+        tenant_id=tenant_id, session_id=params.get("session_id"), run_id=params.get("run_id")
+    )
     return tenant_id
 
 

@@ -25,6 +25,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from app.api.hub import EventHub
 from app.db.events import MAX_SEQ
 from app.runs.events import PAYLOADS, TERMINAL, EventData, EventType
+from app.telemetry import metrics
 
 # Where the document keeps the schemas (components) that SSE_RESPONSE refers to.
 SCHEMA_REF = "#/components/schemas/{model}"
@@ -142,7 +143,7 @@ async def event_stream(
                 await asyncio.shield(on_client_gone())
 
     return EventSourceResponse(
-        events(),
+        metrics.counted_stream(events()),
         ping=heartbeat_seconds,
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )

@@ -29,6 +29,7 @@ from app.services import asks as asks_service
 from app.services import ui_chats
 from app.services.errors import Invalid
 from app.services.projection import project_session
+from app.telemetry import metrics
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/ui/chat", tags=["ai-sdk"], route_class=JSONRoute)
@@ -258,7 +259,7 @@ def _ui_stream(
                 await asyncio.shield(on_client_gone())
 
     return EventSourceResponse(
-        chunks(),
+        metrics.counted_stream(chunks()),
         ping=heartbeat_seconds,
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", HEADER: VERSION},
     )

@@ -90,3 +90,19 @@ async def reregister_workers(conn: AsyncConnection, worker_ids: list[int]) -> li
         " SELECT unnest(CAST(:ids AS bigint[])) ON CONFLICT (id) DO NOTHING RETURNING id"
     )
     return [int(i) for i in (await conn.execute(query, {"ids": worker_ids})).scalars()]
+
+
+async def waiting_jobs(conn: AsyncConnection) -> dict[str, tuple[int, float]]:
+    """Per queue: jobs waiting to be taken (status todo) and the oldest one's age in seconds
+    (since it was deferred), in one query (the metrics scrape)."""
+    query = text(
+        "SELECT j.queue_name, count(*),"
+        " coalesce(extract(epoch FROM now() - min(e.at)), 0)"
+        " FROM procrastinate_jobs j"
+        " LEFT JOIN procrastinate_events e ON e.job_id = j.id AND e.type = 'deferred'"
+        " WHERE j.status = 'todo' GROUP BY j.queue_name"
+    )
+    rows = (await conn.execute(query)).all()
+    waiting = {RUN_QUEUE: (0, 0.0)}
+    waiting.update({str(q): (int(n), max(0.0, float(age))) for q, n, age in rows})
+    return waiting

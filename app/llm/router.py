@@ -35,6 +35,7 @@ from app.llm.base import (
 )
 from app.llm.local_provider import LocalProvider
 from app.llm.openai_provider import OpenAIProvider
+from app.telemetry import metrics, tracing
 
 MAX_RETRY_DELAY_SECONDS = 30.0
 
@@ -211,6 +212,7 @@ class Router:
         while True:
             self._check_breaker(route.key)
             produced = False
+            span = tracing.start("model call", provider=route.key, model=route.model)
             try:
                 async with contextlib.aclosing(self._guarded(provider.stream(routed))) as events:
                     async for event in events:
@@ -220,6 +222,8 @@ class Router:
                         produced = True
                         yield event
             except ProviderError as error:
+                tracing.end(span, error)
+                metrics.provider_call(route.key, route.model, error)
                 if error.retryable:
                     self._record_failure(route.key)
                 given_up = (produced and not restarts) or not error.retryable
@@ -228,8 +232,14 @@ class Router:
                 if produced:
                     restart = error
                 retries += 1
+                metrics.provider_retry(route.key, route.model)
                 await asyncio.sleep(self._retry_delay(retries))
                 continue
+            except BaseException as error:  # the caller stopped reading (a cancel), or a bug
+                tracing.end(span, error)
+                raise
+            tracing.end(span)
+            metrics.provider_call(route.key, route.model, None)
             self._breakers.pop(route.key, None)
             return
 
@@ -283,6 +293,7 @@ class Router:
         # Past the cooldown one trial call goes through; failing, it reopens at once.
         if breaker.failures >= self._settings.breaker_failures:
             breaker.open_until = self._clock() + self._settings.breaker_cooldown_seconds
+            metrics.breaker_tripped(key)
 
     async def aclose(self) -> None:
         """Close the providers' HTTP clients."""

@@ -50,6 +50,9 @@ class RunParams:
     # a compaction's
     focus: str | None = None
     keep_last_turns: int | None = None
+    # what the run carries from the request that created it to its worker: request_id and
+    # traceparent (app/telemetry/carried.py)
+    telemetry: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RunParams:
@@ -64,6 +67,7 @@ class RunParams:
             tools=list(data.get("tools") or []),
             focus=data.get("focus"),
             keep_last_turns=data.get("keep_last_turns"),
+            telemetry=dict(data.get("telemetry") or {}),
         )
 
     def ask_json(self) -> dict[str, Any]:
@@ -76,10 +80,15 @@ class RunParams:
             "fallback_model": self.fallback_model,
             "run_policy": self.run_policy,
             "tools": self.tools,
+            "telemetry": self.telemetry,
         }
 
     def compaction_json(self) -> dict[str, Any]:
-        return {"focus": self.focus, "keep_last_turns": self.keep_last_turns}
+        return {
+            "focus": self.focus,
+            "keep_last_turns": self.keep_last_turns,
+            "telemetry": self.telemetry,
+        }
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from app.services import runs
 from app.services.errors import Conflict, Invalid, NotFound, entries_refused, session_not_found
 from app.services.journal import NewEntry, append_in
 from app.services.projection import project_session
+from app.telemetry import metrics
 
 Strategy = Literal["reject", "enqueue", "interrupt", "rollback"]
 # How long a `rollback` ask waits for the run it replaces to stop before giving up (409).
@@ -64,6 +65,7 @@ def run_not_found(run_id: str) -> NotFound:
     return NotFound("run_not_found", f"no run {run_id}", {"run_id": run_id})
 
 
+@metrics.counted_ask
 async def ask(
     engine: AsyncEngine, settings: Settings, tenant_id: str, session_id: str, params: AskParams
 ) -> AskResult:

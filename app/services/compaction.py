@@ -45,6 +45,7 @@ from app.services.asks import run_by_idempotency_key
 from app.services.errors import Conflict, Invalid, ServiceError, session_not_found
 from app.services.journal import NewEntry, append_in
 from app.services.projection import resolve_policy
+from app.telemetry import metrics
 
 # Slack under the summarizer's budget: transcript lines are counted one by one, and tokens
 # can merge differently once the lines are joined.
@@ -205,6 +206,7 @@ def _complete_part(text: str) -> str:
     return text[:end].rstrip() if end >= len(text) // 2 else text.rstrip()
 
 
+@metrics.timed_compaction
 async def summarize(router: Router, prepared: PreparedCompaction) -> Summary:
     """Fold the transcript into the summary so far, one chunk per call (usually a single one).
 

@@ -20,6 +20,7 @@ from app.db import sessions as sessions_db
 from app.db.engine import read_snapshot
 from app.llm.tokenizers import stored_counter
 from app.services.errors import Conflict, Invalid, entries_refused, session_not_found
+from app.telemetry import metrics
 
 # A concurrent append of the same entry id loses the unique-index race at most once; the retry
 # then finds the id and answers with the original seq.
@@ -96,6 +97,7 @@ async def append_in(
     return await _append_rows(conn, tenant_id, session_id, rows, None, fresh_ids=fresh_ids)
 
 
+@metrics.timed_append
 async def _append_rows(
     conn: AsyncConnection,
     tenant_id: str,

@@ -23,6 +23,7 @@ from app.llm.catalog import cost_usd
 from app.runs import machine, writer
 from app.runs.model import CancelMode, Outcome, Run, RunKind, RunParams, RunStatus, entry_id
 from app.services.journal import NewEntry, append_in
+from app.telemetry import carried, metrics
 
 # A run whose workers died this many times while running it fails instead of being passed on.
 MAX_WORKERS_LOST = 2
@@ -45,6 +46,7 @@ async def create(
     # The job first, so the run is inserted with its job_id (no UPDATE after): no worker sees
     # the job before this transaction commits, the run with it.
     job_id = await jobs_db.defer_run(conn, id, session_id, kind.value)
+    params = carried.into(params, run_id=id, tenant_id=tenant_id, session_id=session_id)
     run = await runs_db.insert_run(
         conn,
         id=id,
@@ -58,6 +60,7 @@ async def create(
         job_id=job_id,
     )
     await writer.append(conn, run.id, machine.created(run))
+    metrics.run_created(kind.value)
     await conn.execute(
         update(sessions)
         .where(sessions.c.id == session_id)
@@ -254,4 +257,8 @@ async def finish(conn: AsyncConnection, run: Run, outcome: Outcome) -> Run:
         update(sessions).where(sessions.c.id == run.session_id).values(**session_values)
     )
     await writer.append(conn, run.id, step.events)
+    if not appended.replayed:  # a replayed end was counted when it was first committed
+        metrics.run_ended(
+            run.kind, step.status, ended.created_at, ended.ended_at, model, usage, cost
+        )
     return ended

@@ -51,6 +51,7 @@ from app.services import runs
 from app.services.errors import ServiceError
 from app.services.journal import NewEntry, append_in
 from app.services.projection import SessionProjection, offered_tools, project_for_run
+from app.telemetry import carried, metrics
 from app.tools.registry import ToolContext, ToolOutcome, execute
 from app.worker.compaction import (
     auto_compact,
@@ -76,6 +77,7 @@ class _Progress:
 
     text: list[str] = field(default_factory=list)  # the current model turn's
     restarts: int = 0  # model calls asked again after their output began (this attempt)
+    first_output: bool = False  # its first output was seen (the first-token latency)
     usage: UsageReport | None = None  # summed over the run's model turns
     model: str | None = None
     # once a summary failed, or is still being written after the wait, this run only windows
@@ -107,9 +109,15 @@ async def execute_run(
     if claimed is None:
         return
     run = claimed
-    writer = runtime.writer
+    with carried.run_scope(run):
+        await _execute(runtime, run, abort_reason)
+
+
+async def _execute(runtime: Runtime, run: Run, abort_reason: Callable[[], str | None]) -> None:
+    run_id, writer = run.id, runtime.writer
     writer.open(run_id, run.attempts)
-    progress = _Progress(model=run.model)
+    log.info("run %s: attempt %d started", run_id, run.attempts)
+    progress = _Progress(model=run.model, first_output=run.attempts > 1)
     try:
         policy = RunPolicy.model_validate(run.params.run_policy or {})
         outcome: Outcome | Pause
@@ -140,6 +148,7 @@ async def execute_run(
             await retrying(lambda: _pause(runtime, run, outcome))
         else:
             await retrying(lambda: _finish(runtime, run, outcome))
+            log.info("run %s: %s", run_id, outcome.status)
     finally:
         writer.close(run_id)
 
@@ -339,6 +348,9 @@ async def _model_turn(
                 await _void_attempt(runtime, run, iteration, progress, event.error)
                 pieces, positions, finish = [], {}, None
             elif isinstance(event, TextDelta) and event.text:
+                progress.first_output = progress.first_output or metrics.first_token(
+                    run.created_at, model
+                )
                 progress.text.append(event.text)
                 runtime.writer.emit(run_id, EventType.MESSAGE_DELTA, {"text": event.text})
             elif isinstance(event, ToolCallDelta):
