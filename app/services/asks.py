@@ -26,7 +26,7 @@ from app.db import journal as journal_db
 from app.db import runs as runs_db
 from app.db import sessions as sessions_db
 from app.runs.model import CancelMode, Outcome, Run, RunKind, RunParams, RunStatus, entry_id
-from app.services import runs
+from app.services import quotas, runs
 from app.services.errors import Conflict, Invalid, NotFound, entries_refused, session_not_found
 from app.services.journal import NewEntry, append_in
 from app.services.projection import project_session
@@ -90,7 +90,8 @@ async def ask(
     try:
         async with engine.begin() as conn:
             return AskResult(
-                await _commit(conn, tenant_id, session_id, params, checked.model), True
+                await _commit(conn, settings, tenant_id, session_id, params, checked.model),
+                True,
             )
     except IntegrityError as exc:
         if "runs_idempotency_key" not in str(exc.orig) or not params.idempotency_key:
@@ -101,8 +102,20 @@ async def ask(
     return AskResult(earlier, created=False)
 
 
+async def check_quotas(engine: AsyncEngine, settings: Settings, tenant_id: str) -> None:
+    """Whether the tenant's quotas allow an ask now (429 if not), for a caller with other work
+    to do before the ask (the AI SDK chat's rollback): the ask's commit checks again."""
+    async with engine.begin() as conn:
+        await quotas.check_ask(conn, settings, tenant_id)
+
+
 async def _commit(
-    conn: AsyncConnection, tenant_id: str, session_id: str, params: AskParams, model: str
+    conn: AsyncConnection,
+    settings: Settings,
+    tenant_id: str,
+    session_id: str,
+    params: AskParams,
+    model: str,
 ) -> Run:
     """The user entry, run_start, the run, run.created and the job: one transaction."""
     session = await sessions_db.get_session(conn, tenant_id, session_id, lock=True)
@@ -128,6 +141,9 @@ async def _commit(
     if params.multitask_strategy == "interrupt":
         for run in active:
             await runs.request_cancel(conn, run, "interrupt")
+    # Last before writing: it locks the tenant's row (when runs at once are limited) until the
+    # commit, so concurrent asks of the tenant count each other's runs.
+    await quotas.check_ask(conn, settings, tenant_id)
     run_id = str(uuid.uuid4())
     refs = {"run_id": run_id}
     appended = await append_in(
