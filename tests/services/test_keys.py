@@ -136,7 +136,7 @@ async def test_requests_per_minute_count_exactly_under_concurrency(
             assert len(passed) <= 14
             continue
         assert len(passed) == 7
-        counts = sorted(c.rpm_count for c in callers if c is not None)
+        counts = sorted(c.rpm_count or 0 for c in callers if c is not None)
         assert counts == list(range(1, 31))  # each request counted once
         refused = [c for c in callers if c is not None and c.over_rate]
         assert all(c.retry_after is not None and 1 <= c.retry_after <= 60 for c in refused)
