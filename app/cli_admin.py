@@ -7,7 +7,7 @@ import argparse
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
-from datetime import date
+from datetime import UTC, date, datetime
 from typing import Any, TypeVar
 
 from app.config import Settings
@@ -182,9 +182,17 @@ def _key_line(key: Any) -> str:
             repr(shown["name"]) if shown["name"] else "-",
             f"created {when(shown['created_at'])}",
             f"used {when(shown['last_used_at'])}",
-            f"revoked {when(shown['revoked_at'])}" if shown["revoked_at"] else "active",
+            _state(key.revoked_at, when(shown["revoked_at"])),
         ]
     )
+
+
+def _state(revoked_at: datetime | None, shown: str) -> str:
+    if revoked_at is None:
+        return "active"
+    if revoked_at > datetime.now(UTC):  # a rotated key's grace period
+        return f"active until {shown}"
+    return f"revoked {shown}"
 
 
 def _limits(settings: Settings, args: argparse.Namespace) -> None:

@@ -215,6 +215,7 @@ async def test_keys_create_list_rotate_revoke(database_url: str, engine: Any) ->
 
     graced = threadline(database_url, "keys", "rotate", rotated, "--grace", "600").stdout.strip()
     assert await authenticate(engine, rotated, None) is not None  # still, for 10 minutes
+    assert "active until 20" in threadline(database_url, "keys", "list", tenant).stdout
     new_id = json.loads(
         threadline(database_url, "keys", "list", tenant, "--json").stdout.splitlines()[-1]
     )["id"]

@@ -138,12 +138,13 @@ async def _commit(
             "the session has a run in progress; cancel it or ask with another multitask_strategy",
             {"active_run_id": active[-1].id},
         )
+    stopping = 0  # interrupted runs still winding down: this ask takes their place
     if params.multitask_strategy == "interrupt":
         for run in active:
-            await runs.request_cancel(conn, run, "interrupt")
+            stopping += (await runs.request_cancel(conn, run, "interrupt")).active
     # Last before writing: it locks the tenant's row (when runs at once are limited) until the
     # commit, so concurrent asks of the tenant count each other's runs.
-    await quotas.check_ask(conn, settings, tenant_id)
+    await quotas.check_ask(conn, settings, tenant_id, replacing=stopping)
     run_id = str(uuid.uuid4())
     refs = {"run_id": run_id}
     appended = await append_in(

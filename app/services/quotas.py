@@ -106,9 +106,12 @@ def _tomorrow(now: datetime) -> datetime:
     return datetime.combine(now.date() + timedelta(days=1), time(), UTC)
 
 
-async def check_ask(conn: AsyncConnection, settings: Settings, tenant_id: str) -> None:
+async def check_ask(
+    conn: AsyncConnection, settings: Settings, tenant_id: str, *, replacing: int = 0
+) -> None:
     """Refuse (429) an ask the tenant's limits do not allow now; inside the ask's transaction,
-    before anything is written."""
+    before anything is written. `replacing`: active runs this ask has just interrupted (they
+    are ending, and do not count against it)."""
     _, limits = await limits_in(conn, settings, tenant_id)
     if limits.input_tokens_per_day is not None or limits.output_tokens_per_day is not None:
         used_in, used_out = await tenants_db.tokens_today(conn, tenant_id)
@@ -132,7 +135,7 @@ async def check_ask(conn: AsyncConnection, settings: Settings, tenant_id: str) -
                 )
     if limits.concurrent_runs is not None:
         await tenants_db.lock_tenant(conn, tenant_id)
-        active = await tenants_db.count_active_runs(conn, tenant_id)
+        active = await tenants_db.count_active_runs(conn, tenant_id) - replacing
         if active >= limits.concurrent_runs:
             raise LimitExceeded(
                 "concurrent_runs_limit",

@@ -237,3 +237,29 @@ async def test_usage_report_is_what_the_upstream_reported(
     assert bad.status_code == 422 and bad.json()["error"]["code"] == "invalid_date"
     long = await tenant.api.get("/v1/usage", params={"from": "2020-01-01", "to": "2026-01-01"})
     assert long.status_code == 422 and long.json()["error"]["code"] == "range_too_long"
+
+
+async def test_an_interrupting_ask_takes_the_place_of_the_run_it_stops(
+    tenant: Tenant, upstream: FakeUpstream
+) -> None:
+    """At a limit of one run, an ask that interrupts the session's run is accepted (that run is
+    ending); an ask on another session is not."""
+    sid, other = (await new_session(tenant.api))["id"], (await new_session(tenant.api))["id"]
+    await tenant.limit(concurrent_runs=1)
+    release = threading.Event()
+    upstream.script(Hold(release), Text("first"))
+    try:
+        first = await ask(tenant.api, sid)
+        assert first.status_code == 202
+        refused(await ask(tenant.api, other), "concurrent_runs_limit")
+        upstream.script(Text("second"))
+        second = await tenant.api.post(
+            f"/v1/sessions/{sid}/ask",
+            json={"input": "instead", "stream": False, "multitask_strategy": "interrupt"},
+        )
+        assert second.status_code == 202, second.text
+    finally:
+        release.set()
+    await ended(tenant.api, second.json()["id"])
+    stopped = await tenant.api.get(f"/v1/runs/{first.json()['id']}", params={"wait": "true"})
+    assert stopped.json()["status"] == "cancelled"
