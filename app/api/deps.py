@@ -27,8 +27,8 @@ _admin_bearer = HTTPBearer(
     scheme_name="AdminKey",
     description="The admin key (THREADLINE_ADMIN_KEY), for /v1/admin routes only.",
 )
-# What a read-only key may call: reads, and the POSTs that only read (a dry-run projection, a
-# token to read streams with). Every other write is refused in get_tenant.
+# The methods a read-only key may call (and the routes taking a ReadingTenant, which only read
+# whatever their method: a dry-run projection, a token to read streams with).
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 _stream_token = APIKeyQuery(
     name="token",

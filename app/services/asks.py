@@ -86,6 +86,8 @@ async def ask(
         extra_tools=params.tools,
     )
     if params.multitask_strategy == "rollback":
+        # Before stopping anything: a refused ask leaves the running run alone.
+        await check_quotas(engine, settings, tenant_id, replacing_runs_of=session_id)
         await _stop_active_runs(engine, tenant_id, session_id, "rollback")
     try:
         async with engine.begin() as conn:
@@ -102,11 +104,19 @@ async def ask(
     return AskResult(earlier, created=False)
 
 
-async def check_quotas(engine: AsyncEngine, settings: Settings, tenant_id: str) -> None:
+async def check_quotas(
+    engine: AsyncEngine, settings: Settings, tenant_id: str, replacing_runs_of: str | None = None
+) -> None:
     """Whether the tenant's quotas allow an ask now (429 if not), for a caller with other work
-    to do before the ask (the AI SDK chat's rollback): the ask's commit checks again."""
+    to do before the ask (a rollback): the ask's commit checks again. `replacing_runs_of`: a
+    session whose active ask runs the ask will stop (they do not count against it)."""
     async with engine.begin() as conn:
-        await quotas.check_ask(conn, settings, tenant_id)
+        replacing = (
+            len(await runs_db.active_runs(conn, replacing_runs_of, kind="ask"))
+            if replacing_runs_of is not None
+            else 0
+        )
+        await quotas.check_ask(conn, settings, tenant_id, replacing=replacing)
 
 
 async def _commit(

@@ -263,3 +263,32 @@ async def test_an_interrupting_ask_takes_the_place_of_the_run_it_stops(
     await ended(tenant.api, second.json()["id"])
     stopped = await tenant.api.get(f"/v1/runs/{first.json()['id']}", params={"wait": "true"})
     assert stopped.json()["status"] == "cancelled"
+
+
+async def test_a_refused_rollback_ask_leaves_the_running_run_alone(
+    tenant: Tenant, upstream: FakeUpstream
+) -> None:
+    """A rollback ask stops the session's run before committing: over a quota it is refused
+    before that, and the run goes on."""
+    spent, busy = (await new_session(tenant.api))["id"], (await new_session(tenant.api))["id"]
+    upstream.script(Text("long"), Usage(150, 5))
+    first = await ask(tenant.api, spent)
+    await ended(tenant.api, first.json()["id"])
+    release = threading.Event()
+    upstream.script(Hold(release), Text("kept"))
+    try:
+        running = await ask(tenant.api, busy)
+        assert running.status_code == 202
+        before = await history(tenant.api, busy)
+        await tenant.limit(input_tokens_per_day=100)
+        rollback = await tenant.api.post(
+            f"/v1/sessions/{busy}/ask",
+            json={"input": "redo", "stream": False, "multitask_strategy": "rollback"},
+        )
+        refused(rollback, "token_quota_exceeded")
+        run = (await tenant.api.get(f"/v1/runs/{running.json()['id']}")).json()
+        assert run["status"] in ("queued", "running") and run.get("cancel_mode") is None
+        assert await history(tenant.api, busy) == before
+    finally:
+        release.set()
+    assert (await ended(tenant.api, running.json()["id"]))["result"] == "kept"
