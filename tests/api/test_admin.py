@@ -5,9 +5,20 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import httpx
 import pytest
+import schemathesis
+from hypothesis import HealthCheck, settings
+from schemathesis.checks import (
+    content_type_conformance,
+    negative_data_rejection,
+    not_a_server_error,
+    response_headers_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
 
 from app.config import Settings
 from app.main import create_app
@@ -180,3 +191,35 @@ async def test_usage_of_one_tenant_or_all(
     assert [r for r in everyone["data"] if r["tenant"] == tenant] == one["data"]
     missing = await admin.get("/v1/admin/usage", params={"tenant": f"nobody-{uuid.uuid4()}"})
     assert missing.status_code == 404
+
+
+@pytest.fixture(scope="module")
+def admin_schema(admin_url: str) -> Any:
+    loaded = schemathesis.openapi.from_url(f"{admin_url}/openapi.json").include(
+        path_regex=r"^/v1/admin/"
+    )
+    loaded.config.update(base_url=admin_url, headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+    checks = loaded.config.checks
+    checks.negative_data_rejection = type(checks.negative_data_rejection)(
+        expected_statuses=[400, 401, 404, 409, 413, 422]
+    )
+    return loaded
+
+
+admin_schema_ = schemathesis.pytest.from_fixture("admin_schema")
+
+
+@admin_schema_.parametrize()
+@settings(max_examples=25, derandomize=True, suppress_health_check=list(HealthCheck))
+def test_the_admin_api_honours_its_document(case: Any) -> None:
+    """Fuzzed with the admin key: no 500, every answer as documented, bad input refused."""
+    case.call_and_validate(
+        checks=[
+            not_a_server_error,
+            status_code_conformance,
+            content_type_conformance,
+            response_schema_conformance,
+            response_headers_conformance,
+            negative_data_rejection,
+        ]
+    )
