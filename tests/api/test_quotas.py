@@ -292,3 +292,14 @@ async def test_a_refused_rollback_ask_leaves_the_running_run_alone(
     finally:
         release.set()
     assert (await ended(tenant.api, running.json()["id"]))["result"] == "kept"
+
+
+async def test_an_output_token_quota(tenant: Tenant, upstream: FakeUpstream) -> None:
+    await tenant.limit(output_tokens_per_day=4)
+    sid = (await new_session(tenant.api))["id"]
+    upstream.script(Text("many words"), Usage(1, 5))
+    first = await ask(tenant.api, sid)
+    await ended(tenant.api, first.json()["id"])
+    error = refused(await ask(tenant.api, sid), "token_quota_exceeded")
+    assert error["details"]["limit_name"] == "output_tokens_per_day"
+    assert (error["details"]["limit"], error["details"]["current"]) == (4, 5)
