@@ -236,6 +236,42 @@ class Settings(BaseSettings):
         default=600, ge=10, le=3600, description="Longest lifetime a stream token may be given."
     )
 
+    admin_key: str | None = Field(
+        default=None,
+        min_length=16,
+        description="The key of the admin API (/v1/admin: tenants, keys, limits, usage), sent as "
+        "Authorization: Bearer. Unset: the admin API answers 404.",
+    )
+    default_rpm: int | None = Field(
+        default=None,
+        ge=0,
+        description="Requests per minute a tenant may make, where its own limits set none. "
+        "Unset: unlimited.",
+    )
+    default_concurrent_runs: int | None = Field(
+        default=None,
+        ge=0,
+        description="Runs a tenant may have in progress at once, where its limits set none. "
+        "Unset: unlimited.",
+    )
+    default_input_tokens_per_day: int | None = Field(
+        default=None,
+        ge=0,
+        description="Input tokens a tenant may use per UTC day, where its limits set none. "
+        "Unset: unlimited.",
+    )
+    default_output_tokens_per_day: int | None = Field(
+        default=None,
+        ge=0,
+        description="Output tokens a tenant may use per UTC day, where its limits set none. "
+        "Unset: unlimited.",
+    )
+    default_max_sessions: int | None = Field(
+        default=None,
+        ge=0,
+        description="Sessions a tenant may keep, where its limits set none. Unset: unlimited.",
+    )
+
     @field_validator("cors_origins", mode="before")
     @classmethod
     def _comma_separated(cls, value: Any) -> Any:

@@ -124,7 +124,11 @@ async def delete_session(session_id: UUID, engine: Engine, tenant: Tenant) -> Re
     responses=error_responses(400, 401, 404, 409, 413, 422),
 )
 async def fork_session(
-    session_id: UUID, engine: Engine, tenant: Tenant, body: ForkRequest | None = None
+    session_id: UUID,
+    engine: Engine,
+    tenant: Tenant,
+    settings: Config,
+    body: ForkRequest | None = None,
 ) -> Session:
     body = body or ForkRequest()
     row = await service.fork_session(
@@ -134,6 +138,7 @@ async def fork_session(
         at_seq=body.at_seq,
         title=body.title,
         metadata=body.metadata,
+        settings=settings,
     )
     return Session.from_row(row)
 

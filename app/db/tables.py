@@ -8,6 +8,7 @@ from sqlalchemy import (
     CheckConstraint,
     Column,
     Computed,
+    Date,
     DateTime,
     ForeignKey,
     Index,
@@ -49,7 +50,72 @@ api_keys = Table(
     Column("prefix", Text, nullable=False),
     Column("name", Text),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    # In the future: a rotated key's grace period (app/services/keys.py).
     Column("revoked_at", DateTime(timezone=True)),
+    Column("read_only", Boolean, nullable=False, server_default=text("false")),
+    Column("last_used_at", DateTime(timezone=True)),  # to the minute: written at most once a minute
+)
+
+# Quotas of a tenant: NULL is the server's default (THREADLINE_DEFAULT_*), itself unlimited when
+# unset.
+LIMIT_COLUMNS = (
+    "requests_per_minute",
+    "concurrent_runs",
+    "input_tokens_per_day",
+    "output_tokens_per_day",
+    "max_sessions",
+)
+tenant_limits = Table(
+    "tenant_limits",
+    metadata,
+    Column(
+        "tenant_id",
+        UUID(as_uuid=False),
+        ForeignKey("tenants.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    *(Column(name, BigInteger) for name in LIMIT_COLUMNS),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    PrimaryKeyConstraint("tenant_id", name="tenant_limits_pkey"),
+    *(CheckConstraint(f"{name} >= 0", name=f"tenant_limits_{name}") for name in LIMIT_COLUMNS),
+)
+
+# The requests of a tenant's current minute (fixed windows), counted by the API's key lookup.
+tenant_request_counts = Table(
+    "tenant_request_counts",
+    metadata,
+    Column(
+        "tenant_id",
+        UUID(as_uuid=False),
+        ForeignKey("tenants.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    Column("window_start", DateTime(timezone=True), nullable=False),
+    Column("count", BigInteger, nullable=False),
+    PrimaryKeyConstraint("tenant_id", name="tenant_request_counts_pkey"),
+)
+
+# What a tenant used, per UTC day and model: added to by each run's end, in the transaction that
+# journals its usage entry. Kept when sessions (and their runs and entries) are deleted.
+tenant_usage = Table(
+    "tenant_usage",
+    metadata,
+    Column(
+        "tenant_id",
+        UUID(as_uuid=False),
+        ForeignKey("tenants.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    Column("day", Date, nullable=False),
+    Column("model", Text, nullable=False),
+    Column("runs", BigInteger, nullable=False, server_default=text("0")),
+    Column("input_tokens", BigInteger, nullable=False, server_default=text("0")),
+    Column("output_tokens", BigInteger, nullable=False, server_default=text("0")),
+    Column("cached_tokens", BigInteger, nullable=False, server_default=text("0")),
+    Column("cache_write_tokens", BigInteger, nullable=False, server_default=text("0")),
+    Column("unpriced_runs", BigInteger, nullable=False, server_default=text("0")),  # no known price
+    Column("cost_usd", Numeric(20, 10), nullable=False, server_default=text("0")),
+    PrimaryKeyConstraint("tenant_id", "day", "model", name="tenant_usage_pkey"),
 )
 
 sessions = Table(

@@ -28,6 +28,7 @@ from app.db import journal as journal_db
 from app.db import sessions as sessions_db
 from app.llm.base import ProviderError
 from app.llm.router import Router
+from app.services import quotas
 from app.services.errors import Conflict, Invalid, session_not_found
 
 # A fork retries when a session in its lineage is deleted under it (the lineage is then rewritten).
@@ -51,10 +52,13 @@ async def create_session(
     config: dict[str, Any],
     settings: Settings | None = None,
 ) -> RowMapping:
-    """With `settings`, the config's models must name configured providers (else 422)."""
+    """With `settings`, the config's models must name configured providers (else 422) and the
+    tenant's session limit holds (else 429)."""
     if settings is not None:
         check_models(settings, config)
     async with engine.begin() as conn:
+        if settings is not None:
+            await quotas.check_new_session(conn, settings, tenant_id)
         return await sessions_db.insert_session(
             conn, tenant_id=tenant_id, title=title, metadata=metadata, config=config
         )
@@ -163,8 +167,10 @@ async def fork_session(
     at_seq: int | None,
     title: str | None,
     metadata: dict[str, str] | None,
+    settings: Settings | None = None,
 ) -> RowMapping:
-    """A child sharing the parent's thread up to `at_seq` (default: its rev); no entry is copied."""
+    """A child sharing the parent's thread up to `at_seq` (default: its rev); no entry is copied.
+    With `settings`, the tenant's session limit holds (else 429)."""
     for _ in range(_FORK_ATTEMPTS):
         try:
             async with engine.begin() as conn:
@@ -186,6 +192,8 @@ async def fork_session(
                 readable = [a.session_id for a in lineage]
                 if await sessions_db.lock_existing(conn, readable) != len(readable):
                     continue
+                if settings is not None:
+                    await quotas.check_new_session(conn, settings, tenant_id)
                 return await sessions_db.insert_session(
                     conn,
                     tenant_id=tenant_id,
