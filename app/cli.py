@@ -1,4 +1,4 @@
-"""The `threadline` command: serve, worker, migrate, keys, openapi, events."""
+"""The `threadline` command: serve, worker, migrate, keys, tenants, openapi, events."""
 
 from __future__ import annotations
 
@@ -147,6 +147,49 @@ def create_key(settings: Settings, tenant: str, name: str | None) -> None:
         print(asyncio.run(run()), flush=True)
 
 
+def set_tenant_ttl(settings: Settings, tenant: str, ttl_seconds: int | None) -> None:
+    """`threadline tenants ttl TENANT DURATION|none`: the default TTL of the tenant's new
+    sessions (those already made keep their expiry)."""
+    from app.db.engine import create_engine
+    from app.db.migrate import upgrade_to_head
+    from app.services.retention import set_session_ttl
+
+    with database(settings, own_cluster=False) as ready:
+        assert ready.database_url is not None
+        upgrade_to_head(ready.direct_url)
+
+        async def run() -> None:
+            engine = create_engine(ready)
+            try:
+                await set_session_ttl(engine, tenant, ttl_seconds)
+            finally:
+                await engine.dispose()
+
+        asyncio.run(run())
+    shown = "none" if ttl_seconds is None else f"{ttl_seconds} seconds"
+    print(f"tenant {tenant}: new sessions expire after {shown}", flush=True)
+
+
+MAX_TTL_SECONDS = 3_153_600_000  # 100 years, as the API's ttl_seconds
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def duration(value: str) -> int | None:
+    """`none`, or a whole number of seconds with an optional unit: 90, 90s, 15m, 12h, 30d, 2w."""
+    text = value.strip().lower()
+    if text == "none":
+        return None
+    unit = DURATION_UNITS.get(text[-1:])
+    number = text[:-1] if unit is not None else text
+    seconds = int(number) * (unit or 1) if number.isascii() and number.isdigit() else 0
+    if not 0 < seconds <= MAX_TTL_SECONDS:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a duration: a positive whole number with s, m, h, d or w (up to "
+            "100 years), or none"
+        )
+    return seconds
+
+
 def print_openapi() -> None:
     from app.main import create_app
 
@@ -220,6 +263,12 @@ def parser() -> argparse.ArgumentParser:
     create = keys.add_parser("create", help="print a new API key for a tenant")
     create.add_argument("--tenant", required=True)
     create.add_argument("--name")
+    tenants = commands.add_parser("tenants", help="manage tenants").add_subparsers(
+        dest="tenants_command", required=True
+    )
+    ttl = tenants.add_parser("ttl", help="set the default TTL of a tenant's new sessions")
+    ttl.add_argument("tenant")
+    ttl.add_argument("duration", type=duration, help="e.g. 3600, 90m, 12h, 30d, 2w, or none")
     commands.add_parser("openapi", help="print the OpenAPI document")
     events = commands.add_parser(
         "events", help="print the run reference: its transitions and events (markdown)"
@@ -252,6 +301,8 @@ def main(argv: list[str] | None = None) -> None:
         migrate(settings)
     elif args.command == "keys":
         create_key(settings, args.tenant, args.name)
+    elif args.command == "tenants":
+        set_tenant_ttl(settings, args.tenant, args.duration)
     elif args.command == "openapi":
         print_openapi()
     elif args.command == "events":

@@ -23,6 +23,7 @@ from app.api import (
     sessions,
     stream_tokens,
     ui_messages,
+    webhooks,
 )
 from app.api.docs import install_docs
 from app.api.errors import install_error_handlers
@@ -116,6 +117,7 @@ def create_app(settings: Settings | None = None, *, workers: int = 0) -> FastAPI
     app.include_router(compaction.router)
     app.include_router(stream_tokens.router)
     app.include_router(ui_messages.router)
+    app.include_router(webhooks.router)
     app.include_router(health.router)
     install_document(app, settings)
     return app

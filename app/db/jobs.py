@@ -13,6 +13,10 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 RUN_TASK = "threadline:run_ask"
 RUN_QUEUE = "runs"
+WEBHOOK_TASK = "threadline:deliver_webhook"
+WEBHOOK_QUEUE = "webhooks"
+RETENTION_TASK = "threadline:purge"
+MAINTENANCE_QUEUE = "maintenance"
 
 
 def session_lock(session_id: str, kind: str = "ask") -> str:
@@ -24,17 +28,43 @@ def session_lock(session_id: str, kind: str = "ask") -> str:
 
 
 async def defer_run(conn: AsyncConnection, run_id: str, session_id: str, kind: str = "ask") -> int:
+    return await _defer(
+        conn, RUN_QUEUE, RUN_TASK, {"run_id": run_id}, session_lock(session_id, kind)
+    )
+
+
+async def defer_webhook(conn: AsyncConnection, delivery_ids: list[str]) -> None:
+    """One job per delivery, committed with the run's end: it survives any restart."""
+    for delivery_id in delivery_ids:
+        await _defer(conn, WEBHOOK_QUEUE, WEBHOOK_TASK, {"delivery_id": delivery_id}, None)
+
+
+async def _defer(
+    conn: AsyncConnection, queue: str, task: str, args: dict[str, str], lock: str | None
+) -> int:
     query = text(
         "SELECT (procrastinate_defer_jobs_v1(ARRAY[ROW(:queue, :task, 0, :lock, NULL,"
         " CAST(:args AS jsonb), NULL)::procrastinate_job_to_defer_v1]))[1]"
     )
-    params = {
-        "queue": RUN_QUEUE,
-        "task": RUN_TASK,
-        "lock": session_lock(session_id, kind),
-        "args": json.dumps({"run_id": run_id}),
-    }
+    params = {"queue": queue, "task": task, "lock": lock, "args": json.dumps(args)}
     return int((await conn.execute(query, params)).scalar_one())
+
+
+async def delete_jobs_of_runs(conn: AsyncConnection, run_ids: list[str]) -> None:
+    """Forget the jobs of these runs and of their webhook deliveries (their args name them),
+    except those a worker holds right now: it finishes them, finding their run gone."""
+    if not run_ids:
+        return
+    await conn.execute(
+        text(
+            "DELETE FROM procrastinate_jobs WHERE status <> 'doing' AND ("
+            " (task_name = :run_task AND args->>'run_id' = ANY(CAST(:ids AS text[])))"
+            " OR (task_name = :webhook_task AND args->>'delivery_id' IN ("
+            "  SELECT CAST(d.id AS text) FROM webhook_deliveries d"
+            "  WHERE d.run_id = ANY(CAST(:run_uuids AS uuid[])))))"
+        ),
+        {"ids": run_ids, "run_uuids": run_ids, "run_task": RUN_TASK, "webhook_task": WEBHOOK_TASK},
+    )
 
 
 async def cancel_job(conn: AsyncConnection, job_id: int) -> bool:

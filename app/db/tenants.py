@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -32,3 +32,9 @@ async def tenant_for_key_hash(conn: AsyncConnection, key_hash: str) -> str | Non
         )
     )
     return str(tenant_id) if tenant_id is not None else None
+
+
+async def set_session_ttl(conn: AsyncConnection, tenant_id: str, ttl_seconds: int | None) -> None:
+    await conn.execute(
+        update(tenants).where(tenants.c.id == tenant_id).values(session_ttl_seconds=ttl_seconds)
+    )

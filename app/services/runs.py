@@ -22,6 +22,7 @@ from app.db.tables import sessions
 from app.llm.catalog import cost_usd
 from app.runs import machine, writer
 from app.runs.model import CancelMode, Outcome, Run, RunKind, RunParams, RunStatus, entry_id
+from app.services import webhooks
 from app.services.journal import NewEntry, append_in
 
 # A run whose workers died this many times while running it fails instead of being passed on.
@@ -118,6 +119,7 @@ async def await_tool_outputs(
     assert waiting.action_expires_at is not None
     step = machine.await_tool_outputs(run, calls, waiting.action_expires_at.isoformat())
     await writer.append(conn, run.id, step.events)
+    await webhooks.queue_run_event(conn, waiting, "run.requires_action", {"tool_calls": calls})
     return waiting
 
 
@@ -254,4 +256,5 @@ async def finish(conn: AsyncConnection, run: Run, outcome: Outcome) -> Run:
         update(sessions).where(sessions.c.id == run.session_id).values(**session_values)
     )
     await writer.append(conn, run.id, step.events)
+    await webhooks.queue_run_event(conn, ended, f"run.{ended.status.value}")
     return ended
