@@ -627,7 +627,7 @@ class WebhookCreate(Strict):
     url: Annotated[str, StringConstraints(min_length=1, max_length=2048)] = Field(
         description="An http:// or https:// URL; private addresses are allowed."
     )
-    session_id: UUID | None = Field(
+    session_id: Annotated[UUID, Field(strict=False)] | None = Field(
         default=None,
         description="Only this session's runs (deleted with it). Default: every session of "
         "the tenant.",

@@ -249,7 +249,7 @@ webhook_endpoints = Table(
     Column("session_id", UUID(as_uuid=False), ForeignKey("sessions.id", ondelete="CASCADE")),
     Column("url", Text, nullable=False),
     Column("secret", Text, nullable=False),  # whsec_<base64>: signs every delivery
-    Column("event_types", JSONB),  # null: every event type
+    Column("event_types", JSONB(none_as_null=True)),  # null: every event type
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Index(
         "webhook_endpoints_session",
