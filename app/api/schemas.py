@@ -11,6 +11,7 @@ from pydantic import (
     AfterValidator,
     AwareDatetime,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     StringConstraints,
@@ -117,6 +118,17 @@ class SessionConfig(Strict):
 TtlSeconds = Annotated[int, Field(ge=1, le=3_153_600_000)]
 
 
+def _text_only(value: Any) -> Any:
+    if not isinstance(value, str):
+        raise ValueError("a date-time is a string with a time zone, e.g. 2030-01-01T00:00:00Z")
+    return value
+
+
+# JSON has no dates: an RFC 3339 string with its offset (lax parsing of strings only, so that a
+# number is not taken for a Unix time).
+Timestamp = Annotated[AwareDatetime, Field(strict=False), BeforeValidator(_text_only)]
+
+
 class SessionCreate(Strict):
     title: Title | None = None
     metadata: Metadata = Field(default_factory=dict)
@@ -126,7 +138,7 @@ class SessionCreate(Strict):
         description="The session expires this long after creation. Default: the tenant's "
         "session TTL, if it has one (else never).",
     )
-    expires_at: AwareDatetime | None = Field(
+    expires_at: Timestamp | None = Field(
         default=None, description="When the session expires (instead of `ttl_seconds`)."
     )
 
@@ -145,7 +157,7 @@ class SessionPatch(Strict):
     ttl_seconds: TtlSeconds | None = Field(
         default=None, description="The session now expires this long from now."
     )
-    expires_at: AwareDatetime | None = Field(
+    expires_at: Timestamp | None = Field(
         default=None,
         description="When the session expires; null: never. A time in the past expires it now.",
     )
