@@ -10,6 +10,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -86,9 +87,20 @@ async def register(client: httpx.AsyncClient, url: str, **body: Any) -> dict[str
     return created
 
 
+def readme_verifier() -> Any:
+    """The README's receiver example, run as written: its `verified` function."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme[readme.index("### Completion webhooks") :]
+    block = section[section.index("```python\n") + len("```python\n") :]
+    namespace: dict[str, Any] = {}
+    exec(block[: block.index("```")], namespace)
+    return namespace["verified"]
+
+
 def verified(secret: str, received: Received) -> dict[str, Any]:
-    """The payload, once the reference verifier accepted its signature (it raises if not)."""
-    payload: dict[str, Any] = Verifier(secret).verify(received.body, received.headers)
+    """The payload, once the reference verifier accepted its signature (it raises if not), as
+    the README shows it."""
+    payload: dict[str, Any] = readme_verifier()(secret, received.body.encode(), received.headers)
     assert payload == json.loads(received.body)
     return payload
 
