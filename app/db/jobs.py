@@ -120,3 +120,19 @@ async def reregister_workers(conn: AsyncConnection, worker_ids: list[int]) -> li
         " SELECT unnest(CAST(:ids AS bigint[])) ON CONFLICT (id) DO NOTHING RETURNING id"
     )
     return [int(i) for i in (await conn.execute(query, {"ids": worker_ids})).scalars()]
+
+
+async def delete_orphaned_jobs(conn: AsyncConnection) -> int:
+    """Finished jobs whose run, or whose delivery, is gone: those a worker still held when
+    their session was deleted (delete_jobs_of_runs leaves them to it)."""
+    result = await conn.execute(
+        text(
+            "DELETE FROM procrastinate_jobs j WHERE j.status NOT IN ('todo', 'doing') AND ("
+            " (j.task_name = :run_task AND NOT EXISTS (SELECT 1 FROM runs r"
+            "  WHERE CAST(r.id AS text) = j.args->>'run_id'))"
+            " OR (j.task_name = :webhook_task AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d"
+            "  WHERE CAST(d.id AS text) = j.args->>'delivery_id')))"
+        ),
+        {"run_task": RUN_TASK, "webhook_task": WEBHOOK_TASK},
+    )
+    return int(result.rowcount or 0)

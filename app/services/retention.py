@@ -9,6 +9,7 @@ from datetime import datetime
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db import events as events_db
+from app.db import jobs as jobs_db
 from app.db import sessions as sessions_db
 from app.db import tenants as tenants_db
 from app.services.sessions import delete_locked
@@ -52,10 +53,12 @@ async def purge(
     now: datetime | None = None,
 ) -> Purged:
     """The retention job: expired sessions, then the events of runs ended longer ago than
-    `event_retention_seconds` (the journal keeps what they said)."""
+    `event_retention_seconds` (the journal keeps what they said), and the jobs of purged runs
+    that a worker held while they were purged."""
     sessions = await purge_expired_sessions(engine, batch_size=batch_size, now=now)
     async with engine.begin() as conn:
         events = await events_db.prune(conn, event_retention_seconds, now=now)
+        await jobs_db.delete_orphaned_jobs(conn)
     if sessions or events:
         log.info("retention: purged %d expired sessions and %d run events", sessions, events)
     return Purged(sessions, events)

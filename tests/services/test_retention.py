@@ -24,6 +24,7 @@ from app.services.keys import create_key
 from app.worker.pool import worker_pool
 from testkit.api import append_texts, history, new_session
 from testkit.server import serve_in_thread, stop_thread_server
+from testkit.sse_client import collect
 from testkit.upstream import Fail, FakeUpstream, Text
 from testkit.webhook_receiver import WebhookReceiver
 from tests.e2e import create_database, e2e_env
@@ -329,3 +330,24 @@ async def test_the_workers_purge_expired_sessions_on_their_own(
         while any((await rows_naming(engine, [sid])).values()):
             assert time.monotonic() < deadline, "the retention job never purged the session"
             await asyncio.sleep(0.2)
+
+
+async def test_a_session_purged_while_its_run_streams(
+    api: httpx.AsyncClient, engine: AsyncEngine, upstream: FakeUpstream
+) -> None:
+    """The purge does not wait for a run: the run's worker finds it gone and stops; the service
+    goes on serving other sessions."""
+    sid = (await new_session(api))["id"]
+    upstream.script(*[Text("z") for _ in range(200)], token_delay=0.02)
+    response = await api.post(f"/v1/sessions/{sid}/ask", json={"input": "go", "stream": False})
+    run_id = response.json()["id"]
+    await collect(api, "GET", f"/v1/runs/{run_id}/events", stop_after=3)
+    await expire(api, sid)
+    await retention.purge_expired_sessions(engine, batch_size=10)
+    await jobs_settled(engine, [run_id])
+    # Its job was held by the worker during the purge: the next purge removes it.
+    await retention.purge(engine, event_retention_seconds=3600, batch_size=10)
+    assert {t: n for t, n in (await rows_naming(engine, [sid, run_id])).items() if n} == {}
+    upstream.script(Text("still serving"))
+    other = (await new_session(api))["id"]
+    assert (await wait_run(api, other, "hello"))["result"] == "still serving"
