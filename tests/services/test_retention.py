@@ -351,3 +351,26 @@ async def test_a_session_purged_while_its_run_streams(
     upstream.script(Text("still serving"))
     other = (await new_session(api))["id"]
     assert (await wait_run(api, other, "hello"))["result"] == "still serving"
+
+
+async def test_ai_sdk_chats_take_the_default_ttl_and_an_expired_one_is_gone(
+    api: httpx.AsyncClient, engine: AsyncEngine, tenant: str, upstream: FakeUpstream
+) -> None:
+    await retention.set_session_ttl(engine, tenant, 3600)
+    chat = f"chat-{uuid.uuid4()}"
+    body = {
+        "id": chat,
+        "messages": [{"id": "m1", "role": "user", "parts": [{"type": "text", "text": "hi"}]}],
+    }
+    upstream.script(Text("hello"))
+    async with api.stream("POST", "/v1/ui/chat", json=body) as response:
+        assert response.status_code == 200
+        await response.aread()
+    (session,) = (await api.get("/v1/sessions")).json()["data"]
+    expires = datetime.fromisoformat(session["expires_at"])
+    assert expires - datetime.fromisoformat(session["created_at"]) == timedelta(hours=1)
+
+    await expire(api, session["id"])
+    again = await api.post("/v1/ui/chat", json=body | {"messages": [*body["messages"]]})
+    assert again.status_code == 404, again.text  # was a 500: the chat's id was still taken
+    assert again.json()["error"]["code"] == "session_not_found"
