@@ -22,12 +22,19 @@ async def insert_session(conn: AsyncConnection, **values: Any) -> RowMapping:
 
 
 async def get_session(
-    conn: AsyncConnection, tenant_id: str, session_id: str, *, lock: bool = False
+    conn: AsyncConnection,
+    tenant_id: str,
+    session_id: str,
+    *,
+    lock: bool = False,
+    include_expired: bool = False,
 ) -> RowMapping | None:
-    """One live (unexpired) session of this tenant; with `lock`, its row is locked for update."""
-    query = select(sessions).where(
-        sessions.c.id == session_id, sessions.c.tenant_id == tenant_id, LIVE
-    )
+    """One live (unexpired) session of this tenant; with `lock`, its row is locked for update.
+    `include_expired`: expired too (for a run under way: expiry refuses new requests, it does
+    not break work already started)."""
+    query = select(sessions).where(sessions.c.id == session_id, sessions.c.tenant_id == tenant_id)
+    if not include_expired:
+        query = query.where(LIVE)
     if lock:
         query = query.with_for_update()
     return (await conn.execute(query)).mappings().one_or_none()
@@ -151,6 +158,7 @@ async def advance_rev(
     count: int,
     tokens: int,
     expected_rev: int | None,
+    include_expired: bool = False,
 ) -> int | None:
     """Reserve `count` seqs by moving rev forward; the row lock serializes appenders.
 
@@ -158,6 +166,8 @@ async def advance_rev(
     no such session). The lock is held until the transaction ends, so the seqs stay dense.
     """
     query = update(sessions).where(sessions.c.id == session_id, sessions.c.tenant_id == tenant_id)
+    if not include_expired:
+        query = query.where(LIVE)
     if expected_rev is not None:
         query = query.where(sessions.c.rev == expected_rev)
     query = query.values(
@@ -169,10 +179,14 @@ async def advance_rev(
     return rev
 
 
-async def current_rev(conn: AsyncConnection, tenant_id: str, session_id: str) -> int | None:
+async def current_rev(
+    conn: AsyncConnection, tenant_id: str, session_id: str, include_expired: bool = False
+) -> int | None:
     query = select(sessions.c.rev).where(
         sessions.c.id == session_id, sessions.c.tenant_id == tenant_id
     )
+    if not include_expired:
+        query = query.where(LIVE)
     rev: int | None = (await conn.execute(query)).scalar()
     return rev
 

@@ -25,7 +25,7 @@ from app.worker.pool import worker_pool
 from testkit.api import append_texts, history, new_session
 from testkit.server import serve_in_thread, stop_thread_server
 from testkit.sse_client import collect
-from testkit.upstream import Fail, FakeUpstream, Text
+from testkit.upstream import Fail, FakeUpstream, Text, ToolCall
 from testkit.webhook_receiver import WebhookReceiver
 from tests.e2e import create_database, e2e_env
 
@@ -183,6 +183,14 @@ async def test_a_purged_session_leaves_no_row_in_any_table(
         kwargs: dict[str, Any] = {"json": {}} if method in ("POST", "PATCH") else {}
         response = await api.request(method, path, **kwargs)
         assert response.status_code == 404, (method, path, response.text)
+    for entry in ({"kind": "message", "payload": {"role": "user", "content": "late"}},):
+        for with_id in (entry, entry | {"id": "late-1"}):
+            late = await api.post(f"/v1/sessions/{sid}/entries", json={"entries": [with_id]})
+            assert late.status_code == 404, late.text
+            late = await api.post(
+                f"/v1/sessions/{sid}/entries", json={"entries": [with_id], "expected_rev": 0}
+            )
+            assert late.status_code == 404, late.text
     refused = await api.post(f"/v1/sessions/{sid}/ask", json={"input": "still there?"})
     assert refused.status_code == 404
     assert refused.json()["error"]["code"] == "session_not_found"
@@ -374,3 +382,37 @@ async def test_ai_sdk_chats_take_the_default_ttl_and_an_expired_one_is_gone(
     again = await api.post("/v1/ui/chat", json=body | {"messages": [*body["messages"]]})
     assert again.status_code == 404, again.text  # was a 500: the chat's id was still taken
     assert again.json()["error"]["code"] == "session_not_found"
+
+
+async def test_a_run_going_when_its_session_expires_finishes(
+    api: httpx.AsyncClient, engine: AsyncEngine, upstream: FakeUpstream
+) -> None:
+    """Expiry refuses the tenant's requests, not the work already under way: a run still going
+    takes its next turns (they read the session) and ends as it would have."""
+    sid = (await new_session(api, config={"tools": [{"name": "calculator", "kind": "builtin"}]}))[
+        "id"
+    ]
+    upstream.script(
+        *[Text(".") for _ in range(100)],
+        ToolCall("c1", "calculator", '{"expression": "2+2"}'),
+        token_delay=0.02,
+    )
+    upstream.script(Text("it is 4"))
+    response = await api.post(f"/v1/sessions/{sid}/ask", json={"input": "2+2?", "stream": False})
+    run_id = response.json()["id"]
+    await collect(api, "GET", f"/v1/runs/{run_id}/events", stop_after=3)
+    await expire(api, sid)
+    deadline = time.monotonic() + 120
+    while True:
+        async with engine.connect() as conn:
+            status, result = (
+                await conn.execute(
+                    text("SELECT status, result FROM runs WHERE id = CAST(:id AS uuid)"),
+                    {"id": run_id},
+                )
+            ).one()
+        if status not in ("queued", "running"):
+            break
+        assert time.monotonic() < deadline, status
+        await asyncio.sleep(0.05)
+    assert (status, result) == ("completed", "it is 4")
