@@ -55,16 +55,25 @@ async def delete_jobs_of_runs(conn: AsyncConnection, run_ids: list[str]) -> None
     except those a worker holds right now: it finishes them, finding their run gone."""
     if not run_ids:
         return
-    await conn.execute(
-        text(
-            "DELETE FROM procrastinate_jobs WHERE status <> 'doing' AND ("
-            " (task_name = :run_task AND args->>'run_id' = ANY(CAST(:ids AS text[])))"
-            " OR (task_name = :webhook_task AND args->>'delivery_id' IN ("
-            "  SELECT CAST(d.id AS text) FROM webhook_deliveries d"
-            "  WHERE d.run_id = ANY(CAST(:run_uuids AS uuid[])))))"
-        ),
-        {"ids": run_ids, "run_uuids": run_ids, "run_task": RUN_TASK, "webhook_task": WEBHOOK_TASK},
-    )
+    deliveries = [
+        str(i)
+        for i in (
+            await conn.execute(
+                text("SELECT id FROM webhook_deliveries WHERE run_id = ANY(CAST(:ids AS uuid[]))"),
+                {"ids": run_ids},
+            )
+        ).scalars()
+    ]
+    # Each condition matches a partial index on args (see the migration).
+    for key, ids in (("run_id", run_ids), ("delivery_id", deliveries)):
+        if ids:
+            await conn.execute(
+                text(
+                    "DELETE FROM procrastinate_jobs WHERE status <> 'doing'"
+                    f" AND args ? '{key}' AND args->>'{key}' = ANY(CAST(:ids AS text[]))"
+                ),
+                {"ids": ids},
+            )
 
 
 async def cancel_job(conn: AsyncConnection, job_id: int) -> bool:
@@ -122,17 +131,23 @@ async def reregister_workers(conn: AsyncConnection, worker_ids: list[int]) -> li
     return [int(i) for i in (await conn.execute(query, {"ids": worker_ids})).scalars()]
 
 
+# A job a worker held when its session was deleted ends soon after: only the newest jobs are
+# looked at, so the sweep's cost does not grow with the queue's history.
+ORPHAN_SWEEP_WINDOW = 100_000
+
+
 async def delete_orphaned_jobs(conn: AsyncConnection) -> int:
     """Finished jobs whose run, or whose delivery, is gone: those a worker still held when
     their session was deleted (delete_jobs_of_runs leaves them to it)."""
     result = await conn.execute(
         text(
-            "DELETE FROM procrastinate_jobs j WHERE j.status NOT IN ('todo', 'doing') AND ("
+            "DELETE FROM procrastinate_jobs j WHERE j.status NOT IN ('todo', 'doing')"
+            " AND j.id > (SELECT coalesce(max(id), 0) FROM procrastinate_jobs) - :window AND ("
             " (j.task_name = :run_task AND NOT EXISTS (SELECT 1 FROM runs r"
             "  WHERE CAST(r.id AS text) = j.args->>'run_id'))"
             " OR (j.task_name = :webhook_task AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d"
             "  WHERE CAST(d.id AS text) = j.args->>'delivery_id')))"
         ),
-        {"run_task": RUN_TASK, "webhook_task": WEBHOOK_TASK},
+        {"run_task": RUN_TASK, "webhook_task": WEBHOOK_TASK, "window": ORPHAN_SWEEP_WINDOW},
     )
     return int(result.rowcount or 0)

@@ -95,9 +95,17 @@ def upgrade() -> None:
         ["endpoint_id", sa.text("created_at DESC"), sa.text("id DESC")],
     )
     op.create_index("ix_webhook_deliveries_run_id", "webhook_deliveries", ["run_id"])
+    # Deleting a session deletes its runs' jobs (and their deliveries'), found by their args.
+    for key in ("run_id", "delivery_id"):
+        op.execute(
+            f"CREATE INDEX procrastinate_jobs_{key} ON procrastinate_jobs ((args->>'{key}'))"
+            f" WHERE args ? '{key}'"
+        )
 
 
 def downgrade() -> None:
+    op.execute("DROP INDEX IF EXISTS procrastinate_jobs_run_id")
+    op.execute("DROP INDEX IF EXISTS procrastinate_jobs_delivery_id")
     op.drop_table("webhook_deliveries")
     op.drop_table("webhook_endpoints")
     op.drop_constraint("tenants_session_ttl_positive", "tenants")
