@@ -1,7 +1,7 @@
 # `make run` serves with zero configuration; `make test` runs lint, types and the test suite.
 # Both install what they need: the venv and packages, and PostgreSQL binaries when absent.
 # `make run` installs only what the service needs (the base packages and the `local` extra);
-# `make test` adds the test and lint tools, the AI SDK (npm) the useChat tests drive, and Chromium.
+# `make test` adds the test and lint tools, the AI SDK and `openai` (npm) that tests drive, and Chromium.
 
 SHELL := /bin/bash
 VENV ?= .venv
@@ -12,8 +12,14 @@ TEST_STAMP := $(VENV)/.installed-test-$(SUM)
 # The AI SDK (npm package `ai`, pinned by its lockfile) that tests drive the useChat endpoint with.
 AI_SDK_DIR := tests/api/ui_chat_js
 AI_SDK := $(AI_SDK_DIR)/node_modules/.package-lock.json
+# The `openai` package for Node (pinned by its lockfile) that tests drive /openai/v1 with.
+OPENAI_NODE_DIR := tests/openai_api/node_sdk
+OPENAI_NODE := $(OPENAI_NODE_DIR)/node_modules/.package-lock.json
 # Also what tests/clients/test_typescript.py checks before running `npm ci` itself.
 NPM_STAMP := clients/typescript/node_modules/.installed
+# The chat page's build tools and packages (web/package-lock.json); tests/api/test_web.py checks
+# the same stamp. The built page is committed in app/web/static: running it needs no Node.
+WEB_STAMP := web/node_modules/.installed
 # --no-compile: byte-compiling every installed module took most of a cold install (~60 of
 # ~100 s); Python compiles the modules the service imports on first use instead.
 PIP := $(BIN)/pip install --disable-pip-version-check --progress-bar on --no-compile
@@ -21,12 +27,12 @@ PIP := $(BIN)/pip install --disable-pip-version-check --progress-bar on --no-com
 # "[12/96]") and its own lines; the whole log stays in the venv for when something fails.
 SHOW_PROGRESS := awk '/^ *\[ *[0-9]+(%|\/[0-9]+)\]|^(Collecting|Building|Installing|Successfully|ERROR|error)/ { print; fflush() }'
 
-.PHONY: run test lint openapi readme clients bench postgres pgbouncer chromium clean
+.PHONY: run test lint openapi readme clients web bench postgres pgbouncer chromium clean
 
 run: $(RUN_STAMP) postgres
 	$(BIN)/threadline serve
 
-test: $(TEST_STAMP) postgres pgbouncer chromium lint $(NPM_STAMP) $(AI_SDK)
+test: $(TEST_STAMP) postgres pgbouncer chromium lint $(NPM_STAMP) $(AI_SDK) $(OPENAI_NODE) $(WEB_STAMP)
 	$(BIN)/pytest
 
 # The client sources written by hand (not the generated package beside them).
@@ -55,6 +61,17 @@ $(NPM_STAMP): clients/typescript/package-lock.json
 	@command -v npm >/dev/null || { echo "npm not found: install Node.js 20.19+ (with npm)"; exit 1; }
 	@echo "==> installing the TypeScript client's packages (npm ci)"
 	cd clients/typescript && npm ci --no-audit --no-fund
+	touch $@
+
+# The chat page (served at /ui), rebuilt from web/src into app/web/static; a test checks that
+# the committed assets are what the sources build to.
+web: $(WEB_STAMP)
+	cd web && npm run --silent build
+
+$(WEB_STAMP): web/package-lock.json
+	@command -v npm >/dev/null || { echo "npm not found: install Node.js 20+ (with npm)"; exit 1; }
+	@echo "==> installing the chat page's packages (npm ci)"
+	cd web && npm ci --no-audit --no-fund
 	touch $@
 
 # The README's tables of run states and run events, generated from app/runs.
@@ -87,6 +104,11 @@ $(AI_SDK): $(AI_SDK_DIR)/package-lock.json
 	@echo "==> installing the AI SDK for the useChat tests (npm ci)"
 	npm ci --prefix $(AI_SDK_DIR) --no-audit --no-fund
 
+$(OPENAI_NODE): $(OPENAI_NODE_DIR)/package-lock.json
+	@command -v npm >/dev/null || { echo "npm not found: install Node.js 20.19+ (with npm)"; exit 1; }
+	@echo "==> installing the openai package for Node for the /openai/v1 tests (npm ci)"
+	npm ci --prefix $(OPENAI_NODE_DIR) --no-audit --no-fund
+
 # System binaries are preferred; as root on Debian/Ubuntu, a missing one is installed with apt-get.
 # $(call apt_binary,package,test that it is there,what happens without it)
 define apt_binary
@@ -115,4 +137,4 @@ chromium:
 	$(call apt_binary,chromium,command -v chromium >/dev/null || command -v chromium-browser >/dev/null,the browser tests will be skipped)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis $(AI_SDK_DIR)/node_modules
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis $(AI_SDK_DIR)/node_modules $(OPENAI_NODE_DIR)/node_modules web/node_modules

@@ -1,4 +1,4 @@
-"""The `threadline` command: serve, worker, migrate, keys, tenants, openapi, events."""
+"""The `threadline` command: serve, worker, migrate, keys, tenants, openapi, events, chat."""
 
 from __future__ import annotations
 
@@ -90,6 +90,7 @@ def serve(settings: Settings) -> None:
             print(f"Development API key: {key}", flush=True)
         workers = runs_at_once(ready)
         print(f"Threadline serving on http://{ready.host}:{ready.port}", flush=True)
+        print(f"Chat in the browser: http://{ready.host}:{ready.port}/ui/", flush=True)
         if workers:
             print(f"Runs executed at once: {workers}", flush=True)
         app = create_app(ready, workers=workers)
@@ -278,6 +279,17 @@ def parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help=f"write it into FILE, between {STATES_START} ... and {EVENTS_START} ... markers",
     )
+    chat = commands.add_parser(
+        "chat", help="chat in the terminal with a running service (a client of its API)"
+    )
+    chat.add_argument("--url", help="the service (THREADLINE_URL; default: where serve listens)")
+    chat.add_argument(
+        "--key", help="an API key (THREADLINE_API_KEY; default: the development key file)"
+    )
+    start = chat.add_mutually_exclusive_group()
+    start.add_argument("--resume", metavar="ID", help="continue a session")
+    start.add_argument("--fork", metavar="ID[@SEQ]", help="fork a session (at a seq) and chat")
+    start.add_argument("--new", action="store_true", help="a new session (the default)")
     return parser
 
 
@@ -289,6 +301,10 @@ def command_names() -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
+    if args.command == "chat":  # a client: no settings of the service's own
+        from app.chat.repl import main as chat
+
+        raise SystemExit(chat(args.url, args.key, args.resume, args.fork))
 
     settings = Settings()
     if args.command == "serve":

@@ -17,6 +17,7 @@ from app.api import (
     entries,
     health,
     memory,
+    models,
     projection,
     runs,
     search,
@@ -30,9 +31,11 @@ from app.api.errors import install_error_handlers
 from app.api.hub import EventHub
 from app.api.limits import BodySizeLimit
 from app.api.openapi_document import install_document
+from app.api.web import install_web
 from app.config import Settings
 from app.db.engine import create_engine
 from app.llm.tokenizers import stored_counter
+from app.openai_api import routes as openai_routes
 from app.worker.pool import libpq_url, worker_pool
 
 API_VERSION = "0.1.0"
@@ -117,7 +120,10 @@ def create_app(settings: Settings | None = None, *, workers: int = 0) -> FastAPI
     app.include_router(compaction.router)
     app.include_router(stream_tokens.router)
     app.include_router(ui_messages.router)
+    app.include_router(models.router)
+    app.include_router(openai_routes.router)
     app.include_router(webhooks.router)
     app.include_router(health.router)
+    install_web(app)
     install_document(app, settings)
     return app

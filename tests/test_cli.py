@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from app.config import DEFAULT_LOCAL_MODEL
 from testkit.server import free_port
 
 THREADLINE = str(Path(sys.executable).parent / "threadline")
@@ -94,6 +95,11 @@ def test_serve_with_zero_configuration(workdir: Path) -> None:
         created = httpx.post(f"{first.url}/v1/sessions", json={"title": "kept"}, headers=auth)
         assert created.status_code == 201
         assert postgres_processes(data_dir), "the embedded cluster should run under the workdir"
+        # The chat page, and the call its sign-in form makes with the printed key.
+        page = httpx.get(f"{first.url}/", follow_redirects=True)
+        assert page.status_code == 200 and page.url.path == "/ui/"
+        models = httpx.get(f"{first.url}/v1/models", headers=auth).json()
+        assert models["default_model"] == DEFAULT_LOCAL_MODEL
     finally:
         assert first.stop() == 0
     assert postgres_processes(data_dir) == []

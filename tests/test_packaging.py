@@ -74,6 +74,16 @@ def test_the_wheel_ships_the_migrations(installed: Path) -> None:
     assert "app/db/migrations/script.py.mako" in names
 
 
+def test_the_wheel_ships_the_chat_page(installed: Path) -> None:
+    """The page's built assets, byte for byte: an installed service serves it without Node."""
+    wheel = zipfile.ZipFile(installed)
+    static = ROOT / "app" / "web" / "static"
+    shipped = sorted(static.iterdir())
+    assert [p.name for p in shipped] == ["app.css", "app.js", "index.html"]
+    for asset in shipped:
+        assert wheel.read(f"app/web/static/{asset.name}") == asset.read_bytes()
+
+
 def test_the_wheel_ships_the_service_alone(installed: Path) -> None:
     """testkit/, tests/ and bench/ run from the checkout: none of them is installed."""
     tops = {name.split("/")[0] for name in zipfile.ZipFile(installed).namelist()}
@@ -120,6 +130,9 @@ def test_installed_wheel_migrates_and_serves_outside_the_checkout(
             assert ready.json()["status"] == "ready"
             assert httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
             assert httpx.get(f"http://127.0.0.1:{port}/docs").status_code == 200
+            page = httpx.get(f"http://127.0.0.1:{port}/", follow_redirects=True)
+            assert page.status_code == 200 and '<script src="app.js">' in page.text
+            assert httpx.get(f"http://127.0.0.1:{port}/ui/app.js").status_code == 200
         finally:
             server.terminate()
             server.wait(timeout=60)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
+import sys
 import uuid
 from asyncio.subprocess import PIPE
 from pathlib import Path
@@ -158,3 +159,31 @@ async def test_the_use_chat_example_runs_as_written(
         script.unlink()
     assert node.returncode == 0, err.decode()
     assert out.decode() == "Hello from Threadline\n"
+
+
+async def test_the_openai_sdk_example_runs_as_written(
+    api: httpx.AsyncClient, service: Service, upstream: FakeUpstream
+) -> None:
+    """The README's Python example of the OpenAI SDK, against the served app."""
+    section = README[README.index("### Use it from the OpenAI SDK") :]
+    start = section.index("```python\n") + len("```python\n")
+    example = section[start : section.index("```\n", start)]
+    upstream.script(Text("Cold and clear."))
+    upstream.script(Text("Snow"), Text(" later."))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("THREADLINE_")}
+    key = api.headers["Authorization"].removeprefix("Bearer ")
+    result = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-c", example],
+        env={**env, "API": service.url, "KEY": key},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "Cold and clear.\nSnow later.\n"
+    assert [m["content"] for m in upstream.requests[-1].body["messages"][1:]] == [
+        "Weather in Oslo?",
+        "Cold and clear.",
+        "And tomorrow?",
+    ]

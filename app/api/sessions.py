@@ -50,6 +50,17 @@ async def list_sessions(
         list[str] | None,
         Query(description="key:value, repeatable; sessions must match all of them."),
     ] = None,
+    q: Annotated[
+        str | None,
+        Query(
+            min_length=1,
+            max_length=200,
+            description="Only sessions whose title contains this text (case-insensitive).",
+        ),
+    ] = None,
+    parent_id: Annotated[
+        UUID | None, Query(description="Only the forks of this session (its branches).")
+    ] = None,
 ) -> SessionList:
     if limit > settings.max_page_size:
         raise Invalid(
@@ -58,7 +69,13 @@ async def list_sessions(
             {"loc": ["query", "limit"], "max": settings.max_page_size},
         )
     page = await service.list_sessions(
-        engine, tenant, limit=limit, cursor=cursor, metadata=_parse_filter(metadata or [])
+        engine,
+        tenant,
+        limit=limit,
+        cursor=cursor,
+        metadata=_parse_filter(metadata or []),
+        title_contains=q,
+        parent_id=str(parent_id) if parent_id is not None else None,
     )
     return SessionList(
         data=[Session.from_row(r) for r in page.items],

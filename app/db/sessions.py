@@ -47,11 +47,18 @@ async def list_sessions(
     limit: int,
     before: tuple[datetime, str] | None,
     metadata: dict[str, str],
+    title_contains: str | None = None,
+    parent_id: str | None = None,
 ) -> list[RowMapping]:
     """Newest first; `before` is the (created_at, id) keyset cursor of the previous page."""
     query = select(sessions).where(sessions.c.tenant_id == tenant_id, LIVE)
     if metadata:
         query = query.where(sessions.c.metadata.contains(metadata))
+    if title_contains:
+        # A substring, case-insensitively: LIKE's wildcards in it are literal characters.
+        query = query.where(sessions.c.title.icontains(title_contains, autoescape=True))
+    if parent_id is not None:
+        query = query.where(sessions.c.parent_id == parent_id)
     if before is not None:
         created_at, session_id = before
         cursor = tuple_(

@@ -184,3 +184,23 @@ def cost_usd(
         return Decimal(calc_price(usage, model_ref=name, provider_id=provider).total_price)
     except LookupError:
         return None
+
+
+def offered_models(settings: Settings) -> list[str]:
+    """The models to offer someone choosing one: the default model first, then one for each
+    configured provider (its usual model; a compat endpoint by its name). Any other name a
+    configured provider serves works too: this is a choice to start from, not a limit."""
+    from app.config import DEFAULT_ANTHROPIC_MODEL, DEFAULT_LOCAL_MODEL, DEFAULT_OPENAI_MODEL
+    from app.llm.router import Router
+
+    usual = {
+        "openai": DEFAULT_OPENAI_MODEL,
+        "anthropic": DEFAULT_ANTHROPIC_MODEL,
+        "local": DEFAULT_LOCAL_MODEL,
+    }
+    models = [settings.default_model]
+    for provider in Router(settings).configured_providers():
+        model = usual.get(provider, provider)
+        if model not in models:
+            models.append(model)
+    return models

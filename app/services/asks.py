@@ -49,6 +49,9 @@ class AskParams:
     idempotency_key: str | None = None
     run_policy: dict[str, Any] | None = None
     tools: list[dict[str, Any]] = field(default_factory=list)
+    # Entries committed with the ask, before its user message (a client that sends history
+    # along with its question); each gets refs.request_id = the run's id.
+    before: tuple[PendingEntry, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -80,7 +83,7 @@ async def ask(
         settings,
         tenant_id,
         session_id,
-        pending=[PendingEntry("message", user_payload)],
+        pending=[*params.before, PendingEntry("message", user_payload)],
         policy=params.context_policy,
         model=params.model,
         extra_tools=params.tools,
@@ -130,11 +133,21 @@ async def _commit(
             await runs.request_cancel(conn, run, "interrupt")
     run_id = str(uuid.uuid4())
     refs = {"run_id": run_id}
+    before = [
+        NewEntry(
+            EntryKind(e.kind),
+            e.payload,
+            {**e.refs, "request_id": run_id},
+            entry_id(run_id, f"before:{i}"),
+        )
+        for i, e in enumerate(params.before)
+    ]
     appended = await append_in(
         conn,
         tenant_id,
         session_id,
         [
+            *before,
             NewEntry(
                 EntryKind.MESSAGE,
                 {"role": "user", "content": params.content},
@@ -150,7 +163,7 @@ async def _commit(
         ],
         fresh_ids=True,  # derived from run_id, a new uuid4: nothing to replay
     )
-    user_seq = int(appended.entries[0]["seq"])
+    user_seq = int(appended.entries[len(before)]["seq"])
     run_params = RunParams(
         max_output_tokens=params.max_output_tokens,
         temperature=params.temperature,

@@ -93,11 +93,19 @@ async def list_sessions(
     limit: int,
     cursor: str | None,
     metadata: dict[str, str],
+    title_contains: str | None = None,
+    parent_id: str | None = None,
 ) -> SessionPage:
     before = _decode_cursor(cursor) if cursor else None
     async with engine.connect() as conn:
         rows = await sessions_db.list_sessions(
-            conn, tenant_id, limit=limit + 1, before=before, metadata=metadata
+            conn,
+            tenant_id,
+            limit=limit + 1,
+            before=before,
+            metadata=metadata,
+            title_contains=title_contains,
+            parent_id=parent_id,
         )
     more = len(rows) > limit
     rows = rows[:limit]

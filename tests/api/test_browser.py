@@ -4,7 +4,6 @@ browser enforces it: real preflights, and pages on origins that are not allowed 
 
 from __future__ import annotations
 
-import shutil
 import threading
 import uuid
 from collections.abc import Iterator
@@ -15,7 +14,7 @@ from urllib.parse import urlencode
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser, Page
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import HTMLResponse
@@ -24,6 +23,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.config import Settings
 from app.main import create_app
+from testkit.browser import WAIT_MS, chromium_binary, launched_chromium
 from testkit.proxy import CuttingProxy
 from testkit.server import serve_in_thread, stop_thread_server
 from testkit.upstream import FakeUpstream, Hold, Text
@@ -31,8 +31,6 @@ from tests.conftest import issue_key
 from tests.e2e import create_database, e2e_env
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-# Waits on page conditions, never on durations: generous, for a loaded machine.
-WAIT_MS = 120_000
 
 
 def js_block_after(heading: str) -> str:
@@ -144,13 +142,6 @@ def served(database_url: str, upstream: FakeUpstream) -> Iterator[Browsed]:
         stop_thread_server(page_server, page_thread)
 
 
-def chromium_binary() -> str | None:
-    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
-        if found := shutil.which(name):
-            return found
-    return None
-
-
 @pytest.fixture(scope="module")
 def browser(served: Browsed) -> Iterator[Browser]:
     """A real headless Chromium: the system's (Playwright's own downloads are never used).
@@ -159,15 +150,8 @@ def browser(served: Browsed) -> Iterator[Browser]:
     binary = chromium_binary()
     if binary is None:
         pytest.skip("no Chromium binary (make test installs Debian's chromium)")
-    with sync_playwright() as driver:
-        # As root (CI containers) Chromium's sandbox cannot start.
-        launched = driver.chromium.launch(
-            executable_path=binary, args=["--no-sandbox"], timeout=WAIT_MS
-        )
-        try:
-            yield launched
-        finally:
-            launched.close()
+    with launched_chromium(binary) as launched:
+        yield launched
 
 
 def stream_url(served: Browsed) -> tuple[str, str]:

@@ -201,3 +201,46 @@ async def test_with_no_key_sessions_default_to_the_local_model(
     context = await keyless.get(f"/v1/sessions/{created['id']}/context")
     assert context.status_code == 200
     assert context.json()["model"] == DEFAULT_LOCAL_MODEL
+
+
+async def test_list_filters_by_title_text(client: httpx.AsyncClient) -> None:
+    """`q`: the title contains it, case-insensitively; LIKE's wildcards are plain characters."""
+    pancakes = await new_session(client, title="Recipes: Pancakes")
+    percent = await new_session(client, title="100% sure_thing")
+    await new_session(client, title="Weather")
+    await new_session(client)  # no title: never matches
+
+    async def found(q: str) -> list[str]:
+        response = await client.get("/v1/sessions", params={"q": q})
+        assert response.status_code == 200, response.text
+        return [s["id"] for s in response.json()["data"]]
+
+    assert await found("pancake") == [pancakes["id"]]
+    assert await found("RECIPES: PAN") == [pancakes["id"]]
+    assert await found("%") == [percent["id"]]
+    assert await found("e_t") == [percent["id"]]  # `_` is not any character
+    assert await found("nothing like it") == []
+    empty = await client.get("/v1/sessions", params={"q": ""})
+    assert empty.status_code == 422
+
+
+async def test_list_filters_by_parent(client: httpx.AsyncClient) -> None:
+    """`parent_id`: the session's forks (its branches), newest first; pages and other filters
+    apply as to any list."""
+    parent = await new_session(client, title="root")
+    await append_texts(client, parent["id"], "a", "b")
+    forks = [
+        (await client.post(f"/v1/sessions/{parent['id']}/fork", json=body)).json()
+        for body in ({"at_seq": 1, "title": "one"}, {"at_seq": 2, "title": "two"})
+    ]
+    grandchild = (await client.post(f"/v1/sessions/{forks[0]['id']}/fork", json={})).json()
+    listed = await client.get("/v1/sessions", params={"parent_id": parent["id"]})
+    assert [s["id"] for s in listed.json()["data"]] == [forks[1]["id"], forks[0]["id"]]
+    deeper = await client.get("/v1/sessions", params={"parent_id": forks[0]["id"]})
+    assert [s["id"] for s in deeper.json()["data"]] == [grandchild["id"]]
+    both = await client.get("/v1/sessions", params={"parent_id": parent["id"], "q": "TWO"})
+    assert [s["id"] for s in both.json()["data"]] == [forks[1]["id"]]
+    none = await client.get("/v1/sessions", params={"parent_id": grandchild["id"]})
+    assert none.json()["data"] == []
+    bad = await client.get("/v1/sessions", params={"parent_id": "not-a-uuid"})
+    assert bad.status_code == 422

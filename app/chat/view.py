@@ -1,0 +1,190 @@
+"""How a run shows in the terminal: its answer rendered as Markdown while it streams (Rich
+Live), tool calls and context notes between, and how it ended. Where stdout is not a terminal
+the answer is written as plain text, piece by piece, with no control sequences."""
+
+from __future__ import annotations
+
+import json
+import re
+from types import TracebackType
+from typing import Any
+
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
+from rich.live import Live
+from rich.markdown import Markdown
+from rich.segment import Segment
+from rich.text import Text
+
+from app.chat.client import RunEvent
+
+# C0 controls but tab and newline, DEL and C1 controls: what the service sends (a model's
+# answer, a tool's result) must never move the cursor, retitle the window or write the
+# clipboard (ESC sequences), in a terminal or in a file that is later printed.
+CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    return CONTROLS.sub("", text)
+
+
+class Tail:
+    """The last lines of a renderable that fit the screen: a long answer scrolls while it
+    streams instead of being cut off (the whole answer is drawn when it ends)."""
+
+    def __init__(self, renderable: RenderableType) -> None:
+        self.renderable = renderable
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        lines = console.render_lines(self.renderable, options, pad=False)
+        room = max(1, console.height - 2)
+        for line in lines[-room:]:
+            yield from line
+            yield Segment.line()
+
+
+def one_line(text: str, width: int) -> str:
+    flat = " ".join(printable(text).split())
+    return flat if len(flat) <= width else flat[: width - 1] + "…"
+
+
+class RunView:
+    """One run on screen. `handle` each event; use as a context manager around them."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.live_mode = console.is_terminal
+        self.blocks: list[RenderableType | str] = []  # str: answer text (Markdown)
+        self.turn_start = 0  # the first block of the current model turn
+        self.answered = False
+        self.ended: str | None = None  # the terminal event, once it came
+        self.text = ""  # the final text (an answer, or a compaction's summary)
+        self._live: Live | None = None
+        self._plain_open = False  # plain mode: an answer line is being written
+
+    def __enter__(self) -> RunView:
+        if self.live_mode:
+            self._live = Live(
+                Tail(Group()),
+                console=self.console,
+                refresh_per_second=8,
+                redirect_stdout=False,
+                redirect_stderr=False,
+            )
+            self._live.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._live is not None:
+            self._live.update(self._group(), refresh=False)  # the whole answer, not its tail
+            self._live.stop()
+            self._live = None
+        elif self._plain_open:
+            self.console.file.write("\n")
+            self.console.file.flush()
+
+    # -- what is shown
+
+    def _group(self) -> Group:
+        return Group(*(Markdown(b) if isinstance(b, str) else b for b in self.blocks))
+
+    def _changed(self) -> None:
+        if self._live is not None:
+            self._live.update(Tail(self._group()))
+
+    def delta(self, text: str) -> None:
+        text = printable(text)
+        self.answered = True
+        if self.blocks and isinstance(self.blocks[-1], str):
+            self.blocks[-1] += text
+        else:
+            self.blocks.append(text)
+        if self._live is not None:
+            self._changed()
+        else:
+            self.console.file.write(text)
+            self.console.file.flush()
+            self._plain_open = True
+
+    def note(self, text: str, style: str = "dim") -> None:
+        text = printable(text)
+        self.blocks.append(Text(text, style=style))
+        if self._live is not None:
+            self._changed()
+        else:
+            if self._plain_open:
+                self.console.file.write("\n")
+                self._plain_open = False
+            self.console.print(text, style=style, markup=False, highlight=False)
+
+    def reset(self) -> None:
+        """The model turn starts over: what it streamed so far is void."""
+        del self.blocks[self.turn_start :]
+        self.note("(the answer starts over)")
+        self.turn_start = len(self.blocks)
+        if self._live is not None:
+            self._changed()
+
+    # -- the events
+
+    def handle(self, event: RunEvent) -> None:
+        data = event.data
+        kind = event.event
+        if kind == "message.delta":
+            self.delta(str(data.get("text", "")))
+        elif kind == "message.reset":
+            self.reset()
+        elif kind == "tool_call":
+            arguments = json.dumps(data.get("arguments"), ensure_ascii=False)
+            self.note(f"⚙ {data.get('name')}({one_line(arguments, 60)})", "cyan")
+        elif kind == "tool_result":
+            style = "red" if data.get("is_error") else "dim cyan"
+            self.note(f"  ↳ {one_line(str(data.get('preview', '')), 70)}", style)
+            self.turn_start = len(self.blocks)  # a reset voids the next turn, not this one
+        elif kind == "context.warning":
+            self.note(f"context {data.get('percent')}% of its budget ({data.get('level')})")
+        elif kind == "context.compacting":
+            focus = f", focus: {data['focus']}" if data.get("focus") else ""
+            self.note(
+                f"compacting entries {data.get('from_seq')}-{data.get('to_seq')} "
+                f"with {data.get('model')}{focus}…"
+            )
+        elif kind == "context.compacted":
+            self.note(
+                f"compacted entries {data.get('from_seq')}-{data.get('to_seq')} into a summary "
+                f"of {data.get('summary_tokens')} tokens (seq {data.get('summary_seq')}); "
+                f"context {data.get('tokens_before')} → {data.get('tokens_after')} tokens"
+            )
+        elif kind == "context.compaction_failed":
+            self.note(f"compaction failed: {_error(data.get('error'))}", "yellow")
+        elif kind in ("run.completed", "run.failed", "run.cancelled"):
+            self._end(kind, data)
+
+    def _end(self, kind: str, data: dict[str, Any]) -> None:
+        self.ended = kind
+        if kind == "run.completed":
+            self.text = str(data.get("text") or "")
+            if self.text and not self.answered:
+                self.delta(self.text)  # a compaction's summary (it streams no deltas)
+            usage = data.get("usage") or {}
+            tokens = (
+                f" · {usage.get('input_tokens')} in / {usage.get('output_tokens')} out tokens"
+                if usage
+                else ""
+            )
+            cut = " · cut off (max_output_tokens)" if data.get("finish_reason") == "length" else ""
+            self.note(f"{data.get('model')}{tokens}{cut}")
+        elif kind == "run.failed":
+            self.note(f"failed: {_error(data.get('error'))}", "bold red")
+        else:
+            self.note("stopped: the partial answer is kept, marked incomplete", "yellow")
+
+
+def _error(error: Any) -> str:
+    if not isinstance(error, dict):
+        return str(error)
+    return f"{error.get('message')} ({error.get('code')})"

@@ -1,0 +1,375 @@
+"""OpenAI Responses items and Threadline journal entries, each way; and the ids of responses
+and conversations. Pure: no I/O.
+
+A conversation is a session (`conv_<session id hex>`); a response is a run, or, once a run
+waited for client-side tool outputs, the part of the run after one wait (`resp_<run id hex>`
+for the first part, `resp_<run id hex>_<n>` for the part after the n-th wait). Ids round-trip
+without a lookup table.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.core.entries import EntryKind
+from app.core.projection import JournalEntry
+
+Item = dict[str, Any]
+MAX_INPUT_ITEMS = 1000  # a request's input items; input_items reads this far back
+
+_RESPONSE_ID = re.compile(r"^resp_([0-9a-f]{32})(?:_([1-9][0-9]{0,8}))?$")
+_CONVERSATION_ID = re.compile(r"^conv_([0-9a-f]{32})$")
+
+
+def response_id(run_id: str, segment: int = 0) -> str:
+    hexed = uuid.UUID(run_id).hex
+    return f"resp_{hexed}" if segment == 0 else f"resp_{hexed}_{segment}"
+
+
+def parse_response_id(text: str) -> tuple[str, int] | None:
+    """(run id, segment) of a response id, None for what no response id is."""
+    match = _RESPONSE_ID.fullmatch(text)
+    if match is None:
+        return None
+    return str(uuid.UUID(match.group(1))), int(match.group(2) or 0)
+
+
+def conversation_id(session_id: str) -> str:
+    return f"conv_{uuid.UUID(session_id).hex}"
+
+
+def parse_conversation_id(text: str) -> str | None:
+    """The session id of a conversation id (a session's own id is accepted too)."""
+    match = _CONVERSATION_ID.fullmatch(text)
+    if match is not None:
+        return str(uuid.UUID(match.group(1)))
+    try:
+        return str(uuid.UUID(text)) if len(text) == 36 else None
+    except ValueError:
+        return None
+
+
+def output_item_id(prefix: str, run_id: str, segment: int, index: int) -> str:
+    """The id of a response's output item: the same whether it is streamed or read back."""
+    return f"{prefix}_{uuid.UUID(run_id).hex}_{segment}_{index}"
+
+
+def entry_item_id(prefix: str, session_id: str, seq: int) -> str:
+    """The id of a conversation item: its place in the session."""
+    return f"{prefix}_{uuid.UUID(session_id).hex}_{seq}"
+
+
+# --- Input items -> entries ---------------------------------------------------------------
+
+
+class ItemError(ValueError):
+    """An input item Threadline cannot take; `param` is where, as OpenAI names it."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+        self.message = message
+
+
+@dataclass(frozen=True)
+class NewItem:
+    """An input item as a journal entry to append: kind, payload, refs."""
+
+    kind: EntryKind
+    payload: dict[str, Any]
+    refs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ToolOutputItem:
+    call_id: str
+    output: Any
+
+
+@dataclass(frozen=True)
+class Input:
+    """A request's input: entries before the new user message, the new user message's content
+    (None: the input answers function calls), and function call outputs."""
+
+    before: tuple[NewItem, ...]
+    content: str | list[dict[str, Any]] | None
+    tool_outputs: tuple[ToolOutputItem, ...]
+
+
+_ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
+
+
+def parse_input(value: Any, param: str = "input") -> Input:
+    """The request's `input` (a string, or a list of items). A list must end with a user
+    message (the question), or be function_call_output items only (answers to the previous
+    response's function calls)."""
+    if isinstance(value, str):
+        return Input((), value, ())
+    items = parse_items(value, param)
+    outputs = [i for i in items if isinstance(i, ToolOutputItem)]
+    if outputs:
+        if len(outputs) != len(items):
+            raise ItemError(
+                param,
+                "function_call_output items answer the previous response's function calls: "
+                "send them alone, without other items",
+            )
+        return Input((), None, tuple(outputs))
+    last = items[-1]
+    assert isinstance(last, NewItem)
+    if last.kind != EntryKind.MESSAGE or last.payload["role"] != "user":
+        raise ItemError(
+            f"{param}[{len(items) - 1}]",
+            "the last input item must be a user message: Threadline answers a user's message",
+        )
+    before = tuple(i for i in items[:-1] if isinstance(i, NewItem))
+    return Input(before, last.payload["content"], ())
+
+
+def parse_items(value: Any, param: str) -> list[NewItem | ToolOutputItem]:
+    """Items (messages, function calls and their outputs) as entries to append."""
+    if not isinstance(value, list) or not value:
+        raise ItemError(param, f"{param} must be a string or a non-empty list of items")
+    if len(value) > MAX_INPUT_ITEMS:
+        raise ItemError(param, f"at most {MAX_INPUT_ITEMS} items")
+    return [_item(item, f"{param}[{i}]") for i, item in enumerate(value)]
+
+
+def _item(item: Any, param: str) -> NewItem | ToolOutputItem:
+    if not isinstance(item, Mapping):
+        raise ItemError(param, "an item must be an object")
+    kind = item.get("type", "message")
+    if kind == "message":
+        role = _ROLES.get(str(item.get("role")))
+        if role is None:
+            raise ItemError(f"{param}.role", "role must be user, assistant, system or developer")
+        return NewItem(EntryKind.MESSAGE, {"role": role, "content": _content(item, param)})
+    if kind == "function_call":
+        call_id = _text(item, "call_id", param)
+        name = _text(item, "name", param)
+        try:
+            arguments = json.loads(_text(item, "arguments", param))
+        except json.JSONDecodeError:
+            arguments = None
+        if not isinstance(arguments, dict):
+            raise ItemError(f"{param}.arguments", "arguments must be a JSON object, as text")
+        payload = {"name": name, "arguments": arguments}
+        return NewItem(EntryKind.TOOL_CALL, payload, {"tool_call_id": call_id})
+    if kind == "function_call_output":
+        call_id = _text(item, "call_id", param)
+        if "output" not in item:
+            raise ItemError(f"{param}.output", "output is required")
+        output = item["output"]
+        if isinstance(output, list):  # content parts: their text
+            output = "".join(str(p.get("text", "")) for p in output if isinstance(p, Mapping))
+        return ToolOutputItem(call_id, output)
+    raise ItemError(
+        f"{param}.type",
+        f"item type {kind!r} is not supported: send message, function_call or "
+        "function_call_output items",
+    )
+
+
+def _text(item: Mapping[str, Any], key: str, param: str) -> str:
+    value = item.get(key)
+    if not isinstance(value, str) or not value:
+        raise ItemError(f"{param}.{key}", f"{key} must be a non-empty string")
+    return value
+
+
+def _content(item: Mapping[str, Any], param: str) -> str | list[dict[str, Any]]:
+    content = item.get("content")
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list) or not content:
+        raise ItemError(f"{param}.content", "content must be a string or a list of parts")
+    parts: list[dict[str, Any]] = []
+    for i, part in enumerate(content):
+        where = f"{param}.content[{i}]"
+        kind = part.get("type") if isinstance(part, Mapping) else None
+        if kind in ("input_text", "output_text", "text") and isinstance(part.get("text"), str):
+            parts.append({"type": "text", "text": part["text"]})
+        elif kind == "input_image" and isinstance(part.get("image_url"), str):
+            image: dict[str, Any] = {"type": "image_url", "url": part["image_url"]}
+            if part.get("detail") in ("auto", "low", "high"):
+                image["detail"] = part["detail"]
+            parts.append(image)
+        elif kind == "input_image":
+            raise ItemError(
+                f"{where}.image_url", "images are given by image_url (file_id is not supported)"
+            )
+        else:
+            raise ItemError(
+                f"{where}.type",
+                f"content part {kind!r} is not supported: input_text, output_text or input_image",
+            )
+    if all(p["type"] == "text" for p in parts) and len(parts) == 1:
+        return str(parts[0]["text"])
+    return parts
+
+
+# --- Entries -> items ---------------------------------------------------------------------
+
+
+def entry_item(entry: JournalEntry, item_id: str) -> Item | None:
+    """The item an entry is (None: the entry is no item, e.g. a run's bookkeeping)."""
+    payload = entry.payload
+    if entry.kind == EntryKind.MESSAGE:
+        role = payload["role"]
+        text_type = "output_text" if role == "assistant" else "input_text"
+        content = payload["content"]
+        parts = [{"type": "text", "text": content}] if isinstance(content, str) else content
+        out_parts: list[Item] = []
+        for part in parts:
+            if part["type"] == "text":
+                text_part: Item = {"type": text_type, "text": part["text"]}
+                if role == "assistant":
+                    text_part |= {"annotations": [], "logprobs": []}
+                out_parts.append(text_part)
+            else:
+                out_parts.append(
+                    {
+                        "type": "input_image",
+                        "image_url": part["url"],
+                        "detail": part.get("detail") or "auto",
+                    }
+                )
+        status = "incomplete" if payload.get("status") == "incomplete" else "completed"
+        return {
+            "type": "message",
+            "id": item_id,
+            "role": role,
+            "status": status,
+            "content": out_parts,
+        }
+    if entry.kind == EntryKind.TOOL_CALL:
+        return {
+            "type": "function_call",
+            "id": item_id,
+            "call_id": entry.refs.get("tool_call_id", ""),
+            "name": payload["name"],
+            "arguments": json.dumps(payload.get("arguments") or {}, separators=(",", ":")),
+            "status": "completed",
+        }
+    if entry.kind == EntryKind.TOOL_RESULT:
+        content = payload.get("content")
+        return {
+            "type": "function_call_output",
+            "id": item_id,
+            "call_id": entry.refs.get("tool_call_id", ""),
+            "output": content if isinstance(content, str) else json.dumps(content),
+            "status": "completed",
+        }
+    return None
+
+
+ITEM_PREFIX = {
+    EntryKind.MESSAGE: "msg",
+    EntryKind.TOOL_CALL: "fc",
+    EntryKind.TOOL_RESULT: "fco",
+}
+
+
+def conversation_items(session_id: str, entries: Sequence[JournalEntry]) -> list[Item]:
+    """A session's entries as conversation items (messages, function calls and outputs)."""
+    out = []
+    for entry in entries:
+        prefix = ITEM_PREFIX.get(EntryKind(entry.kind))
+        if prefix is None:
+            continue
+        item = entry_item(entry, entry_item_id(prefix, session_id, entry.seq))
+        if item is not None:
+            out.append(item)
+    return out
+
+
+# --- A run as responses -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One response of a run: the entries it took as input, and those it wrote."""
+
+    inputs: tuple[JournalEntry, ...]
+    outputs: tuple[JournalEntry, ...]
+    answered: bool  # the function calls it ended with have outputs (a later segment exists)
+
+
+def segments(run_entries: Sequence[JournalEntry], client_tools: frozenset[str]) -> list[Segment]:
+    """Split a run's entries (its user message first) at each batch of outputs of client-side
+    tool calls (`client_tools`: the names of the tools the client runs): the n-th batch is the
+    input of the response after the n-th wait."""
+    calls = {
+        e.refs.get("tool_call_id"): e.payload.get("name")
+        for e in run_entries
+        if e.kind == EntryKind.TOOL_CALL
+    }
+
+    def from_client(entry: JournalEntry) -> bool:
+        return (
+            entry.kind == EntryKind.TOOL_RESULT
+            and calls.get(entry.refs.get("tool_call_id")) in client_tools
+        )
+
+    found: list[Segment] = []
+    inputs: list[JournalEntry] = []
+    outputs: list[JournalEntry] = []
+    for entry in run_entries:
+        if from_client(entry):
+            if outputs:  # the first output of a batch: the response before it has ended
+                found.append(Segment(tuple(inputs), tuple(outputs), True))
+                inputs, outputs = [], []
+            inputs.append(entry)
+        elif not found and not outputs and _is_user_message(entry):
+            inputs.append(entry)  # the question the run answers
+        else:
+            outputs.append(entry)
+    found.append(Segment(tuple(inputs), tuple(outputs), False))
+    return found
+
+
+def _is_user_message(entry: JournalEntry) -> bool:
+    return entry.kind == EntryKind.MESSAGE and entry.payload.get("role") == "user"
+
+
+def output_items(
+    run_id: str, segment: int, entries: Sequence[JournalEntry], client_tools: frozenset[str]
+) -> list[Item]:
+    """What a response wrote, as its `output`: assistant messages (not empty ones) and the
+    calls of client-side tools. Calls the service ran itself (built-in and webhook tools) and
+    their results stay in the journal: the client has nothing to do with them."""
+    out: list[Item] = []
+    for entry in entries:
+        if entry.kind == EntryKind.MESSAGE and entry.payload.get("role") == "assistant":
+            if not _text_of(entry.payload["content"]):
+                continue
+            prefix = "msg"
+        elif entry.kind == EntryKind.TOOL_CALL and entry.payload.get("name") in client_tools:
+            prefix = "fc"
+        else:
+            continue
+        item = entry_item(entry, output_item_id(prefix, run_id, segment, len(out)))
+        assert item is not None
+        out.append(item)
+    return out
+
+
+def _text_of(content: str | list[dict[str, Any]]) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(str(p.get("text", "")) for p in content)
+
+
+def output_text(items: Sequence[Item]) -> str:
+    return "".join(
+        part["text"]
+        for item in items
+        if item["type"] == "message"
+        for part in item["content"]
+        if part["type"] == "output_text"
+    )

@@ -1,0 +1,290 @@
+"""The OpenAI Responses and Conversations API at /openai/v1, for the official `openai` SDKs:
+`OpenAI(base_url=".../openai/v1", api_key=<a Threadline key>)`.
+
+Streams are the Responses API's events (`event:` the type, `data:` the event as JSON, with its
+`sequence_number`), translated from the run's events (app/openai_api/events.py): a replay
+(`GET /responses/{id}?stream=true&starting_after=N`) yields the same events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Query, Response
+from fastapi.responses import JSONResponse
+from sse_starlette import EventSourceResponse, ServerSentEvent
+
+from app.api.deps import Config, Engine, Hub, LocalWorkers, Tenant, get_tenant
+from app.api.hub import EventHub
+from app.openai_api import service
+from app.openai_api.errors import OpenAIError, OpenAIRoute, unsupported
+from app.openai_api.events import ResponseStream, ended_stream
+from app.openai_api.objects import Json
+from app.openai_api.schemas import (
+    ConversationCreate,
+    ConversationUpdate,
+    ItemsCreate,
+    ResponseCreate,
+)
+from app.services import asks
+
+PREFIX = "/openai/v1"
+# Not in Threadline's OpenAPI document: OpenAI's API reference describes this prefix, and its
+# clients are the openai SDKs, not clients generated from that document.
+router = APIRouter(prefix=PREFIX, tags=["openai"], route_class=OpenAIRoute, include_in_schema=False)
+
+Order = Annotated[Literal["asc", "desc"], Query(description="By position: desc (newest first).")]
+Limit = Annotated[int, Query(ge=1, le=100)]
+
+
+def _sse(
+    hub: EventHub,
+    stream: ResponseStream,
+    starting_after: int,
+    heartbeat: float,
+    on_client_gone: Callable[[], Awaitable[Any]] | None = None,
+) -> EventSourceResponse:
+    async def events() -> AsyncIterator[ServerSentEvent]:
+        finished = False
+        try:
+            async for row in hub.follow(stream.run_id, 0):
+                for event in stream.translate(row["type"], row["data"]):
+                    if event["sequence_number"] > starting_after:
+                        yield ServerSentEvent(
+                            data=json.dumps(event, separators=(",", ":")), event=event["type"]
+                        )
+                if stream.done:
+                    break
+            finished = True
+        except Exception:
+            finished = True  # ours (as in app/api/sse.py): dropped, not a reason to cancel
+            raise
+        finally:
+            # sse-starlette ends the generator with CancelledError when the client leaves.
+            if not finished and on_client_gone is not None:
+                await asyncio.shield(on_client_gone())
+
+    return EventSourceResponse(
+        events(), ping=heartbeat, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    )
+
+
+async def _replayed(events: list[Json]) -> AsyncIterator[ServerSentEvent]:
+    for event in events:
+        yield ServerSentEvent(data=json.dumps(event, separators=(",", ":")), event=event["type"])
+
+
+@router.post(
+    "/responses",
+    operation_id="openaiCreateResponse",
+    response_model=None,
+)
+async def create_response(
+    body: ResponseCreate,
+    engine: Engine,
+    tenant: Tenant,
+    settings: Config,
+    hub: Hub,
+    local_workers: LocalWorkers,
+) -> Response:
+    """Answer the input in a conversation: a new one, the one of `previous_response_id` (or
+    a fork of it at that response), or `conversation`. Streams with `stream: true`; answers
+    at once, queued, with `background: true`; else once the response has ended."""
+    created = await service.create_response(engine, settings, tenant, body, local_workers)
+    loaded, base = created.loaded, created.base
+    if body.stream:
+        stream = service.stream_of(loaded, base)
+        run_id = loaded.run.id
+
+        async def cancel_run() -> None:  # a response not in the background ends with its stream
+            await asks.cancel_run(engine, tenant, run_id)
+
+        gone = None if base["background"] else cancel_run
+        return _sse(hub, stream, -1, settings.sse_heartbeat_seconds, gone)
+    if not body.background:
+        await service.until_done(hub, loaded)
+    loaded = await service.load(engine, tenant, loaded.id)
+    return JSONResponse(await service.current(engine, loaded, base))
+
+
+@router.get(
+    "/responses/{response_id}",
+    operation_id="openaiGetResponse",
+    response_model=None,
+)
+async def get_response(
+    response_id: str,
+    engine: Engine,
+    tenant: Tenant,
+    settings: Config,
+    hub: Hub,
+    stream: bool = False,
+    starting_after: Annotated[int, Query(ge=-1)] = -1,
+    include: Annotated[list[str] | None, Query()] = None,
+) -> Response:
+    """The response as it is now; with `stream=true`, its events (after `starting_after`),
+    replayed then live."""
+    if include:
+        raise unsupported("include")
+    loaded = await service.load(engine, tenant, response_id)
+    if stream:
+        if not await hub.has_more(loaded.run.id, 0):  # over, and its events are gone
+            ended = ended_stream(await service.current(engine, loaded))
+            return EventSourceResponse(
+                _replayed([e for e in ended if e["sequence_number"] > starting_after])
+            )
+        run_stream = service.stream_of(loaded, service.base_of(loaded))
+        return _sse(hub, run_stream, starting_after, settings.sse_heartbeat_seconds)
+    return JSONResponse(await service.current(engine, loaded))
+
+
+@router.post(
+    "/responses/{response_id}/cancel",
+    operation_id="openaiCancelResponse",
+)
+async def cancel_response(response_id: str, engine: Engine, tenant: Tenant, hub: Hub) -> Json:
+    """Stop the response's run; what it had said is kept, marked incomplete."""
+    return await service.cancel_response(engine, hub, tenant, response_id)
+
+
+@router.delete(
+    "/responses/{response_id}",
+    operation_id="openaiDeleteResponse",
+)
+async def delete_response(response_id: str, engine: Engine, tenant: Tenant) -> Json:
+    """Take the response out of its conversation's context (a rollback: the journal keeps
+    it); it is not found after."""
+    await service.delete_response(engine, tenant, response_id)
+    return {"id": response_id, "object": "response", "deleted": True}
+
+
+def _page(data: list[Json], has_more: bool) -> Json:
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": has_more,
+    }
+
+
+@router.get(
+    "/responses/{response_id}/input_items",
+    operation_id="openaiListInputItems",
+)
+async def list_input_items(
+    response_id: str,
+    engine: Engine,
+    tenant: Tenant,
+    order: Order = "desc",
+    limit: Limit = 20,
+    after: str | None = None,
+) -> Json:
+    """The items the response took as input (its message, or the function call outputs)."""
+    found = await service.input_items(engine, tenant, response_id)
+    if order == "desc":
+        found.reverse()
+    if after is not None:
+        ids = [i["id"] for i in found]
+        found = found[ids.index(after) + 1 :] if after in ids else []
+    return _page(found[:limit], len(found) > limit)
+
+
+@router.post(
+    "/conversations",
+    operation_id="openaiCreateConversation",
+)
+async def create_conversation(body: ConversationCreate, engine: Engine, tenant: Tenant) -> Json:
+    """A new conversation (a session), with its first items."""
+    return await service.create_conversation(engine, tenant, body.items, body.metadata)
+
+
+@router.get(
+    "/conversations/{conversation_id}",
+    operation_id="openaiGetConversation",
+)
+async def get_conversation(conversation_id: str, engine: Engine, tenant: Tenant) -> Json:
+    return await service.get_conversation(engine, tenant, conversation_id)
+
+
+@router.post("/conversations/{conversation_id}", operation_id="openaiUpdateConversation")
+async def update_conversation(
+    conversation_id: str, body: ConversationUpdate, engine: Engine, tenant: Tenant
+) -> Json:
+    """Replace the conversation's metadata."""
+    return await service.update_conversation(engine, tenant, conversation_id, body.metadata)
+
+
+@router.get(
+    "/conversations/{conversation_id}/items/{item_id}", operation_id="openaiGetConversationItem"
+)
+async def get_item(conversation_id: str, item_id: str, engine: Engine, tenant: Tenant) -> Json:
+    return await service.get_item(engine, tenant, conversation_id, item_id)
+
+
+@router.delete(
+    "/conversations/{conversation_id}/items/{item_id}",
+    operation_id="openaiDeleteConversationItem",
+    dependencies=[Depends(get_tenant)],  # a stranger is told to authenticate first
+)
+async def delete_item(conversation_id: str, item_id: str) -> Json:
+    """Refused: items are journal entries, never deleted."""
+    raise OpenAIError(
+        400,
+        "Items are entries of the conversation's journal and are never deleted: delete a "
+        "response to take it out of the conversation's context.",
+        param="item_id",
+        code="unsupported_operation",
+    )
+
+
+@router.delete(
+    "/conversations/{conversation_id}",
+    operation_id="openaiDeleteConversation",
+)
+async def delete_conversation(conversation_id: str, engine: Engine, tenant: Tenant) -> Json:
+    """Delete the conversation's session (its forks keep what they share)."""
+    return await service.delete_conversation(engine, tenant, conversation_id)
+
+
+@router.get(
+    "/conversations/{conversation_id}/items",
+    operation_id="openaiListConversationItems",
+)
+async def list_items(
+    conversation_id: str,
+    engine: Engine,
+    tenant: Tenant,
+    order: Order = "desc",
+    limit: Limit = 20,
+    after: str | None = None,
+    include: Annotated[list[str] | None, Query()] = None,
+) -> Json:
+    """The conversation's messages, function calls and outputs, a page at a time."""
+    if include:
+        raise unsupported("include")
+    page = await service.list_items(
+        engine, tenant, conversation_id, after=after, limit=limit, order=order
+    )
+    return _page(page.data, page.has_more)
+
+
+@router.post(
+    "/conversations/{conversation_id}/items",
+    operation_id="openaiCreateConversationItems",
+)
+async def add_items(
+    conversation_id: str,
+    body: ItemsCreate,
+    engine: Engine,
+    tenant: Tenant,
+    include: Annotated[list[str] | None, Query()] = None,
+) -> Json:
+    """Append items (messages, function calls and outputs) to the conversation."""
+    if include:
+        raise unsupported("include")
+    added = await service.add_items(engine, tenant, conversation_id, body.items)
+    return _page(added, False)

@@ -1,0 +1,84 @@
+"""Request bodies of /openai/v1: the parameters Threadline serves. Any other parameter is
+refused (400 `unsupported_parameter`, naming it), never ignored."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+OpenAIMetadata = Annotated[
+    dict[
+        Annotated[str, StringConstraints(min_length=1, max_length=64)],
+        Annotated[str, StringConstraints(max_length=512)],
+    ],
+    Field(max_length=16, description="Up to 16 string pairs (keys up to 64 chars)."),
+]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ConversationRef(_Body):
+    id: str
+
+
+class ResponseCreate(_Body):
+    """`POST /openai/v1/responses`."""
+
+    model: Annotated[str, StringConstraints(min_length=1, max_length=256)] | None = Field(
+        default=None,
+        description="Any Threadline model (`anthropic:claude-haiku-4-5`, `local:...`); an "
+        "OpenAI name (`gpt-4o-mini`) is `openai:<name>`, a `claude-*` name `anthropic:<name>`. "
+        "Default: the conversation's model.",
+    )
+    input: str | list[dict[str, Any]] = Field(
+        description="The user's message as text, or items: messages (text and input_image "
+        "parts), function_call, and function_call_output (answers to the previous response's "
+        "function calls, sent alone)."
+    )
+    instructions: Annotated[str, StringConstraints(max_length=200_000)] | None = Field(
+        default=None,
+        description="The conversation's system prompt from this response on.",
+    )
+    tools: Annotated[list[dict[str, Any]], Field(max_length=128)] | None = Field(
+        default=None,
+        description="`{type: function, name, description, parameters}` (the client runs them) "
+        "or `{type: builtin, name}` (a Threadline built-in tool, e.g. calculator).",
+    )
+    tool_choice: str | dict[str, Any] | None = Field(default=None, description="`auto` only.")
+    parallel_tool_calls: bool | None = Field(default=None, description="`true` only.")
+    previous_response_id: str | None = Field(
+        default=None,
+        description="Continue from this response: its conversation when it is the latest "
+        "there, else a fork of the conversation at that response.",
+    )
+    conversation: str | ConversationRef | None = Field(
+        default=None, description="Continue this conversation (a Threadline session)."
+    )
+    store: bool | None = Field(default=None, description="`true` only: every response is kept.")
+    stream: bool | None = None
+    background: bool | None = None
+    max_output_tokens: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
+    metadata: OpenAIMetadata | None = None
+
+
+class ConversationCreate(_Body):
+    """`POST /openai/v1/conversations`."""
+
+    items: Annotated[list[dict[str, Any]], Field(max_length=1000)] | None = None
+    metadata: OpenAIMetadata | None = None
+
+
+class ItemsCreate(_Body):
+    """`POST /openai/v1/conversations/{id}/items`."""
+
+    items: Annotated[list[dict[str, Any]], Field(min_length=1, max_length=1000)]
+
+
+class ConversationUpdate(_Body):
+    """`POST /openai/v1/conversations/{id}`."""
+
+    metadata: OpenAIMetadata

@@ -1,0 +1,733 @@
+"""Responses and conversations as Threadline's own objects: a conversation is a session, a
+response is a run (or the part of a run after a wait for client-side tool outputs), items are
+entries. Nothing is stored twice: every answer here is read from the runs and the journal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+from sqlalchemy import RowMapping
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.api.hub import EventHub
+from app.api.schemas import Metadata
+from app.config import Settings
+from app.core.entries import EntryKind
+from app.core.projection import JournalEntry, PendingEntry, without_rolled_back
+from app.db import events as events_db
+from app.db import journal as journal_db
+from app.llm.base import ProviderError
+from app.llm.router import Router
+from app.openai_api import items as mapping
+from app.openai_api.errors import OpenAIError, unsupported
+from app.openai_api.events import ResponseStream
+from app.openai_api.objects import (
+    Json,
+    response_base,
+    response_object,
+    run_error,
+    run_status,
+    run_usage,
+)
+from app.openai_api.schemas import ResponseCreate
+from app.runs.model import Run, RunKind, RunStatus, entry_id
+from app.services import asks, journal, sessions
+from app.services.errors import NotFound
+from app.tools.registry import BUILTINS
+from app.worker.handoff import Handoff
+
+ITEM_KINDS = [str(EntryKind.MESSAGE), str(EntryKind.TOOL_CALL), str(EntryKind.TOOL_RESULT)]
+DELETED_PART = "deleted"  # the part of the id of the rollback that deletes a response
+CANCEL_WAIT_SECONDS = 30.0
+
+
+def not_found(kind: str, given: str) -> OpenAIError:
+    return OpenAIError(404, f"No {kind} found with id '{given}'.", code="not_found")
+
+
+# --- Models and tools --------------------------------------------------------------------
+
+
+def threadline_model(name: str) -> str:
+    """A model name as Threadline routes it: `provider:model` passes through, `claude-*` is
+    Anthropic's, any other name OpenAI's."""
+    if ":" in name:
+        return name
+    return f"anthropic:{name}" if name.startswith("claude") else f"openai:{name}"
+
+
+def checked_model(settings: Settings, name: str) -> str:
+    model = threadline_model(name)
+    router = Router(settings)
+    try:
+        router.route(model)
+    except ProviderError as error:
+        configured = ", ".join(router.configured_providers())
+        raise OpenAIError(
+            400,
+            f"The model '{name}' ({model}) is not served here: {error.message}; configured "
+            f"providers: {configured}.",
+            param="model",
+            code="model_not_found",
+        ) from error
+    return model
+
+
+def tool_definitions(tools: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Request tools as Threadline tool definitions: function tools run on the client, a
+    `builtin` one is Threadline's own tool of that name."""
+    out: list[dict[str, Any]] = []
+    for i, tool in enumerate(tools):
+        param = f"tools[{i}]"
+        name = tool.get("name")
+        if not isinstance(name, str) or not name:
+            raise OpenAIError(400, "A tool needs a name.", param=f"{param}.name")
+        if tool.get("type") == "function":
+            unknown = set(tool) - {"type", "name", "description", "parameters", "strict"}
+            if unknown:
+                raise unsupported(f"{param}.{sorted(unknown)[0]}")
+            parameters = tool.get("parameters") or {"type": "object", "properties": {}}
+            out.append(
+                {
+                    "name": name,
+                    "kind": "client",
+                    "description": tool.get("description") or "",
+                    "parameters": parameters,
+                }
+            )
+        elif tool.get("type") == "builtin":
+            if name not in BUILTINS:
+                raise OpenAIError(
+                    400,
+                    f"Threadline has no built-in tool '{name}'; it has: "
+                    f"{', '.join(sorted(BUILTINS))}.",
+                    param=f"{param}.name",
+                )
+            out.append({"name": name, "kind": "builtin"})
+        else:
+            raise OpenAIError(
+                400,
+                f"Tool type '{tool.get('type')}' is not supported: use 'function' tools, or "
+                "'builtin' for Threadline's own tools.",
+                param=f"{param}.type",
+                code="unsupported_parameter",
+            )
+    return out
+
+
+def client_tools(run: Run, session: RowMapping) -> list[dict[str, Any]]:
+    """The client-side tools a run offered: its own and its session's."""
+    own = {t["name"]: t for t in (session["config"] or {}).get("tools") or []}
+    own |= {t["name"]: t for t in run.params.tools}
+    return [t for t in own.values() if t.get("kind", "client") == "client"]
+
+
+# --- Reading a response ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Loaded:
+    run: Run
+    segment: int
+    parts: list[mapping.Segment]
+    tools: list[dict[str, Any]]
+    instructions: str | None
+
+    @property
+    def tool_names(self) -> frozenset[str]:
+        return frozenset(t["name"] for t in self.tools)
+
+    @property
+    def latest(self) -> bool:
+        return self.segment == len(self.parts) - 1
+
+    @property
+    def id(self) -> str:
+        return mapping.response_id(self.run.id, self.segment)
+
+
+async def load(engine: AsyncEngine, tenant_id: str, given: str, param: str | None = None) -> Loaded:
+    parsed = mapping.parse_response_id(given)
+    missing = not_found("response", given)
+    missing.param = param
+    if parsed is None:
+        raise missing
+    run_id, segment = parsed
+    try:
+        run = await asks.get_run(engine, tenant_id, run_id)
+        session = await sessions.get_session(engine, tenant_id, run.session_id)
+    except NotFound:
+        raise missing from None
+    if run.kind is not RunKind.ASK:
+        raise missing
+    async with engine.connect() as conn:
+        entries = await journal_db.run_entries(conn, run.session_id, run.input_seq, run.id)
+    if any(e.id == entry_id(run.id, DELETED_PART) for e in entries):
+        raise missing
+    # What the run took back (a model turn that started over) was never its answer.
+    entries = without_rolled_back(entries)
+    tools = client_tools(run, session)
+    parts = mapping.segments(entries, frozenset(t["name"] for t in tools))
+    if segment >= len(parts):
+        raise missing
+    instructions = (session["config"] or {}).get("system_prompt")
+    return Loaded(run, segment, parts, tools, instructions)
+
+
+def base_of(loaded: Loaded, previous_response_id: str | None = None) -> Json:
+    """A background response's run goes on without its client (on_disconnect: continue); any
+    other's stream stops it when the client leaves: that is how a replay knows which it was."""
+    background = loaded.run.params.on_disconnect == "continue"
+    if previous_response_id is None and loaded.segment > 0:
+        # The part of the run before this one: the response whose calls this one answers.
+        previous_response_id = mapping.response_id(loaded.run.id, loaded.segment - 1)
+    return response_base(
+        loaded.id,
+        loaded.run,
+        mapping.conversation_id(loaded.run.session_id),
+        instructions=loaded.instructions,
+        previous_response_id=previous_response_id,
+        background=background,
+        client_tools=loaded.tools,
+    )
+
+
+def response_of(loaded: Loaded, base: Json | None = None, live: list[Json] | None = None) -> Json:
+    """The response as the journal and the run have it now (`live`: the output streamed so
+    far, for a response still in progress)."""
+    run = loaded.run
+    part = loaded.parts[loaded.segment]
+    output = mapping.output_items(run.id, loaded.segment, part.outputs, loaded.tool_names)
+    status, reason = run_status(run, part.answered)
+    if live is not None and status in ("queued", "in_progress"):
+        output = live
+    ended = status not in ("queued", "in_progress")
+    return response_object(
+        base or base_of(loaded),
+        status,
+        output,
+        usage=run_usage(run) if ended else None,
+        error=run_error(run) if status == "failed" else None,
+        incomplete_reason=reason,
+    )
+
+
+def stream_of(loaded: Loaded, base: Json) -> ResponseStream:
+    queued = bool(base.get("background"))  # a background response is created queued
+    return ResponseStream(loaded.run.id, loaded.segment, base, loaded.tool_names, queued=queued)
+
+
+async def current(engine: AsyncEngine, loaded: Loaded, base: Json | None = None) -> Json:
+    """The response now: for one in progress, with what its run has streamed so far (the
+    journal has only what it committed)."""
+    if not loaded.run.active or not loaded.latest:
+        return response_of(loaded, base)
+    stream = stream_of(loaded, {})
+    after = 0
+    while not stream.done:
+        async with engine.connect() as conn:
+            rows = await events_db.read_events(conn, loaded.run.id, after)
+        if not rows:
+            break
+        for row in rows:
+            stream.translate(row["type"], row["data"])
+        after = int(rows[-1]["seq"])
+    return response_of(loaded, base, stream.output)
+
+
+async def until_done(hub: EventHub, loaded: Loaded) -> None:
+    """Until the response has ended: the run ended, or it waits for client tool outputs."""
+    stream = stream_of(loaded, {})
+    async for row in hub.follow(loaded.run.id, 0):
+        stream.translate(row["type"], row["data"])
+        if stream.done:
+            return
+
+
+# --- Creating a response -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Created:
+    loaded: Loaded
+    base: Json
+
+
+async def create_response(
+    engine: AsyncEngine,
+    settings: Settings,
+    tenant_id: str,
+    body: ResponseCreate,
+    local_workers: Handoff | None,
+) -> Created:
+    if body.store is False:
+        raise unsupported(
+            "store",
+            "Threadline keeps every response in its conversation's journal; "
+            "send store: true or leave it out",
+        )
+    if body.tool_choice not in (None, "auto"):
+        raise unsupported("tool_choice", "only 'auto' (the model decides) is served")
+    if body.parallel_tool_calls is False:
+        raise unsupported("parallel_tool_calls", "a model turn's calls always run together")
+    if body.previous_response_id is not None and body.conversation is not None:
+        raise OpenAIError(
+            400,
+            "Send previous_response_id or conversation, not both.",
+            param="conversation",
+            code="invalid_value",
+        )
+    given = mapping.parse_input(body.input)
+    tools = tool_definitions(body.tools or [])
+    model = checked_model(settings, body.model) if body.model is not None else None
+    if given.content is None:  # function_call_output items: the waiting run goes on
+        if body.previous_response_id is None:
+            raise OpenAIError(
+                400,
+                "function_call_output items answer a response's function calls: send them "
+                "with that response's id as previous_response_id.",
+                param="previous_response_id",
+                code="missing_required_parameter",
+            )
+        loaded = await _answer_calls(engine, tenant_id, body, given, model, tools)
+    else:
+        loaded = await _ask(engine, settings, tenant_id, body, given, model, tools)
+        if local_workers is not None and loaded.run.job_id is not None:
+            local_workers.offer(loaded.run.id, loaded.run.job_id)
+    return Created(loaded, base_of(loaded, body.previous_response_id))
+
+
+async def _answer_calls(
+    engine: AsyncEngine,
+    tenant_id: str,
+    body: ResponseCreate,
+    given: mapping.Input,
+    model: str | None,
+    tools: list[dict[str, Any]],
+) -> Loaded:
+    assert body.previous_response_id is not None
+    previous = await load(engine, tenant_id, body.previous_response_id, "previous_response_id")
+    run = previous.run
+    if run.status is not RunStatus.REQUIRES_ACTION or not previous.latest:
+        raise OpenAIError(
+            400,
+            f"Response '{previous.id}' has no function calls waiting for outputs.",
+            param="input",
+            code="invalid_value",
+        )
+    if model is not None and model != run.model:
+        raise OpenAIError(
+            400,
+            f"Function call outputs continue response '{previous.id}' with its model "
+            f"({run.model}); leave model out or send that one.",
+            param="model",
+        )
+    offered = {t["name"] for t in previous.tools}
+    changed = {t["name"] for t in tools if t["kind"] == "client"} - offered
+    if changed:
+        raise OpenAIError(
+            400,
+            f"Function call outputs continue response '{previous.id}' with its tools; "
+            f"'{sorted(changed)[0]}' was not among them.",
+            param="tools",
+        )
+    params = run.params
+    kept = {
+        "max_output_tokens": (body.max_output_tokens, params.max_output_tokens),
+        "temperature": (body.temperature, params.temperature),
+        "metadata": (body.metadata, params.metadata),
+        "background": (body.background, params.on_disconnect == "continue"),
+    }
+    for name, (sent, own) in kept.items():
+        if sent is not None and sent != own:
+            raise OpenAIError(
+                400,
+                f"Function call outputs continue response '{previous.id}' with its {name} "
+                f"({own!r}); leave {name} out or send that value.",
+                param=name,
+            )
+    if body.instructions is not None and body.instructions != previous.instructions:
+        await sessions.update_session(
+            engine, tenant_id, run.session_id, {"config": {"system_prompt": body.instructions}}
+        )
+    outputs = [asks.ToolOutput(o.call_id, o.output) for o in given.tool_outputs]
+    await asks.submit_tool_outputs(engine, tenant_id, run.id, outputs)
+    return await load(engine, tenant_id, mapping.response_id(run.id, previous.segment + 1))
+
+
+async def _ask(
+    engine: AsyncEngine,
+    settings: Settings,
+    tenant_id: str,
+    body: ResponseCreate,
+    given: mapping.Input,
+    model: str | None,
+    tools: list[dict[str, Any]],
+) -> Loaded:
+    assert given.content is not None
+    made: str | None = None  # a session (or fork) made for this response alone
+    restore: Any = _UNCHANGED  # the system prompt the instructions replaced
+    if body.previous_response_id is not None:
+        session_id, forked = await _continuing(engine, tenant_id, body.previous_response_id)
+        made = session_id if forked else None
+    elif body.conversation is not None:
+        given_id = body.conversation if isinstance(body.conversation, str) else body.conversation.id
+        session_id = await _conversation(engine, tenant_id, given_id, "conversation")
+    else:
+        config = {"system_prompt": body.instructions} if body.instructions is not None else {}
+        session = await sessions.create_session(
+            engine, tenant_id, title=None, metadata={}, config=config
+        )
+        session_id = made = str(session["id"])
+    try:
+        if body.instructions is not None:
+            session = await sessions.get_session(engine, tenant_id, session_id)
+            prompt = (session["config"] or {}).get("system_prompt")
+            if prompt != body.instructions:
+                await _set_prompt(engine, tenant_id, session_id, body.instructions)
+                restore = prompt
+        params = asks.AskParams(
+            content=given.content,
+            model=model,
+            max_output_tokens=body.max_output_tokens,
+            temperature=body.temperature,
+            metadata=dict(body.metadata or {}),
+            tools=tools,
+            on_disconnect="continue" if body.background else "cancel",
+            before=tuple(PendingEntry(str(e.kind), e.payload, e.refs) for e in given.before),
+        )
+        result = await asks.ask(engine, settings, tenant_id, session_id, params)
+    except Exception:
+        # Nothing of a refused response is kept: not the session made for it, nor its
+        # instructions.
+        if made is not None:
+            await sessions.delete_session(engine, tenant_id, made)
+        elif restore is not _UNCHANGED:
+            await _set_prompt(engine, tenant_id, session_id, restore)
+        raise
+    return await load(engine, tenant_id, mapping.response_id(result.run.id))
+
+
+_UNCHANGED = object()
+
+
+async def _set_prompt(
+    engine: AsyncEngine, tenant_id: str, session_id: str, prompt: str | None
+) -> None:
+    """The session's system prompt (None: none)."""
+    change = {"config": {"system_prompt": prompt}}
+    await sessions.update_session(engine, tenant_id, session_id, change)
+
+
+async def _continuing(engine: AsyncEngine, tenant_id: str, given: str) -> tuple[str, bool]:
+    """The session a new message after response `given` goes to: its own when that response
+    is the latest there, else a fork at the response's end (nothing is copied); and whether
+    it is a new fork."""
+    previous = await load(engine, tenant_id, given, "previous_response_id")
+    run = previous.run
+    if run.status is RunStatus.REQUIRES_ACTION:
+        raise OpenAIError(
+            400,
+            f"Response '{previous.id}' waits for the outputs of its function calls: send "
+            "function_call_output items.",
+            param="input",
+            code="invalid_value",
+        )
+    if run.active:
+        raise OpenAIError(
+            409,
+            f"Response '{previous.id}' is still in progress.",
+            param="previous_response_id",
+            code="response_in_progress",
+        )
+    if not previous.latest:
+        raise OpenAIError(
+            400,
+            f"Response '{previous.id}' ended with function calls that were answered: continue "
+            f"from '{mapping.response_id(run.id, len(previous.parts) - 1)}'.",
+            param="previous_response_id",
+        )
+    end = run.end_entry_seq
+    assert end is not None
+    later = await journal.read_history(
+        engine,
+        tenant_id,
+        run.session_id,
+        after_seq=end,
+        before_seq=None,
+        limit=1,
+        kinds=[str(EntryKind.MESSAGE)],
+        order="asc",
+    )
+    if not later.entries:
+        return run.session_id, False
+    fork = await sessions.fork_session(
+        engine, tenant_id, run.session_id, at_seq=end, title=None, metadata=None
+    )
+    return str(fork["id"]), True
+
+
+async def _conversation(engine: AsyncEngine, tenant_id: str, given: str, param: str) -> str:
+    session_id = mapping.parse_conversation_id(given)
+    missing = not_found("conversation", given)
+    missing.param = param
+    if session_id is None:
+        raise missing
+    try:
+        await sessions.get_session(engine, tenant_id, session_id)
+    except NotFound:
+        raise missing from None
+    return session_id
+
+
+# --- Cancel, delete, input items ---------------------------------------------------------
+
+
+async def cancel_response(engine: AsyncEngine, hub: EventHub, tenant_id: str, given: str) -> Json:
+    loaded = await load(engine, tenant_id, given)
+    await asks.cancel_run(engine, tenant_id, loaded.run.id)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(until_done(hub, loaded), CANCEL_WAIT_SECONDS)
+    return response_of(await load(engine, tenant_id, given))
+
+
+async def delete_response(engine: AsyncEngine, tenant_id: str, given: str) -> None:
+    """Take the response's run out of its conversation: a rollback of its entries (the
+    journal keeps them, as it keeps everything); the response is not found after."""
+    loaded = await load(engine, tenant_id, given)
+    run = loaded.run
+    if run.active:
+        raise OpenAIError(
+            409,
+            f"Response '{loaded.id}' is in progress: cancel it before deleting it.",
+            code="response_in_progress",
+        )
+    first = min(e.seq for e in loaded.parts[0].inputs) if loaded.parts[0].inputs else run.input_seq
+    before = await _inputs_before(engine, tenant_id, run)
+    first = min([first, *(e.seq for e in before)])
+    assert run.end_entry_seq is not None
+    rollback = journal.NewEntry(
+        EntryKind.ROLLBACK,
+        {"from_seq": first, "to_seq": run.end_entry_seq, "reason": "response deleted"},
+        {"run_id": run.id},
+        entry_id(run.id, DELETED_PART),
+    )
+    await journal.append_entries(engine, tenant_id, run.session_id, [rollback], expected_rev=None)
+
+
+async def _inputs_before(engine: AsyncEngine, tenant_id: str, run: Run) -> list[JournalEntry]:
+    """The items a run's request sent before its user message (committed with the ask)."""
+    page = await journal.read_history(
+        engine,
+        tenant_id,
+        run.session_id,
+        after_seq=max(0, run.input_seq - mapping.MAX_INPUT_ITEMS - 1),
+        before_seq=run.input_seq,
+        limit=mapping.MAX_INPUT_ITEMS,
+        kinds=ITEM_KINDS,
+        order="asc",
+    )
+    return [entry_of(r) for r in page.entries if (r["refs"] or {}).get("request_id") == run.id]
+
+
+async def input_items(engine: AsyncEngine, tenant_id: str, given: str) -> list[Json]:
+    loaded = await load(engine, tenant_id, given)
+    run = loaded.run
+    entries = list(loaded.parts[loaded.segment].inputs)
+    if loaded.segment == 0:
+        entries = [*await _inputs_before(engine, tenant_id, run), *entries]
+    return mapping.conversation_items(run.session_id, entries)
+
+
+def entry_of(row: RowMapping) -> JournalEntry:
+    return JournalEntry(
+        seq=int(row["seq"]),
+        kind=str(row["kind"]),
+        payload=row["payload"],
+        refs=row["refs"] or {},
+        id=str(row["id"]),
+    )
+
+
+# --- Conversations -----------------------------------------------------------------------
+
+_METADATA = TypeAdapter(Metadata)
+
+
+def _checked_metadata(metadata: Any) -> dict[str, str]:
+    """Metadata as sessions keep it (Threadline's rules for keys and values)."""
+    try:
+        checked: dict[str, str] = _METADATA.validate_python(metadata)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise OpenAIError(
+            400, f"Invalid metadata: {first['msg']}", param="metadata", code="invalid_value"
+        ) from exc
+    return checked
+
+
+def conversation_object(session: RowMapping) -> Json:
+    return {
+        "id": mapping.conversation_id(str(session["id"])),
+        "object": "conversation",
+        "created_at": int(session["created_at"].timestamp()),
+        "metadata": dict(session["metadata"] or {}),
+    }
+
+
+def _entries(items: list[dict[str, Any]], param: str) -> list[journal.NewEntry]:
+    out = []
+    for item in mapping.parse_items(items, param):
+        if isinstance(item, mapping.ToolOutputItem):
+            out.append(
+                journal.NewEntry(
+                    EntryKind.TOOL_RESULT, {"content": item.output}, {"tool_call_id": item.call_id}
+                )
+            )
+        else:
+            out.append(journal.NewEntry(item.kind, item.payload, item.refs))
+    return out
+
+
+async def create_conversation(
+    engine: AsyncEngine,
+    tenant_id: str,
+    items: list[dict[str, Any]] | None,
+    metadata: dict[str, str] | None,
+) -> Json:
+    checked = _checked_metadata(metadata or {})
+    entries = _entries(items, "items") if items else []
+    session = await sessions.create_session(
+        engine, tenant_id, title=None, metadata=checked, config={}
+    )
+    if entries:
+        try:
+            await journal.append_entries(
+                engine, tenant_id, str(session["id"]), entries, expected_rev=0
+            )
+        except Exception:
+            await sessions.delete_session(engine, tenant_id, str(session["id"]))
+            raise
+    return conversation_object(session)
+
+
+async def get_conversation(engine: AsyncEngine, tenant_id: str, given: str) -> Json:
+    session_id = await _conversation(engine, tenant_id, given, "conversation_id")
+    return conversation_object(await sessions.get_session(engine, tenant_id, session_id))
+
+
+async def update_conversation(
+    engine: AsyncEngine, tenant_id: str, given: str, metadata: dict[str, str]
+) -> Json:
+    """Replace the conversation's metadata (the session's), as OpenAI's update does."""
+    session_id = await _conversation(engine, tenant_id, given, "conversation_id")
+    checked = _checked_metadata(metadata)
+    session = await sessions.get_session(engine, tenant_id, session_id)
+    patch: dict[str, str | None] = {k: None for k in session["metadata"] or {} if k not in checked}
+    patch |= checked
+    updated = await sessions.update_session(engine, tenant_id, session_id, {"metadata": patch})
+    return conversation_object(updated)
+
+
+async def get_item(engine: AsyncEngine, tenant_id: str, given: str, item_id: str) -> Json:
+    session_id = await _conversation(engine, tenant_id, given, "conversation_id")
+    seq = _item_seq(item_id, "item_id")
+    page = await journal.read_history(
+        engine,
+        tenant_id,
+        session_id,
+        after_seq=seq - 1,
+        before_seq=seq + 1,
+        limit=1,
+        kinds=ITEM_KINDS,
+        order="asc",
+    )
+    found = mapping.conversation_items(session_id, [entry_of(r) for r in page.entries])
+    if not found or found[0]["id"] != item_id:
+        raise not_found("item", item_id)
+    return found[0]
+
+
+async def delete_conversation(engine: AsyncEngine, tenant_id: str, given: str) -> Json:
+    session_id = await _conversation(engine, tenant_id, given, "conversation_id")
+    await sessions.delete_session(engine, tenant_id, session_id)
+    return {
+        "id": mapping.conversation_id(session_id),
+        "object": "conversation.deleted",
+        "deleted": True,
+    }
+
+
+@dataclass(frozen=True)
+class ItemPage:
+    data: list[Json]
+    has_more: bool
+
+
+async def list_items(
+    engine: AsyncEngine, tenant_id: str, given: str, *, after: str | None, limit: int, order: str
+) -> ItemPage:
+    session_id = await _conversation(engine, tenant_id, given, "conversation_id")
+    cursor = _item_seq(after) if after is not None else None
+    page = await journal.read_history(
+        engine,
+        tenant_id,
+        session_id,
+        after_seq=cursor if order == "asc" else None,
+        before_seq=cursor if order == "desc" else None,
+        limit=limit,
+        kinds=ITEM_KINDS,
+        order="asc" if order == "asc" else "desc",
+    )
+    entries = await _in_context(engine, tenant_id, session_id, [entry_of(r) for r in page.entries])
+    return ItemPage(mapping.conversation_items(session_id, entries), page.has_more)
+
+
+async def _in_context(
+    engine: AsyncEngine, tenant_id: str, session_id: str, entries: list[JournalEntry]
+) -> list[JournalEntry]:
+    """The entries no rollback took out of the conversation (a deleted response, a model turn
+    that started over), in their order."""
+    rollbacks: list[JournalEntry] = []
+    after: int | None = None
+    while True:
+        page = await journal.read_history(
+            engine,
+            tenant_id,
+            session_id,
+            after_seq=after,
+            before_seq=None,
+            limit=1000,
+            kinds=[str(EntryKind.ROLLBACK)],
+            order="asc",
+        )
+        rollbacks += [entry_of(r) for r in page.entries]
+        if not page.has_more:
+            break
+        after = int(page.entries[-1]["seq"])
+    kept = {e.seq for e in without_rolled_back(sorted([*entries, *rollbacks], key=lambda e: e.seq))}
+    return [e for e in entries if e.seq in kept]
+
+
+def _item_seq(item_id: str, param: str = "after") -> int:
+    tail = item_id.rsplit("_", 1)[-1]
+    if not tail.isdigit() or len(tail) > 18:
+        raise OpenAIError(400, f"'{item_id}' is not an item id of this API.", param=param)
+    return int(tail)
+
+
+async def add_items(
+    engine: AsyncEngine, tenant_id: str, given: str, items: list[dict[str, Any]]
+) -> list[Json]:
+    session_id = await _conversation(engine, tenant_id, given, "conversation_id")
+    entries = _entries(items, "items")
+    appended = await journal.append_entries(
+        engine, tenant_id, session_id, entries, expected_rev=None
+    )
+    return mapping.conversation_items(session_id, [entry_of(r) for r in appended.entries])

@@ -1,0 +1,142 @@
+"""How a run shows: events in, what a terminal (or a pipe) gets out."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+from rich.console import Console
+
+from app.chat.client import RunEvent
+from app.chat.view import RunView, Tail, printable
+
+
+def console(terminal: bool, height: int = 40) -> tuple[Console, io.StringIO]:
+    out = io.StringIO()
+    screen = Console(file=out, force_terminal=terminal, width=80, height=height, highlight=False)
+    return screen, out
+
+
+def events(*pairs: tuple[str, dict[str, Any]]) -> list[RunEvent]:
+    return [RunEvent(i, name, data) for i, (name, data) in enumerate(pairs, start=1)]
+
+
+COMPLETED: dict[str, Any] = {
+    "model": "openai:m",
+    "text": "",
+    "usage": None,
+    "finish_reason": "stop",
+}
+
+
+def show(view: RunView, run: list[RunEvent]) -> None:
+    with view:
+        for event in run:
+            view.handle(event)
+
+
+def test_a_reset_voids_the_turn_that_streamed_not_the_tools_before_it() -> None:
+    screen, out = console(terminal=True)
+    view = RunView(screen)
+    run = events(
+        ("message.delta", {"text": "Let me look."}),
+        ("tool_call", {"tool_call_id": "c", "name": "get_weather", "arguments": {"city": "Oslo"}}),
+        (
+            "tool_result",
+            {
+                "tool_call_id": "c",
+                "name": "get_weather",
+                "is_error": False,
+                "preview": '{"temp_c": 3}',
+            },
+        ),
+        ("message.delta", {"text": "Voided words"}),
+        ("message.reset", {"reason": "provider_retry", "attempt": 1}),
+        ("message.delta", {"text": "It is **3 °C**."}),
+        ("run.completed", {**COMPLETED, "text": "It is 3 °C."}),
+    )
+    show(view, run)
+    assert [b for b in view.blocks if isinstance(b, str)] == ["Let me look.", "It is **3 °C**."]
+    final = out.getvalue()
+    assert 'get_weather({"city": "Oslo"})' in final and "the answer starts over" in final
+
+
+def test_a_pipe_gets_the_answer_as_plain_text_and_each_ending_says_how() -> None:
+    screen, out = console(terminal=False)
+    show(
+        RunView(screen),
+        events(
+            ("message.delta", {"text": "Half an "}),
+            ("message.delta", {"text": "answer"}),
+            (
+                "run.failed",
+                {
+                    "model": "openai:m",
+                    "partial_text": "Half an answer",
+                    "error": {"code": "provider_server", "message": "Upstream broke"},
+                },
+            ),
+        ),
+    )
+    assert out.getvalue() == "Half an answer\nfailed: Upstream broke (provider_server)\n"
+
+    screen, out = console(terminal=False)
+    show(
+        RunView(screen),
+        events(("run.cancelled", {"model": "m", "partial_text": "", "reason": "cancel"})),
+    )
+    assert out.getvalue() == "stopped: the partial answer is kept, marked incomplete\n"
+
+    screen, out = console(terminal=False)
+    usage = {"input_tokens": 12, "output_tokens": 3}
+    finished = {**COMPLETED, "text": "Cut", "usage": usage, "finish_reason": "length"}
+    show(RunView(screen), events(("message.delta", {"text": "Cut"}), ("run.completed", finished)))
+    assert out.getvalue() == "Cut\nopenai:m · 12 in / 3 out tokens · cut off (max_output_tokens)\n"
+
+
+def test_a_compaction_shows_its_summary() -> None:
+    screen, out = console(terminal=False)
+    view = RunView(screen)
+    show(
+        view,
+        events(("run.completed", {**COMPLETED, "text": "- the summary", "finish_reason": None})),
+    )
+    assert out.getvalue().startswith("- the summary\n")
+
+
+def test_what_the_service_sends_cannot_drive_the_terminal() -> None:
+    """An answer (or a tool result) holding escape sequences: retitle, clear, clipboard."""
+    hostile = "Hi\x1b]0;pwned\x07 \x1b[2J\x1b]52;c;ZXZpbA==\x07there\x9b31m"
+    for terminal in (True, False):
+        screen, out = console(terminal)
+        show(
+            RunView(screen),
+            events(
+                ("message.delta", {"text": hostile}),
+                (
+                    "tool_result",
+                    {"tool_call_id": "c", "name": "t", "is_error": False, "preview": hostile},
+                ),
+                ("run.completed", COMPLETED),
+            ),
+        )
+        written = out.getvalue()
+        assert "\x1b]" not in written and "\x07" not in written and "\x9b" not in written
+        assert "\x1b[2J" not in written
+        assert "Hi" in written and "there" in written
+
+
+@given(st.text())
+def test_printable_leaves_no_control_but_newline_and_tab(text: str) -> None:
+    kept = printable(text)
+    assert all(c in "\n\t" or not (ord(c) < 32 or 0x7F <= ord(c) <= 0x9F) for c in kept)
+
+
+def test_a_long_answer_shows_its_tail_while_it_streams() -> None:
+    screen, out = console(terminal=True, height=8)
+    screen.print(Tail("\n\n".join(f"line {n}" for n in range(1, 21))))
+    shown = out.getvalue()
+    assert "line 20" in shown and "line 1\n" not in shown and "line 17" not in shown
+    assert len(shown.splitlines()) == 6  # the screen's height, less room for the prompt

@@ -1,0 +1,709 @@
+import { useChat } from "@ai-sdk/react";
+import { DefaultChatTransport } from "ai";
+import { useCallback, useEffect, useMemo, useRef, useState } from "react";
+import { createRoot } from "react-dom/client";
+import { ApiError, entriesToMessages, excerptPieces, makeApi, openRun } from "./api.js";
+
+const KEY_NAME = "threadline.key";
+
+function storedKey() {
+  return sessionStorage.getItem(KEY_NAME) ?? localStorage.getItem(KEY_NAME);
+}
+
+function App() {
+  const [key, setKey] = useState(storedKey);
+  const signOut = () => {
+    sessionStorage.removeItem(KEY_NAME);
+    localStorage.removeItem(KEY_NAME);
+    setKey(null);
+  };
+  if (!key) return <Login onKey={setKey} />;
+  return <Shell apiKey={key} onSignOut={signOut} />;
+}
+
+function Login({ onKey }) {
+  const [value, setValue] = useState("");
+  const [remember, setRemember] = useState(false);
+  const [error, setError] = useState(null);
+  const [busy, setBusy] = useState(false);
+  const submit = async (event) => {
+    event.preventDefault();
+    const key = value.trim();
+    setBusy(true);
+    setError(null);
+    try {
+      await makeApi(key).models(); // any authenticated call tells a good key from a bad one
+      (remember ? localStorage : sessionStorage).setItem(KEY_NAME, key);
+      onKey(key);
+    } catch (error) {
+      setError(error instanceof ApiError && error.status === 401 ? "That key was not accepted." : String(error.message));
+    } finally {
+      setBusy(false);
+    }
+  };
+  return (
+    <main className="login">
+      <form onSubmit={submit} aria-labelledby="login-title">
+        <h1 id="login-title">Threadline</h1>
+        <p>
+          Sign in with an API key. <code>make run</code> prints a development key when it starts and keeps it in{" "}
+          <code>.threadline/dev-key</code>; <code>threadline keys create --tenant NAME</code> makes others.
+        </p>
+        <label htmlFor="key">API key</label>
+        <input id="key" type="password" autoComplete="off" required value={value} onChange={(e) => setValue(e.target.value)} />
+        <label className="check">
+          <input type="checkbox" checked={remember} onChange={(e) => setRemember(e.target.checked)} />
+          Remember on this device (otherwise until this tab closes)
+        </label>
+        {error && <p role="alert" className="error">{error}</p>}
+        <button type="submit" disabled={busy || !value.trim()}>Sign in</button>
+      </form>
+    </main>
+  );
+}
+
+function sessionFromHash() {
+  const match = /session=([0-9a-f-]{36})/.exec(location.hash);
+  return match ? match[1] : null;
+}
+
+function Shell({ apiKey, onSignOut }) {
+  const api = useMemo(() => makeApi(apiKey), [apiKey]);
+  const [models, setModels] = useState(null);
+  const [sessionId, setSessionId] = useState(sessionFromHash);
+  const [session, setSession] = useState(null);
+  const [listVersion, setListVersion] = useState(0);
+  const [version, setVersion] = useState(0); // bumps when the open session's journal changed
+  const [rewritten, setRewritten] = useState(0); // bumps when the conversation must be re-read
+  const [panel, setPanel] = useState(null); // at phone width: "sessions" or "details" open
+  const [error, setError] = useState(null);
+
+  const fail = useCallback(
+    (error) => {
+      if (error instanceof ApiError && error.status === 401) onSignOut();
+      else setError(String(error.message ?? error));
+    },
+    [onSignOut],
+  );
+
+  useEffect(() => {
+    api.models().then(setModels, fail);
+  }, [api, fail]);
+  useEffect(() => {
+    // A link to #session=<id> (or the address bar) opens that session.
+    const follow = () => setSessionId(sessionFromHash());
+    window.addEventListener("hashchange", follow);
+    return () => window.removeEventListener("hashchange", follow);
+  }, []);
+
+  const open = useCallback((id) => {
+    setSessionId(id);
+    setPanel(null);
+    history.replaceState(null, "", id ? `#session=${id}` : "#");
+  }, []);
+
+  useEffect(() => {
+    if (!sessionId) return setSession(null);
+    let live = true;
+    api.session(sessionId).then((s) => live && setSession(s), (e) => {
+      if (e instanceof ApiError && e.status === 404) open(null);
+      else fail(e);
+    });
+    return () => {
+      live = false;
+    };
+  }, [api, sessionId, version, fail, open]);
+
+  const quickStart = async () => {
+    try {
+      const created = await api.createSession({ config: { model: models.default_model } });
+      setListVersion((v) => v + 1);
+      open(created.id);
+    } catch (error) {
+      fail(error);
+    }
+  };
+
+  const changed = useCallback(() => {
+    setVersion((v) => v + 1);
+    setListVersion((v) => v + 1);
+  }, []);
+
+  return (
+    <div className={`shell ${panel ? `show-${panel}` : ""}`}>
+      <header className="bar">
+        <button type="button" className="narrow-only" aria-expanded={panel === "sessions"} aria-controls="sessions" onClick={() => setPanel(panel === "sessions" ? null : "sessions")}>
+          Sessions
+        </button>
+        <h1 className="brand">Threadline</h1>
+        <span className="title" aria-live="polite">{session ? session.title || "Untitled session" : ""}</span>
+        {session && (
+          <button type="button" className="narrow-only" aria-expanded={panel === "details"} aria-controls="details" onClick={() => setPanel(panel === "details" ? null : "details")}>
+            Details
+          </button>
+        )}
+        <button type="button" className="quiet" onClick={onSignOut}>Sign out</button>
+      </header>
+      {error && (
+        <p role="alert" className="error banner">
+          {error} <button type="button" className="quiet" onClick={() => setError(null)}>Dismiss</button>
+        </p>
+      )}
+      <Sessions api={api} models={models} current={sessionId} onOpen={open} version={listVersion} fail={fail} />
+      <main className="chat-area" id="chat">
+        {sessionId && session?.id === sessionId ? (
+          <Chat key={`${sessionId}:${rewritten}`} api={api} apiKey={apiKey} session={session} onChanged={changed} onOpen={open} fail={fail} />
+        ) : (
+          <div className="empty">
+            {sessionId ? (
+              <p>Loading…</p>
+            ) : (
+              <>
+                <p>Choose a session, or start a new one.</p>
+                <button type="button" disabled={!models} onClick={quickStart}>
+                  New session with the default model
+                </button>
+              </>
+            )}
+          </div>
+        )}
+      </main>
+      {session && session.id === sessionId && (
+        <Details
+          api={api}
+          session={session}
+          version={version}
+          onOpen={open}
+          onCompacted={() => {
+            setRewritten((v) => v + 1);
+            changed();
+          }}
+          fail={fail}
+        />
+      )}
+    </div>
+  );
+}
+
+function Sessions({ api, models, current, onOpen, version, fail }) {
+  const [q, setQ] = useState("");
+  const [list, setList] = useState([]);
+  const [cursor, setCursor] = useState(null);
+  const [model, setModel] = useState("");
+  const [title, setTitle] = useState("");
+
+  useEffect(() => {
+    let live = true;
+    const timer = setTimeout(() => {
+      api.sessions({ q: q.trim(), limit: 30 }).then((page) => {
+        if (!live) return;
+        setList(page.data);
+        setCursor(page.next_cursor);
+      }, fail);
+    }, q ? 200 : 0);
+    return () => {
+      live = false;
+      clearTimeout(timer);
+    };
+  }, [api, q, version, fail]);
+
+  const more = async () => {
+    try {
+      const page = await api.sessions({ q: q.trim(), limit: 30, cursor });
+      setList((list) => [...list, ...page.data]);
+      setCursor(page.next_cursor);
+    } catch (error) {
+      fail(error);
+    }
+  };
+
+  const create = async (event) => {
+    event.preventDefault();
+    try {
+      const chosen = model || models?.default_model;
+      const created = await api.createSession({ title: title.trim() || null, config: chosen ? { model: chosen } : {} });
+      setTitle("");
+      setList((list) => [created, ...list]);
+      onOpen(created.id);
+    } catch (error) {
+      fail(error);
+    }
+  };
+
+  return (
+    <aside className="sessions" id="sessions" aria-label="Sessions">
+      <form className="new-session" onSubmit={create}>
+        <h2>New session</h2>
+        <label htmlFor="new-title">Title (optional)</label>
+        <input id="new-title" value={title} onChange={(e) => setTitle(e.target.value)} placeholder="From the first message" />
+        <label htmlFor="new-model">Model</label>
+        {models && <p className="meta hint">The default: {models.default_model}</p>}
+        <select id="new-model" value={model || models?.default_model || ""} onChange={(e) => setModel(e.target.value)}>
+          {(models?.data ?? []).map((m) => (
+            <option key={m.id} value={m.id}>
+              {m.id}
+            </option>
+          ))}
+        </select>
+        <button type="submit" disabled={!models}>Start session</button>
+      </form>
+      <div className="session-list">
+        <label htmlFor="session-search">Search sessions</label>
+        <input id="session-search" type="search" value={q} onChange={(e) => setQ(e.target.value)} placeholder="Title contains…" />
+        <ul>
+          {list.map((s) => (
+            <li key={s.id}>
+              <button type="button" className={`session ${s.id === current ? "current" : ""}`} aria-current={s.id === current ? "page" : undefined} onClick={() => onOpen(s.id)}>
+                <span className="session-title">{s.title || "Untitled session"}</span>
+                <span className="meta">
+                  {s.parent_id ? "branch · " : ""}
+                  {new Date(s.created_at).toLocaleString()} · {s.rev} entries
+                </span>
+              </button>
+            </li>
+          ))}
+        </ul>
+        {list.length === 0 && <p className="meta">{q ? "No session has that in its title." : "No sessions yet."}</p>}
+        {cursor && <button type="button" className="quiet" onClick={more}>Older sessions</button>}
+      </div>
+    </aside>
+  );
+}
+
+function Chat({ api, apiKey, session, onChanged, onOpen, fail }) {
+  const [initial, setInitial] = useState(null);
+  useEffect(() => {
+    let live = true;
+    const loaded = (entries) => live && setInitial({ messages: entriesToMessages(entries), running: openRun(entries) !== null });
+    api.entries(session.id).then(loaded, fail);
+    return () => {
+      live = false;
+    };
+  }, [api, session.id, fail]);
+  if (initial === null) return <div className="empty"><p>Loading the conversation…</p></div>;
+  return <Conversation api={api} apiKey={apiKey} session={session} initial={initial.messages} rejoin={initial.running} onChanged={onChanged} onOpen={onOpen} fail={fail} />;
+}
+
+function Conversation({ api, apiKey, session, initial, rejoin, onChanged, onOpen, fail }) {
+  const transport = useMemo(
+    () =>
+      new DefaultChatTransport({
+        api: "/v1/ui/chat",
+        headers: { Authorization: `Bearer ${apiKey}` },
+        // The run goes on when the page goes away (a reload rejoins it); Stop cancels it.
+        body: { on_disconnect: "continue" },
+        // The journal holds the conversation and only the new message is read: the request
+        // stays small however long the session is.
+        prepareSendMessagesRequest: ({ id, messages, body, trigger, messageId }) => ({
+          body: { ...body, id, messages: messages.slice(-1), trigger, messageId },
+        }),
+      }),
+    [apiKey],
+  );
+  const reload = useRef(null);
+  const { messages, sendMessage, setMessages, status, stop, error, regenerate } = useChat({
+    id: session.id,
+    messages: initial,
+    transport,
+    resume: rejoin, // a run in progress (a reload left it): rejoin its stream
+    onFinish: () => reload.current?.(),
+    // The run has started: the user's message is in the journal (the meter, the list).
+    onData: (part) => part.type === "data-threadline-run" && onChanged(),
+  });
+  reload.current = async () => {
+    try {
+      setMessages(entriesToMessages(await api.entries(session.id)));
+    } catch (error) {
+      fail(error);
+    }
+    onChanged();
+  };
+  const [text, setText] = useState("");
+  const [stopping, setStopping] = useState(false);
+  const busy = status === "submitted" || status === "streaming";
+  const end = useRef(null);
+  useEffect(() => {
+    end.current?.scrollIntoView?.({ block: "end" });
+  }, [messages]);
+  useEffect(() => {
+    if (!busy) setStopping(false);
+  }, [busy]);
+
+  const send = async (event) => {
+    event.preventDefault();
+    const words = text.trim();
+    if (!words || busy) return;
+    setText("");
+    if (!session.title) {
+      api.updateSession(session.id, { title: words.slice(0, 60) }).then(onChanged, fail);
+    }
+    sendMessage({ text: words });
+  };
+
+  const runId = useMemo(() => {
+    const last = messages[messages.length - 1];
+    const part = last?.role === "assistant" ? last.parts.find((p) => p.type === "data-threadline-run") : null;
+    return part?.data?.runId ?? null;
+  }, [messages]);
+
+  const halt = async () => {
+    setStopping(true);
+    if (runId) {
+      try {
+        await api.cancelRun(runId); // the stream then ends with the run's abort
+        return;
+      } catch {
+        // fall through: at least stop listening
+      }
+    }
+    stop();
+  };
+
+  const branch = async (seq) => {
+    try {
+      const fork = await api.fork(session.id, seq, `${session.title || "Untitled session"} (branch at ${seq})`);
+      onChanged();
+      onOpen(fork.id);
+    } catch (error) {
+      fail(error);
+    }
+  };
+
+  const lastAssistant = [...messages].reverse().find((m) => m.role === "assistant");
+  // History a compaction summarized: still in the journal, no longer in the model's context.
+  const summarizedThrough = Math.max(0, ...messages.filter((m) => m.metadata?.summary).map((m) => m.metadata.summary.to_seq));
+  return (
+    <>
+      <ol className="messages" aria-label="Conversation">
+        {messages.length === 0 && <li className="empty"><p>Say something to start. Answers come from {session.config.model}.</p></li>}
+        {messages.map((message) => (
+          <Message key={message.id} message={message} summarized={message.role !== "system" && message.metadata?.seq <= summarizedThrough} streaming={busy && message === messages[messages.length - 1] && message.role === "assistant"} onBranch={busy ? null : branch} />
+        ))}
+        <li ref={end} aria-hidden="true" className="end" />
+      </ol>
+      <div className="status" aria-live="polite">
+        {status === "submitted" && "Sending…"}
+        {status === "streaming" && (stopping ? "Stopping…" : "Answering…")}
+        {error && <span className="error">The answer failed: {error.message}</span>}
+      </div>
+      <form className="composer" onSubmit={send}>
+        <label htmlFor="message" className="visually-hidden">Message</label>
+        <textarea
+          id="message"
+          rows={2}
+          value={text}
+          placeholder="Message (Enter sends, Shift+Enter for a new line)"
+          onChange={(e) => setText(e.target.value)}
+          onKeyDown={(e) => {
+            if (e.key === "Enter" && !e.shiftKey && !e.nativeEvent.isComposing) send(e);
+          }}
+        />
+        {busy ? (
+          <button type="button" className="stop" onClick={halt} disabled={stopping}>Stop</button>
+        ) : (
+          <>
+            <button type="submit" disabled={!text.trim()}>Send</button>
+            {lastAssistant && <button type="button" className="quiet" onClick={() => regenerate()}>Regenerate</button>}
+          </>
+        )}
+      </form>
+    </>
+  );
+}
+
+function Message({ message, summarized, streaming, onBranch }) {
+  const seq = message.metadata?.seq;
+  const parts = message.parts;
+  // A retried model turn: what came before the last reset was voided; the answer follows it.
+  const lastReset = parts.findLastIndex((p) => p.type === "data-threadline-reset");
+  const voided = lastReset >= 0 ? parts.slice(0, lastReset) : [];
+  const shown = lastReset >= 0 ? parts.slice(lastReset + 1) : parts;
+  const aborted = message.metadata?.incomplete;
+  if (message.role === "system") {
+    return (
+      <li className="message summary" id={seq ? `msg-${seq}` : undefined}>
+        <details>
+          <summary>Compacted: entries {message.metadata.summary.from_seq}–{message.metadata.summary.to_seq} summarized{message.metadata.summary.focus ? ` (focus: ${message.metadata.summary.focus})` : ""}</summary>
+          <p className="text">{parts[0].text}</p>
+        </details>
+      </li>
+    );
+  }
+  return (
+    <li className={`message ${message.role} ${summarized ? "summarized" : ""}`} id={seq ? `msg-${seq}` : undefined}>
+      <div className="who">
+        {message.role === "user" ? "You" : "Assistant"}
+        {seq ? <span className="meta"> · #{seq}</span> : null}
+        {summarized ? <span className="meta"> · summarized</span> : null}
+      </div>
+      {voided.some((p) => p.type === "text" && p.text) && (
+        <details className="retried">
+          <summary>Retried: an attempt was voided ({parts[lastReset].data?.reason ?? "retry"})</summary>
+          <p className="text superseded">{voided.filter((p) => p.type === "text").map((p) => p.text).join("")}</p>
+        </details>
+      )}
+      <div className="body" aria-live={streaming ? "polite" : undefined} aria-busy={streaming || undefined}>
+        {shown.map((part, i) => (
+          <Part key={i} part={part} />
+        ))}
+        {aborted && <p className="meta">(stopped: the answer is incomplete)</p>}
+      </div>
+      {seq && onBranch && (
+        <button type="button" className="branch" onClick={() => onBranch(seq)} aria-label={`Branch from message #${seq}`}>
+          Branch from here
+        </button>
+      )}
+    </li>
+  );
+}
+
+function Part({ part }) {
+  if (part.type === "text") return part.text ? <p className="text">{part.text}</p> : null;
+  if (part.type === "dynamic-tool" || part.type.startsWith("tool-")) {
+    const name = part.toolName ?? part.type.slice(5);
+    const done = part.state === "output-available" || part.state === "output-error";
+    return (
+      <details className="tool">
+        <summary>
+          Tool <code>{name}</code> {done ? (part.state === "output-error" ? "failed" : "returned") : "called"}
+        </summary>
+        <h4>Input</h4>
+        <pre>{JSON.stringify(part.input, null, 2)}</pre>
+        {done && (
+          <>
+            <h4>{part.state === "output-error" ? "Error" : "Result"}</h4>
+            <pre>{part.state === "output-error" ? part.errorText : JSON.stringify(part.output, null, 2)}</pre>
+          </>
+        )}
+      </details>
+    );
+  }
+  if (part.type === "data-error") return <p className="error">Error: {part.data?.message ?? JSON.stringify(part.data)}</p>;
+  return null;
+}
+
+function Details({ api, session, version, onOpen, onCompacted, fail }) {
+  return (
+    <aside className="details" id="details" aria-label="Session details">
+      <ContextMeter api={api} session={session} version={version} fail={fail} />
+      <Compact api={api} session={session} onCompacted={onCompacted} fail={fail} />
+      <Branches api={api} session={session} version={version} onOpen={onOpen} fail={fail} />
+      <HistorySearch api={api} session={session} fail={fail} />
+      <MemoryView api={api} session={session} fail={fail} />
+    </aside>
+  );
+}
+
+const SEGMENTS = ["system", "memory", "summary", "tools", "history"];
+
+function ContextMeter({ api, session, version, fail }) {
+  const [context, setContext] = useState(null);
+  useEffect(() => {
+    let live = true;
+    api.context(session.id).then((c) => live && setContext(c), fail);
+    return () => {
+      live = false;
+    };
+  }, [api, session.id, version, fail]);
+  if (!context) return <section aria-label="Context"><h2>Context</h2><p className="meta">Measuring…</p></section>;
+  const share = (tokens) => `${Math.min(100, (100 * tokens) / context.budget)}%`;
+  const percent = Math.round((100 * context.tokens) / context.budget);
+  return (
+    <section aria-labelledby="context-title">
+      <h2 id="context-title">Context</h2>
+      <p>
+        The next prompt holds <strong>{context.tokens.toLocaleString()}</strong> of {context.budget.toLocaleString()} tokens ({percent}%) for{" "}
+        <code>{context.model}</code>.
+      </p>
+      <div className="meter" role="img" aria-label={`${percent}% of the context budget used`}>
+        {SEGMENTS.map((kind) => (context.breakdown[kind] ? <span key={kind} className={`seg seg-${kind}`} style={{ width: share(context.breakdown[kind]) }} /> : null))}
+        <span className="threshold" style={{ left: share(context.threshold_tokens) }} title="Compaction threshold" />
+      </div>
+      <dl className="legend">
+        {SEGMENTS.map((kind) => (
+          <div key={kind}>
+            <dt><span className={`swatch seg-${kind}`} aria-hidden="true" />{kind}</dt>
+            <dd>{(context.breakdown[kind] ?? 0).toLocaleString()}</dd>
+          </div>
+        ))}
+      </dl>
+      <p className="meta">
+        {context.messages} {context.messages === 1 ? "message" : "messages"} from {context.entries_included} of {context.entries_total} entries · compacts itself past {context.threshold_tokens.toLocaleString()}
+        {context.summary_used ? " · a summary stands in for older history" : ""}
+      </p>
+    </section>
+  );
+}
+
+function Compact({ api, session, onCompacted, fail }) {
+  const [focus, setFocus] = useState("");
+  const [state, setState] = useState(null);
+  const submit = async (event) => {
+    event.preventDefault();
+    setState("Compacting…");
+    try {
+      const run = await api.compact(session.id, focus.trim());
+      const done = await api.waitRun(run.id);
+      setState(done.status === "completed" ? "Compacted: a summary now stands in for older history." : `Compaction ${done.status}${done.error ? `: ${done.error.message}` : ""}`);
+      setFocus("");
+      onCompacted();
+    } catch (error) {
+      setState(null);
+      fail(error);
+    }
+  };
+  return (
+    <section aria-labelledby="compact-title">
+      <h2 id="compact-title">Compact</h2>
+      <form onSubmit={submit} className="inline">
+        <label htmlFor="compact-focus">Focus (optional)</label>
+        <input id="compact-focus" value={focus} onChange={(e) => setFocus(e.target.value)} placeholder="What the summary should keep" />
+        <button type="submit" disabled={state === "Compacting…"}>Compact</button>
+      </form>
+      {state && <p className="meta" role="status">{state}</p>}
+    </section>
+  );
+}
+
+function Branches({ api, session, version, onOpen, fail }) {
+  const [children, setChildren] = useState([]);
+  const [parent, setParent] = useState(null);
+  const [siblings, setSiblings] = useState([]); // the parent's other forks
+  useEffect(() => {
+    let live = true;
+    api.sessions({ parent_id: session.id, limit: 50 }).then((page) => live && setChildren(page.data), fail);
+    if (session.parent_id) {
+      api.session(session.parent_id).then((p) => live && setParent(p), () => live && setParent(null));
+      api.sessions({ parent_id: session.parent_id, limit: 50 }).then((page) => live && setSiblings(page.data.filter((s) => s.id !== session.id)), fail);
+    } else {
+      setParent(null);
+      setSiblings([]);
+    }
+    return () => {
+      live = false;
+    };
+  }, [api, session.id, session.parent_id, version, fail]);
+  return (
+    <section aria-labelledby="branches-title">
+      <h2 id="branches-title">Branches</h2>
+      {parent && (
+        <p>
+          Branched at #{session.fork_seq} from{" "}
+          <button type="button" className="link" onClick={() => onOpen(parent.id)}>{parent.title || "Untitled session"}</button>
+        </p>
+      )}
+      {siblings.length > 0 && (
+        <>
+          <h3>Other branches of it</h3>
+          <ul className="plain">
+            {siblings.map((other) => (
+              <li key={other.id}>
+                <button type="button" className="link" onClick={() => onOpen(other.id)}>{other.title || "Untitled session"}</button>{" "}
+                <span className="meta">at #{other.fork_seq}</span>
+              </li>
+            ))}
+          </ul>
+        </>
+      )}
+      {children.length > 0 && parent && <h3>Branches of this one</h3>}
+      {children.length > 0 ? (
+        <ul className="plain">
+          {children.map((child) => (
+            <li key={child.id}>
+              <button type="button" className="link" onClick={() => onOpen(child.id)}>{child.title || "Untitled session"}</button>{" "}
+              <span className="meta">at #{child.fork_seq}</span>
+            </li>
+          ))}
+        </ul>
+      ) : (
+        !parent && <p className="meta">No branches. “Branch from here” on a message starts one.</p>
+      )}
+    </section>
+  );
+}
+
+function HistorySearch({ api, session, fail }) {
+  const [q, setQ] = useState("");
+  const [hits, setHits] = useState(null);
+  const submit = async (event) => {
+    event.preventDefault();
+    if (!q.trim()) return;
+    try {
+      setHits((await api.search(session.id, q.trim())).data);
+    } catch (error) {
+      fail(error);
+    }
+  };
+  const jump = (seq) => {
+    const shown = [...document.querySelectorAll(".messages [id^='msg-']")];
+    const target = shown.find((el) => Number(el.id.slice(4)) >= seq);
+    if (target) {
+      target.scrollIntoView({ block: "center" });
+      target.classList.add("found");
+      setTimeout(() => target.classList.remove("found"), 2000);
+    }
+  };
+  return (
+    <section aria-labelledby="search-title">
+      <h2 id="search-title">Search history</h2>
+      <form onSubmit={submit} className="inline" role="search">
+        <label htmlFor="history-q">Words, "a phrase", -not</label>
+        <input id="history-q" type="search" value={q} onChange={(e) => setQ(e.target.value)} />
+        <button type="submit">Search</button>
+      </form>
+      {hits && (
+        <ul className="plain hits" aria-live="polite">
+          {hits.length === 0 && <li className="meta">Nothing found.</li>}
+          {hits.map((hit) => (
+            <li key={hit.id}>
+              <button type="button" className="hit" onClick={() => jump(hit.seq)}>
+                <span className="meta">#{hit.seq} · {hit.kind}</span>
+                <span>{excerptPieces(hit.excerpt).map((piece, i) => (piece.mark ? <mark key={i}>{piece.text}</mark> : <span key={i}>{piece.text}</span>))}</span>
+              </button>
+            </li>
+          ))}
+        </ul>
+      )}
+    </section>
+  );
+}
+
+function MemoryView({ api, session, fail }) {
+  const [list, setList] = useState(null);
+  const [open, setOpen] = useState(session.config.memory_namespace ?? null);
+  const [memory, setMemory] = useState(null);
+  useEffect(() => {
+    api.memories().then((page) => setList(page.data), fail);
+  }, [api, fail]);
+  useEffect(() => {
+    if (!open) return setMemory(null);
+    let live = true;
+    api.memory(open).then((m) => live && setMemory(m), (e) => live && (e.status === 404 ? setMemory({ namespace: open, content: "" }) : fail(e)));
+    return () => {
+      live = false;
+    };
+  }, [api, open, fail]);
+  return (
+    <section aria-labelledby="memory-title">
+      <h2 id="memory-title">Memory</h2>
+      <p className="meta">
+        {session.config.memory_namespace ? <>This session reads <code>{session.config.memory_namespace}</code>.</> : "This session has no memory namespace."}
+      </p>
+      {list && list.length > 0 ? (
+        <ul className="plain">
+          {list.map((m) => (
+            <li key={m.namespace}>
+              <button type="button" className="link" aria-pressed={open === m.namespace} onClick={() => setOpen(open === m.namespace ? null : m.namespace)}>{m.namespace}</button>{" "}
+              <span className="meta">v{m.version} · {m.lines} lines</span>
+            </li>
+          ))}
+        </ul>
+      ) : (
+        list && <p className="meta">No memory yet.</p>
+      )}
+      {memory && <pre className="memory" aria-label={`Memory ${memory.namespace}`}>{memory.content || "(empty)"}</pre>}
+    </section>
+  );
+}
+
+createRoot(document.getElementById("root")).render(<App />);
