@@ -714,3 +714,5 @@ class WebhookDelivery(BaseModel):
 
 class WebhookDeliveryList(BaseModel):
     data: list[WebhookDelivery] = Field(description="Newest first.")
+    has_more: bool
+    next_cursor: str | None = Field(description="Pass as `cursor` for the next (older) page.")

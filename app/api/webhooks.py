@@ -77,6 +77,7 @@ async def list_deliveries(
     tenant: Tenant,
     settings: Config,
     limit: Annotated[int, Query(ge=1, le=1000)] = 20,
+    cursor: Annotated[str | None, Query(max_length=512)] = None,
 ) -> WebhookDeliveryList:
     """The endpoint's newest deliveries: attempts, the receiver's last answer, when delivered."""
     if limit > settings.max_page_size:
@@ -85,5 +86,9 @@ async def list_deliveries(
             f"limit may be at most {settings.max_page_size}",
             {"loc": ["query", "limit"], "max": settings.max_page_size},
         )
-    rows = await service.deliveries(engine, tenant, str(webhook_id), limit)
-    return WebhookDeliveryList(data=[WebhookDelivery.from_row(r) for r in rows])
+    page = await service.deliveries(engine, tenant, str(webhook_id), limit, cursor)
+    return WebhookDeliveryList(
+        data=[WebhookDelivery.from_row(r) for r in page.items],
+        has_more=page.next_cursor is not None,
+        next_cursor=page.next_cursor,
+    )

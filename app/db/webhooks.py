@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import RowMapping, func, or_, select, update
+from sqlalchemy import RowMapping, func, literal, or_, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.db.tables import webhook_deliveries, webhook_endpoints
@@ -72,14 +73,23 @@ async def insert_deliveries(
     return [str(i) for i in (await conn.execute(query, rows)).scalars()]
 
 
-async def list_deliveries(conn: AsyncConnection, endpoint_id: str, limit: int) -> list[RowMapping]:
-    """Newest first."""
-    query = (
-        select(webhook_deliveries)
-        .where(webhook_deliveries.c.endpoint_id == endpoint_id)
-        .order_by(webhook_deliveries.c.created_at.desc(), webhook_deliveries.c.id.desc())
-        .limit(limit)
-    )
+async def list_deliveries(
+    conn: AsyncConnection, endpoint_id: str, limit: int, before: tuple[datetime, str] | None
+) -> list[RowMapping]:
+    """Newest first; `before` is the (created_at, id) keyset cursor of the previous page."""
+    query = select(webhook_deliveries).where(webhook_deliveries.c.endpoint_id == endpoint_id)
+    if before is not None:
+        created_at, delivery_id = before
+        cursor = tuple_(
+            literal(created_at, webhook_deliveries.c.created_at.type),
+            literal(delivery_id, webhook_deliveries.c.id.type),
+        )
+        query = query.where(
+            tuple_(webhook_deliveries.c.created_at, webhook_deliveries.c.id) < cursor
+        )
+    query = query.order_by(
+        webhook_deliveries.c.created_at.desc(), webhook_deliveries.c.id.desc()
+    ).limit(limit)
     return list((await conn.execute(query)).mappings())
 
 

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
-import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -29,6 +25,7 @@ from app.db import journal as journal_db
 from app.db import sessions as sessions_db
 from app.llm.base import ProviderError
 from app.llm.router import Router
+from app.services.cursors import decode_cursor, encode_cursor
 from app.services.errors import Conflict, Invalid, session_not_found
 
 # A fork retries when a session in its lineage is deleted under it (the lineage is then rewritten).
@@ -96,7 +93,7 @@ async def list_sessions(
     title_contains: str | None = None,
     parent_id: str | None = None,
 ) -> SessionPage:
-    before = _decode_cursor(cursor) if cursor else None
+    before = decode_cursor(cursor) if cursor else None
     async with engine.connect() as conn:
         rows = await sessions_db.list_sessions(
             conn,
@@ -109,7 +106,7 @@ async def list_sessions(
         )
     more = len(rows) > limit
     rows = rows[:limit]
-    next_cursor = _encode_cursor(rows[-1]["created_at"], rows[-1]["id"]) if more else None
+    next_cursor = encode_cursor(rows[-1]["created_at"], rows[-1]["id"]) if more else None
     return SessionPage(rows, next_cursor)
 
 
@@ -257,22 +254,3 @@ def check_models(settings: Settings, config: dict[str, Any]) -> None:
                 f"{error.message}; configured providers: {', '.join(configured)}",
                 {"loc": ["body", "config", name], "model": model, "configured": configured},
             ) from error
-
-
-def _encode_cursor(created_at: datetime, session_id: Any) -> str:
-    raw = json.dumps([created_at.isoformat(), str(session_id)]).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def _decode_cursor(cursor: str) -> tuple[datetime, str]:
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        created_at, session_id = json.loads(raw)
-        moment = datetime.fromisoformat(created_at)
-        if moment.tzinfo is None:
-            raise ValueError("naive timestamp")
-        return moment, str(uuid.UUID(session_id))
-    except (binascii.Error, ValueError, TypeError, AttributeError) as exc:
-        raise Invalid(
-            "invalid_cursor", "the cursor is not one this API returned", {"cursor": cursor}
-        ) from exc

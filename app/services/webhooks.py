@@ -7,6 +7,7 @@ import base64
 import json
 import secrets
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
@@ -19,6 +20,7 @@ from app.db import jobs as jobs_db
 from app.db import sessions as sessions_db
 from app.db import webhooks as webhooks_db
 from app.runs.model import Run
+from app.services.cursors import decode_cursor, encode_cursor
 from app.services.errors import Invalid, NotFound, session_not_found
 
 # The events an endpoint can be told of: a run's end, and a run waiting for client tools.
@@ -93,13 +95,25 @@ async def delete_endpoint(engine: AsyncEngine, tenant_id: str, endpoint_id: str)
             raise webhook_not_found(endpoint_id)
 
 
+@dataclass(frozen=True)
+class DeliveryPage:
+    items: list[RowMapping]
+    next_cursor: str | None
+
+
 async def deliveries(
-    engine: AsyncEngine, tenant_id: str, endpoint_id: str, limit: int
-) -> list[RowMapping]:
+    engine: AsyncEngine, tenant_id: str, endpoint_id: str, limit: int, cursor: str | None
+) -> DeliveryPage:
+    """The endpoint's delivery log, newest first, a page at a time."""
+    before = decode_cursor(cursor) if cursor else None
     async with engine.connect() as conn:
         if await webhooks_db.get_endpoint(conn, tenant_id, endpoint_id) is None:
             raise webhook_not_found(endpoint_id)
-        return await webhooks_db.list_deliveries(conn, endpoint_id, limit)
+        rows = await webhooks_db.list_deliveries(conn, endpoint_id, limit + 1, before)
+    more = len(rows) > limit
+    rows = rows[:limit]
+    last = encode_cursor(rows[-1]["created_at"], rows[-1]["id"]) if more else None
+    return DeliveryPage(rows, last)
 
 
 async def queue_run_event(

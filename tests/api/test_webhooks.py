@@ -240,6 +240,17 @@ async def test_failed_requires_action_and_cancelled_runs_are_posted(
     assert payloads[2]["data"]["status"] == "cancelled"
     log = await deliveries(hooks, hook["id"], settled=3)
     assert [d["event_type"] for d in log] == ["run.cancelled", "run.requires_action", "run.failed"]
+    # The log in pages, newest first.
+    path = f"/v1/webhooks/{hook['id']}/deliveries"
+    first_page = (await hooks.get(path, params={"limit": 2})).json()
+    assert first_page["has_more"] is True
+    rest = (await hooks.get(path, params={"limit": 2, "cursor": first_page["next_cursor"]})).json()
+    assert rest["has_more"] is False and rest["next_cursor"] is None
+    assert [d["id"] for d in first_page["data"] + rest["data"]] == [d["id"] for d in log]
+    bad = await hooks.get(path, params={"cursor": "not-a-cursor"})
+    assert bad.status_code == 422 and bad.json()["error"]["code"] == "invalid_cursor"
+    too_many = await hooks.get(path, params={"limit": 1000})
+    assert too_many.status_code == 422 and too_many.json()["error"]["code"] == "limit_too_large"
 
 
 async def test_session_webhooks_and_event_filters(
