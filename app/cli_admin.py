@@ -1,5 +1,6 @@
 """The `threadline keys`, `threadline tenants` and `threadline usage` commands: a tenant's API
-keys, limits and usage, straight against the database (the admin API does the same over HTTP)."""
+keys, limits, session TTL and usage, straight against the database (the admin API does the
+same over HTTP)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,26 @@ def limit_value(value: str) -> int | None:
     if count < 0:
         raise argparse.ArgumentTypeError(f"{value} is negative")
     return count
+
+
+MAX_TTL_SECONDS = 3_153_600_000  # 100 years, as the API's ttl_seconds
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def duration(value: str) -> int | None:
+    """`none`, or a whole number of seconds with an optional unit: 90, 90s, 15m, 12h, 30d, 2w."""
+    text = value.strip().lower()
+    if text == "none":
+        return None
+    unit = DURATION_UNITS.get(text[-1:])
+    number = text[:-1] if unit is not None else text
+    seconds = int(number) * (unit or 1) if number.isascii() and number.isdigit() else 0
+    if not 0 < seconds <= MAX_TTL_SECONDS:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a duration: a positive whole number with s, m, h, d or w (up to "
+            "100 years), or none"
+        )
+    return seconds
 
 
 def add_commands(commands: Any) -> None:
@@ -74,6 +95,9 @@ def add_commands(commands: Any) -> None:
             default=argparse.SUPPRESS,
             metavar="N|default",
         )
+    ttl = tenants.add_parser("ttl", help="set the default TTL of a tenant's new sessions")
+    ttl.add_argument("tenant", metavar="TENANT")
+    ttl.add_argument("duration", type=duration, help="e.g. 3600, 90m, 12h, 30d, 2w, or none")
 
     usage = commands.add_parser("usage", help="tokens and cost per UTC day and model")
     usage.add_argument("tenant", nargs="?", metavar="TENANT", help="one tenant's (default: all)")
@@ -91,6 +115,8 @@ def run(settings: Settings, args: argparse.Namespace) -> None:
     try:
         if args.command == "keys":
             _keys(settings, args)
+        elif args.command == "tenants" and args.tenants_command == "ttl":
+            _session_ttl(settings, args.tenant, args.duration)
         elif args.command == "tenants":
             _limits(settings, args)
         elif args.command == "usage":
@@ -206,6 +232,15 @@ def _limits(settings: Settings, args: argparse.Namespace) -> None:
         own, effective = getattr(found.own, column), getattr(found.effective, column)
         source = "" if own is not None else "  (default)"
         print(f"{column}: {'unlimited' if effective is None else effective}{source}", flush=True)
+
+
+def _session_ttl(settings: Settings, tenant: str, ttl_seconds: int | None) -> None:
+    """The default TTL of the tenant's new sessions (those already made keep their expiry)."""
+    from app.services.retention import set_session_ttl
+
+    _with_engine(settings, lambda engine: set_session_ttl(engine, tenant, ttl_seconds))
+    shown = "none" if ttl_seconds is None else f"{ttl_seconds} seconds"
+    print(f"tenant {tenant}: new sessions expire after {shown}", flush=True)
 
 
 def _usage(settings: Settings, args: argparse.Namespace) -> None:

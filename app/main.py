@@ -27,6 +27,7 @@ from app.api import (
     stream_tokens,
     ui_messages,
     usage,
+    webhooks,
 )
 from app.api.docs import install_docs
 from app.api.errors import install_error_handlers
@@ -137,6 +138,7 @@ def create_app(settings: Settings | None = None, *, workers: int = 0) -> FastAPI
     app.include_router(usage.router)
     app.include_router(admin.router)
     app.include_router(openai_routes.router)
+    app.include_router(webhooks.router)
     app.include_router(health.router)
     app.include_router(metrics.router)
     install_web(app)

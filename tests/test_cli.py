@@ -301,3 +301,73 @@ async def test_usage_prints_the_report(database_url: str, engine: Any) -> None:
         ).stdout
     )
     assert old["data"] == []
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("90", 90),
+        ("90s", 90),
+        ("15m", 900),
+        ("12h", 43200),
+        ("30D", 2592000),
+        ("2w", 1209600),
+        ("none", None),
+        (" None ", None),
+    ],
+)
+def test_tenants_ttl_reads_durations(text: str, seconds: int | None) -> None:
+    from app.cli import parser
+
+    args = parser().parse_args(["tenants", "ttl", "acme", text])
+    assert (args.tenant, args.duration) == ("acme", seconds)
+
+
+@pytest.mark.parametrize("text", ["0", "0d", "-5", "1.5h", "h", "", "12x", "²", "1y", "5000000w"])
+def test_tenants_ttl_refuses_what_is_no_duration(text: str) -> None:
+    from app.cli import parser
+
+    with pytest.raises(SystemExit):
+        parser().parse_args(["tenants", "ttl", "acme", text])
+
+
+def test_tenants_ttl_sets_the_default_of_new_sessions(database_url: str) -> None:
+    import asyncio
+
+    import asyncpg
+
+    from app.worker.pool import libpq_url
+    from tests.e2e import create_database
+
+    url = create_database(database_url, "cli_ttl")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("THREADLINE_")}
+    env["THREADLINE_DATABASE_URL"] = url
+
+    def ttl(duration: str) -> int | None:
+        result = subprocess.run(
+            [THREADLINE, "tenants", "ttl", "acme", duration],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert "tenant acme" in result.stdout
+
+        async def read() -> int | None:
+            conn = await asyncpg.connect(libpq_url(url))
+            try:
+                value = await conn.fetchval(
+                    "SELECT session_ttl_seconds FROM tenants WHERE name = 'acme'"
+                )
+                return None if value is None else int(value)
+            finally:
+                await conn.close()
+
+        return asyncio.run(read())
+
+    assert ttl("12h") == 43200
+    assert ttl("none") is None
+    refused = subprocess.run(
+        [THREADLINE, "tenants", "ttl", "acme", "soon"], env=env, capture_output=True, text=True
+    )
+    assert refused.returncode == 2 and "not a duration" in refused.stderr

@@ -33,6 +33,8 @@ async def create_session(
         metadata=body.metadata,
         config=body.config.model_dump(mode="json", exclude_none=True),
         settings=settings,
+        ttl_seconds=body.ttl_seconds,
+        expires_at=body.expires_at,
     )
     return Session.from_row(row)
 
@@ -96,6 +98,8 @@ async def update_session(
     session_id: UUID, body: SessionPatch, engine: Engine, tenant: Tenant, settings: Config
 ) -> Session:
     changes = body.model_dump(mode="json", exclude_unset=True)
+    if "expires_at" in changes:
+        changes["expires_at"] = body.expires_at  # the datetime, not its JSON string
     if body.config is not None:
         changes["config"] = body.config.model_dump(mode="json", exclude_unset=True)
     if changes.get("metadata") is None:

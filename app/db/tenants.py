@@ -257,3 +257,9 @@ async def usage_rows(
     if tenant_id is not None:
         query = query.where(tenant_usage.c.tenant_id == tenant_id)
     return list((await conn.execute(query)).mappings())
+
+
+async def set_session_ttl(conn: AsyncConnection, tenant_id: str, ttl_seconds: int | None) -> None:
+    await conn.execute(
+        update(tenants).where(tenants.c.id == tenant_id).values(session_ttl_seconds=ttl_seconds)
+    )

@@ -23,6 +23,7 @@ from app.db.tables import sessions
 from app.llm.catalog import cost_usd
 from app.runs import machine, writer
 from app.runs.model import CancelMode, Outcome, Run, RunKind, RunParams, RunStatus, entry_id
+from app.services import webhooks
 from app.services.journal import NewEntry, append_in
 from app.telemetry import carried, metrics
 
@@ -122,6 +123,7 @@ async def await_tool_outputs(
     assert waiting.action_expires_at is not None
     step = machine.await_tool_outputs(run, calls, waiting.action_expires_at.isoformat())
     await writer.append(conn, run.id, step.events)
+    await webhooks.queue_run_event(conn, waiting, "run.requires_action", {"tool_calls": calls})
     return waiting
 
 
@@ -274,4 +276,5 @@ async def finish(conn: AsyncConnection, run: Run, outcome: Outcome) -> Run:
         metrics.run_ended(
             run.kind, step.status, ended.created_at, ended.ended_at, model, usage, cost
         )
+    await webhooks.queue_run_event(conn, ended, f"run.{ended.status.value}")
     return ended

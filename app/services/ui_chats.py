@@ -21,7 +21,7 @@ from app.db import journal as journal_db
 from app.db import runs as runs_db
 from app.db import sessions as sessions_db
 from app.services import asks, journal, quotas
-from app.services.errors import Conflict, Invalid
+from app.services.errors import Conflict, Invalid, session_not_found
 
 # Sessions made for chats get ids derived from this namespace, the tenant and the chat id.
 CHAT_NAMESPACE = uuid.UUID("6f1c2a0e-5b7d-4c3e-9a8f-1d2e3f4a5b6c")
@@ -65,11 +65,12 @@ async def chat_session(
                 title=None,
                 metadata={CHAT_ID_KEY: chat_id},
                 config={},
+                expires_at=sessions_db.tenant_default_expiry(tenant_id),
             )
-    except IntegrityError:  # a concurrent first message made it
+    except IntegrityError:  # a concurrent first message made it, or it expired
         again = await find_session(engine, tenant_id, chat_id)
-        if again is None:
-            raise
+        if again is None:  # expired: gone for the tenant, though not purged yet
+            raise session_not_found(session_id) from None
         return again
 
 
