@@ -51,7 +51,11 @@ async def test_a_read_only_key_reads_and_writes_nothing(
             if method == "get" or (method.upper(), path) in READING_POSTS:
                 continue
             url = path.format(
-                session_id=session["id"], run_id=uuid.uuid4(), namespace="notes", chat_id="c"
+                session_id=session["id"],
+                run_id=uuid.uuid4(),
+                namespace="notes",
+                chat_id="c",
+                webhook_id=uuid.uuid4(),
             )
             response = await reader.request(method.upper(), url, json={})
             assert response.status_code == 403, (method, path, response.text)
