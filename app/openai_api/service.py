@@ -299,6 +299,7 @@ async def create_response(
         )
     given = mapping.parse_input(body.input)
     tools = tool_definitions(body.tools or [])
+    choice = requested_tool_choice(body.tool_choice)
     model = checked_model(settings, body.model) if body.model is not None else None
     if given.content is None:  # function_call_output items: the waiting run goes on
         if body.previous_response_id is None:
@@ -309,9 +310,9 @@ async def create_response(
                 param="previous_response_id",
                 code="missing_required_parameter",
             )
-        loaded = await _answer_calls(engine, tenant_id, body, given, model, tools)
+        loaded = await _answer_calls(engine, tenant_id, body, given, model, tools, choice)
     else:
-        loaded = await _ask(engine, settings, tenant_id, body, given, model, tools)
+        loaded = await _ask(engine, settings, tenant_id, body, given, model, tools, choice)
         if local_workers is not None and loaded.run.job_id is not None:
             local_workers.offer(loaded.run.id, loaded.run.job_id)
     return Created(loaded, base_of(loaded, body.previous_response_id))
@@ -324,6 +325,7 @@ async def _answer_calls(
     given: mapping.Input,
     model: str | None,
     tools: list[dict[str, Any]],
+    choice: ToolChoice,
 ) -> Loaded:
     assert body.previous_response_id is not None
     previous = await load(engine, tenant_id, body.previous_response_id, "previous_response_id")
@@ -354,8 +356,8 @@ async def _answer_calls(
     params = run.params
     kept = {
         "tool_choice": (
-            requested_tool_choice(body.tool_choice) if body.tool_choice is not None else None,
-            params.tool_choice,
+            tool_choices.as_json(choice) if body.tool_choice is not None else None,
+            tool_choices.as_json(params.tool_choice),
         ),
         "parallel_tool_calls": (body.parallel_tool_calls, params.parallel_tool_calls),
         "max_output_tokens": (body.max_output_tokens, params.max_output_tokens),
@@ -388,6 +390,7 @@ async def _ask(
     given: mapping.Input,
     model: str | None,
     tools: list[dict[str, Any]],
+    choice: ToolChoice,
 ) -> Loaded:
     assert given.content is not None
     made: str | None = None  # a session (or fork) made for this response alone
@@ -418,7 +421,7 @@ async def _ask(
             temperature=body.temperature,
             metadata=dict(body.metadata or {}),
             tools=tools,
-            tool_choice=requested_tool_choice(body.tool_choice),
+            tool_choice=choice,
             parallel_tool_calls=body.parallel_tool_calls is not False,
             on_disconnect="continue" if body.background else "cancel",
             before=tuple(PendingEntry(str(e.kind), e.payload, e.refs) for e in given.before),
