@@ -1,4 +1,4 @@
-"""The `threadline` command: serve, worker, migrate, keys, openapi, events, chat."""
+"""The `threadline` command: serve, worker, migrate, keys, tenants, usage, openapi, events, chat."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from app import cli_admin
 from app.config import Settings
 
 
@@ -156,25 +157,6 @@ def migrate(settings: Settings) -> None:
         print("database at head", flush=True)
 
 
-def create_key(settings: Settings, tenant: str, name: str | None) -> None:
-    from app.db.engine import create_engine
-    from app.db.migrate import upgrade_to_head
-    from app.services.keys import create_key as issue
-
-    with database(settings, own_cluster=False) as ready:
-        assert ready.database_url is not None
-        upgrade_to_head(ready.direct_url)
-
-        async def run() -> str:
-            engine = create_engine(ready)
-            try:
-                return await issue(engine, tenant, name)
-            finally:
-                await engine.dispose()
-
-        print(asyncio.run(run()), flush=True)
-
-
 def print_openapi() -> None:
     from app.main import create_app
 
@@ -242,12 +224,7 @@ def parser() -> argparse.ArgumentParser:
     worker_cmd = commands.add_parser("worker", help="run workers only (needs a database URL)")
     worker_cmd.add_argument("--concurrency", type=int, default=None)
     commands.add_parser("migrate", help="apply database migrations")
-    keys = commands.add_parser("keys", help="manage API keys").add_subparsers(
-        dest="keys_command", required=True
-    )
-    create = keys.add_parser("create", help="print a new API key for a tenant")
-    create.add_argument("--tenant", required=True)
-    create.add_argument("--name")
+    cli_admin.add_commands(commands)  # keys, tenants, usage
     commands.add_parser("openapi", help="print the OpenAPI document")
     events = commands.add_parser(
         "events", help="print the run reference: its transitions and events (markdown)"
@@ -293,8 +270,8 @@ def main(argv: list[str] | None = None) -> None:
         worker(settings, runs_at_once(settings, args.concurrency) or 1)
     elif args.command == "migrate":
         migrate(settings)
-    elif args.command == "keys":
-        create_key(settings, args.tenant, args.name)
+    elif args.command in cli_admin.COMMANDS:
+        cli_admin.run(settings, args)
     elif args.command == "openapi":
         print_openapi()
     elif args.command == "events":

@@ -157,6 +157,26 @@ class Settings(BaseSettings):
     event_retention_seconds: float = Field(
         default=3600, gt=0, description="Run events are kept this long after a run ends."
     )
+    retention_cron: str = Field(
+        default="* * * * *",
+        description="When workers purge expired sessions and run events past their retention "
+        "(cron, 5 fields; 6 for seconds).",
+    )
+    retention_batch_size: int = Field(
+        default=100, ge=1, description="Sessions purged per transaction by the retention job."
+    )
+    run_webhook_max_attempts: int = Field(
+        default=10, ge=1, description="Attempts of a completion webhook delivery before it fails."
+    )
+    run_webhook_backoff_seconds: int = Field(
+        default=2,
+        ge=0,
+        description="Base of the exponential wait between delivery attempts: 2 waits 2, 4, 8... "
+        "seconds (0: retry at once).",
+    )
+    run_webhook_timeout_seconds: float = Field(
+        default=10, gt=0, description="How long a delivery waits for the receiver's answer."
+    )
     sse_heartbeat_seconds: float = Field(
         default=15, gt=0, description="Comment lines keep idle SSE connections open."
     )
@@ -234,6 +254,42 @@ class Settings(BaseSettings):
     )
     stream_token_max_seconds: int = Field(
         default=600, ge=10, le=3600, description="Longest lifetime a stream token may be given."
+    )
+
+    admin_key: str | None = Field(
+        default=None,
+        min_length=16,
+        description="The key of the admin API (/v1/admin: tenants, keys, limits, usage), sent as "
+        "Authorization: Bearer. Unset: the admin API answers 404.",
+    )
+    default_rpm: int | None = Field(
+        default=None,
+        ge=0,
+        description="Requests per minute a tenant may make, where its own limits set none. "
+        "Unset: unlimited.",
+    )
+    default_concurrent_runs: int | None = Field(
+        default=None,
+        ge=0,
+        description="Runs a tenant may have in progress at once, where its limits set none. "
+        "Unset: unlimited.",
+    )
+    default_input_tokens_per_day: int | None = Field(
+        default=None,
+        ge=0,
+        description="Input tokens a tenant may use per UTC day, where its limits set none. "
+        "Unset: unlimited.",
+    )
+    default_output_tokens_per_day: int | None = Field(
+        default=None,
+        ge=0,
+        description="Output tokens a tenant may use per UTC day, where its limits set none. "
+        "Unset: unlimited.",
+    )
+    default_max_sessions: int | None = Field(
+        default=None,
+        ge=0,
+        description="Sessions a tenant may keep, where its limits set none. Unset: unlimited.",
     )
 
     @field_validator("cors_origins", mode="before")

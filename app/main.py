@@ -12,6 +12,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
 from app.api import (
+    admin,
     asks,
     compaction,
     entries,
@@ -25,6 +26,8 @@ from app.api import (
     sessions,
     stream_tokens,
     ui_messages,
+    usage,
+    webhooks,
 )
 from app.api.docs import install_docs
 from app.api.errors import install_error_handlers
@@ -132,7 +135,10 @@ def create_app(settings: Settings | None = None, *, workers: int = 0) -> FastAPI
     app.include_router(stream_tokens.router)
     app.include_router(ui_messages.router)
     app.include_router(models.router)
+    app.include_router(usage.router)
+    app.include_router(admin.router)
     app.include_router(openai_routes.router)
+    app.include_router(webhooks.router)
     app.include_router(health.router)
     app.include_router(metrics.router)
     install_web(app)

@@ -21,9 +21,12 @@ def free_port() -> int:
         return port
 
 
-def serve_in_thread(app: ASGIApp) -> tuple[uvicorn.Server, threading.Thread, str]:
-    """A real uvicorn on 127.0.0.1 in a thread with its own event loop (SSE needs real HTTP)."""
-    port = free_port()
+def serve_in_thread(
+    app: ASGIApp, port: int | None = None
+) -> tuple[uvicorn.Server, threading.Thread, str]:
+    """A real uvicorn on 127.0.0.1 in a thread with its own event loop (SSE needs real HTTP),
+    on `port` or a free one."""
+    port = port or free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

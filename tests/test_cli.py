@@ -3,13 +3,17 @@ restarts, and no Postgres left behind after a stop."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+import uuid
+from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -173,3 +177,197 @@ def test_serve_takes_a_worker_count_of_zero_or_more() -> None:
     assert parser().parse_args(["serve"]).workers is None  # THREADLINE_WORKER_CONCURRENCY
     with pytest.raises(SystemExit):
         parser().parse_args(["serve", "--workers", "-1"])
+
+
+def threadline(
+    database_url: str, *args: str, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """`threadline ARGS` from this checkout, against the test database."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("THREADLINE_")}
+    env["THREADLINE_DATABASE_URL"] = database_url
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    return subprocess.run(
+        [sys.executable, "-m", "app.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=check,
+        timeout=120,
+    )
+
+
+async def test_keys_create_list_rotate_revoke(database_url: str, engine: Any) -> None:
+    from app.services.keys import authenticate
+
+    tenant = f"cli-{uuid.uuid4()}"
+    key = threadline(database_url, "keys", "create", tenant, "--name", "ci", "--read-only").stdout
+    key = key.strip()
+    caller = await authenticate(engine, key, None)
+    assert caller is not None and caller.read_only
+    listed = threadline(database_url, "keys", "list", tenant).stdout
+    assert key[:12] in listed and "read-only" in listed and "'ci'" in listed and "active" in listed
+    assert key not in listed
+    (shown,) = [
+        json.loads(line)
+        for line in threadline(database_url, "keys", "list", tenant, "--json").stdout.splitlines()
+    ]
+    assert (shown["prefix"], shown["scope"], shown["revoked_at"]) == (key[:12], "read-only", None)
+
+    rotated = threadline(database_url, "keys", "rotate", key[:12]).stdout.strip()
+    assert rotated.startswith("tl_") and rotated != key
+    assert await authenticate(engine, key, None) is None
+    new = await authenticate(engine, rotated, None)
+    assert new is not None and new.read_only  # same scope
+
+    graced = threadline(database_url, "keys", "rotate", rotated, "--grace", "600").stdout.strip()
+    assert await authenticate(engine, rotated, None) is not None  # still, for 10 minutes
+    assert "active until 20" in threadline(database_url, "keys", "list", tenant).stdout
+    new_id = json.loads(
+        threadline(database_url, "keys", "list", tenant, "--json").stdout.splitlines()[-1]
+    )["id"]
+    revoked = threadline(database_url, "keys", "revoke", new_id).stdout
+    assert revoked.startswith("revoked: ") and "revoked 20" in revoked
+    assert await authenticate(engine, graced, None) is None
+
+    missing = threadline(database_url, "keys", "revoke", "tl_nothing", check=False)
+    assert missing.returncode != 0 and "no API key tl_nothing" in missing.stderr
+    legacy = threadline(database_url, "keys", "create", "--tenant", tenant).stdout.strip()
+    assert await authenticate(engine, legacy, None) is not None
+
+
+def test_tenants_limits_show_and_set(database_url: str) -> None:
+    tenant = f"cli-{uuid.uuid4()}"
+    threadline(database_url, "keys", "create", tenant)
+    shown = threadline(database_url, "tenants", "limits", tenant).stdout
+    assert "requests_per_minute: unlimited  (default)" in shown
+    set_ = threadline(
+        database_url, "tenants", "limits", tenant, "--rpm", "10", "--max-sessions", "3"
+    ).stdout
+    assert "requests_per_minute: 10\n" in set_ and "max_sessions: 3\n" in set_
+    assert "concurrent_runs: unlimited  (default)" in set_
+    back = threadline(database_url, "tenants", "limits", tenant, "--rpm", "default").stdout
+    assert "requests_per_minute: unlimited  (default)" in back and "max_sessions: 3\n" in back
+    bad = threadline(database_url, "tenants", "limits", tenant, "--rpm", "-1", check=False)
+    assert bad.returncode == 2 and "negative" in bad.stderr
+    missing = threadline(database_url, "tenants", "limits", f"nobody-{uuid.uuid4()}", check=False)
+    assert missing.returncode != 0 and "no tenant" in missing.stderr
+
+
+async def test_usage_prints_the_report(database_url: str, engine: Any) -> None:
+    from app.db import tenants as tenants_db
+
+    tenant = f"cli-{uuid.uuid4()}"
+    threadline(database_url, "keys", "create", tenant)
+    async with engine.begin() as conn:
+        row = await tenants_db.tenant_by_name(conn, tenant)
+        assert row is not None
+        tenant_id = row["id"]
+        await tenants_db.add_usage(
+            conn,
+            str(tenant_id),
+            "openai:gpt-4o-mini",
+            input_tokens=1000,
+            output_tokens=200,
+            cached_tokens=100,
+            cache_write_tokens=0,
+            cost_usd=Decimal("0.00027"),
+        )
+        await tenants_db.add_usage(
+            conn,
+            str(tenant_id),
+            "compat:mystery",
+            input_tokens=5,
+            output_tokens=1,
+            cached_tokens=0,
+            cache_write_tokens=0,
+            cost_usd=None,
+        )
+    report = json.loads(threadline(database_url, "usage", tenant, "--json").stdout)
+    assert report["totals"] == {
+        "runs": 2,
+        "input_tokens": 1005,
+        "output_tokens": 201,
+        "cached_tokens": 100,
+        "cache_write_tokens": 0,
+        "unpriced_runs": 1,
+        "cost_usd": 0.00027,
+    }
+    assert {r["model"] for r in report["data"]} == {"openai:gpt-4o-mini", "compat:mystery"}
+    table = threadline(database_url, "usage", tenant).stdout
+    assert "openai:gpt-4o-mini" in table and "0.000270" in table and "1 runs of models" in table
+    old = json.loads(
+        threadline(
+            database_url, "usage", tenant, "--from", "2020-01-01", "--to", "2020-01-02", "--json"
+        ).stdout
+    )
+    assert old["data"] == []
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("90", 90),
+        ("90s", 90),
+        ("15m", 900),
+        ("12h", 43200),
+        ("30D", 2592000),
+        ("2w", 1209600),
+        ("none", None),
+        (" None ", None),
+    ],
+)
+def test_tenants_ttl_reads_durations(text: str, seconds: int | None) -> None:
+    from app.cli import parser
+
+    args = parser().parse_args(["tenants", "ttl", "acme", text])
+    assert (args.tenant, args.duration) == ("acme", seconds)
+
+
+@pytest.mark.parametrize("text", ["0", "0d", "-5", "1.5h", "h", "", "12x", "²", "1y", "5000000w"])
+def test_tenants_ttl_refuses_what_is_no_duration(text: str) -> None:
+    from app.cli import parser
+
+    with pytest.raises(SystemExit):
+        parser().parse_args(["tenants", "ttl", "acme", text])
+
+
+def test_tenants_ttl_sets_the_default_of_new_sessions(database_url: str) -> None:
+    import asyncio
+
+    import asyncpg
+
+    from app.worker.pool import libpq_url
+    from tests.e2e import create_database
+
+    url = create_database(database_url, "cli_ttl")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("THREADLINE_")}
+    env["THREADLINE_DATABASE_URL"] = url
+
+    def ttl(duration: str) -> int | None:
+        result = subprocess.run(
+            [THREADLINE, "tenants", "ttl", "acme", duration],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert "tenant acme" in result.stdout
+
+        async def read() -> int | None:
+            conn = await asyncpg.connect(libpq_url(url))
+            try:
+                value = await conn.fetchval(
+                    "SELECT session_ttl_seconds FROM tenants WHERE name = 'acme'"
+                )
+                return None if value is None else int(value)
+            finally:
+                await conn.close()
+
+        return asyncio.run(read())
+
+    assert ttl("12h") == 43200
+    assert ttl("none") is None
+    refused = subprocess.run(
+        [THREADLINE, "tenants", "ttl", "acme", "soon"], env=env, capture_output=True, text=True
+    )
+    assert refused.returncode == 2 and "not a duration" in refused.stderr

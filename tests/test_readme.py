@@ -187,3 +187,34 @@ async def test_the_openai_sdk_example_runs_as_written(
         "Cold and clear.",
         "And tomorrow?",
     ]
+
+
+@pytest.mark.parametrize("heading", ["### API keys", "### Quotas and limits"])
+def test_the_operating_examples_run_as_written(database_url: str, heading: str) -> None:
+    """The keys and limits commands of "Operating Threadline", on a database of their own."""
+    from testkit.database import create_database
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("THREADLINE_")}
+    env["THREADLINE_DATABASE_URL"] = create_database(database_url, "readme-ops")
+    env["PYTHONPATH"] = str(ROOT)  # `threadline` runs this checkout's code
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", "threadline keys create acme >/dev/null"],
+        env=env,
+        check=True,
+        timeout=300,
+    )
+    result = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", sh_block_after(heading)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr + result.stdout[-3000:]
+    if heading == "### API keys":
+        assert result.stdout.count("read-only") == 2  # listed twice
+        assert "revoked: acme" in result.stdout
+    else:
+        assert "requests_per_minute: unlimited  (default)" in result.stdout  # the last command
+        assert "max_sessions: 10000\n" in result.stdout

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hmac
 import time
 from dataclasses import dataclass
 from typing import Annotated
@@ -15,11 +16,21 @@ from app.api.hub import EventHub
 from app.config import Settings
 from app.core.stream_tokens import ExpiredToken, InvalidToken, StreamGrant, verify
 from app.runs.model import Run
-from app.services.keys import tenant_for_key
+from app.services.errors import Forbidden
+from app.services.keys import Caller, authenticate
+from app.services.quotas import rate_limited
 from app.telemetry import logging as log_ids
 from app.worker.handoff import Handoff
 
 _bearer = HTTPBearer(auto_error=False, description="An API key: `threadline keys create`.")
+_admin_bearer = HTTPBearer(
+    auto_error=False,
+    scheme_name="AdminKey",
+    description="The admin key (THREADLINE_ADMIN_KEY), for /v1/admin routes only.",
+)
+# The methods a read-only key may call (and the routes taking a ReadingTenant, which only read
+# whatever their method: a dry-run projection, a token to read streams with).
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 _stream_token = APIKeyQuery(
     name="token",
     scheme_name="StreamToken",
@@ -50,22 +61,67 @@ def get_settings(request: Request) -> Settings:
     return settings
 
 
-async def get_tenant(
+async def get_caller(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-) -> str:
+) -> Caller:
+    """The caller's key, looked up (and the request counted) in the database on every request:
+    a revoked key is refused at once, by every process; over the tenant's requests per minute,
+    429 rate_limited."""
     if credentials is None or credentials.scheme.lower() != "bearer":
         raise HTTPException(
             401, "send Authorization: Bearer <api key>", {"WWW-Authenticate": "Bearer"}
         )
-    tenant_id = await tenant_for_key(get_engine(request), credentials.credentials)
-    if tenant_id is None:
+    caller = await authenticate(
+        get_engine(request), credentials.credentials, get_settings(request).default_rpm
+    )
+    if caller is None:
         raise HTTPException(401, "unknown or revoked API key", {"WWW-Authenticate": "Bearer"})
+    if caller.over_rate:
+        assert caller.rpm_limit is not None and caller.rpm_count is not None
+        assert caller.window_start is not None and caller.retry_after is not None
+        raise rate_limited(
+            caller.rpm_limit, caller.rpm_count, caller.window_start, caller.retry_after
+        )
     params = request.path_params
     log_ids.bind(
-        tenant_id=tenant_id, session_id=params.get("session_id"), run_id=params.get("run_id")
+        tenant_id=caller.tenant_id,
+        session_id=params.get("session_id"),
+        run_id=params.get("run_id"),
     )
-    return tenant_id
+    return caller
+
+
+async def get_reading_tenant(caller: Annotated[Caller, Depends(get_caller)]) -> str:
+    """The tenant, for a route that only reads whatever its method (read-only keys welcome)."""
+    return caller.tenant_id
+
+
+async def get_tenant(request: Request, caller: Annotated[Caller, Depends(get_caller)]) -> str:
+    """The tenant; a read-only key may only read (403 read_only_key otherwise)."""
+    if caller.read_only and request.method not in READ_METHODS:
+        raise Forbidden(
+            "read_only_key",
+            "this API key is read-only: it cannot change anything",
+            {"method": request.method},
+        )
+    return caller.tenant_id
+
+
+async def require_admin(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_admin_bearer)],
+) -> None:
+    """The admin key (THREADLINE_ADMIN_KEY); unset, the admin API does not exist (404 to any
+    key)."""
+    challenge = {"WWW-Authenticate": "Bearer"}
+    if credentials is None or credentials.scheme.lower() != "bearer":
+        raise HTTPException(401, "send Authorization: Bearer <admin key>", challenge)
+    configured = get_settings(request).admin_key
+    if configured is None:
+        raise Refusal(404, "admin_api_disabled", "the admin API is off: set THREADLINE_ADMIN_KEY")
+    if not hmac.compare_digest(credentials.credentials.encode(), configured.encode()):
+        raise HTTPException(401, "not the admin key", challenge)
 
 
 def stream_token_secret(request: Request) -> bytes:
@@ -110,7 +166,7 @@ async def get_stream_reader(
             401, "send Authorization: Bearer <api key>, or a stream token as ?token=", challenge
         )
     if credentials is not None:
-        return StreamReader(await get_tenant(request, credentials))
+        return StreamReader((await get_caller(request, credentials)).tenant_id)
     assert token is not None
     try:
         grant = verify(stream_token_secret(request), token, time.time())
@@ -129,6 +185,7 @@ async def get_stream_reader(
 Engine = Annotated[AsyncEngine, Depends(get_engine)]
 Config = Annotated[Settings, Depends(get_settings)]
 Tenant = Annotated[str, Depends(get_tenant)]
+ReadingTenant = Annotated[str, Depends(get_reading_tenant)]
 Hub = Annotated[EventHub, Depends(get_hub)]
 Reader = Annotated[StreamReader, Depends(get_stream_reader)]
 LocalWorkers = Annotated[Handoff | None, Depends(get_handoff)]

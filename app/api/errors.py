@@ -17,7 +17,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.api.bodies import InvalidUnicode
 from app.db.outage import database_unavailable
-from app.services.errors import Conflict, Invalid, NotFound, PreconditionFailed, ServiceError
+from app.services.errors import (
+    Conflict,
+    Forbidden,
+    Invalid,
+    LimitExceeded,
+    NotFound,
+    PreconditionFailed,
+    ServiceError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -36,12 +44,17 @@ _DESCRIPTIONS = {
     400: "Malformed request (e.g. the body is not valid JSON).",
     401: "Missing or unknown API key.",
     403: "The credentials are valid but do not open this (a stream token for another session "
-    "or run: `stream_token_scope`).",
+    "or run: `stream_token_scope`; a read-only API key on a route that writes: "
+    "`read_only_key`).",
     404: "No such resource for this tenant.",
     409: "Conflicts with the current state (e.g. a stale expected_rev).",
     412: "A precondition (If-Match, If-None-Match) does not hold; details give the current ETag.",
     413: "The request body is larger than the configured limit.",
     422: "Well-formed, but a value is invalid; details name the offending path.",
+    429: "A quota of the tenant refuses the request for now: `rate_limited` (requests per "
+    "minute), `concurrent_runs_limit`, `token_quota_exceeded` (tokens per UTC day), "
+    "`session_limit`; details give the limit, the current count and when it resets. Retry "
+    "after the Retry-After header's seconds. Nothing was written.",
     503: "The database cannot be reached now (`database_unavailable`): retry after the "
     "Retry-After header's seconds. /readyz also says `migrations_pending`.",
 }
@@ -52,6 +65,12 @@ _HEADERS: dict[int, dict[str, Any]] = {
         "WWW-Authenticate": {
             "description": "The scheme to authenticate with: Bearer.",
             "schema": {"type": "string"},
+        }
+    },
+    429: {
+        "Retry-After": {
+            "description": "Seconds to wait before trying again.",
+            "schema": {"type": "integer", "minimum": 1},
         }
     },
     503: {
@@ -77,13 +96,19 @@ class Refusal(StarletteHTTPException):
 RETRY_AFTER_SECONDS = 5
 
 
+def error_description(status: int) -> str:
+    return _DESCRIPTIONS[status]
+
+
 def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI documentation of the error responses a route can give (and headers they send).
-    Every route documenting its errors needs the database: 503 is always among them."""
+    Every route documenting its errors needs the database: 503 is always among them; a route
+    taking an API key (401) may meet the tenant's requests-per-minute limit: 429."""
+    quota = {429} if 401 in statuses else set()
     return {
         s: {"model": ErrorResponse, "description": _DESCRIPTIONS[s]}
         | ({"headers": _HEADERS[s]} if s in _HEADERS else {})
-        for s in sorted({*statuses, 503})
+        for s in sorted({*statuses, *quota, 503})
     }
 
 
@@ -99,6 +124,8 @@ def unavailable(message: str = "the database cannot be reached now") -> JSONResp
 
 _STATUS_OF: list[tuple[type[ServiceError], int]] = [
     (NotFound, 404),
+    (Forbidden, 403),
+    (LimitExceeded, 429),
     (Conflict, 409),
     (Invalid, 422),
     (PreconditionFailed, 412),
@@ -132,7 +159,8 @@ _INVALID_JSON = "the request body is not valid JSON"
 async def _service_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ServiceError)
     status = next(s for cls, s in _STATUS_OF if isinstance(exc, cls))
-    return error_json(status, exc.code, exc.message, exc.details)
+    headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, LimitExceeded) else None
+    return error_json(status, exc.code, exc.message, exc.details, headers)
 
 
 async def _validation_error(_: Request, exc: Exception) -> JSONResponse:

@@ -7,6 +7,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from app.api.errors import error_description
 from app.api.sse import event_schemas
 from app.config import Settings
 
@@ -25,6 +26,7 @@ def install_document(app: FastAPI, settings: Settings) -> None:
             for operation in operations.values():
                 if operation.get("operationId") in PAGED_OPERATIONS:
                     _cap_limit(operation, settings.max_page_size)
+        _document_read_only_refusals(document)
         _add_schemas(document, event_schemas())
         _config_as_component(document["components"]["schemas"])
         return document
@@ -39,6 +41,23 @@ def _cap_limit(operation: dict[str, Any], max_page_size: int) -> None:
             parameter["description"] = (
                 f"Items per page, at most {max_page_size} (THREADLINE_MAX_PAGE_SIZE)."
             )
+
+
+def _document_read_only_refusals(document: dict[str, Any]) -> None:
+    """A read-only API key is refused (403 read_only_key) wherever a route writes: every
+    method but GET of a route taking an API key."""
+    forbidden = {
+        "description": error_description(403),
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}},
+    }
+    for path, operations in document["paths"].items():
+        if path.startswith("/v1/admin/"):
+            continue  # the admin key is not a tenant's
+        for method, operation in operations.items():
+            responses = operation.get("responses", {})
+            if method != "get" and "401" in responses and "403" not in responses:
+                responses["403"] = forbidden
+                operation["responses"] = dict(sorted(responses.items()))
 
 
 def _config_as_component(schemas: dict[str, Any]) -> None:

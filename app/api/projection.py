@@ -8,7 +8,7 @@ from uuid import UUID
 from fastapi import APIRouter
 
 from app.api.bodies import JSONRoute
-from app.api.deps import Config, Engine, Tenant
+from app.api.deps import Config, Engine, ReadingTenant, Tenant
 from app.api.errors import error_responses
 from app.api.schemas import Compaction, ContextUsage, ProjectionRequest, ProjectionResponse
 from app.core.formats import to_anthropic, to_neutral, to_openai
@@ -27,7 +27,11 @@ _FORMATS = {"neutral": to_neutral, "openai": to_openai}
     responses=error_responses(400, 401, 404, 413, 422),
 )
 async def projection(
-    session_id: UUID, body: ProjectionRequest, engine: Engine, tenant: Tenant, settings: Config
+    session_id: UUID,
+    body: ProjectionRequest,
+    engine: Engine,
+    tenant: ReadingTenant,
+    settings: Config,
 ) -> ProjectionResponse:
     """Exactly the messages and meta an ask would send now. Writes nothing."""
     pending = [

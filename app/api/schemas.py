@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Annotated, Any, Literal
+from uuid import UUID
 
 from pydantic import (
     AfterValidator,
+    AwareDatetime,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     StringConstraints,
@@ -110,10 +114,38 @@ class SessionConfig(Strict):
     )
 
 
+# Up to 100 years: a TTL is a retention period, and make_interval must not overflow.
+TtlSeconds = Annotated[int, Field(ge=1, le=3_153_600_000)]
+
+
+def _text_only(value: Any) -> Any:
+    if not isinstance(value, str):
+        raise ValueError("a date-time is a string with a time zone, e.g. 2030-01-01T00:00:00Z")
+    return value
+
+
+# JSON has no dates: an RFC 3339 string with its offset (lax parsing of strings only, so that a
+# number is not taken for a Unix time).
+Timestamp = Annotated[AwareDatetime, Field(strict=False), BeforeValidator(_text_only)]
+
+
 class SessionCreate(Strict):
     title: Title | None = None
     metadata: Metadata = Field(default_factory=dict)
     config: SessionConfig = Field(default_factory=SessionConfig)
+    ttl_seconds: TtlSeconds | None = Field(
+        default=None,
+        description="The session expires this long after creation. Default: the tenant's "
+        "session TTL, if it has one (else never).",
+    )
+    expires_at: Timestamp | None = Field(
+        default=None, description="When the session expires (instead of `ttl_seconds`)."
+    )
+
+    @model_validator(mode="after")
+    def _one_expiry(self) -> SessionCreate:
+        _check_one_expiry(self.ttl_seconds, self.expires_at)
+        return self
 
 
 class SessionPatch(Strict):
@@ -122,6 +154,23 @@ class SessionPatch(Strict):
     config: SessionConfig | None = Field(
         default=None, description="Merged field by field; a null field is reset to its default."
     )
+    ttl_seconds: TtlSeconds | None = Field(
+        default=None, description="The session now expires this long from now."
+    )
+    expires_at: Timestamp | None = Field(
+        default=None,
+        description="When the session expires; null: never. A time in the past expires it now.",
+    )
+
+    @model_validator(mode="after")
+    def _one_expiry(self) -> SessionPatch:
+        _check_one_expiry(self.ttl_seconds, self.expires_at)
+        return self
+
+
+def _check_one_expiry(ttl_seconds: int | None, expires_at: datetime | None) -> None:
+    if ttl_seconds is not None and expires_at is not None:
+        raise ValueError("give ttl_seconds or expires_at, not both")
 
 
 class ForkRequest(Strict):
@@ -152,6 +201,9 @@ class Session(BaseModel):
     usage: Usage
     parent_id: str | None = Field(description="The session this one was forked from.")
     fork_seq: int | None = Field(description="The last seq shared with the parent.")
+    expires_at: datetime | None = Field(
+        description="Past it the session is gone (404) and then purged; null: never."
+    )
     created_at: datetime
     updated_at: datetime
 
@@ -173,6 +225,7 @@ class Session(BaseModel):
             ),
             parent_id=str(row["parent_id"]) if row["parent_id"] else None,
             fork_seq=row["fork_seq"],
+            expires_at=row["expires_at"],
             created_at=row["created_at"],
             updated_at=row["updated_at"],
         )
@@ -595,3 +648,89 @@ class StreamToken(BaseModel):
         description="The path (and query) of the stream it opens: the session's stream, or the "
         "run's events. Resume with `&starting_after=<last id>` in a new EventSource."
     )
+
+
+WebhookEventType = Literal["run.completed", "run.failed", "run.cancelled", "run.requires_action"]
+
+
+class WebhookCreate(Strict):
+    url: Annotated[str, StringConstraints(min_length=1, max_length=2048)] = Field(
+        description="An http:// or https:// URL; private addresses are allowed."
+    )
+    session_id: Annotated[UUID, Field(strict=False)] | None = Field(
+        default=None,
+        description="Only this session's runs (deleted with it). Default: every session of "
+        "the tenant.",
+    )
+    event_types: list[WebhookEventType] | None = Field(
+        default=None, min_length=1, description="Only these events. Default: all of them."
+    )
+
+
+class Webhook(BaseModel):
+    id: str
+    url: str
+    session_id: str | None
+    event_types: list[str] | None
+    created_at: datetime
+
+    @classmethod
+    def from_row(cls, row: RowMapping) -> Webhook:
+        return cls(
+            id=str(row["id"]),
+            url=row["url"],
+            session_id=str(row["session_id"]) if row["session_id"] else None,
+            event_types=row["event_types"],
+            created_at=row["created_at"],
+        )
+
+
+class WebhookCreated(Webhook):
+    secret: str = Field(
+        description="whsec_<base64>: verifies the signatures (Standard Webhooks). Shown only "
+        "in this response."
+    )
+
+    @classmethod
+    def from_row(cls, row: RowMapping) -> WebhookCreated:
+        return cls(**Webhook.from_row(row).model_dump(), secret=row["secret"])
+
+
+class WebhookList(BaseModel):
+    data: list[Webhook]
+
+
+class WebhookDelivery(BaseModel):
+    id: str = Field(description="Sent as the `webhook-id` header: the same on every attempt.")
+    run_id: str
+    event_type: str
+    status: Literal["pending", "delivered", "failed"]
+    attempts: int
+    last_status_code: int | None = Field(description="The receiver's last answer, if any.")
+    last_error: str | None
+    created_at: datetime
+    last_attempt_at: datetime | None
+    delivered_at: datetime | None
+    payload: dict[str, Any] = Field(description="The body sent.")
+
+    @classmethod
+    def from_row(cls, row: RowMapping) -> WebhookDelivery:
+        return cls(
+            id=str(row["id"]),
+            run_id=str(row["run_id"]),
+            event_type=row["event_type"],
+            status=row["status"],
+            attempts=row["attempts"],
+            last_status_code=row["last_status_code"],
+            last_error=row["last_error"],
+            created_at=row["created_at"],
+            last_attempt_at=row["last_attempt_at"],
+            delivered_at=row["delivered_at"],
+            payload=json.loads(row["body"]),
+        )
+
+
+class WebhookDeliveryList(BaseModel):
+    data: list[WebhookDelivery] = Field(description="Newest first.")
+    has_more: bool
+    next_cursor: str | None = Field(description="Pass as `cursor` for the next (older) page.")

@@ -33,6 +33,8 @@ async def create_session(
         metadata=body.metadata,
         config=body.config.model_dump(mode="json", exclude_none=True),
         settings=settings,
+        ttl_seconds=body.ttl_seconds,
+        expires_at=body.expires_at,
     )
     return Session.from_row(row)
 
@@ -96,6 +98,8 @@ async def update_session(
     session_id: UUID, body: SessionPatch, engine: Engine, tenant: Tenant, settings: Config
 ) -> Session:
     changes = body.model_dump(mode="json", exclude_unset=True)
+    if "expires_at" in changes:
+        changes["expires_at"] = body.expires_at  # the datetime, not its JSON string
     if body.config is not None:
         changes["config"] = body.config.model_dump(mode="json", exclude_unset=True)
     if changes.get("metadata") is None:
@@ -124,7 +128,11 @@ async def delete_session(session_id: UUID, engine: Engine, tenant: Tenant) -> Re
     responses=error_responses(400, 401, 404, 409, 413, 422),
 )
 async def fork_session(
-    session_id: UUID, engine: Engine, tenant: Tenant, body: ForkRequest | None = None
+    session_id: UUID,
+    engine: Engine,
+    tenant: Tenant,
+    settings: Config,
+    body: ForkRequest | None = None,
 ) -> Session:
     body = body or ForkRequest()
     row = await service.fork_session(
@@ -134,6 +142,7 @@ async def fork_session(
         at_seq=body.at_seq,
         title=body.title,
         metadata=body.metadata,
+        settings=settings,
     )
     return Session.from_row(row)
 

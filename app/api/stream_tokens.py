@@ -13,7 +13,7 @@ from uuid import UUID
 from fastapi import APIRouter, Request
 
 from app.api.bodies import JSONRoute
-from app.api.deps import Config, Engine, Tenant, stream_token_secret
+from app.api.deps import Config, Engine, ReadingTenant, stream_token_secret
 from app.api.errors import error_responses
 from app.api.schemas import DEFAULT_STREAM_TOKEN_SECONDS, StreamToken, StreamTokenRequest
 from app.core.stream_tokens import ScopeKind, StreamGrant, sign
@@ -31,7 +31,11 @@ router = APIRouter(prefix="/v1/stream_tokens", tags=["runs"], route_class=JSONRo
     responses=error_responses(400, 401, 404, 413, 422),
 )
 async def create_stream_token(
-    body: StreamTokenRequest, request: Request, engine: Engine, tenant: Tenant, settings: Config
+    body: StreamTokenRequest,
+    request: Request,
+    engine: Engine,
+    tenant: ReadingTenant,
+    settings: Config,
 ) -> StreamToken:
     """A token that opens the streams of one session (its active run's, and its runs' events)
     or of one run, as `?token=`, without Authorization, until it expires (minutes). For a

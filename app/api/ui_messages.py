@@ -112,6 +112,9 @@ async def ui_chat(
     """Journal the chat's new user message (or regenerate the last answer) and stream the run
     in the AI SDK's UI message stream protocol."""
     content: str | list[dict[str, Any]] | None
+    if not (body.messages and body.messages[-1].get("role") == "assistant"):
+        # Before the rollback or the new chat's session: a refused ask leaves nothing behind.
+        await asks_service.check_quotas(engine, settings, tenant)
     if body.messages and body.messages[-1].get("role") == "assistant":
         # useChat sends the answer back with the outputs of its client-side tools.
         found = await ui_chats.find_session(engine, tenant, body.id)
@@ -141,7 +144,7 @@ async def ui_chat(
             raise nothing
     else:
         content = ui_chats.new_user_text(body.messages)
-        session_id = str((await ui_chats.chat_session(engine, tenant, body.id))["id"])
+        session_id = str((await ui_chats.chat_session(engine, settings, tenant, body.id))["id"])
         if body.message_id is not None:
             # An edit: useChat sends the messages up to the edited one, which is last. It is
             # the chat's n-th user message: that one and all after it are rolled back.

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import RowMapping, func, select, text
+from sqlalchemy import RowMapping, func, literal, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.db.tables import run_events, runs
@@ -175,10 +176,14 @@ async def read_events_of_runs(
     return list((await conn.execute(query, params)).mappings())
 
 
-async def prune(conn: AsyncConnection, retention_seconds: float) -> int:
-    """Drop the events of runs that ended longer ago than the retention; the journal remains."""
+async def prune(
+    conn: AsyncConnection, retention_seconds: float, now: datetime | None = None
+) -> int:
+    """Drop the events of runs that ended longer ago than the retention, as of `now` (default:
+    the database's clock); the journal remains."""
+    moment = func.now() if now is None else literal(now, runs.c.ended_at.type)
     ended = select(runs.c.id).where(
-        runs.c.ended_at < func.now() - func.make_interval(0, 0, 0, 0, 0, 0, retention_seconds)
+        runs.c.ended_at < moment - func.make_interval(0, 0, 0, 0, 0, 0, retention_seconds)
     )
     result = await conn.execute(run_events.delete().where(run_events.c.run_id.in_(ended)))
     return int(result.rowcount or 0)

@@ -13,6 +13,10 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 RUN_TASK = "threadline:run_ask"
 RUN_QUEUE = "runs"
+WEBHOOK_TASK = "threadline:deliver_webhook"
+WEBHOOK_QUEUE = "webhooks"
+RETENTION_TASK = "threadline:purge"
+MAINTENANCE_QUEUE = "maintenance"
 
 
 def session_lock(session_id: str, kind: str = "ask") -> str:
@@ -24,17 +28,52 @@ def session_lock(session_id: str, kind: str = "ask") -> str:
 
 
 async def defer_run(conn: AsyncConnection, run_id: str, session_id: str, kind: str = "ask") -> int:
+    return await _defer(
+        conn, RUN_QUEUE, RUN_TASK, {"run_id": run_id}, session_lock(session_id, kind)
+    )
+
+
+async def defer_webhook(conn: AsyncConnection, delivery_ids: list[str]) -> None:
+    """One job per delivery, committed with the run's end: it survives any restart."""
+    for delivery_id in delivery_ids:
+        await _defer(conn, WEBHOOK_QUEUE, WEBHOOK_TASK, {"delivery_id": delivery_id}, None)
+
+
+async def _defer(
+    conn: AsyncConnection, queue: str, task: str, args: dict[str, str], lock: str | None
+) -> int:
     query = text(
         "SELECT (procrastinate_defer_jobs_v1(ARRAY[ROW(:queue, :task, 0, :lock, NULL,"
         " CAST(:args AS jsonb), NULL)::procrastinate_job_to_defer_v1]))[1]"
     )
-    params = {
-        "queue": RUN_QUEUE,
-        "task": RUN_TASK,
-        "lock": session_lock(session_id, kind),
-        "args": json.dumps({"run_id": run_id}),
-    }
+    params = {"queue": queue, "task": task, "lock": lock, "args": json.dumps(args)}
     return int((await conn.execute(query, params)).scalar_one())
+
+
+async def delete_jobs_of_runs(conn: AsyncConnection, run_ids: list[str]) -> None:
+    """Forget the jobs of these runs and of their webhook deliveries (their args name them),
+    except those a worker holds right now: it finishes them, finding their run gone."""
+    if not run_ids:
+        return
+    deliveries = [
+        str(i)
+        for i in (
+            await conn.execute(
+                text("SELECT id FROM webhook_deliveries WHERE run_id = ANY(CAST(:ids AS uuid[]))"),
+                {"ids": run_ids},
+            )
+        ).scalars()
+    ]
+    # Each condition matches a partial index on args (see the migration).
+    for key, ids in (("run_id", run_ids), ("delivery_id", deliveries)):
+        if ids:
+            await conn.execute(
+                text(
+                    "DELETE FROM procrastinate_jobs WHERE status <> 'doing'"
+                    f" AND args ? '{key}' AND args->>'{key}' = ANY(CAST(:ids AS text[]))"
+                ),
+                {"ids": ids},
+            )
 
 
 async def cancel_job(conn: AsyncConnection, job_id: int) -> bool:
@@ -106,3 +145,25 @@ async def waiting_jobs(conn: AsyncConnection) -> dict[str, tuple[int, float]]:
     waiting = {RUN_QUEUE: (0, 0.0)}
     waiting.update({str(q): (int(n), max(0.0, float(age))) for q, n, age in rows})
     return waiting
+
+
+# A job a worker held when its session was deleted ends soon after: only the newest jobs are
+# looked at, so the sweep's cost does not grow with the queue's history.
+ORPHAN_SWEEP_WINDOW = 100_000
+
+
+async def delete_orphaned_jobs(conn: AsyncConnection) -> int:
+    """Finished jobs whose run, or whose delivery, is gone: those a worker still held when
+    their session was deleted (delete_jobs_of_runs leaves them to it)."""
+    result = await conn.execute(
+        text(
+            "DELETE FROM procrastinate_jobs j WHERE j.status NOT IN ('todo', 'doing')"
+            " AND j.id > (SELECT coalesce(max(id), 0) FROM procrastinate_jobs) - :window AND ("
+            " (j.task_name = :run_task AND NOT EXISTS (SELECT 1 FROM runs r"
+            "  WHERE CAST(r.id AS text) = j.args->>'run_id'))"
+            " OR (j.task_name = :webhook_task AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d"
+            "  WHERE CAST(d.id AS text) = j.args->>'delivery_id')))"
+        ),
+        {"run_task": RUN_TASK, "webhook_task": WEBHOOK_TASK, "window": ORPHAN_SWEEP_WINDOW},
+    )
+    return int(result.rowcount or 0)

@@ -8,7 +8,8 @@ from typing import Any
 from sqlalchemy import func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.db.tables import runs
+from app.db.sessions import LIVE
+from app.db.tables import runs, sessions
 from app.runs.model import ACTIVE, Run, RunStatus
 
 _ACTIVE = [s.value for s in ACTIVE]
@@ -22,10 +23,12 @@ async def insert_run(conn: AsyncConnection, **values: Any) -> Run:
 async def get_run(
     conn: AsyncConnection, run_id: str, *, tenant_id: str | None = None, lock: bool = False
 ) -> Run | None:
-    """A run by id; with `tenant_id`, only if it belongs to that tenant."""
+    """A run by id; with `tenant_id` (a client asking), only if it belongs to that tenant and
+    its session has not expired."""
     query = select(runs).where(runs.c.id == run_id)
     if tenant_id is not None:
-        query = query.where(runs.c.tenant_id == tenant_id)
+        live = select(sessions.c.id).where(sessions.c.id == runs.c.session_id, LIVE).exists()
+        query = query.where(runs.c.tenant_id == tenant_id, live)
     if lock:
         query = query.with_for_update()
     return _run((await conn.execute(query)).mappings().one_or_none())

@@ -5,11 +5,14 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import RowMapping, func, literal, select, tuple_, update
+from sqlalchemy import ColumnElement, RowMapping, func, literal, or_, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.lineage import Segment, lineage_from_json, segments
-from app.db.tables import sessions
+from app.db.tables import runs, sessions, tenants
+
+# A session past its expiry is gone for its tenant at once, before the retention job purges it.
+LIVE = or_(sessions.c.expires_at.is_(None), sessions.c.expires_at > func.now())
 
 
 async def insert_session(conn: AsyncConnection, **values: Any) -> RowMapping:
@@ -19,10 +22,19 @@ async def insert_session(conn: AsyncConnection, **values: Any) -> RowMapping:
 
 
 async def get_session(
-    conn: AsyncConnection, tenant_id: str, session_id: str, *, lock: bool = False
+    conn: AsyncConnection,
+    tenant_id: str,
+    session_id: str,
+    *,
+    lock: bool = False,
+    include_expired: bool = False,
 ) -> RowMapping | None:
-    """One session of this tenant; with `lock`, its row is locked for update too."""
+    """One live (unexpired) session of this tenant; with `lock`, its row is locked for update.
+    `include_expired`: expired too (for a run under way: expiry refuses new requests, it does
+    not break work already started)."""
     query = select(sessions).where(sessions.c.id == session_id, sessions.c.tenant_id == tenant_id)
+    if not include_expired:
+        query = query.where(LIVE)
     if lock:
         query = query.with_for_update()
     return (await conn.execute(query)).mappings().one_or_none()
@@ -39,7 +51,7 @@ async def list_sessions(
     parent_id: str | None = None,
 ) -> list[RowMapping]:
     """Newest first; `before` is the (created_at, id) keyset cursor of the previous page."""
-    query = select(sessions).where(sessions.c.tenant_id == tenant_id)
+    query = select(sessions).where(sessions.c.tenant_id == tenant_id, LIVE)
     if metadata:
         query = query.where(sessions.c.metadata.contains(metadata))
     if title_contains:
@@ -72,6 +84,49 @@ async def update_session(
 
 async def delete_session(conn: AsyncConnection, session_id: str) -> None:
     await conn.execute(sessions.delete().where(sessions.c.id == session_id))
+
+
+async def run_ids(conn: AsyncConnection, session_id: str) -> list[str]:
+    query = select(runs.c.id).where(runs.c.session_id == session_id)
+    return [str(i) for i in (await conn.execute(query)).scalars()]
+
+
+def ttl_expiry(ttl_seconds: int) -> ColumnElement[Any]:
+    """The database's now() plus `ttl_seconds`: one clock, the one expiry is checked against."""
+    return func.now() + func.make_interval(0, 0, 0, 0, 0, 0, ttl_seconds)
+
+
+def tenant_default_expiry(tenant_id: str) -> ColumnElement[Any]:
+    """now() plus the tenant's default session TTL; null when the tenant has none."""
+    ttl = func.make_interval(0, 0, 0, 0, 0, 0, tenants.c.session_ttl_seconds)
+    return select(func.now() + ttl).where(tenants.c.id == tenant_id).scalar_subquery()
+
+
+async def expired_session_ids(conn: AsyncConnection, now: datetime | None, limit: int) -> list[str]:
+    """Up to `limit` sessions expired at `now` (default: the database's now()), newest first:
+    a fork sorts before its parent, so an expiring fork is purged before its shared prefix
+    would be copied into it."""
+    moment = func.now() if now is None else literal(now, sessions.c.expires_at.type)
+    query = (
+        select(sessions.c.id)
+        .where(sessions.c.expires_at <= moment)
+        .order_by(sessions.c.created_at.desc(), sessions.c.id.desc())
+        .limit(limit)
+    )
+    return [str(i) for i in (await conn.execute(query)).scalars()]
+
+
+async def lock_expired(
+    conn: AsyncConnection, session_id: str, now: datetime | None
+) -> RowMapping | None:
+    """The session, locked, if it is (still) expired at `now`."""
+    moment = func.now() if now is None else literal(now, sessions.c.expires_at.type)
+    query = (
+        select(sessions)
+        .where(sessions.c.id == session_id, sessions.c.expires_at <= moment)
+        .with_for_update()
+    )
+    return (await conn.execute(query)).mappings().one_or_none()
 
 
 # Every transaction that locks several sessions takes the locks in this one order, so forks and
@@ -110,6 +165,7 @@ async def advance_rev(
     count: int,
     tokens: int,
     expected_rev: int | None,
+    include_expired: bool = False,
 ) -> int | None:
     """Reserve `count` seqs by moving rev forward; the row lock serializes appenders.
 
@@ -117,6 +173,8 @@ async def advance_rev(
     no such session). The lock is held until the transaction ends, so the seqs stay dense.
     """
     query = update(sessions).where(sessions.c.id == session_id, sessions.c.tenant_id == tenant_id)
+    if not include_expired:
+        query = query.where(LIVE)
     if expected_rev is not None:
         query = query.where(sessions.c.rev == expected_rev)
     query = query.values(
@@ -128,10 +186,14 @@ async def advance_rev(
     return rev
 
 
-async def current_rev(conn: AsyncConnection, tenant_id: str, session_id: str) -> int | None:
+async def current_rev(
+    conn: AsyncConnection, tenant_id: str, session_id: str, include_expired: bool = False
+) -> int | None:
     query = select(sessions.c.rev).where(
         sessions.c.id == session_id, sessions.c.tenant_id == tenant_id
     )
+    if not include_expired:
+        query = query.where(LIVE)
     rev: int | None = (await conn.execute(query)).scalar()
     return rev
 

@@ -28,7 +28,7 @@ from app.db import runs as runs_db
 from app.db import sessions as sessions_db
 from app.llm.router import tool_choice_problem
 from app.runs.model import CancelMode, Outcome, Run, RunKind, RunParams, RunStatus, entry_id
-from app.services import runs
+from app.services import quotas, runs
 from app.services.errors import Conflict, Invalid, NotFound, entries_refused, session_not_found
 from app.services.journal import NewEntry, append_in
 from app.services.projection import project_session
@@ -100,11 +100,14 @@ async def ask(
         details = {"loc": ["body", "tool_choice"], "model": checked.model, "tools": offered}
         raise Invalid("invalid_tool_choice", unserved, details)
     if params.multitask_strategy == "rollback":
+        # Before stopping anything: a refused ask leaves the running run alone.
+        await check_quotas(engine, settings, tenant_id, replacing_runs_of=session_id)
         await _stop_active_runs(engine, tenant_id, session_id, "rollback")
     try:
         async with engine.begin() as conn:
             return AskResult(
-                await _commit(conn, tenant_id, session_id, params, checked.model), True
+                await _commit(conn, settings, tenant_id, session_id, params, checked.model),
+                True,
             )
     except IntegrityError as exc:
         if "runs_idempotency_key" not in str(exc.orig) or not params.idempotency_key:
@@ -115,8 +118,28 @@ async def ask(
     return AskResult(earlier, created=False)
 
 
+async def check_quotas(
+    engine: AsyncEngine, settings: Settings, tenant_id: str, replacing_runs_of: str | None = None
+) -> None:
+    """Whether the tenant's quotas allow an ask now (429 if not), for a caller with other work
+    to do before the ask (a rollback): the ask's commit checks again. `replacing_runs_of`: a
+    session whose active ask runs the ask will stop (they do not count against it)."""
+    async with engine.begin() as conn:
+        replacing = (
+            len(await runs_db.active_runs(conn, replacing_runs_of, kind="ask"))
+            if replacing_runs_of is not None
+            else 0
+        )
+        await quotas.check_ask(conn, settings, tenant_id, replacing=replacing)
+
+
 async def _commit(
-    conn: AsyncConnection, tenant_id: str, session_id: str, params: AskParams, model: str
+    conn: AsyncConnection,
+    settings: Settings,
+    tenant_id: str,
+    session_id: str,
+    params: AskParams,
+    model: str,
 ) -> Run:
     """The user entry, run_start, the run, run.created and the job: one transaction."""
     session = await sessions_db.get_session(conn, tenant_id, session_id, lock=True)
@@ -139,9 +162,13 @@ async def _commit(
             "the session has a run in progress; cancel it or ask with another multitask_strategy",
             {"active_run_id": active[-1].id},
         )
+    stopping = 0  # interrupted runs still winding down: this ask takes their place
     if params.multitask_strategy == "interrupt":
         for run in active:
-            await runs.request_cancel(conn, run, "interrupt")
+            stopping += (await runs.request_cancel(conn, run, "interrupt")).active
+    # Last before writing: it locks the tenant's row (when runs at once are limited) until the
+    # commit, so concurrent asks of the tenant count each other's runs.
+    await quotas.check_ask(conn, settings, tenant_id, replacing=stopping)
     run_id = str(uuid.uuid4())
     refs = {"run_id": run_id}
     before = [

@@ -31,6 +31,18 @@ class PreconditionFailed(ServiceError):
     """A condition the client set (If-Match, If-None-Match) does not hold for the current state."""
 
 
+class LimitExceeded(ServiceError):
+    """A quota of the tenant refuses the request for now: retry after `retry_after` seconds."""
+
+    def __init__(self, code: str, message: str, details: dict[str, Any], retry_after: int) -> None:
+        super().__init__(code, message, details)
+        self.retry_after = retry_after
+
+
+class Forbidden(ServiceError):
+    """The caller is known but may not do this (a read-only key writing)."""
+
+
 def session_not_found(session_id: str) -> NotFound:
     return NotFound("session_not_found", f"no session {session_id}", {"session_id": session_id})
 

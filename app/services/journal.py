@@ -71,7 +71,9 @@ async def append_entries(
     for _ in range(_APPEND_ATTEMPTS):
         try:
             async with engine.begin() as conn:
-                return await _append_rows(conn, tenant_id, session_id, rows, expected_rev)
+                return await _append_rows(
+                    conn, tenant_id, session_id, rows, expected_rev, include_expired=False
+                )
         except IntegrityError as exc:
             if "entries_session_entry_id" not in str(exc.orig):
                 raise
@@ -86,7 +88,8 @@ async def append_in(
     *,
     fresh_ids: bool = False,
 ) -> AppendResult:
-    """Append inside the caller's transaction (a use case writing entries with other rows).
+    """Append inside the caller's transaction (a use case writing entries with other rows: it
+    checked the session, or a run under way writes, which a session's expiry does not stop).
 
     Entries with ids already in the thread make it a replay, as for append_entries. With
     `fresh_ids`, the caller vouches that no id can be stored yet (derived from an id it has just
@@ -94,7 +97,9 @@ async def append_in(
     duplicate.
     """
     rows = _prepare(new_entries)
-    return await _append_rows(conn, tenant_id, session_id, rows, None, fresh_ids=fresh_ids)
+    return await _append_rows(
+        conn, tenant_id, session_id, rows, None, fresh_ids=fresh_ids, include_expired=True
+    )
 
 
 @metrics.timed_append
@@ -106,19 +111,20 @@ async def _append_rows(
     expected_rev: int | None,
     *,
     fresh_ids: bool = False,
+    include_expired: bool,
 ) -> AppendResult:
     client_ids = [r["id"] for r in rows if r["client_id"]]
     if client_ids and not fresh_ids:
-        replay = await _find_replay(conn, tenant_id, session_id, rows, client_ids)
+        replay = await _find_replay(conn, tenant_id, session_id, rows, client_ids, include_expired)
         if replay is not None:
             return replay
     # Without client ids the common path is this one statement: reserve the seqs.
     tokens = sum(r["token_count"] for r in rows)
     rev = await sessions_db.advance_rev(
-        conn, tenant_id, session_id, len(rows), tokens, expected_rev
+        conn, tenant_id, session_id, len(rows), tokens, expected_rev, include_expired
     )
     if rev is None:
-        current = await sessions_db.current_rev(conn, tenant_id, session_id)
+        current = await sessions_db.current_rev(conn, tenant_id, session_id, include_expired)
         if current is None:
             raise session_not_found(session_id)
         raise Conflict(
@@ -220,6 +226,7 @@ async def _find_replay(
     session_id: str,
     rows: list[dict[str, Any]],
     client_ids: list[str],
+    include_expired: bool,
 ) -> AppendResult | None:
     """The original result if this batch was appended before, None if it is new.
 
@@ -227,7 +234,9 @@ async def _find_replay(
     locate the whole original batch; it is a replay only if every entry there (with or without
     an id) matches what was sent now. Anything else reusing those ids is a conflict.
     """
-    session = await sessions_db.get_session(conn, tenant_id, session_id)
+    session = await sessions_db.get_session(
+        conn, tenant_id, session_id, include_expired=include_expired
+    )
     if session is None:
         raise session_not_found(session_id)
     thread = segments(session_id, lineage_from_json(session["lineage"]))

@@ -66,13 +66,16 @@ async def project_session(
     model: str | None = None,
     run_id: str | None = None,
     extra_tools: Sequence[Mapping[str, Any]] = (),
+    include_expired: bool = False,
 ) -> SessionProjection:
     """Exactly what an ask would send now; reads only the tail the budget can use, writes
     nothing. Raises Invalid (context_overflow, invalid_policy, invalid_entries, invalid_content)
     when there is no valid answer."""
     pending = canonical_pending(pending)
     async with read_snapshot(engine) as conn:
-        session = await sessions_db.get_session(conn, tenant_id, session_id)
+        session = await sessions_db.get_session(
+            conn, tenant_id, session_id, include_expired=include_expired
+        )
         if session is None:
             raise session_not_found(session_id)
         projected, _ = await _project(
@@ -111,6 +114,7 @@ async def project_for_run(engine: AsyncEngine, settings: Settings, run: Run) -> 
         model=run.model if ask else None,
         run_id=run.id if ask else None,
         extra_tools=run.params.tools if ask else [],
+        include_expired=True,  # a run under way finishes
     )
 
 

@@ -18,10 +18,12 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from app.core.entries import EntryKind
 from app.db import jobs as jobs_db
 from app.db import runs as runs_db
+from app.db import tenants as tenants_db
 from app.db.tables import sessions
 from app.llm.catalog import cost_usd
 from app.runs import machine, writer
 from app.runs.model import CancelMode, Outcome, Run, RunKind, RunParams, RunStatus, entry_id
+from app.services import webhooks
 from app.services.journal import NewEntry, append_in
 from app.telemetry import carried, metrics
 
@@ -121,6 +123,7 @@ async def await_tool_outputs(
     assert waiting.action_expires_at is not None
     step = machine.await_tool_outputs(run, calls, waiting.action_expires_at.isoformat())
     await writer.append(conn, run.id, step.events)
+    await webhooks.queue_run_event(conn, waiting, "run.requires_action", {"tool_calls": calls})
     return waiting
 
 
@@ -256,9 +259,22 @@ async def finish(conn: AsyncConnection, run: Run, outcome: Outcome) -> Run:
     await conn.execute(
         update(sessions).where(sessions.c.id == run.session_id).values(**session_values)
     )
+    if usage is not None and not appended.replayed:
+        # The tenant's daily usage (quotas, reports): it outlives the session.
+        await tenants_db.add_usage(
+            conn,
+            run.tenant_id,
+            model,
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
+            cached_tokens=usage.cached_tokens,
+            cache_write_tokens=usage.cache_write_tokens,
+            cost_usd=cost,
+        )
     await writer.append(conn, run.id, step.events)
     if not appended.replayed:  # a replayed end was counted when it was first committed
         metrics.run_ended(
             run.kind, step.status, ended.created_at, ended.ended_at, model, usage, cost
         )
+    await webhooks.queue_run_event(conn, ended, f"run.{ended.status.value}")
     return ended

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
-import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import RowMapping
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.config import Settings
 from app.core.lineage import (
@@ -24,10 +20,13 @@ from app.core.lineage import (
     without,
 )
 from app.core.metadata import MetadataError, merge_patch
+from app.db import jobs as jobs_db
 from app.db import journal as journal_db
 from app.db import sessions as sessions_db
 from app.llm.base import ProviderError
 from app.llm.router import Router
+from app.services import quotas
+from app.services.cursors import decode_cursor, encode_cursor
 from app.services.errors import Conflict, Invalid, session_not_found
 
 # A fork retries when a session in its lineage is deleted under it (the lineage is then rewritten).
@@ -50,14 +49,33 @@ async def create_session(
     metadata: dict[str, str],
     config: dict[str, Any],
     settings: Settings | None = None,
+    ttl_seconds: int | None = None,
+    expires_at: datetime | None = None,
 ) -> RowMapping:
-    """With `settings`, the config's models must name configured providers (else 422)."""
+    """With `settings`, the config's models must name configured providers (else 422) and the
+    tenant's session limit holds (else 429). The session expires at `expires_at`, or
+    `ttl_seconds` from now, else after the tenant's default TTL (if it has one)."""
     if settings is not None:
         check_models(settings, config)
     async with engine.begin() as conn:
+        if settings is not None:
+            await quotas.check_new_session(conn, settings, tenant_id)
         return await sessions_db.insert_session(
-            conn, tenant_id=tenant_id, title=title, metadata=metadata, config=config
+            conn,
+            tenant_id=tenant_id,
+            title=title,
+            metadata=metadata,
+            config=config,
+            expires_at=_expiry(tenant_id, ttl_seconds, expires_at),
         )
+
+
+def _expiry(tenant_id: str, ttl_seconds: int | None, expires_at: datetime | None) -> Any:
+    if expires_at is not None:
+        return expires_at
+    if ttl_seconds is not None:
+        return sessions_db.ttl_expiry(ttl_seconds)
+    return sessions_db.tenant_default_expiry(tenant_id)
 
 
 async def get_session(engine: AsyncEngine, tenant_id: str, session_id: str) -> RowMapping:
@@ -78,7 +96,7 @@ async def list_sessions(
     title_contains: str | None = None,
     parent_id: str | None = None,
 ) -> SessionPage:
-    before = _decode_cursor(cursor) if cursor else None
+    before = decode_cursor(cursor) if cursor else None
     async with engine.connect() as conn:
         rows = await sessions_db.list_sessions(
             conn,
@@ -91,7 +109,7 @@ async def list_sessions(
         )
     more = len(rows) > limit
     rows = rows[:limit]
-    next_cursor = _encode_cursor(rows[-1]["created_at"], rows[-1]["id"]) if more else None
+    next_cursor = encode_cursor(rows[-1]["created_at"], rows[-1]["id"]) if more else None
     return SessionPage(rows, next_cursor)
 
 
@@ -128,6 +146,10 @@ async def update_session(
                 else:
                     config[key] = value
             values["config"] = config
+        if changes.get("ttl_seconds") is not None:
+            values["expires_at"] = sessions_db.ttl_expiry(int(changes["ttl_seconds"]))
+        elif "expires_at" in changes:  # null: never expires
+            values["expires_at"] = changes["expires_at"]
         return await sessions_db.update_session(conn, session_id, values)
 
 
@@ -143,16 +165,24 @@ async def delete_session(engine: AsyncEngine, tenant_id: str, session_id: str) -
         row = await sessions_db.get_session(conn, tenant_id, session_id, lock=True)
         if row is None:
             raise session_not_found(session_id)
-        for reader in await sessions_db.sessions_reading_from(conn, session_id):
-            lineage = lineage_from_json(reader["lineage"])
-            if is_direct_heir(lineage, session_id):
-                shared = inherited_range(lineage, session_id)
-                assert shared is not None
-                await journal_db.copy_range(conn, session_id, str(reader["id"]), *shared)
-            await sessions_db.update_session(
-                conn, str(reader["id"]), {"lineage": lineage_to_json(without(lineage, session_id))}
-            )
-        await sessions_db.delete_session(conn, session_id)
+        await delete_locked(conn, session_id)
+
+
+async def delete_locked(conn: AsyncConnection, session_id: str) -> None:
+    """Delete a session whose row the caller locked, with everything stored under it (entries,
+    runs and their events, webhook deliveries and endpoints, its runs' finished jobs), first
+    giving its forks their shared prefix: DELETE and the retention purge both end here."""
+    for reader in await sessions_db.sessions_reading_from(conn, session_id):
+        lineage = lineage_from_json(reader["lineage"])
+        if is_direct_heir(lineage, session_id):
+            shared = inherited_range(lineage, session_id)
+            assert shared is not None
+            await journal_db.copy_range(conn, session_id, str(reader["id"]), *shared)
+        await sessions_db.update_session(
+            conn, str(reader["id"]), {"lineage": lineage_to_json(without(lineage, session_id))}
+        )
+    await jobs_db.delete_jobs_of_runs(conn, await sessions_db.run_ids(conn, session_id))
+    await sessions_db.delete_session(conn, session_id)
 
 
 async def fork_session(
@@ -163,8 +193,10 @@ async def fork_session(
     at_seq: int | None,
     title: str | None,
     metadata: dict[str, str] | None,
+    settings: Settings | None = None,
 ) -> RowMapping:
-    """A child sharing the parent's thread up to `at_seq` (default: its rev); no entry is copied."""
+    """A child sharing the parent's thread up to `at_seq` (default: its rev); no entry is copied.
+    With `settings`, the tenant's session limit holds (else 429)."""
     for _ in range(_FORK_ATTEMPTS):
         try:
             async with engine.begin() as conn:
@@ -186,6 +218,8 @@ async def fork_session(
                 readable = [a.session_id for a in lineage]
                 if await sessions_db.lock_existing(conn, readable) != len(readable):
                     continue
+                if settings is not None:
+                    await quotas.check_new_session(conn, settings, tenant_id)
                 return await sessions_db.insert_session(
                     conn,
                     tenant_id=tenant_id,
@@ -198,6 +232,8 @@ async def fork_session(
                     rev=fork_seq,
                     # Only the chunk anchors' coordinate: a phase shift for early forks is fine.
                     token_total=parent["token_total"],
+                    # A fork is a new session: the tenant's default, not its parent's expiry.
+                    expires_at=sessions_db.tenant_default_expiry(tenant_id),
                 )
         except IntegrityError:
             continue  # the parent was deleted between our read and the insert
@@ -225,22 +261,3 @@ def check_models(settings: Settings, config: dict[str, Any]) -> None:
                 f"{error.message}; configured providers: {', '.join(configured)}",
                 {"loc": ["body", "config", name], "model": model, "configured": configured},
             ) from error
-
-
-def _encode_cursor(created_at: datetime, session_id: Any) -> str:
-    raw = json.dumps([created_at.isoformat(), str(session_id)]).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def _decode_cursor(cursor: str) -> tuple[datetime, str]:
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        created_at, session_id = json.loads(raw)
-        moment = datetime.fromisoformat(created_at)
-        if moment.tzinfo is None:
-            raise ValueError("naive timestamp")
-        return moment, str(uuid.UUID(session_id))
-    except (binascii.Error, ValueError, TypeError, AttributeError) as exc:
-        raise Invalid(
-            "invalid_cursor", "the cursor is not one this API returned", {"cursor": cursor}
-        ) from exc

@@ -14,13 +14,14 @@ from sqlalchemy import RowMapping
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.config import Settings
 from app.core.entries import EntryKind
 from app.db import events as events_db
 from app.db import journal as journal_db
 from app.db import runs as runs_db
 from app.db import sessions as sessions_db
-from app.services import asks, journal
-from app.services.errors import Conflict, Invalid
+from app.services import asks, journal, quotas
+from app.services.errors import Conflict, Invalid, session_not_found
 
 # Sessions made for chats get ids derived from this namespace, the tenant and the chat id.
 CHAT_NAMESPACE = uuid.UUID("6f1c2a0e-5b7d-4c3e-9a8f-1d2e3f4a5b6c")
@@ -45,14 +46,18 @@ async def find_session(engine: AsyncEngine, tenant_id: str, chat_id: str) -> Row
         )
 
 
-async def chat_session(engine: AsyncEngine, tenant_id: str, chat_id: str) -> RowMapping:
-    """The chat's session, made on the chat's first message (with the default config)."""
+async def chat_session(
+    engine: AsyncEngine, settings: Settings, tenant_id: str, chat_id: str
+) -> RowMapping:
+    """The chat's session, made on the chat's first message (with the default config), within
+    the tenant's session limit."""
     found = await find_session(engine, tenant_id, chat_id)
     if found is not None:
         return found
     session_id = derived_session_id(tenant_id, chat_id)
     try:
         async with engine.begin() as conn:
+            await quotas.check_new_session(conn, settings, tenant_id)
             return await sessions_db.insert_session(
                 conn,
                 id=session_id,
@@ -60,11 +65,12 @@ async def chat_session(engine: AsyncEngine, tenant_id: str, chat_id: str) -> Row
                 title=None,
                 metadata={CHAT_ID_KEY: chat_id},
                 config={},
+                expires_at=sessions_db.tenant_default_expiry(tenant_id),
             )
-    except IntegrityError:  # a concurrent first message made it
+    except IntegrityError:  # a concurrent first message made it, or it expired
         again = await find_session(engine, tenant_id, chat_id)
-        if again is None:
-            raise
+        if again is None:  # expired: gone for the tenant, though not purged yet
+            raise session_not_found(session_id) from None
         return again
 
 

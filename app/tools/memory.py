@@ -22,7 +22,9 @@ async def _target(context: ToolContext, tool: str) -> tuple[AsyncEngine, str]:
     if context.engine is None:
         raise RuntimeError(f"{tool} needs the database")
     async with context.engine.connect() as conn:
-        session = await sessions_db.get_session(conn, context.tenant_id, context.session_id)
+        session = await sessions_db.get_session(
+            conn, context.tenant_id, context.session_id, include_expired=True
+        )
     namespace = session["config"].get("memory_namespace") if session is not None else None
     if not namespace:
         raise RuntimeError("this session has no memory: its config names no memory_namespace")

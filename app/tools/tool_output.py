@@ -32,7 +32,9 @@ async def read_tool_output(arguments: dict[str, Any], context: ToolContext) -> d
     offset = _integer(arguments, "offset", 0, 0, None)
     limit = _integer(arguments, "limit", PAGE_CHARS, 1, MAX_PAGE_CHARS)
     async with read_snapshot(context.engine) as conn:
-        session = await sessions_db.get_session(conn, context.tenant_id, context.session_id)
+        session = await sessions_db.get_session(
+            conn, context.tenant_id, context.session_id, include_expired=True
+        )
         if session is None:
             raise LookupError("this session was not found")
         thread = sessions_db.thread_of(session)

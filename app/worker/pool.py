@@ -1,5 +1,6 @@
-"""The worker pool: procrastinate's worker running runs, plus the event writer, the retry of
-stalled jobs (a worker that died: its heartbeat stopped) and the pruning of old run events."""
+"""The worker pool: procrastinate's worker running runs, completion webhook deliveries and the
+retention job, plus the event writer and the retry of stalled jobs (a worker that died: its
+heartbeat stopped)."""
 
 from __future__ import annotations
 
@@ -14,22 +15,29 @@ from procrastinate import JobContext
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import Settings
-from app.db import events as events_db
 from app.db import jobs as jobs_db
 from app.db import runs as runs_db
 from app.db.engine import create_direct_engine, create_engine
-from app.db.jobs import RUN_QUEUE, RUN_TASK
+from app.db.jobs import (
+    MAINTENANCE_QUEUE,
+    RETENTION_TASK,
+    RUN_QUEUE,
+    RUN_TASK,
+    WEBHOOK_QUEUE,
+    WEBHOOK_TASK,
+)
 from app.llm.router import Router
 from app.llm.tokenizers import stored_counter
 from app.runs.model import RunKind
 from app.runs.writer import Committed, EventWriter
-from app.services import runs
+from app.services import retention, runs
 from app.services.asks import expire_waiting_runs
 from app.tools.webhook import aclose_shared_client
 from app.worker import runtime as runtimes
 from app.worker.handoff import Handoff
 from app.worker.lease import WorkerLease
 from app.worker.run import execute_run
+from app.worker.webhooks import deliver
 
 log = logging.getLogger(__name__)
 # After a database restart, how long the workers (alive, but their leases dropped with their
@@ -74,6 +82,28 @@ def queue_app(settings: Settings, runtime: runtimes.Runtime, concurrency: int) -
 
         await execute_run(runtime, run_id, abort_reason)
 
+    # Attempts are counted on the delivery row, which gives up after the last one: the strategy
+    # only spaces them out (its own limit is a backstop).
+    backoff = procrastinate.RetryStrategy(
+        max_attempts=settings.run_webhook_max_attempts,
+        exponential_wait=settings.run_webhook_backoff_seconds,
+    )
+
+    @app.task(name=WEBHOOK_TASK, queue=WEBHOOK_QUEUE, retry=backoff)
+    async def deliver_webhook(delivery_id: str) -> None:
+        await deliver(runtime.engine, settings, delivery_id)
+
+    # Every worker proposes each tick; procrastinate defers it once per tick, and the queueing
+    # lock keeps one waiting at a time when a purge outlasts a tick.
+    @app.periodic(cron=settings.retention_cron)
+    @app.task(name=RETENTION_TASK, queue=MAINTENANCE_QUEUE, queueing_lock=RETENTION_TASK)
+    async def purge(timestamp: int) -> None:
+        await retention.purge(
+            runtime.engine,
+            event_retention_seconds=settings.event_retention_seconds,
+            batch_size=settings.retention_batch_size,
+        )
+
     return app
 
 
@@ -113,11 +143,10 @@ async def worker_pool(
             asyncio.create_task(lease.keep(), name="worker-lease"),
             asyncio.create_task(_recover_runs(runtime), name="run-recovery"),
             asyncio.create_task(_retry_stalled(app, runtime, registered), name="stalled-jobs"),
-            asyncio.create_task(_prune_events(engine, settings), name="event-pruner"),
             asyncio.create_task(handoff.watch_aborts(), name="handoff-aborts"),
             asyncio.create_task(
                 app.run_worker_async(
-                    queues=[RUN_QUEUE],
+                    queues=[RUN_QUEUE, WEBHOOK_QUEUE, MAINTENANCE_QUEUE],
                     concurrency=concurrency,
                     install_signal_handlers=False,
                     update_heartbeat_interval=settings.worker_heartbeat_seconds,
@@ -198,7 +227,8 @@ async def _retry_stalled(
                     conn, [job.id for job in stalled if job.id is not None]
                 )
             for job in stalled:
-                if job.id in unstarted:
+                # A run's job is its lease's once the run started; any other job is retried.
+                if job.id in unstarted or job.task_name != RUN_TASK:
                     log.warning("retrying stalled job %s", job.id)
                     await app.job_manager.retry_job(job)
             await app.job_manager.prune_stalled_workers(
@@ -212,15 +242,3 @@ async def _retry_stalled(
             await expire_waiting_runs(runtime.engine)
         except Exception:
             log.exception("checking for stalled jobs failed")
-
-
-async def _prune_events(engine: AsyncEngine, settings: Settings) -> None:
-    while True:
-        await asyncio.sleep(min(settings.event_retention_seconds / 4, 300))
-        try:
-            async with engine.begin() as conn:
-                pruned = await events_db.prune(conn, settings.event_retention_seconds)
-            if pruned:
-                log.info("pruned %d run events", pruned)
-        except Exception:
-            log.exception("pruning run events failed")

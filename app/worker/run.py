@@ -245,7 +245,9 @@ async def _converse(runtime: Runtime, run: Run, progress: _Progress) -> Outcome 
     policy = RunPolicy.model_validate(run.params.run_policy or {})
     # Read once: a run keeps the tools it started with, and the session's earlier spending.
     async with autocommit(runtime.engine) as conn:
-        session = await sessions_db.get_session(conn, run.tenant_id, session_id)
+        session = await sessions_db.get_session(
+            conn, run.tenant_id, session_id, include_expired=True
+        )
     config: dict[str, Any] = session["config"] if session is not None else {}
     tools = offered_tools(config, run.params.tools)
     tokens_before = int(session["input_tokens"]) + int(session["output_tokens"]) if session else 0
