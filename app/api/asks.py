@@ -12,6 +12,7 @@ from app.api.deps import Config, Engine, Hub, IdempotencyKey, LocalWorkers, Read
 from app.api.errors import error_responses
 from app.api.schemas import AskRequest, Run
 from app.api.sse import RUN_INSTEAD_OF_STREAM, SSE_RESPONSE, ResumeAfter, event_stream
+from app.core.tool_choice import NamedTool
 from app.services import asks as service
 
 router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["runs"], route_class=JSONRoute)
@@ -61,6 +62,10 @@ async def ask(
         on_disconnect=body.on_disconnect,
         run_policy=body.run_policy.model_dump(exclude_unset=True) if body.run_policy else None,
         tools=[t.model_dump(mode="json", exclude_none=True) for t in body.tools or []],
+        tool_choice=body.tool_choice
+        if isinstance(body.tool_choice, str)
+        else NamedTool(body.tool_choice.name),
+        parallel_tool_calls=body.parallel_tool_calls,
         idempotency_key=idempotency_key,
     )
     result = await service.ask(engine, settings, tenant, str(session_id), params)

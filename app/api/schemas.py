@@ -413,6 +413,13 @@ class ContextUsage(BaseModel):
     )
 
 
+class NamedToolChoice(Strict):
+    type: Literal["function"]
+    name: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,64}$")] = Field(
+        description="One of the run's tools (the session's, the ask's, built-ins)."
+    )
+
+
 class AskRequest(Strict):
     input: str | Annotated[list[ContentPart], Field(min_length=1)] = Field(
         description="The user's message: text, or content parts."
@@ -434,6 +441,17 @@ class AskRequest(Strict):
     )
     tools: Annotated[list[ToolDefinition], Field(max_length=128)] | None = Field(
         default=None, description="Tools for this ask only, over the session's (same name wins)."
+    )
+    tool_choice: Literal["auto", "none", "required"] | NamedToolChoice = Field(
+        default="auto",
+        description="auto: the model decides; none: no tool call; required: at least one call; "
+        "{type: function, name}: a call of that tool (422 invalid_tool_choice if the run has "
+        "no such tool, or the model cannot be made to call tools). required and a named tool "
+        "hold for the run's first model turn; later turns of its tool loop are auto.",
+    )
+    parallel_tool_calls: bool = Field(
+        default=True,
+        description="false: at most one tool call per model turn (on every turn of the run).",
     )
     on_disconnect: Literal["continue", "cancel"] = Field(
         default="continue", description="cancel: a stream client going away cancels the run."

@@ -23,6 +23,7 @@ import anthropic
 from anthropic.types import MessageDeltaUsage, RawMessageStreamEvent, Usage
 
 from app.core.formats import to_anthropic
+from app.core.tool_choice import anthropic_tool_choice
 from app.llm.base import (
     ErrorKind,
     Finish,
@@ -71,12 +72,16 @@ class AnthropicProvider:
 
     async def _stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
         wire = to_anthropic(request.messages, request.tools, request.cache_breakpoints)
+        choice = anthropic_tool_choice(
+            request.tool_choice, request.parallel_tool_calls, "tools" in wire
+        )
         events = await self._client.messages.create(
             model=request.model,
             max_tokens=request.max_output_tokens or DEFAULT_MAX_TOKENS,
             messages=cast(Any, wire["messages"]),
             system=cast(Any, wire["system"]) if "system" in wire else anthropic.omit,
             tools=cast(Any, wire["tools"]) if "tools" in wire else anthropic.omit,
+            tool_choice=cast(Any, choice) if choice is not None else anthropic.omit,
             stream=True,
         )
         state = _State()

@@ -9,6 +9,7 @@ from typing import Any, Literal, Protocol
 
 from app.core.entries import FinishReason
 from app.core.messages import Message, ToolSpec
+from app.core.tool_choice import ToolChoice
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +28,10 @@ class ModelRequest:
     # Routes consecutive calls of one thread to the same prompt cache (OpenAI's
     # prompt_cache_key); None: send none.
     cache_key: str | None = None
+    # Which tools the model may or must call on this turn (see app.core.tool_choice), and
+    # whether it may call several at once.
+    tool_choice: ToolChoice = "auto"
+    parallel_tool_calls: bool = True
 
 
 def prompt_cache_key(session_id: str) -> str:

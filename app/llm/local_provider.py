@@ -15,6 +15,9 @@ checked one by one.
 
 Tool specs are ignored: small local models have no dependable tool-calling format, so this
 provider never produces tool calls (tool calls and results in the history travel as text).
+That honours tool_choice "auto" and "none" and parallel_tool_calls either way; a forced choice
+("required", a named tool) it cannot honour is refused (asks are refused up front, see
+`tool_choice_problem`; a fallback to a local model fails the call as a bad request).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from typing import Any
 
 from app.core.formats import CONTINUATION_NOTE, EMPTY_PLACEHOLDER, SYSTEM_NOTE_PREFIX
 from app.core.messages import Message, canonical_json, text_of
+from app.core.tool_choice import ToolChoice, as_json, is_forced
 from app.llm.base import Finish, ModelRequest, ProviderError, StreamEvent, TextDelta, UsageReport
 
 INSTALL_HINT = "pip install -e '.[local]'"
@@ -100,6 +104,9 @@ class LocalProvider:
         return self._model.n_ctx
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
+        refused = tool_choice_problem(request.tool_choice)
+        if refused is not None:
+            raise ProviderError("bad_request", refused)
         if self._model is None:
             await asyncio.to_thread(self.load)
         assert self._model is not None
@@ -140,6 +147,17 @@ class LocalProvider:
                 # that a closed stream leaves the model free.
                 while not isinstance(await queue.get(), _Done):
                     pass
+
+
+def tool_choice_problem(choice: ToolChoice) -> str | None:
+    """Why a local model cannot serve `choice`, or None: it never calls tools, so it cannot be
+    made to."""
+    if is_forced(choice):
+        return (
+            f"local models never call tools, so tool_choice {as_json(choice)!r} cannot be "
+            'served; use "auto" or "none", or an openai:/anthropic:/compat: model'
+        )
+    return None
 
 
 def _generate(

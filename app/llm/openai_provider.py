@@ -16,6 +16,7 @@ import openai
 from openai.types.chat import ChatCompletionChunk
 
 from app.core.formats import openai_request_tokens, to_openai
+from app.core.tool_choice import openai_fields
 from app.llm.base import (
     ErrorKind,
     Finish,
@@ -85,6 +86,7 @@ class OpenAIProvider:
         cap = limit if limit is not None else openai.omit
         legacy = self._legacy_max_tokens
         cache_key = request.cache_key if self._send_cache_key else None
+        choice = openai_fields(request.tool_choice, request.parallel_tool_calls, "tools" in wire)
         chunks = await self._client.chat.completions.create(
             model=request.model,
             messages=cast(Any, wire["messages"]),
@@ -95,6 +97,8 @@ class OpenAIProvider:
             max_completion_tokens=openai.omit if legacy else cap,
             max_tokens=cap if legacy else openai.omit,
             prompt_cache_key=cache_key if cache_key is not None else openai.omit,
+            tool_choice=choice.get("tool_choice", openai.omit),
+            parallel_tool_calls=choice.get("parallel_tool_calls", openai.omit),
         )
         finish: str | None = None
         usage: UsageReport | None = None

@@ -19,10 +19,12 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Collection
 from dataclasses import dataclass, replace
 
 from app.config import Settings
+from app.core import tool_choice
+from app.llm import local_provider
 from app.llm.anthropic_provider import AnthropicProvider
 from app.llm.base import (
     ModelRequest,
@@ -302,6 +304,17 @@ class Router:
             close = getattr(provider, "aclose", None)
             if close is not None:
                 await close()
+
+
+def tool_choice_problem(
+    model: str, choice: tool_choice.ToolChoice, tool_names: Collection[str]
+) -> str | None:
+    """Why an ask of `model` ("provider:name") offering these tools cannot have `choice`, or
+    None."""
+    refused = tool_choice.problem(choice, tool_names)
+    if refused is None and model.partition(":")[0] == "local":
+        refused = local_provider.tool_choice_problem(choice)
+    return refused
 
 
 def compat_endpoint_of(settings: Settings, rest: str) -> tuple[str, str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from app.core import tool_choice as tool_choices
 from app.runs.model import Run, RunStatus
 
 Json = dict[str, Any]
@@ -54,8 +55,8 @@ def response_base(
         "top_p": None,
         "max_output_tokens": params.max_output_tokens,
         "tools": [tool_object(t) for t in client_tools],
-        "tool_choice": "auto",
-        "parallel_tool_calls": True,
+        "tool_choice": tool_choices.as_json(params.tool_choice),
+        "parallel_tool_calls": params.parallel_tool_calls,
         "background": background,
         "store": True,
         "text": {"format": {"type": "text"}},

@@ -47,8 +47,14 @@ class ResponseCreate(_Body):
         description="`{type: function, name, description, parameters}` (the client runs them) "
         "or `{type: builtin, name}` (a Threadline built-in tool, e.g. calculator).",
     )
-    tool_choice: str | dict[str, Any] | None = Field(default=None, description="`auto` only.")
-    parallel_tool_calls: bool | None = Field(default=None, description="`true` only.")
+    tool_choice: str | dict[str, Any] | None = Field(
+        default=None,
+        description="`auto` (default), `none`, `required` or `{type: function, name}`; "
+        "`required` and a named function hold for the response's first model turn only.",
+    )
+    parallel_tool_calls: bool | None = Field(
+        default=None, description="`false`: at most one function call per model turn."
+    )
     previous_response_id: str | None = Field(
         default=None,
         description="Continue from this response: its conversation when it is the latest "

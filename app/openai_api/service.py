@@ -18,8 +18,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.api.hub import EventHub
 from app.api.schemas import Metadata
 from app.config import Settings
+from app.core import tool_choice as tool_choices
 from app.core.entries import EntryKind
 from app.core.projection import JournalEntry, PendingEntry, without_rolled_back
+from app.core.tool_choice import ToolChoice
 from app.db import events as events_db
 from app.db import journal as journal_db
 from app.llm.base import ProviderError
@@ -60,6 +62,22 @@ def threadline_model(name: str) -> str:
     if ":" in name:
         return name
     return f"anthropic:{name}" if name.startswith("claude") else f"openai:{name}"
+
+
+def requested_tool_choice(value: str | Mapping[str, Any] | None) -> ToolChoice:
+    """A request's tool_choice as Threadline's: the modes, and a function by name."""
+    if value is None:
+        return "auto"
+    try:
+        return tool_choices.parse(value)
+    except ValueError:
+        raise OpenAIError(
+            400,
+            f"Invalid value for 'tool_choice': {value!r}. Threadline serves 'auto', 'none', "
+            "'required' and {'type': 'function', 'name': <one of the tools>}.",
+            param="tool_choice",
+            code="invalid_value",
+        ) from None
 
 
 def checked_model(settings: Settings, name: str) -> str:
@@ -272,10 +290,6 @@ async def create_response(
             "Threadline keeps every response in its conversation's journal; "
             "send store: true or leave it out",
         )
-    if body.tool_choice not in (None, "auto"):
-        raise unsupported("tool_choice", "only 'auto' (the model decides) is served")
-    if body.parallel_tool_calls is False:
-        raise unsupported("parallel_tool_calls", "a model turn's calls always run together")
     if body.previous_response_id is not None and body.conversation is not None:
         raise OpenAIError(
             400,
@@ -285,6 +299,7 @@ async def create_response(
         )
     given = mapping.parse_input(body.input)
     tools = tool_definitions(body.tools or [])
+    choice = requested_tool_choice(body.tool_choice)
     model = checked_model(settings, body.model) if body.model is not None else None
     if given.content is None:  # function_call_output items: the waiting run goes on
         if body.previous_response_id is None:
@@ -295,9 +310,9 @@ async def create_response(
                 param="previous_response_id",
                 code="missing_required_parameter",
             )
-        loaded = await _answer_calls(engine, tenant_id, body, given, model, tools)
+        loaded = await _answer_calls(engine, tenant_id, body, given, model, tools, choice)
     else:
-        loaded = await _ask(engine, settings, tenant_id, body, given, model, tools)
+        loaded = await _ask(engine, settings, tenant_id, body, given, model, tools, choice)
         if local_workers is not None and loaded.run.job_id is not None:
             local_workers.offer(loaded.run.id, loaded.run.job_id)
     return Created(loaded, base_of(loaded, body.previous_response_id))
@@ -310,6 +325,7 @@ async def _answer_calls(
     given: mapping.Input,
     model: str | None,
     tools: list[dict[str, Any]],
+    choice: ToolChoice,
 ) -> Loaded:
     assert body.previous_response_id is not None
     previous = await load(engine, tenant_id, body.previous_response_id, "previous_response_id")
@@ -339,6 +355,11 @@ async def _answer_calls(
         )
     params = run.params
     kept = {
+        "tool_choice": (
+            tool_choices.as_json(choice) if body.tool_choice is not None else None,
+            tool_choices.as_json(params.tool_choice),
+        ),
+        "parallel_tool_calls": (body.parallel_tool_calls, params.parallel_tool_calls),
         "max_output_tokens": (body.max_output_tokens, params.max_output_tokens),
         "temperature": (body.temperature, params.temperature),
         "metadata": (body.metadata, params.metadata),
@@ -369,6 +390,7 @@ async def _ask(
     given: mapping.Input,
     model: str | None,
     tools: list[dict[str, Any]],
+    choice: ToolChoice,
 ) -> Loaded:
     assert given.content is not None
     made: str | None = None  # a session (or fork) made for this response alone
@@ -399,6 +421,8 @@ async def _ask(
             temperature=body.temperature,
             metadata=dict(body.metadata or {}),
             tools=tools,
+            tool_choice=choice,
+            parallel_tool_calls=body.parallel_tool_calls is not False,
             on_disconnect="continue" if body.background else "cancel",
             before=tuple(PendingEntry(str(e.kind), e.payload, e.refs) for e in given.before),
         )

@@ -9,7 +9,9 @@ from decimal import Decimal
 from enum import StrEnum
 from typing import Any, Literal
 
+from app.core import tool_choice as tool_choices
 from app.core.entries import RUN_ENTRY_PREFIX, FinishReason
+from app.core.tool_choice import ToolChoice
 from app.llm.base import UsageReport
 
 
@@ -47,6 +49,10 @@ class RunParams:
     fallback_model: str | None = None
     run_policy: dict[str, Any] | None = None
     tools: list[dict[str, Any]] = field(default_factory=list)
+    # which tools the model may or must call (app.core.tool_choice), and whether a turn may
+    # call several
+    tool_choice: ToolChoice = "auto"
+    parallel_tool_calls: bool = True
     # a compaction's
     focus: str | None = None
     keep_last_turns: int | None = None
@@ -65,6 +71,8 @@ class RunParams:
             fallback_model=data.get("fallback_model"),
             run_policy=data.get("run_policy"),
             tools=list(data.get("tools") or []),
+            tool_choice=tool_choices.parse(data.get("tool_choice") or "auto"),
+            parallel_tool_calls=data.get("parallel_tool_calls", True),
             focus=data.get("focus"),
             keep_last_turns=data.get("keep_last_turns"),
             telemetry=dict(data.get("telemetry") or {}),
@@ -80,6 +88,8 @@ class RunParams:
             "fallback_model": self.fallback_model,
             "run_policy": self.run_policy,
             "tools": self.tools,
+            "tool_choice": tool_choices.as_json(self.tool_choice),
+            "parallel_tool_calls": self.parallel_tool_calls,
             "telemetry": self.telemetry,
         }
 

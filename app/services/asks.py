@@ -21,10 +21,12 @@ from app.core import run_policy as run_policies
 from app.core.content import content_problems
 from app.core.entries import EntryKind
 from app.core.projection import PendingEntry
+from app.core.tool_choice import ToolChoice
 from app.core.tool_loop import RunTools, next_step
 from app.db import journal as journal_db
 from app.db import runs as runs_db
 from app.db import sessions as sessions_db
+from app.llm.router import tool_choice_problem
 from app.runs.model import CancelMode, Outcome, Run, RunKind, RunParams, RunStatus, entry_id
 from app.services import quotas, runs
 from app.services.errors import Conflict, Invalid, NotFound, entries_refused, session_not_found
@@ -50,6 +52,8 @@ class AskParams:
     idempotency_key: str | None = None
     run_policy: dict[str, Any] | None = None
     tools: list[dict[str, Any]] = field(default_factory=list)
+    tool_choice: ToolChoice = "auto"  # forced choices hold for the first model turn only
+    parallel_tool_calls: bool = True
     # Entries committed with the ask, before its user message (a client that sends history
     # along with its question); each gets refs.request_id = the run's id.
     before: tuple[PendingEntry, ...] = ()
@@ -90,6 +94,11 @@ async def ask(
         model=params.model,
         extra_tools=params.tools,
     )
+    offered = [t.name for t in checked.projection.tool_spec]
+    unserved = tool_choice_problem(checked.model, params.tool_choice, offered)
+    if unserved is not None:
+        details = {"loc": ["body", "tool_choice"], "model": checked.model, "tools": offered}
+        raise Invalid("invalid_tool_choice", unserved, details)
     if params.multitask_strategy == "rollback":
         # Before stopping anything: a refused ask leaves the running run alone.
         await check_quotas(engine, settings, tenant_id, replacing_runs_of=session_id)
@@ -202,6 +211,8 @@ async def _commit(
         fallback_model=(session["config"] or {}).get("fallback_model"),
         run_policy=policy.model_dump(mode="json"),
         tools=params.tools,
+        tool_choice=params.tool_choice,
+        parallel_tool_calls=params.parallel_tool_calls,
     )
     return await runs.create(
         conn,

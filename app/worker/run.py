@@ -16,6 +16,7 @@ from typing import Any
 
 from sqlalchemy import text
 
+from app.core import tool_choice as tool_choices
 from app.core.entries import EntryKind, FinishReason
 from app.core.messages import result_text
 from app.core.projection import ProjectionMeta
@@ -331,6 +332,8 @@ async def _model_turn(
         answer_room=projected.policy.reserve,
         cache_breakpoints=projection.meta.cache_breakpoints,
         cache_key=prompt_cache_key(run.session_id),
+        tool_choice=tool_choices.for_turn(params.tool_choice, iteration),
+        parallel_tool_calls=params.parallel_tool_calls,
     )
     progress.text = []
     pieces: list[tuple[int, str | None, str | None, str]] = []

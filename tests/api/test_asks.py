@@ -333,3 +333,88 @@ async def test_a_lone_surrogate_from_the_model_is_stored_replaced(
     assert deltas(seen) == "a\ufffdb ok" == seen[-1].data["text"]
     answer = (await history(api, sid))[-3]
     assert answer["payload"]["content"] == "a\ufffdb ok"
+
+
+CALCULATOR = {"name": "calculator", "kind": "builtin"}
+
+
+@pytest.mark.parametrize(
+    ("config", "body", "problem"),
+    [
+        ({"tools": [CALCULATOR]}, {"tool_choice": {"type": "function", "name": "x"}}, "'x'"),
+        ({}, {"tool_choice": "required"}, "needs at least one tool"),
+        ({}, {"tool_choice": {"type": "function", "name": "calculator"}}, "(none)"),
+        (
+            {"tools": [CALCULATOR], "model": "local:smollm2"},
+            {"tool_choice": "required"},
+            "local models never call tools",
+        ),
+        (
+            {"tools": [CALCULATOR]},
+            {"tool_choice": {"type": "function", "name": "calculator"}, "model": "local:x"},
+            "local models never call tools",
+        ),
+    ],
+)
+async def test_a_tool_choice_the_run_cannot_serve_is_refused_and_writes_nothing(
+    api: httpx.AsyncClient, config: dict[str, Any], body: dict[str, Any], problem: str
+) -> None:
+    sid = (await new_session(api, config=config))["id"]
+
+    refused = await api.post(f"/v1/sessions/{sid}/ask", json={"input": "2 + 2?", **body})
+
+    assert refused.status_code == 422, refused.text
+    error = refused.json()["error"]
+    assert error["code"] == "invalid_tool_choice" and problem in error["message"]
+    assert error["details"]["loc"] == ["body", "tool_choice"]
+    assert await history(api, sid) == []
+
+
+@pytest.mark.parametrize(
+    "choice",
+    [
+        "any",
+        "",
+        None,
+        3,
+        {"type": "function"},
+        {"type": "function", "name": ""},
+        {"type": "function", "name": "calc ulator"},
+        {"type": "function", "function": {"name": "calculator"}},
+        {"type": "function", "name": "calculator", "strict": True},
+        {"type": "tool", "name": "calculator"},
+    ],
+)
+async def test_a_malformed_tool_choice_is_a_validation_error(
+    api: httpx.AsyncClient, choice: Any
+) -> None:
+    sid = (await new_session(api, config={"tools": [CALCULATOR]}))["id"]
+
+    refused = await api.post(f"/v1/sessions/{sid}/ask", json={"input": "x", "tool_choice": choice})
+
+    assert refused.status_code == 422
+    assert refused.json()["error"]["code"] == "validation_error"
+    bad_parallel = await api.post(
+        f"/v1/sessions/{sid}/ask", json={"input": "x", "parallel_tool_calls": "no"}
+    )
+    assert bad_parallel.status_code == 422
+    assert await history(api, sid) == []
+
+
+async def test_a_named_tool_may_be_one_the_ask_brings(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    sid = (await new_session(api))["id"]
+    upstream.script(Text("fine"))
+
+    events = await ask(
+        api,
+        sid,
+        "2 + 2?",
+        tools=[CALCULATOR],
+        tool_choice={"type": "function", "name": "calculator"},
+    )
+
+    assert events[-1].type == "run.completed"
+    sent = upstream.requests[-1].body["tool_choice"]
+    assert sent == {"type": "function", "function": {"name": "calculator"}}

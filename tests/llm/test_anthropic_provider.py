@@ -10,6 +10,7 @@ import pytest
 
 from app.core.formats import to_anthropic
 from app.core.messages import Message, ToolCall, ToolSpec
+from app.core.tool_choice import NamedTool, ToolChoice
 from app.llm.anthropic_provider import DEFAULT_MAX_TOKENS, AnthropicProvider
 from app.llm.base import (
     Finish,
@@ -272,3 +273,40 @@ async def test_cache_reads_and_writes_are_reported_apart(
     events = await collect(provider.stream(HELLO))
 
     assert UsageReport(12, 2, cached_tokens=4, cache_write_tokens=6) in events
+
+
+@pytest.mark.parametrize(
+    ("choice", "parallel", "sent"),
+    [
+        ("none", True, {"type": "none"}),
+        ("required", True, {"type": "any"}),
+        ("required", False, {"type": "any", "disable_parallel_tool_use": True}),
+        (NamedTool("now"), True, {"type": "tool", "name": "now"}),
+        ("auto", False, {"type": "auto", "disable_parallel_tool_use": True}),
+        ("auto", True, None),
+    ],
+)
+async def test_tool_choice_goes_out_as_the_messages_api_field(
+    provider: AnthropicProvider,
+    upstream: FakeUpstream,
+    choice: ToolChoice,
+    parallel: bool,
+    sent: dict[str, object] | None,
+) -> None:
+    request = replace(
+        HELLO, tools=(WEATHER, CLOCK), tool_choice=choice, parallel_tool_calls=parallel
+    )
+
+    await collect(provider.stream(request))
+
+    body = upstream.requests[0].body
+    assert body.get("tool_choice") == sent
+    assert [t["name"] for t in body["tools"]] == ["get_weather", "now"]
+
+
+async def test_no_tool_choice_goes_out_without_tools(
+    provider: AnthropicProvider, upstream: FakeUpstream
+) -> None:
+    await collect(provider.stream(replace(HELLO, tool_choice="none", parallel_tool_calls=False)))
+
+    assert set(upstream.requests[0].body) == {"model", "messages", "max_tokens", "stream"}

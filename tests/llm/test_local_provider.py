@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import random
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,8 @@ import pytest
 
 from app.config import DEFAULT_LOCAL_MODEL, Settings
 from app.core.formats import CONTINUATION_NOTE, SYSTEM_NOTE_PREFIX
-from app.core.messages import Message, ToolCall
+from app.core.messages import Message, ToolCall, ToolSpec
+from app.core.tool_choice import NamedTool, ToolChoice
 from app.llm.base import Finish, ModelRequest, ProviderError, Restart, TextDelta, UsageReport
 from app.llm.local_provider import (
     PROMPT_BATCH_TOKENS,
@@ -250,3 +252,33 @@ async def test_an_answer_cut_by_the_output_limit_finishes_with_length(
     cut = ModelRequest(LONG.model, LONG.messages, max_output_tokens=3)
     finish = (await collect(provider.stream(cut)))[-1]
     assert isinstance(finish, Finish) and finish.neutral == "length"
+
+
+@pytest.mark.parametrize(
+    "choice", ["required", NamedTool("get_weather")], ids=["required", "named"]
+)
+async def test_a_forced_tool_choice_is_refused_not_ignored(choice: ToolChoice) -> None:
+    # Refused before the model is even loaded: a provider that never calls tools cannot be made
+    # to (a path to no model shows that nothing was loaded).
+    provider = LocalProvider(Path("/nonexistent/model.gguf"))
+    request = replace(SHORT, tools=(ToolSpec("get_weather", "", {}),), tool_choice=choice)
+
+    with pytest.raises(ProviderError) as raised:
+        await collect(provider.stream(request))
+
+    assert raised.value.kind == "bad_request"
+    assert "never call tools" in raised.value.message
+
+
+async def test_tool_choice_none_and_serial_calls_are_honoured(provider: LocalProvider) -> None:
+    request = replace(
+        SHORT,
+        tools=(ToolSpec("get_weather", "", {}),),
+        tool_choice="none",
+        parallel_tool_calls=False,
+    )
+
+    events = await collect(provider.stream(request))
+
+    assert isinstance(events[-1], Finish)
+    assert joined_text(events)

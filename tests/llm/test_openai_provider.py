@@ -11,6 +11,7 @@ import pytest
 
 from app.core.formats import to_openai
 from app.core.messages import Message, ToolCall, ToolSpec
+from app.core.tool_choice import NamedTool, ToolChoice
 from app.llm.base import (
     Finish,
     ModelRequest,
@@ -296,3 +297,45 @@ async def test_compat_answers_are_capped_by_the_room_left_and_the_endpoint_limit
         await limited.aclose()
 
     assert [r.body["max_tokens"] for r in upstream.requests] == [300, 100, 40]
+
+
+@pytest.mark.parametrize(
+    ("choice", "parallel", "sent"),
+    [
+        ("none", True, {"tool_choice": "none"}),
+        ("required", True, {"tool_choice": "required"}),
+        (
+            NamedTool("get_weather"),
+            False,
+            {
+                "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+                "parallel_tool_calls": False,
+            },
+        ),
+        ("auto", False, {"parallel_tool_calls": False}),
+        ("auto", True, {}),
+    ],
+)
+async def test_tool_choice_and_parallel_calls_go_out_as_chat_completions_fields(
+    provider: OpenAIProvider,
+    upstream: FakeUpstream,
+    choice: ToolChoice,
+    parallel: bool,
+    sent: dict[str, object],
+) -> None:
+    request = replace(HELLO, tools=(WEATHER,), tool_choice=choice, parallel_tool_calls=parallel)
+
+    await collect(provider.stream(request))
+
+    body = upstream.requests[0].body
+    assert {k: body[k] for k in ("tool_choice", "parallel_tool_calls") if k in body} == sent
+    assert body["tools"] == to_openai((), (WEATHER,))["tools"]
+
+
+async def test_no_tool_choice_goes_out_without_tools(
+    provider: OpenAIProvider, upstream: FakeUpstream
+) -> None:
+    # OpenAI answers 400 to tool_choice or parallel_tool_calls in a request without tools.
+    await collect(provider.stream(replace(HELLO, tool_choice="none", parallel_tool_calls=False)))
+
+    assert not {"tools", "tool_choice", "parallel_tool_calls"} & set(upstream.requests[0].body)

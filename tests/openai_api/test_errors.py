@@ -29,6 +29,7 @@ KEYS = [
     "instructions",
     "tools",
     "tool_choice",
+    "parallel_tool_calls",
     "previous_response_id",
     "conversation",
     "store",

@@ -24,6 +24,7 @@ from openai.types.responses import (
     ResponseOutputMessage,
     ResponseStreamEvent,
     ResponseTextDeltaEvent,
+    ToolChoiceFunction,
 )
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -256,6 +257,71 @@ async def test_a_function_tool_round_trip(
     assert after.conversation.id == first.conversation.id
 
 
+@pytest.mark.parametrize("model", MODELS)
+async def test_tool_choice_forces_a_function_on_the_first_turn(
+    client: AsyncOpenAI, upstream: FakeUpstream, model: str
+) -> None:
+    named: Any = {"type": "function", "name": "get_weather"}
+    upstream.script(ToolCall("up_1", "get_weather", '{"city": "Oslo"}'))
+    first = await client.responses.create(
+        model=model,
+        input="Anything new?",
+        tools=[WEATHER, BUILTIN_CALCULATOR],
+        tool_choice=named,
+        parallel_tool_calls=False,
+    )
+    assert [o.type for o in first.output] == ["function_call"]
+    assert isinstance(first.tool_choice, ToolChoiceFunction)
+    assert first.tool_choice.name == "get_weather" and first.parallel_tool_calls is False
+    anthropic = model.startswith("anthropic:")
+    assert upstream.requests[-1].body["tool_choice"] == (
+        {"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True}
+        if anthropic
+        else {"type": "function", "function": {"name": "get_weather"}}
+    )
+    call = first.output[0]
+    assert call.type == "function_call"
+    output: Any = [{"type": "function_call_output", "call_id": call.call_id, "output": "3 C"}]
+    # The outputs continue the same response's run: with its tool_choice, not another.
+    with pytest.raises(openai.BadRequestError) as other:
+        await client.responses.create(
+            model=model, previous_response_id=first.id, input=output, tool_choice="none"
+        )
+    assert isinstance(other.value.body, dict) and other.value.body["param"] == "tool_choice"
+
+    upstream.script(Text("It is 3 °C."))
+    final = await client.responses.create(
+        model=model,
+        previous_response_id=first.id,
+        input=output,
+        tools=[WEATHER, BUILTIN_CALCULATOR],
+        tool_choice=named,
+        parallel_tool_calls=False,
+    )
+    assert final.output_text == "It is 3 °C."
+    # The turn after the forced one is the model's to decide (else it would never answer).
+    after = upstream.requests[-1].body
+    if anthropic:
+        assert after["tool_choice"] == {"type": "auto", "disable_parallel_tool_use": True}
+    else:
+        assert "tool_choice" not in after and after["parallel_tool_calls"] is False
+    stored = await client.responses.retrieve(first.id)
+    assert isinstance(stored.tool_choice, ToolChoiceFunction)
+    assert stored.tool_choice.model_dump() == named and stored.parallel_tool_calls is False
+
+
+async def test_tool_choice_none_answers_without_calling(
+    client: AsyncOpenAI, upstream: FakeUpstream
+) -> None:
+    upstream.script(Text("No tools today."))
+    answer = await client.responses.create(
+        model="gpt-4o-mini", input="Weather in Oslo?", tools=[WEATHER], tool_choice="none"
+    )
+    assert answer.tool_choice == "none" and answer.parallel_tool_calls is True
+    assert [o.type for o in answer.output] == ["message"]
+    assert upstream.requests[-1].body["tool_choice"] == "none"
+
+
 async def test_a_built_in_tool_runs_in_the_service(
     client: AsyncOpenAI, upstream: FakeUpstream
 ) -> None:
@@ -441,6 +507,22 @@ async def test_refusals_are_openai_errors(
     with pytest.raises(openai.BadRequestError) as choice:
         await client.responses.create(model="gpt-4o-mini", input="Hi", tool_choice="required")
     assert isinstance(choice.value.body, dict) and choice.value.body["param"] == "tool_choice"
+    with pytest.raises(openai.BadRequestError) as unknown:
+        await client.responses.create(
+            model="gpt-4o-mini",
+            input="Hi",
+            tools=[WEATHER],
+            tool_choice={"type": "function", "name": "get_time"},
+        )
+    assert isinstance(unknown.value.body, dict) and unknown.value.body["param"] == "tool_choice"
+    assert unknown.value.body["code"] == "invalid_tool_choice"
+    assert "'get_time'" in unknown.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as hosted:
+        await client.responses.create(
+            model="gpt-4o-mini", input="Hi", tools=[WEATHER], tool_choice={"type": "file_search"}
+        )
+    assert isinstance(hosted.value.body, dict) and hosted.value.body["param"] == "tool_choice"
+    assert hosted.value.body["code"] == "invalid_value"
     with pytest.raises(openai.BadRequestError) as model:
         await client.responses.create(model="compat:nowhere", input="Hi")
     assert isinstance(model.value.body, dict) and model.value.body["code"] == "model_not_found"
