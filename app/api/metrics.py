@@ -9,12 +9,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from app.api.bodies import JSONRoute
 from app.api.deps import Engine, get_settings
 from app.api.errors import Refusal
 from app.db.jobs import waiting_jobs
 from app.telemetry.metrics import exposition
 
-router = APIRouter(include_in_schema=False)
+router = APIRouter(include_in_schema=False, route_class=JSONRoute)
 
 
 @router.get("/metrics")
