@@ -8,8 +8,10 @@ import asyncio
 import contextlib
 import functools
 import logging
+import time
 from collections.abc import AsyncIterator
 
+import croniter
 import procrastinate
 from procrastinate import JobContext
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -93,9 +95,8 @@ def queue_app(settings: Settings, runtime: runtimes.Runtime, concurrency: int) -
     async def deliver_webhook(delivery_id: str) -> None:
         await deliver(runtime.engine, settings, delivery_id)
 
-    # Every worker proposes each tick; procrastinate defers it once per tick, and the queueing
-    # lock keeps one waiting at a time when a purge outlasts a tick.
-    @app.periodic(cron=settings.retention_cron)
+    # Queued by _schedule_retention at each tick; the queueing lock keeps one waiting at a time
+    # when a purge outlasts a tick or several workers queue it.
     @app.task(name=RETENTION_TASK, queue=MAINTENANCE_QUEUE, queueing_lock=RETENTION_TASK)
     async def purge(timestamp: int) -> None:
         await retention.purge(
@@ -144,6 +145,7 @@ async def worker_pool(
             asyncio.create_task(_recover_runs(runtime), name="run-recovery"),
             asyncio.create_task(_retry_stalled(app, runtime, registered), name="stalled-jobs"),
             asyncio.create_task(handoff.watch_aborts(), name="handoff-aborts"),
+            asyncio.create_task(_schedule_retention(app, settings), name="retention-schedule"),
             asyncio.create_task(
                 app.run_worker_async(
                     queues=[RUN_QUEUE, WEBHOOK_QUEUE, MAINTENANCE_QUEUE],
@@ -191,6 +193,22 @@ async def _recover_runs(runtime: runtimes.Runtime) -> None:
                     await runs.recover(conn, orphan)
         except Exception:
             log.exception("looking for runs to recover failed")
+
+
+async def _schedule_retention(app: procrastinate.App, settings: Settings) -> None:
+    """Queue the retention job at each tick of THREADLINE_RETENTION_CRON. Not procrastinate's
+    periodic deferrer: when the database is unreachable at a tick, that one stops the whole
+    worker, runs and all; this loop logs it and queues at the next tick."""
+    ticks = croniter.croniter(settings.retention_cron, time.time())
+    while True:
+        tick = ticks.get_next(float)
+        await asyncio.sleep(max(0.0, tick - time.time()))
+        try:
+            await app.configure_task(RETENTION_TASK).defer_async(timestamp=int(tick))
+        except procrastinate.exceptions.AlreadyEnqueued:
+            pass  # the last tick's purge is still waiting: it covers this one
+        except Exception:
+            log.exception("queueing the retention job failed")
 
 
 def _remember_registrations(app: procrastinate.App) -> list[int]:
