@@ -718,25 +718,8 @@ async def _in_context(
 ) -> list[JournalEntry]:
     """The entries no rollback took out of the conversation (a deleted response, a model turn
     that started over), in their order."""
-    rollbacks: list[JournalEntry] = []
-    after: int | None = None
-    while True:
-        page = await journal.read_history(
-            engine,
-            tenant_id,
-            session_id,
-            after_seq=after,
-            before_seq=None,
-            limit=1000,
-            kinds=[str(EntryKind.ROLLBACK)],
-            order="asc",
-        )
-        rollbacks += [entry_of(r) for r in page.entries]
-        if not page.has_more:
-            break
-        after = int(page.entries[-1]["seq"])
-    kept = {e.seq for e in without_rolled_back(sorted([*entries, *rollbacks], key=lambda e: e.seq))}
-    return [e for e in entries if e.seq in kept]
+    removed = await journal.rolled_back_in(engine, tenant_id, session_id)
+    return [e for e in entries if e.seq not in removed]
 
 
 def _item_seq(item_id: str, param: str = "after") -> int:
