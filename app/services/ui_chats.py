@@ -22,6 +22,7 @@ from app.db import runs as runs_db
 from app.db import sessions as sessions_db
 from app.services import asks, journal, quotas
 from app.services.errors import Conflict, Invalid, session_not_found
+from app.services.ids import is_uuid
 
 # Sessions made for chats get ids derived from this namespace, the tenant and the chat id.
 CHAT_NAMESPACE = uuid.UUID("6f1c2a0e-5b7d-4c3e-9a8f-1d2e3f4a5b6c")
@@ -36,7 +37,7 @@ def derived_session_id(tenant_id: str, chat_id: str) -> str:
 async def find_session(engine: AsyncEngine, tenant_id: str, chat_id: str) -> RowMapping | None:
     """The chat's session: the session whose id the chat id is, else the one made for it."""
     async with engine.connect() as conn:
-        if _is_uuid(chat_id):
+        if is_uuid(chat_id):
             own = await sessions_db.get_session(conn, tenant_id, chat_id)
             if own is not None:
                 return own
@@ -71,14 +72,6 @@ async def chat_session(
         if again is None:  # expired: gone for the tenant, though not purged yet
             raise session_not_found(session_id) from None
         return again
-
-
-def _is_uuid(text: str) -> bool:
-    try:
-        uuid.UUID(text)
-    except ValueError:
-        return False
-    return True
 
 
 def no_user_message(messages: list[dict[str, Any]]) -> Invalid:
