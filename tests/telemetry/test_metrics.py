@@ -7,6 +7,7 @@ the scrapes before and after what it does."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -177,6 +178,25 @@ async def test_an_open_stream_shows_in_the_gauge_until_it_closes(
     await eventually(api, lambda s: s.get("threadline_sse_streams_active") <= baseline)
 
 
+@contextlib.asynccontextmanager
+async def _own_service(
+    settings: Settings, tenant: str, *, workers: int = 0
+) -> AsyncIterator[httpx.AsyncClient]:
+    """A service of its own (`workers` run-executing workers) in a thread, and a client with a
+    key of a new `tenant`."""
+    server, thread, base = serve_in_thread(create_app(settings, workers=workers))
+    engine = create_engine(settings)
+    try:
+        key = await create_key(engine, tenant)
+        async with httpx.AsyncClient(
+            base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=30
+        ) as client:
+            yield client
+    finally:
+        await engine.dispose()
+        stop_thread_server(server, thread)
+
+
 @pytest.fixture
 def queue_database(database_url: str) -> str:
     return create_database(database_url, "metrics_queue")
@@ -188,17 +208,8 @@ async def api_without_workers(
 ) -> AsyncIterator[httpx.AsyncClient]:
     """An API process with no workers, on a database of its own: its asks stay queued."""
     settings = e2e_settings.model_copy(update={"database_url": queue_database})
-    server, thread, base = serve_in_thread(create_app(settings))
-    engine = create_engine(settings)
-    try:
-        key = await create_key(engine, "queue-tenant")
-        async with httpx.AsyncClient(
-            base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=30
-        ) as client:
-            yield client
-    finally:
-        await engine.dispose()
-        stop_thread_server(server, thread)
+    async with _own_service(settings, "queue-tenant") as client:
+        yield client
 
 
 async def test_queue_depth_and_oldest_age_reflect_queued_jobs(
@@ -238,17 +249,8 @@ async def api_with_a_quick_breaker(
         }
     )
     upstream.clear()
-    server, thread, base = serve_in_thread(create_app(settings, workers=2))
-    engine = create_engine(settings)
-    try:
-        key = await create_key(engine, "breaker-tenant")
-        async with httpx.AsyncClient(
-            base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=30
-        ) as client:
-            yield client
-    finally:
-        await engine.dispose()
-        stop_thread_server(server, thread)
+    async with _own_service(settings, "breaker-tenant", workers=2) as client:
+        yield client
 
 
 async def test_the_breaker_state_and_its_trips(
