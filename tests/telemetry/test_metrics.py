@@ -279,11 +279,7 @@ def test_a_scrape_of_the_api_sums_the_worker_process(deployment: Deployment) -> 
     """With PROMETHEUS_MULTIPROC_DIR, the API process (no workers) reports the runs its
     neighbour `threadline worker` executed: the scrape sums both processes."""
     before = scrape(deployment.url, METRICS_TOKEN)
-    with httpx.Client(
-        base_url=deployment.url,
-        headers={"Authorization": f"Bearer {deployment.key}"},
-        timeout=60,
-    ) as client:
+    with deployment.client() as client:
         sid = client.post("/v1/sessions", json={}).json()["id"]
         asked = client.post(f"/v1/sessions/{sid}/ask", json={"input": "hi", "stream": False})
         run_id = asked.json()["id"]
