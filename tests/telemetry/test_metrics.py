@@ -22,7 +22,7 @@ from app.services.keys import create_key
 from testkit.api import new_session
 from testkit.metrics import Samples, ascrape, scrape
 from testkit.server import serve_in_thread, stop_thread_server
-from testkit.sse_client import collect, events
+from testkit.sse_client import events, streamed_ask
 from testkit.upstream import Fail, FakeUpstream, Hold, Text, Usage
 from tests.e2e import create_database
 from tests.telemetry.conftest import METRICS_TOKEN, Deployment
@@ -43,17 +43,13 @@ async def eventually(
         await asyncio.sleep(0.05)
 
 
-async def ask(api: httpx.AsyncClient, sid: str, text: str) -> list:  # type: ignore[type-arg]
-    return await collect(api, "POST", f"/v1/sessions/{sid}/ask", json={"input": text})
-
-
 async def test_an_ask_moves_asks_runs_latencies_tokens_and_cost(
     api: httpx.AsyncClient, upstream: FakeUpstream
 ) -> None:
     sid = (await new_session(api))["id"]
     before = await ascrape(api)
     upstream.script(Text("Hel"), Text("lo"), Usage(1000, 200, cached=400))
-    got = await ask(api, sid, "hello")
+    got = await streamed_ask(api, sid, "hello")
     assert got[-1].type == "run.completed"
 
     def ended(s: Samples) -> bool:
@@ -105,9 +101,9 @@ async def test_provider_errors_and_retries_count_by_code(
     before = await ascrape(api)
     upstream.script(Fail(429, "rate_limit"))
     upstream.script(Text("made it"))
-    assert (await ask(api, sid, "retry me"))[-1].type == "run.completed"
+    assert (await streamed_ask(api, sid, "retry me"))[-1].type == "run.completed"
     upstream.script(Fail(400, "bad_request", "nope"))
-    assert (await ask(api, sid, "refuse me"))[-1].type == "run.failed"
+    assert (await streamed_ask(api, sid, "refuse me"))[-1].type == "run.failed"
 
     def failed(s: Samples) -> bool:
         labels = {"kind": "ask", "status": "failed"}
@@ -128,7 +124,7 @@ async def test_a_compaction_counts(api: httpx.AsyncClient, upstream: FakeUpstrea
     sid = (await new_session(api))["id"]
     for i in range(3):
         upstream.script(Text(f"answer {i}"))
-        assert (await ask(api, sid, f"question {i}"))[-1].type == "run.completed"
+        assert (await streamed_ask(api, sid, f"question {i}"))[-1].type == "run.completed"
     before = await ascrape(api)
     upstream.script(Text("the summary"))
     response = await api.post(f"/v1/sessions/{sid}/compact", json={"keep_last_turns": 1})
@@ -261,7 +257,7 @@ async def test_the_breaker_state_and_its_trips(
     before = await ascrape(api)
     for _ in range(2):
         upstream.script(Fail(500, "server"))
-        assert (await ask(api, sid, "fail"))[-1].type == "run.failed"
+        assert (await streamed_ask(api, sid, "fail"))[-1].type == "run.failed"
     tripped = await ascrape(api)
     openai = {"provider": "openai"}
     assert (
@@ -270,7 +266,7 @@ async def test_the_breaker_state_and_its_trips(
     )
     assert tripped.get("threadline_provider_breaker_open", openai) == 1
     upstream.script(Text("back"))
-    assert (await ask(api, sid, "trial"))[-1].type == "run.completed"
+    assert (await streamed_ask(api, sid, "trial"))[-1].type == "run.completed"
     closed = await ascrape(api)
     assert closed.get("threadline_provider_breaker_open", openai) == 0
 
