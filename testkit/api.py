@@ -3,6 +3,7 @@ history page by page."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import httpx
@@ -61,3 +62,19 @@ async def history(
 
 def texts(entries: list[dict[str, Any]]) -> list[str]:
     return [e["payload"]["content"] for e in entries]
+
+
+TERMINAL_STATUSES = ("completed", "failed", "cancelled")
+
+
+async def ended_run(client: httpx.AsyncClient, run_id: str, within: float = 300) -> dict[str, Any]:
+    """The run once it has ended, long-polling its `wait` for as long as `within` seconds (a
+    loaded machine may take a while)."""
+    deadline = time.monotonic() + within
+    while True:
+        response = await client.get(f"/v1/runs/{run_id}", params={"wait": "true", "timeout": 60})
+        assert response.status_code == 200, response.text
+        run: dict[str, Any] = response.json()
+        if run["status"] in TERMINAL_STATUSES:
+            return run
+        assert time.monotonic() < deadline, f"run {run_id} did not end: {run}"

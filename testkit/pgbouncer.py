@@ -20,7 +20,7 @@ from pathlib import Path
 from types import TracebackType
 from urllib.parse import parse_qs, urlsplit
 
-from testkit.server import free_port
+from testkit.server import free_port, stop_process
 
 SERVER_USER = "postgres"
 
@@ -101,13 +101,7 @@ class PgBouncer:
         raise RuntimeError(f"pgbouncer did not start (exit {self.process.poll()}):\n{self.log()}")
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()  # SIGTERM: PgBouncer exits at once
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process, timeout=10)  # SIGTERM: PgBouncer exits at once
         shutil.rmtree(self._dir, ignore_errors=True)
 
     def __enter__(self) -> PgBouncer:

@@ -43,6 +43,18 @@ def stop_thread_server(server: uvicorn.Server, thread: threading.Thread) -> None
     thread.join(timeout=30)
 
 
+def stop_process(process: subprocess.Popen[bytes], timeout: float = 30) -> None:
+    """SIGTERM and wait; SIGKILL if it has not exited after `timeout` seconds."""
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=timeout)
+
+
 def wait_ready(
     url: str, server: subprocess.Popen[bytes], log: Path | None = None
 ) -> httpx.Response:

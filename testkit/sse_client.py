@@ -96,3 +96,12 @@ async def read_to_end(client: httpx.AsyncClient, method: str, url: str, **kwargs
         if response.headers.get("content-type", "").startswith("text/event-stream"):
             return Ended(response.status_code, await until_closed(response))
         return Ended(response.status_code, [], (await response.aread()).decode())
+
+
+async def streamed_ask(
+    client: httpx.AsyncClient, session_id: str, text: str, **body: Any
+) -> list[Event]:
+    """An ask of `text` in the session, streamed: its events until the terminal one."""
+    return await collect(
+        client, "POST", f"/v1/sessions/{session_id}/ask", json={"input": text, **body}
+    )

@@ -7,6 +7,7 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -130,6 +131,25 @@ async def client(
 ) -> httpx.AsyncClient:
     """A client authenticated as a fresh tenant."""
     return make_client(await new_key())
+
+
+@asynccontextmanager
+async def api_with(
+    settings: Settings, new_key: Callable[[], Awaitable[str]], **configured: object
+) -> AsyncIterator[httpx.AsyncClient]:
+    """A client (a new tenant's key) of an in-process API with its own `configured` settings."""
+    application = create_app(
+        Settings(database_url=settings.database_url, db_pool_size=2, **configured)  # type: ignore[arg-type]
+    )
+    async with (
+        application.router.lifespan_context(application),
+        httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=application),
+            base_url="http://test",
+            headers={"Authorization": f"Bearer {await new_key()}"},
+        ) as client,
+    ):
+        yield client
 
 
 @dataclass

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
-from httpx_sse import ServerSentEvent, connect_sse
+from httpx_sse import EventSource, connect_sse
 
 TERMINAL = frozenset({"run.completed", "run.failed", "run.cancelled"})
 # Heartbeats come every 15 s by default: a minute of silence is a dead connection.
@@ -156,10 +156,7 @@ class Client:
                     if source.response.status_code == 204:
                         return
                     self._check(source.response)
-                    for sse in source.iter_sse():
-                        event = _event(sse)
-                        if event is None:
-                            continue
+                    for event in _run_events(source):
                         after, failures = event.id, 0
                         yield event
                         if event.event in TERMINAL:
@@ -228,10 +225,7 @@ class Stream:
                 self.ended = source.response.json()
                 return
             client._check(source.response)
-            for sse in source.iter_sse():
-                event = _event(sse)
-                if event is None:
-                    continue
+            for event in _run_events(source):
                 if event.id <= self.last_id:
                     continue  # a repeated ask replays the run from its start
                 yield self._seen(event)
@@ -241,9 +235,9 @@ class Stream:
             raise httpx.RemoteProtocolError("the stream ended before the run did")
 
 
-def _event(sse: ServerSentEvent) -> RunEvent | None:
-    """A run event, or None for what is not one (httpx-sse yields an event without data for
-    the blank line after a heartbeat comment)."""
-    if not sse.data:
-        return None
-    return RunEvent(int(sse.id), sse.event, json.loads(sse.data))
+def _run_events(source: EventSource) -> Iterator[RunEvent]:
+    """The run events of a stream, passing over what is not one (httpx-sse yields an event
+    without data for the blank line after a heartbeat comment)."""
+    for sse in source.iter_sse():
+        if sse.data:
+            yield RunEvent(int(sse.id), sse.event, json.loads(sse.data))

@@ -383,12 +383,29 @@ def in_run_order(entries: list[JournalEntry], run_id: str | None) -> list[Journa
 
 def without_rolled_back(entries: Sequence[JournalEntry]) -> list[JournalEntry]:
     """Drop what rollback entries took back; a rollback inside a newer one's range is void."""
+    removed = rolled_back(entries)
+    return [e for e in entries if e.kind != EntryKind.ROLLBACK and e.seq not in removed]
+
+
+@dataclass(frozen=True)
+class RolledBack:
+    """The seq ranges rollbacks took out of the conversation: `seq in rolled_back(...)`."""
+
+    ranges: tuple[tuple[int, int], ...]
+
+    def __contains__(self, seq: object) -> bool:
+        return isinstance(seq, int) and _within(seq, self.ranges)
+
+
+def rolled_back(entries: Sequence[JournalEntry]) -> RolledBack:
+    """What the rollbacks among `entries` (in seq order; other kinds are passed over) take out;
+    a rollback inside a newer one's range is void."""
     removed: list[tuple[int, int]] = []
     for entry in reversed(entries):
         if entry.kind != EntryKind.ROLLBACK or _within(entry.seq, removed):
             continue
         removed.append((int(entry.payload["from_seq"]), covered_to(entry)))
-    return [e for e in entries if e.kind != EntryKind.ROLLBACK and not _within(e.seq, removed)]
+    return RolledBack(tuple(removed))
 
 
 def covered_to(entry: JournalEntry) -> int:

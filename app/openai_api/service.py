@@ -24,6 +24,7 @@ from app.core.projection import JournalEntry, PendingEntry, without_rolled_back
 from app.core.tool_choice import ToolChoice
 from app.db import events as events_db
 from app.db import journal as journal_db
+from app.db.journal import journal_entry
 from app.llm.base import ProviderError
 from app.llm.router import Router
 from app.openai_api import items as mapping
@@ -557,7 +558,7 @@ async def _inputs_before(engine: AsyncEngine, tenant_id: str, run: Run) -> list[
         kinds=ITEM_KINDS,
         order="asc",
     )
-    return [entry_of(r) for r in page.entries if (r["refs"] or {}).get("request_id") == run.id]
+    return [journal_entry(r) for r in page.entries if (r["refs"] or {}).get("request_id") == run.id]
 
 
 async def input_items(engine: AsyncEngine, tenant_id: str, given: str) -> list[Json]:
@@ -567,16 +568,6 @@ async def input_items(engine: AsyncEngine, tenant_id: str, given: str) -> list[J
     if loaded.segment == 0:
         entries = [*await _inputs_before(engine, tenant_id, run), *entries]
     return mapping.conversation_items(run.session_id, entries)
-
-
-def entry_of(row: RowMapping) -> JournalEntry:
-    return JournalEntry(
-        seq=int(row["seq"]),
-        kind=str(row["kind"]),
-        payload=row["payload"],
-        refs=row["refs"] or {},
-        id=str(row["id"]),
-    )
 
 
 # --- Conversations -----------------------------------------------------------------------
@@ -672,7 +663,7 @@ async def get_item(engine: AsyncEngine, tenant_id: str, given: str, item_id: str
         kinds=ITEM_KINDS,
         order="asc",
     )
-    found = mapping.conversation_items(session_id, [entry_of(r) for r in page.entries])
+    found = mapping.conversation_items(session_id, [journal_entry(r) for r in page.entries])
     if not found or found[0]["id"] != item_id:
         raise not_found("item", item_id)
     return found[0]
@@ -709,7 +700,9 @@ async def list_items(
         kinds=ITEM_KINDS,
         order="asc" if order == "asc" else "desc",
     )
-    entries = await _in_context(engine, tenant_id, session_id, [entry_of(r) for r in page.entries])
+    entries = await _in_context(
+        engine, tenant_id, session_id, [journal_entry(r) for r in page.entries]
+    )
     return ItemPage(mapping.conversation_items(session_id, entries), page.has_more)
 
 
@@ -718,25 +711,8 @@ async def _in_context(
 ) -> list[JournalEntry]:
     """The entries no rollback took out of the conversation (a deleted response, a model turn
     that started over), in their order."""
-    rollbacks: list[JournalEntry] = []
-    after: int | None = None
-    while True:
-        page = await journal.read_history(
-            engine,
-            tenant_id,
-            session_id,
-            after_seq=after,
-            before_seq=None,
-            limit=1000,
-            kinds=[str(EntryKind.ROLLBACK)],
-            order="asc",
-        )
-        rollbacks += [entry_of(r) for r in page.entries]
-        if not page.has_more:
-            break
-        after = int(page.entries[-1]["seq"])
-    kept = {e.seq for e in without_rolled_back(sorted([*entries, *rollbacks], key=lambda e: e.seq))}
-    return [e for e in entries if e.seq in kept]
+    removed = await journal.rolled_back_in(engine, tenant_id, session_id)
+    return [e for e in entries if e.seq not in removed]
 
 
 def _item_seq(item_id: str, param: str = "after") -> int:
@@ -754,4 +730,4 @@ async def add_items(
     appended = await journal.append_entries(
         engine, tenant_id, session_id, entries, expected_rev=None
     )
-    return mapping.conversation_items(session_id, [entry_of(r) for r in appended.entries])
+    return mapping.conversation_items(session_id, [journal_entry(r) for r in appended.entries])

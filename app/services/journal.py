@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.core.entries import EntryKind, PayloadError, normalize_entry, range_errors
 from app.core.lineage import lineage_from_json, segments
+from app.core.projection import RolledBack, rolled_back
 from app.core.tokens import entry_tokens
 from app.db import journal as journal_db
 from app.db import sessions as sessions_db
@@ -181,6 +182,50 @@ async def read_history(
             limit=limit + 1,
         )
     return HistoryPage(found[:limit], len(found) > limit, int(session["rev"]))
+
+
+HISTORY_PAGE = 1000  # entries read per page when reading a whole history
+
+
+async def read_all(
+    engine: AsyncEngine, tenant_id: str, session_id: str, kinds: Sequence[str]
+) -> tuple[list[RowMapping], int]:
+    """Every entry of `kinds`, oldest first, page by page, and the rev the last page was read at."""
+    rows: list[RowMapping] = []
+    after: int | None = None
+    while True:
+        page = await read_history(
+            engine,
+            tenant_id,
+            session_id,
+            after_seq=after,
+            before_seq=None,
+            limit=HISTORY_PAGE,
+            kinds=kinds,
+            order="asc",
+        )
+        rows += page.entries
+        if not page.has_more:
+            return rows, page.rev
+        after = int(page.entries[-1]["seq"])
+
+
+async def rolled_back_in(engine: AsyncEngine, tenant_id: str, session_id: str) -> RolledBack:
+    """What the session's rollbacks took out of its conversation."""
+    rows, _ = await read_all(engine, tenant_id, session_id, [str(EntryKind.ROLLBACK)])
+    return rolled_back([journal_db.journal_entry(r) for r in rows])
+
+
+async def live_entries(
+    engine: AsyncEngine, tenant_id: str, session_id: str, kinds: Sequence[str]
+) -> tuple[list[RowMapping], int]:
+    """The session's entries of `kinds` that no rollback took out, oldest first, and the rev
+    they were read at (rollbacks read in the same pages, so none appended meanwhile is missed
+    before that rev)."""
+    rows, rev = await read_all(engine, tenant_id, session_id, [*kinds, str(EntryKind.ROLLBACK)])
+    removed = rolled_back([journal_db.journal_entry(r) for r in rows])
+    live = [r for r in rows if r["kind"] != EntryKind.ROLLBACK and int(r["seq"]) not in removed]
+    return live, rev
 
 
 def _prepare(new_entries: Sequence[NewEntry]) -> list[dict[str, Any]]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-import uuid
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -18,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.db import tenants as tenants_db
 from app.db.engine import autocommit
 from app.services.errors import Invalid, NotFound
+from app.services.ids import is_uuid
 from app.services.quotas import tenant_named
 
 KEY_PREFIX = "tl_"
@@ -92,7 +92,7 @@ async def find_key(engine: AsyncEngine, ref: str, tenant_name: str | None = None
     """The key `ref` names: its id, its prefix (as listed) or the whole key; within one
     tenant's keys when `tenant_name` is given."""
     async with engine.connect() as conn:
-        if _is_uuid(ref):
+        if is_uuid(ref):
             row = await tenants_db.get_key(conn, ref)
             found = [row] if row is not None else []
         else:
@@ -181,14 +181,6 @@ async def authenticate(engine: AsyncEngine, key: str, default_rpm: int | None) -
 async def tenant_for_key(engine: AsyncEngine, key: str) -> str | None:
     async with autocommit(engine) as conn:
         return await tenants_db.tenant_for_key_hash(conn, hash_key(key))
-
-
-def _is_uuid(text: str) -> bool:
-    try:
-        uuid.UUID(text)
-    except ValueError:
-        return False
-    return True
 
 
 DEV_TENANT = "dev"

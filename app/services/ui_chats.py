@@ -22,12 +22,12 @@ from app.db import runs as runs_db
 from app.db import sessions as sessions_db
 from app.services import asks, journal, quotas
 from app.services.errors import Conflict, Invalid, session_not_found
+from app.services.ids import is_uuid
 
 # Sessions made for chats get ids derived from this namespace, the tenant and the chat id.
 CHAT_NAMESPACE = uuid.UUID("6f1c2a0e-5b7d-4c3e-9a8f-1d2e3f4a5b6c")
 CHAT_ID_KEY = "ai_sdk_chat_id"  # the metadata key holding the chat id of such a session
 MAX_CHAT_ID_LENGTH = 512
-HISTORY_PAGE = 1000  # entries read per page when looking for the live user messages
 
 
 def derived_session_id(tenant_id: str, chat_id: str) -> str:
@@ -37,7 +37,7 @@ def derived_session_id(tenant_id: str, chat_id: str) -> str:
 async def find_session(engine: AsyncEngine, tenant_id: str, chat_id: str) -> RowMapping | None:
     """The chat's session: the session whose id the chat id is, else the one made for it."""
     async with engine.connect() as conn:
-        if _is_uuid(chat_id):
+        if is_uuid(chat_id):
             own = await sessions_db.get_session(conn, tenant_id, chat_id)
             if own is not None:
                 return own
@@ -74,14 +74,6 @@ async def chat_session(
         return again
 
 
-def _is_uuid(text: str) -> bool:
-    try:
-        uuid.UUID(text)
-    except ValueError:
-        return False
-    return True
-
-
 def no_user_message(messages: list[dict[str, Any]]) -> Invalid:
     return Invalid(
         "no_user_message",
@@ -115,29 +107,10 @@ async def live_user_messages(
 ) -> tuple[list[RowMapping], int]:
     """The session's user messages that no rollback took out, oldest first, and the rev they
     were read at: the user messages the chat shows."""
-    users: list[RowMapping] = []
-    ranges: list[tuple[int, int]] = []
-    after: int | None = None
-    while True:
-        page = await journal.read_history(
-            engine,
-            tenant_id,
-            session_id,
-            after_seq=after,
-            before_seq=None,
-            limit=HISTORY_PAGE,
-            kinds=[str(EntryKind.MESSAGE), str(EntryKind.ROLLBACK)],
-            order="asc",
-        )
-        for entry in page.entries:
-            if entry["kind"] == EntryKind.ROLLBACK:
-                ranges.append((entry["payload"]["from_seq"], entry["payload"]["to_seq"]))
-            elif entry["payload"].get("role") == "user":
-                users.append(entry)
-        if not page.has_more:
-            live = [u for u in users if not any(a <= u["seq"] <= b for a, b in ranges)]
-            return live, page.rev
-        after = page.entries[-1]["seq"]
+    messages, rev = await journal.live_entries(
+        engine, tenant_id, session_id, [str(EntryKind.MESSAGE)]
+    )
+    return [m for m in messages if m["payload"].get("role") == "user"], rev
 
 
 async def roll_back_from(

@@ -11,13 +11,9 @@ import pytest
 from app.config import Settings
 from testkit.api import history, new_session
 from testkit.server import free_port
-from testkit.sse_client import TERMINAL, Event, collect, events
+from testkit.sse_client import TERMINAL, Event, collect, events, streamed_ask
 from testkit.upstream import FakeUpstream, Text, Usage
 from tests.e2e import Process, process_env
-
-
-async def ask(api: httpx.AsyncClient, sid: str, text: str, **body: Any) -> list[Event]:
-    return await collect(api, "POST", f"/v1/sessions/{sid}/ask", json={"input": text, **body})
 
 
 def deltas(events: list[Event]) -> str:
@@ -27,7 +23,7 @@ def deltas(events: list[Event]) -> str:
 async def test_ask_streams_and_commits(api: httpx.AsyncClient, upstream: FakeUpstream) -> None:
     sid = (await new_session(api, config={"system_prompt": "Be brief."}))["id"]
     upstream.script(Text("Hello"), Text(", "), Text("world"), Usage(12, 3))
-    events = await ask(api, sid, "Hi there")
+    events = await streamed_ask(api, sid, "Hi there")
     types = [e.type for e in events]
     assert types[0] == "run.created" and types[-1] == "run.completed"
     assert [e.id for e in events] == list(range(1, len(events) + 1))
@@ -57,7 +53,7 @@ async def test_ask_streams_and_commits(api: httpx.AsyncClient, upstream: FakeUps
     assert session["usage"]["cost_usd"] > 0  # gpt-4o-mini is priced by genai-prices
 
     upstream.script(Text("Again"))
-    await ask(api, sid, "And again")
+    await streamed_ask(api, sid, "And again")
     sent = upstream.requests[-1].body["messages"]
     assert [m["role"] for m in sent] == ["system", "user", "assistant", "user"]
     assert sent[2]["content"] == "Hello, world" and sent[3]["content"] == "And again"
@@ -70,7 +66,7 @@ async def test_anthropic_sessions_stream_through_the_anthropic_sdk(
         await new_session(api, config={"model": "anthropic:claude-haiku-4-5", "system_prompt": "S"})
     )["id"]
     upstream.script(Text("Bonjour"), Text("!"), Usage(20, 2, 5))
-    events = await ask(api, sid, "Salut")
+    events = await streamed_ask(api, sid, "Salut")
     assert deltas(events) == "Bonjour!" and events[-1].type == "run.completed"
     assert events[-1].data["usage"]["cached_tokens"] == 5
     received = upstream.requests[-1]
@@ -231,7 +227,7 @@ async def test_enqueue_runs_after_the_active_run(
     first = (
         await api.post(f"/v1/sessions/{sid}/ask", json={"input": "one", "stream": False})
     ).json()
-    second = await ask(api, sid, "two", multitask_strategy="enqueue")
+    second = await streamed_ask(api, sid, "two", multitask_strategy="enqueue")
     assert second[-1].type == "run.completed" and deltas(second) == "b"
     first_run = (await api.get(f"/v1/runs/{first['id']}")).json()
     assert (
@@ -253,7 +249,7 @@ async def test_interrupt_cancels_and_runs(api: httpx.AsyncClient, upstream: Fake
         await api.post(f"/v1/sessions/{sid}/ask", json={"input": "one", "stream": False})
     ).json()
     await collect(api, "GET", f"/v1/runs/{first['id']}/events", stop_after=3)
-    second = await ask(api, sid, "two", multitask_strategy="interrupt")
+    second = await streamed_ask(api, sid, "two", multitask_strategy="interrupt")
     assert deltas(second) == "new answer"
     first_run = (await api.get(f"/v1/runs/{first['id']}")).json()
     assert first_run["status"] == "cancelled" and first_run["cancel_mode"] == "interrupt"
@@ -264,14 +260,14 @@ async def test_rollback_takes_the_cancelled_run_out_of_the_context(
 ) -> None:
     sid = (await new_session(api))["id"]
     upstream.script(Text("kept"))
-    await ask(api, sid, "zero")
+    await streamed_ask(api, sid, "zero")
     upstream.script(*[Text("a") for _ in range(300)], token_delay=0.02)
     upstream.script(Text("fresh"))
     first = (
         await api.post(f"/v1/sessions/{sid}/ask", json={"input": "one", "stream": False})
     ).json()
     await collect(api, "GET", f"/v1/runs/{first['id']}/events", stop_after=3)
-    second = await ask(api, sid, "two", multitask_strategy="rollback")
+    second = await streamed_ask(api, sid, "two", multitask_strategy="rollback")
     assert deltas(second) == "fresh"
     assert [m["content"] for m in upstream.requests[-1].body["messages"]] == ["zero", "kept", "two"]
     journal = await history(api, sid)
@@ -407,7 +403,7 @@ async def test_a_named_tool_may_be_one_the_ask_brings(
     sid = (await new_session(api))["id"]
     upstream.script(Text("fine"))
 
-    events = await ask(
+    events = await streamed_ask(
         api,
         sid,
         "2 + 2?",

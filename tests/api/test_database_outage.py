@@ -30,7 +30,7 @@ from app.config import Settings
 from app.db.embedded import EmbeddedPostgres
 from app.db.migrate import upgrade_to_head
 from testkit.api import new_session
-from testkit.server import free_port
+from testkit.server import free_port, stop_process
 from testkit.sse_client import TERMINAL, Event, read_to_end
 from testkit.upstream import FakeUpstream, Hold, Text
 from tests.conftest import issue_key
@@ -84,13 +84,7 @@ def served(cluster: EmbeddedPostgres, upstream: FakeUpstream) -> Iterator[Served
         wait_until(lambda: _status(f"{service.url}/readyz") == 200, service, "ready")
         yield service
     finally:
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop_process(process)
         upstream.clear()
 
 

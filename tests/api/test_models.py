@@ -3,31 +3,12 @@ session may be created with."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 
 import httpx
 
 from app.config import DEFAULT_LOCAL_MODEL, Settings
-from app.main import create_app
-
-
-@asynccontextmanager
-async def api_with(
-    settings: Settings, new_key: Callable[[], Awaitable[str]], **configured: object
-) -> AsyncIterator[httpx.AsyncClient]:
-    application = create_app(
-        Settings(database_url=settings.database_url, db_pool_size=2, **configured)  # type: ignore[arg-type]
-    )
-    async with (
-        application.router.lifespan_context(application),
-        httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=application),
-            base_url="http://test",
-            headers={"Authorization": f"Bearer {await new_key()}"},
-        ) as client,
-    ):
-        yield client
+from tests.conftest import api_with
 
 
 async def offered(client: httpx.AsyncClient) -> tuple[str, list[tuple[str, str]]]:

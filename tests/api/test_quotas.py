@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.config import Settings
 from app.services import quotas
 from app.services.keys import create_key
-from testkit.api import history, new_session
+from testkit.api import ended_run, history, new_session
 from testkit.upstream import FakeUpstream, Hold, Text, Usage
 from tests.e2e import Service
 
@@ -61,8 +61,7 @@ async def ask(api: httpx.AsyncClient, session_id: str, text: str = "hi") -> http
 
 
 async def ended(api: httpx.AsyncClient, run_id: str) -> dict[str, Any]:
-    response = await api.get(f"/v1/runs/{run_id}", params={"wait": "true", "timeout": 120})
-    run: dict[str, Any] = response.json()
+    run = await ended_run(api, run_id)
     assert run["status"] == "completed", run
     return run
 

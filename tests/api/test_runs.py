@@ -7,12 +7,8 @@ from __future__ import annotations
 import httpx
 
 from testkit.api import history, new_session
-from testkit.sse_client import collect
+from testkit.sse_client import collect, streamed_ask
 from testkit.upstream import Fail, FailMidStream, FakeUpstream, Stall, Text, Usage
-
-
-async def ask(api: httpx.AsyncClient, sid: str, text: str) -> list:  # type: ignore[type-arg]
-    return await collect(api, "POST", f"/v1/sessions/{sid}/ask", json={"input": text})
 
 
 async def test_rate_limit_before_output_is_retried(
@@ -22,7 +18,7 @@ async def test_rate_limit_before_output_is_retried(
     upstream.script(Fail(429, "rate_limit"))
     upstream.script(Fail(529, "overloaded"))
     upstream.script(Text("made it"), Usage(3, 2))
-    events = await ask(api, sid, "hello")
+    events = await streamed_ask(api, sid, "hello")
     assert events[-1].type == "run.completed" and events[-1].data["text"] == "made it"
     assert len(upstream.requests) == 3
 
@@ -32,7 +28,7 @@ async def test_a_rejected_request_fails_clearly_and_keeps_the_users_words(
 ) -> None:
     sid = (await new_session(api))["id"]
     upstream.script(Fail(400, "bad_request", "nope"))
-    events = await ask(api, sid, "my words")
+    events = await streamed_ask(api, sid, "my words")
     assert events[-1].type == "run.failed"
     assert events[-1].data["error"]["code"] == "provider_bad_request"
     assert len(upstream.requests) == 1  # not retried
@@ -48,7 +44,7 @@ async def test_failure_after_output_commits_the_partial_answer(
     sid = (await new_session(api))["id"]
     for _ in range(4):  # the first try and 3 retries, each failing after its output began
         upstream.script(Text("half "), Text("an answer"), FailMidStream("overloaded"))
-    events = await ask(api, sid, "go")
+    events = await streamed_ask(api, sid, "go")
     assert events[-1].type == "run.failed"
     assert events[-1].data["error"]["code"] == "provider_overloaded"
     assert events[-1].data["partial_text"] == "half an answer"
@@ -74,7 +70,7 @@ async def test_exhausted_retries_fail_the_run(
     sid = (await new_session(api))["id"]
     for _ in range(4):
         upstream.script(Fail(500, "server"))
-    events = await ask(api, sid, "hello")
+    events = await streamed_ask(api, sid, "hello")
     assert events[-1].type == "run.failed" and events[-1].data["error"]["code"] == "provider_server"
     assert len(upstream.requests) == 4  # the first try and 3 retries
 
@@ -86,7 +82,7 @@ async def test_fallback_model_answers_when_the_primary_fails(
     sid = (await new_session(api, config=config))["id"]
     upstream.script(Fail(401, "auth"))
     upstream.script(Text("from the fallback"))
-    events = await ask(api, sid, "hello")
+    events = await streamed_ask(api, sid, "hello")
     assert (
         events[-1].type == "run.completed"
         and events[-1].data["model"] == "anthropic:claude-haiku-4-5"

@@ -8,8 +8,8 @@ import httpx
 import pytest
 
 from app.config import DEFAULT_LOCAL_MODEL, Settings
-from app.main import create_app
 from testkit.api import append_texts, new_session
+from tests.conftest import api_with
 
 
 async def test_create_and_read(client: httpx.AsyncClient) -> None:
@@ -148,20 +148,9 @@ async def keyless(
     settings: Settings, new_key: Callable[[], Awaitable[str]]
 ) -> AsyncIterator[httpx.AsyncClient]:
     """A client of an API configured with no provider key, one compat endpoint."""
-    bare = Settings(
-        database_url=settings.database_url,
-        db_pool_size=2,
-        compat_endpoints={"vllm": "http://127.0.0.1:9/v1"},
-    )
-    application = create_app(bare)
-    async with (
-        application.router.lifespan_context(application),
-        httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=application),
-            base_url="http://test",
-            headers={"Authorization": f"Bearer {await new_key()}"},
-        ) as client,
-    ):
+    async with api_with(
+        settings, new_key, compat_endpoints={"vllm": "http://127.0.0.1:9/v1"}
+    ) as client:
         yield client
 
 

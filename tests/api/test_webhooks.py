@@ -22,7 +22,7 @@ from app.db.engine import create_engine
 from app.main import create_app
 from app.services.keys import create_key
 from app.worker.pool import worker_pool
-from testkit.api import new_session
+from testkit.api import ended_run, new_session
 from testkit.server import serve_in_thread, stop_thread_server
 from testkit.sse_client import collect
 from testkit.upstream import Fail, FakeUpstream, Text, ToolCall, Usage
@@ -120,13 +120,6 @@ async def deliveries(
         await asyncio.sleep(0.05)
 
 
-async def finished(client: httpx.AsyncClient, run_id: str) -> dict[str, Any]:
-    run: dict[str, Any] = (
-        await client.get(f"/v1/runs/{run_id}", params={"wait": "true", "timeout": 60})
-    ).json()
-    return run
-
-
 async def ask(client: httpx.AsyncClient, sid: str, text: str) -> str:
     response = await client.post(f"/v1/sessions/{sid}/ask", json={"input": text, "stream": False})
     assert response.status_code == 202, response.text
@@ -141,7 +134,7 @@ async def test_a_completed_run_is_posted_signed(
     sid = (await new_session(hooks, metadata={"user": "ada"}))["id"]
     upstream.script(Text("Hello"), Text(" there"), Usage(12, 3))
     run_id = await ask(hooks, sid, "hi")
-    assert (await finished(hooks, run_id))["status"] == "completed"
+    assert (await ended_run(hooks, run_id))["status"] == "completed"
 
     (received,) = await receiver.wait_for(1)
     payload = verified(hook["secret"], received)
@@ -215,7 +208,7 @@ async def test_failed_requires_action_and_cancelled_runs_are_posted(
 
     upstream.script(Fail(400, "bad_request", "no such model"))
     failed = await ask(hooks, sid, "fail")
-    assert (await finished(hooks, failed))["status"] == "failed"
+    assert (await ended_run(hooks, failed))["status"] == "failed"
     upstream.script(ToolCall("call_loc", "get_location", "{}"))
     waiting = await ask(hooks, sid, "where am I?")
     await collect(hooks, "GET", f"/v1/runs/{waiting}/events", until="run.requires_action")
@@ -262,12 +255,12 @@ async def test_session_webhooks_and_event_filters(
     failures_only = await register(hooks, receiver.url, event_types=["run.failed"])
     assert session_hook["session_id"] == watched and failures_only["event_types"] == ["run.failed"]
 
-    await finished(hooks, await ask(hooks, other, "not watched"))
+    await ended_run(hooks, await ask(hooks, other, "not watched"))
     done = await ask(hooks, watched, "watched")
-    await finished(hooks, done)
+    await ended_run(hooks, done)
     upstream.script(Fail(400, "bad_request", "nope"))
     failed = await ask(hooks, other, "fails")
-    await finished(hooks, failed)
+    await ended_run(hooks, failed)
 
     received = await receiver.wait_for(2)
     by_hook = {

@@ -58,6 +58,21 @@ def chat_env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
+def piped_chat(
+    tmp_path: Path, typed: str, *args: str, **variables: str
+) -> subprocess.CompletedProcess[str]:
+    """`threadline chat` with `typed` on its stdin (a pipe, not a terminal), run in tmp_path."""
+    return subprocess.run(
+        [sys.executable, "-m", "app.cli", "chat", *args],
+        input=typed,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**chat_env(tmp_path), **variables},
+        timeout=TIMEOUT,
+    )
+
+
 # Control sequences (colours, cursor moves, modes) and carriage returns: what is left is the
 # text a user reads, in the order it was written.
 CONTROL = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[()][0-9A-Za-z]|\x1b[=>78]|[\x08\r]")
@@ -345,31 +360,13 @@ def test_the_key_and_url_come_from_the_environment_or_the_dev_key_file(
     upstream.script(Text("Plain **text** here."))
     (tmp_path / ".threadline").mkdir()
     (tmp_path / ".threadline" / "dev-key").write_text(key + "\n")
-    env = {**chat_env(tmp_path), "THREADLINE_URL": service.url}
-    result = subprocess.run(
-        [sys.executable, "-m", "app.cli", "chat"],
-        input="Hello?\n/history\n",
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env=env,
-        timeout=TIMEOUT,
-        check=True,
-    )
+    result = piped_chat(tmp_path, "Hello?\n/history\n", THREADLINE_URL=service.url)
+    assert result.returncode == 0, result.stderr
     assert "Plain **text** here.\n" in result.stdout  # as the model wrote it, unrendered
     assert "user: Hello?" in result.stdout
     assert "\x1b" not in result.stdout
 
-    env = {**chat_env(tmp_path), "THREADLINE_API_KEY": "tl_wrong", "THREADLINE_URL": service.url}
-    refused = subprocess.run(
-        [sys.executable, "-m", "app.cli", "chat"],
-        input="",
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env=env,
-        timeout=TIMEOUT,
-    )
+    refused = piped_chat(tmp_path, "", THREADLINE_API_KEY="tl_wrong", THREADLINE_URL=service.url)
     assert refused.returncode == 1 and "the API key was refused" in refused.stderr + refused.stdout
 
 
@@ -418,15 +415,7 @@ def test_refused_commands_say_why_and_the_chat_goes_on(
         "/stop",
         "/history",
     ]
-    result = subprocess.run(
-        [sys.executable, "-m", "app.cli", "chat", "--url", service.url, "--key", key],
-        input="\n".join(lines) + "\n",
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env=chat_env(tmp_path),
-        timeout=TIMEOUT,
-    )
+    result = piped_chat(tmp_path, "\n".join(lines) + "\n", "--url", service.url, "--key", key)
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stdout + result.stderr
     out = " ".join(result.stdout.split())  # the console wraps long lines

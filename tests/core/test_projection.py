@@ -30,7 +30,9 @@ from app.core.projection import (
     Projection,
     ProjectionInput,
     project,
+    rolled_back,
     tail_suffices,
+    without_rolled_back,
 )
 from app.core.tokens import (
     HeuristicCounter,
@@ -164,6 +166,18 @@ def test_rollback_takes_entries_out_of_the_projection() -> None:
     j.add("rollback", {"from_seq": 3, "to_seq": 4})
     j.user("again")
     assert texts(j.project()) == ["keep", "kept answer", "again"]
+
+
+def test_a_rollback_inside_a_newer_ones_range_is_void() -> None:
+    j = Journal()
+    j.user("first")  # 1
+    j.user("second")  # 2
+    j.add("rollback", {"from_seq": 2, "to_seq": 2})  # 3: takes "second" out
+    j.user("third")  # 4
+    j.add("rollback", {"from_seq": 3, "to_seq": 4})  # 5: takes 3 and 4 out, so 3 is void
+    removed = rolled_back(j.entries)
+    assert [seq for seq in range(1, 6) if seq in removed] == [3, 4]
+    assert [e.seq for e in without_rolled_back(j.entries)] == [1, 2]
 
 
 def test_parallel_calls_are_one_group_with_results_in_call_order() -> None:
@@ -951,3 +965,14 @@ def test_a_window_the_chunk_anchor_would_leave_too_empty_starts_at_a_finer_ancho
         turn_before = seq - 2  # turns are a user message and an answer
         # (With the fullest window as the fallback, 9 of these 127 windows started elsewhere.)
         assert offsets[turn_before - 1] // 512 < offsets[seq - 1] // 512, seq
+
+
+@given(journals())
+@settings(max_examples=100, deadline=None)
+def test_rollbacks_alone_tell_what_they_took_out(drawn: tuple[Journal, Any]) -> None:
+    """Services read a session's rollbacks apart from the entries they judge: the rollbacks
+    alone must give the same verdict as the whole journal."""
+    j, _ = drawn
+    removed = rolled_back([e for e in j.entries if e.kind == EntryKind.ROLLBACK])
+    kept = [e for e in j.entries if e.kind != EntryKind.ROLLBACK and e.seq not in removed]
+    assert kept == without_rolled_back(j.entries)

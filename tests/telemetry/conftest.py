@@ -8,10 +8,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 
 from app.config import Settings
-from testkit.server import free_port, wait_ready
+from testkit.server import free_port, stop_process, wait_ready
 from tests.conftest import issue_key
 from tests.e2e import THREADLINE, create_database, process_env
 
@@ -27,21 +28,17 @@ class Deployment:
     worker_log: Path
     metrics_dir: Path
 
+    def client(self) -> httpx.Client:
+        """A client of the API with the deployment's key."""
+        return httpx.Client(
+            base_url=self.url, headers={"Authorization": f"Bearer {self.key}"}, timeout=60
+        )
+
 
 def _start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     """The command with its log (stderr) in `log`; stdout carries what it prints for people."""
     with log.open("wb") as err:
         return subprocess.Popen([THREADLINE, *args], env=env, stdout=subprocess.DEVNULL, stderr=err)
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=30)
 
 
 @pytest.fixture(scope="session")
@@ -73,5 +70,5 @@ def deployment(
         yield Deployment(url, key, worker_url, logs / "api.log", logs / "worker.log", metrics_dir)
     finally:
         if worker is not None:
-            _stop(worker)
-        _stop(api)
+            stop_process(worker)
+        stop_process(api)

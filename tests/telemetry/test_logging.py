@@ -36,11 +36,7 @@ def wait_for_line(path: Path, **fields: Any) -> dict[str, Any]:
 
 def test_the_request_id_reaches_the_worker_process(deployment: Deployment) -> None:
     request_id = f"abc-{uuid.uuid4().hex[:8]}"
-    with httpx.Client(
-        base_url=deployment.url,
-        headers={"Authorization": f"Bearer {deployment.key}"},
-        timeout=60,
-    ) as client:
+    with deployment.client() as client:
         sid = client.post("/v1/sessions", json={}).json()["id"]
         asked = client.post(
             f"/v1/sessions/{sid}/ask",

@@ -7,6 +7,7 @@ the scrapes before and after what it does."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -21,7 +22,7 @@ from app.services.keys import create_key
 from testkit.api import new_session
 from testkit.metrics import Samples, ascrape, scrape
 from testkit.server import serve_in_thread, stop_thread_server
-from testkit.sse_client import collect, events
+from testkit.sse_client import events, streamed_ask
 from testkit.upstream import Fail, FakeUpstream, Hold, Text, Usage
 from tests.e2e import create_database
 from tests.telemetry.conftest import METRICS_TOKEN, Deployment
@@ -42,17 +43,13 @@ async def eventually(
         await asyncio.sleep(0.05)
 
 
-async def ask(api: httpx.AsyncClient, sid: str, text: str) -> list:  # type: ignore[type-arg]
-    return await collect(api, "POST", f"/v1/sessions/{sid}/ask", json={"input": text})
-
-
 async def test_an_ask_moves_asks_runs_latencies_tokens_and_cost(
     api: httpx.AsyncClient, upstream: FakeUpstream
 ) -> None:
     sid = (await new_session(api))["id"]
     before = await ascrape(api)
     upstream.script(Text("Hel"), Text("lo"), Usage(1000, 200, cached=400))
-    got = await ask(api, sid, "hello")
+    got = await streamed_ask(api, sid, "hello")
     assert got[-1].type == "run.completed"
 
     def ended(s: Samples) -> bool:
@@ -104,9 +101,9 @@ async def test_provider_errors_and_retries_count_by_code(
     before = await ascrape(api)
     upstream.script(Fail(429, "rate_limit"))
     upstream.script(Text("made it"))
-    assert (await ask(api, sid, "retry me"))[-1].type == "run.completed"
+    assert (await streamed_ask(api, sid, "retry me"))[-1].type == "run.completed"
     upstream.script(Fail(400, "bad_request", "nope"))
-    assert (await ask(api, sid, "refuse me"))[-1].type == "run.failed"
+    assert (await streamed_ask(api, sid, "refuse me"))[-1].type == "run.failed"
 
     def failed(s: Samples) -> bool:
         labels = {"kind": "ask", "status": "failed"}
@@ -127,7 +124,7 @@ async def test_a_compaction_counts(api: httpx.AsyncClient, upstream: FakeUpstrea
     sid = (await new_session(api))["id"]
     for i in range(3):
         upstream.script(Text(f"answer {i}"))
-        assert (await ask(api, sid, f"question {i}"))[-1].type == "run.completed"
+        assert (await streamed_ask(api, sid, f"question {i}"))[-1].type == "run.completed"
     before = await ascrape(api)
     upstream.script(Text("the summary"))
     response = await api.post(f"/v1/sessions/{sid}/compact", json={"keep_last_turns": 1})
@@ -177,6 +174,25 @@ async def test_an_open_stream_shows_in_the_gauge_until_it_closes(
     await eventually(api, lambda s: s.get("threadline_sse_streams_active") <= baseline)
 
 
+@contextlib.asynccontextmanager
+async def _own_service(
+    settings: Settings, tenant: str, *, workers: int = 0
+) -> AsyncIterator[httpx.AsyncClient]:
+    """A service of its own (`workers` run-executing workers) in a thread, and a client with a
+    key of a new `tenant`."""
+    server, thread, base = serve_in_thread(create_app(settings, workers=workers))
+    engine = create_engine(settings)
+    try:
+        key = await create_key(engine, tenant)
+        async with httpx.AsyncClient(
+            base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=30
+        ) as client:
+            yield client
+    finally:
+        await engine.dispose()
+        stop_thread_server(server, thread)
+
+
 @pytest.fixture
 def queue_database(database_url: str) -> str:
     return create_database(database_url, "metrics_queue")
@@ -188,17 +204,8 @@ async def api_without_workers(
 ) -> AsyncIterator[httpx.AsyncClient]:
     """An API process with no workers, on a database of its own: its asks stay queued."""
     settings = e2e_settings.model_copy(update={"database_url": queue_database})
-    server, thread, base = serve_in_thread(create_app(settings))
-    engine = create_engine(settings)
-    try:
-        key = await create_key(engine, "queue-tenant")
-        async with httpx.AsyncClient(
-            base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=30
-        ) as client:
-            yield client
-    finally:
-        await engine.dispose()
-        stop_thread_server(server, thread)
+    async with _own_service(settings, "queue-tenant") as client:
+        yield client
 
 
 async def test_queue_depth_and_oldest_age_reflect_queued_jobs(
@@ -238,17 +245,8 @@ async def api_with_a_quick_breaker(
         }
     )
     upstream.clear()
-    server, thread, base = serve_in_thread(create_app(settings, workers=2))
-    engine = create_engine(settings)
-    try:
-        key = await create_key(engine, "breaker-tenant")
-        async with httpx.AsyncClient(
-            base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=30
-        ) as client:
-            yield client
-    finally:
-        await engine.dispose()
-        stop_thread_server(server, thread)
+    async with _own_service(settings, "breaker-tenant", workers=2) as client:
+        yield client
 
 
 async def test_the_breaker_state_and_its_trips(
@@ -259,7 +257,7 @@ async def test_the_breaker_state_and_its_trips(
     before = await ascrape(api)
     for _ in range(2):
         upstream.script(Fail(500, "server"))
-        assert (await ask(api, sid, "fail"))[-1].type == "run.failed"
+        assert (await streamed_ask(api, sid, "fail"))[-1].type == "run.failed"
     tripped = await ascrape(api)
     openai = {"provider": "openai"}
     assert (
@@ -268,7 +266,7 @@ async def test_the_breaker_state_and_its_trips(
     )
     assert tripped.get("threadline_provider_breaker_open", openai) == 1
     upstream.script(Text("back"))
-    assert (await ask(api, sid, "trial"))[-1].type == "run.completed"
+    assert (await streamed_ask(api, sid, "trial"))[-1].type == "run.completed"
     closed = await ascrape(api)
     assert closed.get("threadline_provider_breaker_open", openai) == 0
 
@@ -277,11 +275,7 @@ def test_a_scrape_of_the_api_sums_the_worker_process(deployment: Deployment) -> 
     """With PROMETHEUS_MULTIPROC_DIR, the API process (no workers) reports the runs its
     neighbour `threadline worker` executed: the scrape sums both processes."""
     before = scrape(deployment.url, METRICS_TOKEN)
-    with httpx.Client(
-        base_url=deployment.url,
-        headers={"Authorization": f"Bearer {deployment.key}"},
-        timeout=60,
-    ) as client:
+    with deployment.client() as client:
         sid = client.post("/v1/sessions", json={}).json()["id"]
         asked = client.post(f"/v1/sessions/{sid}/ask", json={"input": "hi", "stream": False})
         run_id = asked.json()["id"]

@@ -24,7 +24,7 @@ from app.config import Settings
 from app.main import create_app
 from testkit.api import history, new_session
 from testkit.server import serve_in_thread, stop_thread_server
-from testkit.sse_client import Event, collect
+from testkit.sse_client import Event, streamed_ask
 from testkit.upstream import (
     FailMidStream,
     FakeUpstream,
@@ -102,10 +102,6 @@ def tools() -> Iterator[ToolServer]:
     stop_thread_server(server.server, server.thread)
 
 
-async def ask(api: httpx.AsyncClient, sid: str, text: str) -> list[Event]:
-    return await collect(api, "POST", f"/v1/sessions/{sid}/ask", json={"input": text})
-
-
 def text_around_resets(events: list[Event]) -> list[str]:
     """The streamed text between message.reset events: one string per model call."""
     parts = [""]
@@ -138,7 +134,7 @@ async def test_a_fault_after_output_began_is_retried(
     upstream.script(Text("half "), Text("an answer"), FAULTS[fault][0])
     upstream.script(Text("the whole "), Text("answer"), Usage(12, 3))
 
-    events = await ask(api, sid, "hello")
+    events = await streamed_ask(api, sid, "hello")
 
     assert events[-1].type == "run.completed", events[-1].data
     assert events[-1].data["text"] == "the whole answer"
@@ -166,7 +162,7 @@ async def test_a_fault_after_output_began_is_retried(
 
     # The voided answer never reaches the model again; the one that replaced it does.
     upstream.script(Text("sure"))
-    assert (await ask(api, sid, "and then?"))[-1].type == "run.completed"
+    assert (await streamed_ask(api, sid, "and then?"))[-1].type == "run.completed"
     sent = json.dumps(upstream.requests[-1].body)
     assert "half an answer" not in sent and "the whole answer" in sent
 
@@ -182,7 +178,7 @@ async def test_a_fault_that_persists_fails_the_run_with_the_partial_answer(
         upstream.script(Text(f"try {call}, "), Text("partial"), step)
     upstream.script(Text("never sent"))
 
-    events = await ask(api, sid, "hello")
+    events = await streamed_ask(api, sid, "hello")
 
     assert events[-1].type == "run.failed"
     assert events[-1].data["error"]["code"] == code
@@ -207,7 +203,7 @@ async def test_a_fault_that_persists_fails_the_run_with_the_partial_answer(
     assert run["error"]["code"] == code
 
     upstream.script(Text("sure"))
-    assert (await ask(api, sid, "and then?"))[-1].type == "run.completed"
+    assert (await streamed_ask(api, sid, "and then?"))[-1].type == "run.completed"
     sent = json.dumps(upstream.requests[-1].body)
     assert f"try {RETRIES}, partial" in sent
     assert not any(f"try {c}," in sent for c in range(RETRIES))
@@ -225,7 +221,7 @@ async def test_a_tool_call_streamed_before_the_fault_runs_once(
     upstream.script(Text("Let me look."), ToolCall("c1", "lookup", "{}"))
     upstream.script(Text("It is 42."))
 
-    events = await ask(api, sid, "what is it?")
+    events = await streamed_ask(api, sid, "what is it?")
 
     assert events[-1].type == "run.completed" and events[-1].data["text"] == "It is 42."
     run_id = events[0].data["run_id"]
@@ -254,7 +250,7 @@ async def test_a_fault_after_the_tools_ran_retries_the_model_call_not_the_tools(
     upstream.script(Text("It is "), FailMidStream("overloaded"))
     upstream.script(Text("It is 42."))
 
-    events = await ask(api, sid, "what is it?")
+    events = await streamed_ask(api, sid, "what is it?")
 
     assert events[-1].type == "run.completed" and events[-1].data["text"] == "It is 42."
     run_id = events[0].data["run_id"]

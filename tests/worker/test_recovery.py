@@ -14,7 +14,7 @@ import pytest
 
 from app.config import Settings
 from app.worker.pool import libpq_url
-from testkit.api import new_session
+from testkit.api import ended_run, new_session
 from testkit.sse_client import TERMINAL, collect
 from testkit.upstream import FakeUpstream, Hold, Text
 from tests.worker.conftest import Workers
@@ -28,13 +28,6 @@ async def ask(api: httpx.AsyncClient, sid: str, text: str = "q") -> dict[str, An
     assert response.status_code == 202, response.text
     run: dict[str, Any] = response.json()
     return run
-
-
-async def ended(api: httpx.AsyncClient, run_id: str) -> dict[str, Any]:
-    done: dict[str, Any] = (
-        await api.get(f"/v1/runs/{run_id}", params={"wait": "true", "timeout": 60})
-    ).json()
-    return done
 
 
 async def until_streaming(api: httpx.AsyncClient, run_id: str, attempt: int) -> None:
@@ -72,7 +65,7 @@ async def test_a_killed_workers_run_is_taken_over_through_its_lease(
     run = await ask(api_only, sid)
     await until_streaming(api_only, run["id"], 1)
     workers.kill_and_replace()
-    done = await ended(api_only, run["id"])
+    done = await ended_run(api_only, run["id"])
     assert (done["status"], done["result"], done["attempts"]) == ("completed", "taken over", 2)
     events = await assert_one_terminal_and_dense(api_only, run["id"])
     assert [e.data["reason"] for e in events if e.type == "message.reset"] == ["retry"]
@@ -95,7 +88,7 @@ async def test_a_cancel_after_the_worker_died_ends_the_run_at_once(
     # The dead worker's job no longer holds the session: the next ask runs on a new worker.
     workers.start()
     upstream.script(Text("next"))
-    nxt = await ended(api_only, (await ask(api_only, sid))["id"])
+    nxt = await ended_run(api_only, (await ask(api_only, sid))["id"])
     assert (nxt["status"], nxt["result"]) == ("completed", "next")
 
 
@@ -112,12 +105,12 @@ async def test_a_run_whose_workers_die_twice_fails_instead_of_being_passed_on(
     workers.kill_and_replace()
     await until_streaming(api_only, run["id"], 2)
     workers.kill_and_replace()
-    done = await ended(api_only, run["id"])
+    done = await ended_run(api_only, run["id"])
     assert done["status"] == "failed" and done["error"]["code"] == "worker_lost", done
     await assert_one_terminal_and_dense(api_only, run["id"])
     upstream.clear()
     upstream.script(Text("next"))
-    nxt = await ended(api_only, (await ask(api_only, sid))["id"])
+    nxt = await ended_run(api_only, (await ask(api_only, sid))["id"])
     assert (nxt["status"], nxt["result"]) == ("completed", "next")
 
 
@@ -156,12 +149,12 @@ async def test_a_paused_worker_keeps_its_run_and_takes_jobs_again(
     await until_registered(crash_settings, 1)
     workers.resume(paused)
     release.set()
-    done = await ended(api_only, run["id"])
+    done = await ended_run(api_only, run["id"])
     assert (done["status"], done["result"], done["attempts"]) == ("completed", "held answer", 1)
     events = await assert_one_terminal_and_dense(api_only, run["id"])
     assert "message.reset" not in [e.type for e in events]
     # With the other worker gone, the once-paused one must take the next ask.
     workers.processes[-1].kill()
     upstream.script(Text("still working"))
-    nxt = await ended(api_only, (await ask(api_only, sid))["id"])
+    nxt = await ended_run(api_only, (await ask(api_only, sid))["id"])
     assert (nxt["status"], nxt["result"]) == ("completed", "still working")
