@@ -9,13 +9,17 @@ from pathlib import Path
 from fastapi import FastAPI
 from fastapi.responses import RedirectResponse
 from fastapi.staticfiles import StaticFiles
+from starlette.middleware.gzip import GZipMiddleware
 
 UI_URL = "/ui"
 ASSETS = Path(__file__).resolve().parents[1] / "web" / "static"
 
 
 def install_web(app: FastAPI) -> None:
-    app.mount(UI_URL, StaticFiles(directory=ASSETS, html=True), name="web")
+    # Compressed for browsers that take it: the bundle is ~740 KB as built, ~190 KB gzipped.
+    # Only here: the API's own responses (SSE among them) are left as they are.
+    assets = GZipMiddleware(StaticFiles(directory=ASSETS, html=True))
+    app.mount(UI_URL, assets, name="web")
 
     @app.get("/", include_in_schema=False)
     async def home() -> RedirectResponse:
