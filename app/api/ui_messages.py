@@ -112,9 +112,6 @@ async def ui_chat(
     """Journal the chat's new user message (or regenerate the last answer) and stream the run
     in the AI SDK's UI message stream protocol."""
     content: str | list[dict[str, Any]] | None
-    if not (body.messages and body.messages[-1].get("role") == "assistant"):
-        # Before the rollback or the new chat's session: a refused ask leaves nothing behind.
-        await asks_service.check_quotas(engine, settings, tenant)
     if body.messages and body.messages[-1].get("role") == "assistant":
         # useChat sends the answer back with the outputs of its client-side tools.
         found = await ui_chats.find_session(engine, tenant, body.id)
@@ -133,6 +130,8 @@ async def ui_chat(
             None,
             sent.streamed_through,
         )
+    # Before the rollback or the new chat's session: a refused ask leaves nothing behind.
+    await asks_service.check_quotas(engine, settings, tenant)
     if body.trigger == "regenerate-message":
         session = await ui_chats.find_session(engine, tenant, body.id)
         nothing = Invalid("nothing_to_regenerate", "the chat has no user message yet", {})
