@@ -17,10 +17,9 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import anthropic
-from anthropic.types import MessageDeltaUsage, RawMessageStreamEvent, Usage
 
 from app.core.formats import to_anthropic
 from app.core.tool_choice import anthropic_tool_choice
@@ -75,14 +74,26 @@ class AnthropicProvider:
         choice = anthropic_tool_choice(
             request.tool_choice, request.parallel_tool_calls, "tools" in wire
         )
-        events = await self._client.messages.create(
-            model=request.model,
-            max_tokens=request.max_output_tokens or DEFAULT_MAX_TOKENS,
-            messages=cast(Any, wire["messages"]),
-            system=cast(Any, wire["system"]) if "system" in wire else anthropic.omit,
-            tools=cast(Any, wire["tools"]) if "tools" in wire else anthropic.omit,
-            tool_choice=cast(Any, choice) if choice is not None else anthropic.omit,
+        # As in the OpenAI provider: cast_to=object has the SDK hand over each event as parsed
+        # JSON rather than build a pydantic model of it. The body is create()'s, in its order.
+        body: dict[str, Any] = {
+            "max_tokens": request.max_output_tokens or DEFAULT_MAX_TOKENS,
+            "messages": wire["messages"],
+            "model": request.model,
+            "stream": True,
+        }
+        if "system" in wire:
+            body["system"] = wire["system"]
+        if choice is not None:
+            body["tool_choice"] = choice
+        if "tools" in wire:
+            body["tools"] = wire["tools"]
+        events = await self._client.post(
+            "/v1/messages",
+            body=body,
+            cast_to=object,
             stream=True,
+            stream_cls=anthropic.AsyncStream[object],
         )
         state = _State()
         async with events:
@@ -108,44 +119,108 @@ class _State:
     # Tool-use blocks (by index) whose input has not had a fragment yet.
     empty_tool_blocks: set[int] = field(default_factory=set)
 
-    def read(self, event: RawMessageStreamEvent) -> list[StreamEvent]:
-        if event.type == "message_start":
-            self._count(event.message.usage)
-        elif event.type == "content_block_start":
-            block = event.content_block
-            if block.type == "tool_use":
-                self.empty_tool_blocks.add(event.index)
-                return [ToolCallDelta(event.index, block.id, block.name, "")]
-        elif event.type == "content_block_delta":
-            delta = event.delta
-            if delta.type == "text_delta" and delta.text:
-                return [TextDelta(delta.text)]
-            if delta.type == "input_json_delta" and delta.partial_json:
-                self.empty_tool_blocks.discard(event.index)
-                return [ToolCallDelta(event.index, None, None, delta.partial_json)]
-        elif event.type == "content_block_stop":
-            if event.index in self.empty_tool_blocks:
+    def read(self, event: object) -> list[StreamEvent]:
+        """One streamed event (parsed JSON); ProviderError("bad_response") when it is not one
+        of the Messages API's. Event types it does not know (thinking, ...) are skipped, as are
+        parts it does not use; a part of the wrong type is never guessed at."""
+        if type(event) is not dict:
+            raise _bad(event)
+        kind = event.get("type")
+        if kind == "content_block_delta":
+            delta = event.get("delta")
+            if type(delta) is not dict:
+                raise _bad(event)
+            delta_type = delta.get("type")
+            if delta_type == "text_delta":
+                text = delta.get("text")
+                if type(text) is not str:
+                    raise _bad(event)
+                return [TextDelta(text)] if text else []
+            if delta_type == "input_json_delta":
+                index = _index(event)
+                partial = delta.get("partial_json")
+                if type(partial) is not str:
+                    raise _bad(event)
+                if not partial:
+                    return []
+                self.empty_tool_blocks.discard(index)
+                return [ToolCallDelta(index, None, None, partial)]
+            if type(delta_type) is not str:
+                raise _bad(event)
+        elif kind == "content_block_start":
+            index = _index(event)
+            block = event.get("content_block")
+            if type(block) is not dict:
+                raise _bad(event)
+            if block.get("type") == "tool_use":
+                call_id, name = block.get("id"), block.get("name")
+                if type(call_id) is not str or type(name) is not str:
+                    raise _bad(event)
+                self.empty_tool_blocks.add(index)
+                return [ToolCallDelta(index, call_id, name, "")]
+        elif kind == "content_block_stop":
+            index = _index(event)
+            if index in self.empty_tool_blocks:
                 # A call without parameters streams no JSON at all; OpenAI's would say "{}".
-                self.empty_tool_blocks.discard(event.index)
-                return [ToolCallDelta(event.index, None, None, "{}")]
-        elif event.type == "message_delta":
-            self._count(event.usage)
-            if event.delta.stop_reason is not None:
-                self.stop_reason = event.delta.stop_reason
+                self.empty_tool_blocks.discard(index)
+                return [ToolCallDelta(index, None, None, "{}")]
+        elif kind == "message_start":
+            message = event.get("message")
+            if type(message) is not dict:
+                raise _bad(event)
+            self._count(message.get("usage"), event)
+        elif kind == "message_delta":
+            delta = event.get("delta")
+            if type(delta) is not dict:
+                raise _bad(event)
+            self._count(event.get("usage"), event)
+            stop_reason = delta.get("stop_reason")
+            if stop_reason is not None:
+                if type(stop_reason) is not str:
+                    raise _bad(event)
+                self.stop_reason = stop_reason
+        elif type(kind) is not str:
+            raise _bad(event)
         return []
 
-    def _count(self, usage: Usage | MessageDeltaUsage) -> None:
+    def _count(self, usage: object, event: object) -> None:
         # message_start and message_delta both carry usage; later counts are cumulative.
-        self.input_tokens = usage.input_tokens or self.input_tokens
-        self.cache_read = usage.cache_read_input_tokens or self.cache_read
-        self.cache_write = usage.cache_creation_input_tokens or self.cache_write
-        self.output_tokens = usage.output_tokens or self.output_tokens
+        if type(usage) is not dict:
+            raise _bad(event)
+        counts = (
+            usage.get("input_tokens"),
+            usage.get("cache_read_input_tokens"),
+            usage.get("cache_creation_input_tokens"),
+            usage.get("output_tokens"),
+        )
+        if any(count is not None and type(count) is not int for count in counts):
+            raise _bad(event)
+        self.input_tokens = counts[0] or self.input_tokens
+        self.cache_read = counts[1] or self.cache_read
+        self.cache_write = counts[2] or self.cache_write
+        self.output_tokens = counts[3] or self.output_tokens
 
     def usage(self) -> UsageReport:
         prompt = self.input_tokens + self.cache_read + self.cache_write
         return UsageReport(
             prompt, self.output_tokens, self.cache_read, cache_write_tokens=self.cache_write
         )
+
+
+def _index(event: dict[str, Any]) -> int:
+    index = event.get("index")
+    if type(index) is not int:
+        raise _bad(event)
+    return index
+
+
+def _bad(event: object) -> ProviderError:
+    shown = repr(event)
+    if len(shown) > 200:
+        shown = shown[:200] + "..."
+    return ProviderError(
+        "bad_response", f"the provider streamed an event that is not the Messages API's: {shown}"
+    )
 
 
 def classify_anthropic(error: anthropic.APIError) -> ProviderError:

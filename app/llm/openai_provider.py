@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator
 from typing import Any, cast
 
 import openai
-from openai.types.chat import ChatCompletionChunk
 
 from app.core.formats import openai_request_tokens, to_openai
 from app.core.tool_choice import openai_fields
@@ -82,76 +81,175 @@ class OpenAIProvider:
 
     async def _stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
         wire = to_openai(request.messages, request.tools)
-        limit = self._output_cap(request)
-        cap = limit if limit is not None else openai.omit
-        legacy = self._legacy_max_tokens
-        cache_key = request.cache_key if self._send_cache_key else None
-        choice = openai_fields(request.tool_choice, request.parallel_tool_calls, "tools" in wire)
-        chunks = await self._client.chat.completions.create(
-            model=request.model,
-            messages=cast(Any, wire["messages"]),
-            tools=cast(Any, wire["tools"]) if "tools" in wire else openai.omit,
-            temperature=request.temperature if request.temperature is not None else openai.omit,
+        # The SDK's own create() would build a pydantic ChatCompletionChunk per chunk, the
+        # largest cost of a stream; posting with cast_to=object has the SDK (its HTTP call,
+        # auth, SSE decoding, error events) hand over each chunk as parsed JSON instead.
+        chunks = await self._client.post(
+            "/chat/completions",
+            body=self._body(request, wire),
+            cast_to=object,
+            options={"security": {"bearer_auth": True}},
             stream=True,
-            stream_options={"include_usage": True},
-            max_completion_tokens=openai.omit if legacy else cap,
-            max_tokens=cap if legacy else openai.omit,
-            prompt_cache_key=cache_key if cache_key is not None else openai.omit,
-            tool_choice=choice.get("tool_choice", openai.omit),
-            parallel_tool_calls=choice.get("parallel_tool_calls", openai.omit),
+            stream_cls=openai.AsyncStream[object],
         )
         finish: str | None = None
         usage: UsageReport | None = None
         output: list[str] = []  # what the model wrote, to count when the server does not
         async with chunks:
             async for chunk in chunks:
-                for event in _chunk_events(chunk):
+                events, reported = read_chunk(chunk)
+                for event in events:
                     if isinstance(event, Finish):
                         finish = event.reason
                         continue
                     if isinstance(event, TextDelta):
                         output.append(event.text)
-                    elif isinstance(event, ToolCallDelta):
+                    else:
                         output.append((event.name or "") + event.arguments)
                     yield event
-                if chunk.usage is not None:
-                    usage = _usage(chunk)
+                if reported is not None:
+                    usage = reported
         if finish is None:
             # A body that ends cleanly but unfinished must not pass for a complete answer.
             raise ProviderError("server", "the stream ended without a finish reason")
         yield usage if usage is not None else estimated_usage(wire, "".join(output))
         yield Finish(finish)
 
+    def _body(self, request: ModelRequest, wire: dict[str, Any]) -> dict[str, Any]:
+        """The request body, field for field what the SDK's chat.completions.create sends
+        (tests/llm/test_openai_provider.py compares the two)."""
+        # In create()'s order, so that even the bytes are the same.
+        body: dict[str, Any] = {"model": request.model, "stream": True}
+        body["messages"] = wire["messages"]
+        cap = self._output_cap(request)
+        if cap is not None:
+            body["max_tokens" if self._legacy_max_tokens else "max_completion_tokens"] = cap
+        choice = openai_fields(request.tool_choice, request.parallel_tool_calls, "tools" in wire)
+        if "parallel_tool_calls" in choice:
+            body["parallel_tool_calls"] = choice["parallel_tool_calls"]
+        if self._send_cache_key and request.cache_key is not None:
+            body["prompt_cache_key"] = request.cache_key
+        body["stream_options"] = {"include_usage": True}
+        if request.temperature is not None:
+            body["temperature"] = request.temperature
+        if "tool_choice" in choice:
+            body["tool_choice"] = choice["tool_choice"]
+        if "tools" in wire:
+            body["tools"] = wire["tools"]
+        return body
 
-def _chunk_events(chunk: ChatCompletionChunk) -> list[StreamEvent]:
-    events: list[StreamEvent] = []
-    for choice in chunk.choices:
-        if choice.index != 0:
+
+# What a chunk may hold, as read: the events it carries and the usage it reports, if any.
+Read = tuple[list[TextDelta | ToolCallDelta | Finish], UsageReport | None]
+_NOTHING: Read = ([], None)
+
+
+def read_chunk(chunk: object) -> Read:
+    """One streamed chunk (parsed JSON) as events; ProviderError("bad_response") when it is not
+    a chat.completion.chunk. Parts a chunk may leave out or null (choices, delta, content,
+    tool_calls, usage...) are read as absent, as the SDK's types have them; a part of the wrong
+    type is never guessed at. Choices other than the first (index 0) are skipped."""
+    if type(chunk) is not dict:
+        raise _bad(chunk)
+    choices = chunk.get("choices")
+    reported = chunk.get("usage")
+    if not choices:
+        if choices is None or choices == []:
+            return _NOTHING if reported is None else ([], _usage(reported, chunk))
+        raise _bad(chunk)
+    if type(choices) is not list:
+        raise _bad(chunk)
+    events: list[TextDelta | ToolCallDelta | Finish] = []
+    for choice in choices:
+        if type(choice) is not dict:
+            raise _bad(chunk)
+        index = choice.get("index")
+        if type(index) is not int:
+            raise _bad(chunk)
+        if index != 0:
             continue
-        delta = choice.delta
-        if delta.content:
-            events.append(TextDelta(delta.content))
-        for call in delta.tool_calls or ():
-            function = call.function
-            events.append(
-                ToolCallDelta(
-                    index=call.index,
-                    id=call.id,
-                    name=function.name if function else None,
-                    arguments=(function.arguments or "") if function else "",
-                )
-            )
-        if choice.finish_reason is not None:
-            events.append(Finish(choice.finish_reason))
-    return events
+        delta = choice.get("delta")
+        if delta is not None:
+            if type(delta) is not dict:
+                raise _bad(chunk)
+            content = delta.get("content")
+            if content:
+                if type(content) is not str:
+                    raise _bad(chunk)
+                events.append(TextDelta(content))
+            elif content is not None and content != "":
+                raise _bad(chunk)
+            calls = delta.get("tool_calls")
+            if calls:
+                if type(calls) is not list:
+                    raise _bad(chunk)
+                for call in calls:
+                    events.append(_tool_call_delta(call, chunk))
+            elif calls is not None and calls != []:
+                raise _bad(chunk)
+        finish = choice.get("finish_reason")
+        if finish is not None:
+            if type(finish) is not str:
+                raise _bad(chunk)
+            events.append(Finish(finish))
+    return events, None if reported is None else _usage(reported, chunk)
 
 
-def _usage(chunk: ChatCompletionChunk) -> UsageReport:
-    usage = chunk.usage
-    assert usage is not None
-    details = usage.prompt_tokens_details
-    cached = (details.cached_tokens or 0) if details is not None else 0
-    return UsageReport(usage.prompt_tokens, usage.completion_tokens, cached)
+def _tool_call_delta(call: object, chunk: object) -> ToolCallDelta:
+    if type(call) is not dict:
+        raise _bad(chunk)
+    index = call.get("index")
+    call_id = call.get("id")
+    function = call.get("function")
+    if function is None:
+        name = arguments = None
+    elif type(function) is dict:
+        name = function.get("name")
+        arguments = function.get("arguments")
+    else:
+        raise _bad(chunk)
+    if (
+        type(index) is not int
+        or not _optional_str(call_id)
+        or not _optional_str(name)
+        or not _optional_str(arguments)
+    ):
+        raise _bad(chunk)
+    return ToolCallDelta(index, call_id, name, arguments or "")
+
+
+def _usage(usage: object, chunk: object) -> UsageReport:
+    if type(usage) is not dict:
+        raise _bad(chunk)
+    prompt = usage.get("prompt_tokens")
+    completion = usage.get("completion_tokens")
+    details = usage.get("prompt_tokens_details")
+    cached: object = None
+    if details is not None:
+        if type(details) is not dict:
+            raise _bad(chunk)
+        cached = details.get("cached_tokens")
+    if type(prompt) is not int or type(completion) is not int or not _optional_int(cached):
+        raise _bad(chunk)
+    return UsageReport(prompt, completion, cast(int | None, cached) or 0)
+
+
+def _optional_str(value: object) -> bool:
+    return value is None or type(value) is str
+
+
+def _optional_int(value: object) -> bool:
+    return value is None or type(value) is int
+
+
+def _bad(chunk: object) -> ProviderError:
+    shown = repr(chunk)
+    if len(shown) > 200:
+        shown = shown[:200] + "..."
+    return ProviderError(
+        "bad_response",
+        f"the provider streamed a chunk that is not a chat.completion.chunk: {shown}",
+    )
 
 
 def estimated_usage(wire: dict[str, Any], output: str) -> UsageReport:
