@@ -112,11 +112,19 @@ class Malformed:
 
 
 @dataclass(frozen=True)
+class Chunk:
+    """A streamed chunk of the test's making: `payload` as the data (JSON) of an OpenAI chunk,
+    or of an Anthropic event named by its "type" (content_block_delta when it names none)."""
+
+    payload: Any
+
+
+@dataclass(frozen=True)
 class Truncate:
     """End the body here, cleanly: no finish reason, no end marker (a proxy that cut it)."""
 
 
-Step = Text | ToolCall | Usage | Fail | FailMidStream | Stall | Hold | Malformed | Truncate
+Step = Text | ToolCall | Usage | Fail | FailMidStream | Stall | Hold | Malformed | Chunk | Truncate
 
 
 @dataclass(frozen=True)
@@ -397,6 +405,8 @@ class FakeUpstream:
                 return
             elif isinstance(step, Malformed):
                 yield f"data: {step.raw}\n\n"
+            elif isinstance(step, Chunk):
+                yield f"data: {json.dumps(step.payload)}\n\n"
             elif isinstance(step, Truncate):
                 return
         finish = script.stop_reason or ("tool_calls" if calls else "stop")
@@ -490,6 +500,12 @@ class FakeUpstream:
                 return
             elif isinstance(step, Malformed):
                 yield f"event: content_block_delta\ndata: {step.raw}\n\n"
+            elif isinstance(step, Chunk):
+                payload = step.payload
+                named = payload.get("type") if isinstance(payload, dict) else None
+                plain = isinstance(named, str) and named.replace("_", "").isalnum()
+                name = named if plain else "content_block_delta"
+                yield f"event: {name}\ndata: {json.dumps(payload)}\n\n"
             elif isinstance(step, Truncate):
                 return
         if open_text:

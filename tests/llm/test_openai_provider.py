@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Collection, Iterator
 from dataclasses import replace
+from typing import Any
 
+import openai
+import pydantic
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from openai.types.chat import ChatCompletionChunk
 
 from app.core.formats import to_openai
 from app.core.messages import Message, ToolCall, ToolSpec
-from app.core.tool_choice import NamedTool, ToolChoice
+from app.core.tool_choice import NamedTool, ToolChoice, openai_fields
 from app.llm.base import (
     Finish,
     ModelRequest,
@@ -21,8 +27,9 @@ from app.llm.base import (
     ToolCallDelta,
     UsageReport,
 )
-from app.llm.openai_provider import OpenAIProvider
+from app.llm.openai_provider import OpenAIProvider, Read, read_chunk
 from testkit.upstream import (
+    Chunk,
     Fail,
     FailMidStream,
     FakeUpstream,
@@ -339,3 +346,291 @@ async def test_no_tool_choice_goes_out_without_tools(
     await collect(provider.stream(replace(HELLO, tool_choice="none", parallel_tool_calls=False)))
 
     assert not {"tools", "tool_choice", "parallel_tool_calls"} & set(upstream.requests[0].body)
+
+
+# --- The body, and chunks read as parsed JSON -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("options", "request_"),
+    [
+        ({}, HELLO),
+        ({}, ModelRequest("gpt-test", CONVERSATION, (WEATHER,), 50, 0.2)),
+        (
+            {"send_cache_key": True},
+            replace(
+                HELLO,
+                tools=(WEATHER,),
+                tool_choice=NamedTool("get_weather"),
+                parallel_tool_calls=False,
+                cache_key="threadline-s1",
+                temperature=0.0,
+                max_output_tokens=7,
+            ),
+        ),
+        ({"send_cache_key": True}, replace(HELLO, tools=(WEATHER,), tool_choice="required")),
+        (
+            {"legacy_max_tokens": True, "answer_in_room": True, "output_limit": 100},
+            replace(HELLO, answer_room=300, cache_key="ignored-here"),
+        ),
+    ],
+)
+async def test_the_body_is_the_one_the_sdks_create_sends(
+    upstream: FakeUpstream, options: dict[str, Any], request_: ModelRequest
+) -> None:
+    upstream.clear()
+    provider = OpenAIProvider("sk-test", upstream.openai_base_url, 5, **options)
+    client = openai.AsyncOpenAI(api_key="sk-test", base_url=upstream.openai_base_url)
+    try:
+        await collect(provider.stream(request_))
+        # What the provider sent before it posted by itself: the same fields through create().
+        wire = to_openai(request_.messages, request_.tools)
+        cap = provider._output_cap(request_)
+        legacy = options.get("legacy_max_tokens", False)
+        choice = openai_fields(request_.tool_choice, request_.parallel_tool_calls, "tools" in wire)
+        cache_key = request_.cache_key if options.get("send_cache_key") else None
+        omit = openai.omit
+        chunks = await client.chat.completions.create(
+            model=request_.model,
+            messages=wire["messages"],
+            tools=wire.get("tools", omit),
+            temperature=request_.temperature if request_.temperature is not None else omit,
+            stream=True,
+            stream_options={"include_usage": True},
+            max_completion_tokens=omit if legacy or cap is None else cap,
+            max_tokens=cap if legacy and cap is not None else omit,
+            prompt_cache_key=cache_key if cache_key is not None else omit,
+            tool_choice=choice.get("tool_choice", omit),
+            parallel_tool_calls=choice.get("parallel_tool_calls", omit),
+        )
+        async with chunks:
+            async for _ in chunks:
+                pass
+    finally:
+        await provider.aclose()
+        await client.close()
+
+    ours, sdks = upstream.requests
+    assert ours.path == sdks.path
+    assert ours.headers["authorization"] == sdks.headers["authorization"] == "Bearer sk-test"
+    assert ours.body == sdks.body
+    assert list(ours.body) == list(sdks.body)  # in the same order too
+
+
+@pytest.mark.parametrize("kind", ["overloaded", "rate_limit", "server", "bad_request"])
+async def test_an_error_chunk_in_a_200_stream_is_classified_with_its_message(
+    provider: OpenAIProvider, upstream: FakeUpstream, kind: str
+) -> None:
+    upstream.script(Text("Hel"), FailMidStream(kind, f"the {kind} words"))
+    events: list[StreamEvent] = []
+
+    with pytest.raises(ProviderError) as caught:
+        await collect(provider.stream(HELLO), events)
+
+    assert events == [TextDelta("Hel")]
+    expected = {"rate_limit": "rate_limited", "bad_request": "bad_request"}.get(kind, kind)
+    assert (caught.value.kind, caught.value.message) == (expected, f"the {kind} words")
+
+
+BASE_CHUNK = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "gpt-test"}
+
+
+def _choice(index: int = 0, finish: str | None = None, **delta: Any) -> dict[str, Any]:
+    return {"index": index, "delta": delta, "finish_reason": finish}
+
+
+async def test_chunks_the_api_may_send_are_read_as_before(
+    provider: OpenAIProvider, upstream: FakeUpstream
+) -> None:
+    call = {"index": 0, "id": "call_9", "type": "function", "function": {"name": "f"}}
+    upstream.script(
+        Chunk({**BASE_CHUNK, "choices": []}),  # Azure's first chunk: nothing in it
+        Chunk({**BASE_CHUNK, "choices": [_choice(content="a")], "usage": None}),
+        Chunk({**BASE_CHUNK, "choices": [_choice(1, content="other choice")]}),
+        Chunk({**BASE_CHUNK, "choices": [_choice(content=None, refusal=None)]}),
+        Chunk({**BASE_CHUNK, "choices": [{"index": 0, "delta": {"tool_calls": [call]}}]}),
+        Chunk({**BASE_CHUNK, "choices": [_choice(tool_calls=[{"index": 0, "function": None}])]}),
+        Chunk(
+            {
+                **BASE_CHUNK,
+                "choices": [
+                    _choice(tool_calls=[{"index": 0, "function": {"arguments": '{"x": 1}'}}])
+                ],
+            }
+        ),
+        Chunk({**BASE_CHUNK, "choices": [_choice(finish="length")]}),
+        Chunk(
+            {
+                **BASE_CHUNK,
+                "choices": [],
+                "usage": {"prompt_tokens": 9, "completion_tokens": 3, "total_tokens": 12},
+            }
+        ),
+        Truncate(),
+    )
+
+    events = await collect(provider.stream(HELLO))
+
+    assert events == [
+        TextDelta("a"),
+        ToolCallDelta(0, "call_9", "f", ""),
+        ToolCallDelta(0, None, None, ""),
+        ToolCallDelta(0, None, None, '{"x": 1}'),
+        UsageReport(9, 3, 0),  # no prompt_tokens_details: nothing cached
+        Finish("length"),
+    ]
+
+
+@pytest.mark.parametrize(
+    "chunk",
+    [
+        None,
+        [],
+        "text",
+        {**BASE_CHUNK, "choices": {"index": 0}},
+        {**BASE_CHUNK, "choices": [None]},
+        {**BASE_CHUNK, "choices": [{"delta": {"content": "no index"}}]},
+        {**BASE_CHUNK, "choices": [_choice(content=5)]},
+        {**BASE_CHUNK, "choices": [{"index": 0, "delta": ["content"]}]},
+        {**BASE_CHUNK, "choices": [_choice(tool_calls=[{"function": {"name": "f"}}])]},
+        {**BASE_CHUNK, "choices": [_choice(tool_calls={"index": 0})]},
+        {**BASE_CHUNK, "choices": [_choice(finish=1)]},  # type: ignore[arg-type]
+        {**BASE_CHUNK, "choices": [], "usage": {"prompt_tokens": 1}},
+        {**BASE_CHUNK, "choices": [], "usage": {"prompt_tokens": "1", "completion_tokens": 1}},
+        {
+            **BASE_CHUNK,
+            "choices": [],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "prompt_tokens_details": 3},
+        },
+    ],
+)
+async def test_a_chunk_of_the_wrong_shape_is_a_bad_response(
+    provider: OpenAIProvider, upstream: FakeUpstream, chunk: object
+) -> None:
+    upstream.script(Text("Hel"), Chunk(chunk), Text("lo"))
+    events: list[StreamEvent] = []
+
+    with pytest.raises(ProviderError) as caught:
+        await collect(provider.stream(HELLO), events)
+
+    assert events == [TextDelta("Hel")]
+    assert caught.value.kind == "bad_response" and caught.value.retryable
+    assert caught.value.as_error()["code"] == "provider_bad_response"
+
+
+# Any JSON, and chunks shaped like the API's whose every part may be missing, null or any JSON.
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=4),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner),
+    max_leaves=6,
+)
+
+
+def _chunks(any_part: bool) -> Strategy:
+    """Chunks shaped like the API's. Without `any_part`, every part is what the API sends and
+    only optional ones are left out (chunks its own type takes); with it, any part may be left
+    out, null or any JSON."""
+
+    def shaped(parts: dict[str, Strategy], required: Collection[str] = ()) -> Strategy:
+        if any_part:
+            parts = {key: value | st.none() | json_values for key, value in parts.items()}
+            return st.fixed_dictionaries({}, optional=parts)
+        given = {key: value for key, value in parts.items() if key in required}
+        optional = {key: value for key, value in parts.items() if key not in required}
+        return st.fixed_dictionaries(given, optional=optional)
+
+    function = shaped({"name": st.text(max_size=4), "arguments": st.text(max_size=4)})
+    call = shaped(
+        {"index": st.integers(0, 2), "id": st.text(max_size=4), "function": function}, {"index"}
+    )
+    delta = shaped(
+        {
+            "role": st.just("assistant"),
+            "content": st.text(max_size=4),
+            "tool_calls": st.lists(call, max_size=2),
+        }
+    )
+    finish = st.sampled_from(["stop", "length", "tool_calls", "content_filter"])
+    choice = shaped(
+        {"index": st.integers(0, 1), "delta": delta, "finish_reason": finish}, {"index", "delta"}
+    )
+    details = shaped({"cached_tokens": st.integers(0, 99)})
+    counts = {k: st.integers(0, 99) for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
+    usage = shaped({**counts, "prompt_tokens_details": details}, counts)
+    chunk = shaped({"choices": st.lists(choice, max_size=2), "usage": usage}, {"choices"})
+    return st.builds(lambda parts: {**BASE_CHUNK, **parts}, chunk)
+
+
+Strategy = st.SearchStrategy[Any]
+chunks = json_values | _chunks(any_part=False) | _chunks(any_part=True)
+
+
+def typed_reading(chunk: ChatCompletionChunk) -> Read:
+    """How the provider read the SDK's typed chunks before it read parsed JSON."""
+    events: list[TextDelta | ToolCallDelta | Finish] = []
+    for choice in chunk.choices:
+        if choice.index != 0:
+            continue
+        delta = choice.delta
+        if delta.content:
+            events.append(TextDelta(delta.content))
+        for call in delta.tool_calls or ():
+            function = call.function
+            name = function.name if function else None
+            arguments = (function.arguments or "") if function else ""
+            events.append(ToolCallDelta(call.index, call.id, name, arguments))
+        if choice.finish_reason is not None:
+            events.append(Finish(choice.finish_reason))
+    usage = chunk.usage
+    if usage is None:
+        return events, None
+    details = usage.prompt_tokens_details
+    cached = (details.cached_tokens or 0) if details is not None else 0
+    return events, UsageReport(usage.prompt_tokens, usage.completion_tokens, cached)
+
+
+@settings(max_examples=500)
+@given(chunks)
+def test_any_chunk_is_read_as_the_sdks_type_has_it_or_is_a_bad_response(chunk: object) -> None:
+    try:
+        typed = ChatCompletionChunk.model_validate(chunk, strict=True)
+    except pydantic.ValidationError:
+        typed = None
+    try:
+        read = read_chunk(chunk)
+    except ProviderError as error:
+        assert error.kind == "bad_response"
+        assert typed is None  # only what the API's own type refuses is refused
+        return
+    if typed is not None:
+        assert read == typed_reading(typed)
+    events, usage = read
+    for event in events:  # whatever was let through has the types the rest relies on
+        if isinstance(event, TextDelta):
+            assert type(event.text) is str and event.text
+        elif isinstance(event, ToolCallDelta):
+            assert type(event.index) is int and type(event.arguments) is str
+            assert all(v is None or type(v) is str for v in (event.id, event.name))
+        else:
+            assert type(event.reason) is str
+    if usage is not None:
+        assert all(type(n) is int for n in (usage.input_tokens, usage.output_tokens))
+        assert type(usage.cached_tokens) is int
+
+
+@settings(max_examples=40, suppress_health_check=list(HealthCheck))
+@given(chunks.filter(lambda chunk: not (isinstance(chunk, dict) and chunk.get("error"))))
+async def test_any_chunk_streamed_by_the_sdk_ends_well_or_as_a_bad_response(
+    provider: OpenAIProvider, upstream: FakeUpstream, chunk: object
+) -> None:
+    upstream.clear()
+    upstream.script(Text("Hel"), Chunk(chunk), Text("lo"))
+    events: list[StreamEvent] = []
+
+    try:
+        await collect(provider.stream(HELLO), events)
+    except ProviderError as error:
+        assert error.kind == "bad_response"
+        assert events[:1] == [TextDelta("Hel")]
+    else:
+        assert events[0] == TextDelta("Hel") and isinstance(events[-1], Finish)
