@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import replace
+from collections.abc import AsyncIterator, Collection, Iterator
+from dataclasses import asdict, replace
+from typing import Any, cast
 
+import anthropic
+import pydantic
 import pytest
+from anthropic.types import RawMessageStreamEvent
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from app.core.formats import to_anthropic
 from app.core.messages import Message, ToolCall, ToolSpec
-from app.core.tool_choice import NamedTool, ToolChoice
-from app.llm.anthropic_provider import DEFAULT_MAX_TOKENS, AnthropicProvider
+from app.core.tool_choice import NamedTool, ToolChoice, anthropic_tool_choice
+from app.llm.anthropic_provider import DEFAULT_MAX_TOKENS, AnthropicProvider, _State
 from app.llm.base import (
     Finish,
     ModelRequest,
@@ -22,6 +28,7 @@ from app.llm.base import (
     UsageReport,
 )
 from testkit.upstream import (
+    Chunk,
     Fail,
     FailMidStream,
     FakeUpstream,
@@ -310,3 +317,256 @@ async def test_no_tool_choice_goes_out_without_tools(
     await collect(provider.stream(replace(HELLO, tool_choice="none", parallel_tool_calls=False)))
 
     assert set(upstream.requests[0].body) == {"model", "messages", "max_tokens", "stream"}
+
+
+# --- The body, and events read as parsed JSON -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        HELLO,
+        ModelRequest("claude-test", CONVERSATION, (WEATHER, CLOCK), 64, cache_breakpoints=(1,)),
+        replace(HELLO, tools=(WEATHER,), tool_choice=NamedTool("get_weather")),
+        replace(HELLO, tools=(WEATHER,), tool_choice="none", parallel_tool_calls=False),
+    ],
+)
+async def test_the_body_is_the_one_the_sdks_create_sends(
+    provider: AnthropicProvider, upstream: FakeUpstream, request_: ModelRequest
+) -> None:
+    client = anthropic.AsyncAnthropic(
+        api_key="sk-ant-test", base_url=upstream.url, max_retries=0, timeout=5
+    )
+    try:
+        await collect(provider.stream(request_))
+        # What the provider sent before it posted by itself: the same fields through create().
+        wire = to_anthropic(request_.messages, request_.tools, request_.cache_breakpoints)
+        choice = anthropic_tool_choice(
+            request_.tool_choice, request_.parallel_tool_calls, "tools" in wire
+        )
+        omit = anthropic.omit
+        events = await client.messages.create(
+            model=request_.model,
+            max_tokens=request_.max_output_tokens or DEFAULT_MAX_TOKENS,
+            messages=wire["messages"],
+            system=wire.get("system", omit),
+            tools=wire.get("tools", omit),
+            tool_choice=cast(Any, choice) if choice is not None else omit,
+            stream=True,
+        )
+        async with events:
+            async for _ in events:
+                pass
+    finally:
+        await client.close()
+
+    ours, sdks = upstream.requests
+    assert ours.path == sdks.path
+    assert ours.headers == sdks.headers  # auth, version, lengths: all the same
+    assert ours.headers["authorization"] == "Bearer sk-ant-test"
+    assert ours.body == sdks.body
+    assert list(ours.body) == list(sdks.body)  # in the same order too
+
+
+def _delta(delta: dict[str, Any], index: int = 0) -> Chunk:
+    return Chunk({"type": "content_block_delta", "index": index, "delta": delta})
+
+
+async def test_events_the_api_may_send_are_read_as_before(
+    provider: AnthropicProvider, upstream: FakeUpstream
+) -> None:
+    block = {"type": "thinking", "thinking": "", "signature": ""}
+    upstream.script(
+        Chunk({"type": "content_block_start", "index": 0, "content_block": block}),
+        _delta({"type": "thinking_delta", "thinking": "Hmm."}),  # not passed on
+        _delta({"type": "signature_delta", "signature": "c2ln"}),
+        Chunk({"type": "content_block_stop", "index": 0}),
+        Chunk({"type": "a_future_event", "whatever": [1]}),
+        _delta({"type": "text_delta", "text": ""}, 1),
+        _delta({"type": "text_delta", "text": "Hi"}, 1),
+        ScriptedCall("toolu_1", "now", "", fragments=1),  # no input: "{}" at its end
+    )
+
+    events = await collect(provider.stream(replace(HELLO, tools=(CLOCK,))))
+
+    assert events[:3] == [
+        TextDelta("Hi"),
+        ToolCallDelta(0, "toolu_1", "now", ""),
+        ToolCallDelta(0, None, None, "{}"),
+    ]
+    assert events[-1] == Finish("tool_use")
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        None,
+        ["content_block_delta"],
+        {"type": 3},
+        {"type": "content_block_delta", "index": 0, "delta": None},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta"}},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": 1}},
+        {"type": "content_block_delta", "delta": {"type": "input_json_delta", "partial_json": ""}},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": 7}},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "tool_use"}},
+        {"type": "content_block_start", "index": "0", "content_block": {"type": "text"}},
+        {"type": "content_block_stop"},
+        {"type": "message_delta", "delta": {"stop_reason": "end_turn"}},
+        {"type": "message_delta", "delta": {"stop_reason": 0}, "usage": {}},
+        {"type": "message_delta", "delta": {}, "usage": {"output_tokens": "3"}},
+        {"type": "message_start", "message": {"usage": None}},
+    ],
+)
+async def test_an_event_of_the_wrong_shape_is_a_bad_response(
+    provider: AnthropicProvider, upstream: FakeUpstream, event: object
+) -> None:
+    upstream.script(Text("Hel"), Chunk(event), Text("lo"))
+    events: list[StreamEvent] = []
+
+    with pytest.raises(ProviderError) as caught:
+        await collect(provider.stream(HELLO), events)
+
+    assert events == [TextDelta("Hel")]
+    assert caught.value.kind == "bad_response" and caught.value.retryable
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=4),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner),
+    max_leaves=6,
+)
+Strategy = st.SearchStrategy[Any]
+MESSAGE: dict[str, Any] = {
+    "id": "msg",
+    "type": "message",
+    "role": "assistant",
+    "model": "claude-test",
+    "content": [],
+    "stop_reason": None,
+    "stop_sequence": None,
+}
+
+
+def _events(any_part: bool) -> Strategy:
+    """Events shaped like the API's. Without `any_part` every part is one the API sends and only
+    optional ones are left out; with it, any part may be left out, null or any JSON."""
+
+    def shaped(kind: str | None, parts: dict[str, Strategy], required: Collection[str]) -> Strategy:
+        if any_part:
+            parts = {key: value | st.none() | json_values for key, value in parts.items()}
+            required = ()
+        given = {key: value for key, value in parts.items() if key in required}
+        optional = {key: value for key, value in parts.items() if key not in required}
+        fixed = {"type": st.just(kind)} if kind is not None else {}
+        return st.fixed_dictionaries({**fixed, **given}, optional=optional)
+
+    count = st.integers(0, 99)
+    tokens = ("input_tokens", "output_tokens")
+    cache = ("cache_read_input_tokens", "cache_creation_input_tokens")
+    usage = shaped(None, {key: count for key in (*tokens, *cache)}, tokens)
+    delta_usage = shaped(None, {key: count for key in (*tokens, *cache)}, ("output_tokens",))
+    index = st.integers(0, 2)
+    text = st.text(max_size=4)
+    deltas = (
+        shaped("text_delta", {"text": text}, {"text"})
+        | shaped("input_json_delta", {"partial_json": text}, {"partial_json"})
+        | shaped("thinking_delta", {"thinking": text}, {"thinking"})
+    )
+    blocks = shaped("text", {"text": text}, {"text"}) | shaped(
+        "tool_use", {"id": text, "name": text, "input": st.just({})}, {"id", "name", "input"}
+    )
+    stop = shaped(None, {"stop_reason": st.sampled_from(["end_turn", "tool_use"])}, ())
+    message = shaped(None, {"usage": usage}, {"usage"}).map(lambda m: {**MESSAGE, **m})
+    every_part = {"index", "delta", "content_block", "usage", "message"}
+    return (
+        shaped("content_block_delta", {"index": index, "delta": deltas}, every_part)
+        | shaped("content_block_start", {"index": index, "content_block": blocks}, every_part)
+        | shaped("content_block_stop", {"index": index}, every_part)
+        | shaped("message_delta", {"delta": stop, "usage": delta_usage}, every_part)
+        | shaped("message_start", {"message": message}, every_part)
+    )
+
+
+events_ = json_values | _events(any_part=False) | _events(any_part=True)
+
+
+class TypedState(_State):
+    """How the provider read the SDK's typed events before it read parsed JSON."""
+
+    def read(self, event: Any) -> list[StreamEvent]:
+        if event.type == "message_start":
+            self._count(event.message.usage, event)
+        elif event.type == "content_block_start":
+            block = event.content_block
+            if block.type == "tool_use":
+                self.empty_tool_blocks.add(event.index)
+                return [ToolCallDelta(event.index, block.id, block.name, "")]
+        elif event.type == "content_block_delta":
+            delta = event.delta
+            if delta.type == "text_delta" and delta.text:
+                return [TextDelta(delta.text)]
+            if delta.type == "input_json_delta" and delta.partial_json:
+                self.empty_tool_blocks.discard(event.index)
+                return [ToolCallDelta(event.index, None, None, delta.partial_json)]
+        elif event.type == "content_block_stop":
+            if event.index in self.empty_tool_blocks:
+                self.empty_tool_blocks.discard(event.index)
+                return [ToolCallDelta(event.index, None, None, "{}")]
+        elif event.type == "message_delta":
+            self._count(event.usage, event)
+            if event.delta.stop_reason is not None:
+                self.stop_reason = event.delta.stop_reason
+        return []
+
+    def _count(self, usage: Any, event: object) -> None:
+        self.input_tokens = usage.input_tokens or self.input_tokens
+        self.cache_read = usage.cache_read_input_tokens or self.cache_read
+        self.cache_write = usage.cache_creation_input_tokens or self.cache_write
+        self.output_tokens = usage.output_tokens or self.output_tokens
+
+
+TYPED_EVENT: pydantic.TypeAdapter[RawMessageStreamEvent] = pydantic.TypeAdapter(
+    RawMessageStreamEvent
+)
+
+
+@settings(max_examples=400)
+@given(st.lists(events_, min_size=1, max_size=5))
+def test_any_events_are_read_as_the_sdks_types_have_them_or_are_a_bad_response(
+    events: list[object],
+) -> None:
+    state, typed_state = _State(), TypedState()
+    for event in events:
+        try:
+            typed: RawMessageStreamEvent | None = TYPED_EVENT.validate_python(event, strict=True)
+        except pydantic.ValidationError:
+            typed = None
+        try:
+            read = state.read(event)
+        except ProviderError as error:
+            assert error.kind == "bad_response"
+            assert typed is None  # only what the API's own types refuse is refused
+            return
+        if typed is None:
+            return  # let through, leniently; what the typed reading would make of it is moot
+        assert read == typed_state.read(typed)
+        assert asdict(state) == asdict(typed_state)
+        assert state.usage() == typed_state.usage()
+
+
+@settings(max_examples=40, suppress_health_check=list(HealthCheck))
+@given(events_.filter(lambda event: not (isinstance(event, dict) and event.get("type") == "error")))
+async def test_any_event_streamed_by_the_sdk_ends_well_or_as_a_bad_response(
+    provider: AnthropicProvider, upstream: FakeUpstream, event: object
+) -> None:
+    upstream.clear()
+    upstream.script(Text("Hel"), Chunk(event), Text("lo"))
+    events: list[StreamEvent] = []
+
+    try:
+        await collect(provider.stream(HELLO), events)
+    except ProviderError as error:
+        assert error.kind == "bad_response"
+        assert events[:1] == [TextDelta("Hel")]
+    else:
+        assert events[0] == TextDelta("Hel") and isinstance(events[-1], Finish)
