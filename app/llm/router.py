@@ -248,23 +248,26 @@ class Router:
     async def _guarded(
         self, events: AsyncIterator[StreamEvent]
     ) -> AsyncGenerator[StreamEvent, None]:
-        """The events, failing with "timeout" when the next one takes too long.
-
-        asyncio.timeout around each step rather than wait_for: on 3.11 wait_for runs every step
-        in a task of its own, and the provider's generator is better kept in the caller's.
-        """
+        """The events, failing with "timeout" when the next one takes too long (only the wait
+        for it counts, not the time the caller holds each one)."""
         seconds = self._settings.llm_request_timeout_seconds
+        watch = _StallWatch(seconds)
         try:
             while True:
+                watch.waiting()
                 try:
-                    async with asyncio.timeout(seconds):
-                        event = await anext(events)
+                    event = await anext(events)
                 except StopAsyncIteration:
                     return
-                except TimeoutError as error:
-                    raise ProviderError("timeout", f"no response for {seconds:g}s") from error
+                except asyncio.CancelledError as error:
+                    if watch.expired():
+                        raise ProviderError("timeout", f"no response for {seconds:g}s") from error
+                    raise
+                finally:
+                    watch.done()
                 yield storable(event)
         finally:
+            watch.close()
             close = getattr(events, "aclose", None)
             if close is not None:
                 await close()
@@ -304,6 +307,70 @@ class Router:
             close = getattr(provider, "aclose", None)
             if close is not None:
                 await close()
+
+
+class _StallWatch:
+    """Cancels the task waiting for a provider's next event once one wait lasts `seconds`,
+    as asyncio.timeout around each wait would, without arming a timer per event (that cost
+    as much as reading the chunk): its one timer moves only when it finds the wait it fired in
+    began later than it was set for."""
+
+    def __init__(self, seconds: float) -> None:
+        self._seconds = seconds
+        self._loop = asyncio.get_running_loop()
+        self._task: asyncio.Task[object] | None = None
+        self._cancelling = 0  # the task's pending cancels before the wait (asyncio.timeout's)
+        self._since: float | None = None  # when the current wait began; None: not waiting
+        self._timer: asyncio.TimerHandle | None = None
+        self._fired = False
+
+    def waiting(self) -> None:
+        """A wait begins (the caller awaits the next event right after)."""
+        self._task = task = asyncio.current_task()
+        assert task is not None
+        self._cancelling = task.cancelling()
+        self._since = since = self._loop.time()
+        if self._timer is None:
+            self._timer = self._loop.call_at(since + self._seconds, self._check)
+
+    def done(self) -> None:
+        """The wait is over. If the watch fired but its cancel was not what ended the wait, the
+        cancel is taken back off the count, as asyncio.timeout does."""
+        self._since = None
+        if self._fired:
+            self._fired = False
+            assert self._task is not None
+            self._task.uncancel()
+
+    def expired(self) -> bool:
+        """Whether the CancelledError the wait ended with is the watch's own (then taken back)
+        rather than a cancel from elsewhere."""
+        if not self._fired:
+            return False
+        self._fired = False
+        assert self._task is not None
+        return self._task.uncancel() <= self._cancelling
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _check(self) -> None:
+        self._timer = None
+        if self._since is None:
+            return  # between waits: armed again when the next one begins
+        due = self._since + self._seconds
+        if due - self._loop.time() > _CLOCK_RESOLUTION:
+            self._timer = self._loop.call_at(due, self._check)  # a later wait than it was set for
+            return
+        assert self._task is not None
+        self._fired = True
+        self._task.cancel()
+
+
+# asyncio runs a timer up to this early (the loop's own clock_resolution).
+_CLOCK_RESOLUTION = time.get_clock_info("monotonic").resolution
 
 
 def tool_choice_problem(

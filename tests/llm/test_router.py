@@ -589,3 +589,51 @@ async def test_a_slow_but_steady_stream_is_not_a_stall(
     events = await collect(make_router(llm_request_timeout_seconds=0.5).stream(OPENAI, HELLO))
 
     assert "".join(e.text for _, e in events if isinstance(e, TextDelta)) == "01234567"
+
+
+async def test_a_stall_timeout_leaves_no_cancel_pending(make_router: Any) -> None:
+    router = make_router(llm_request_timeout_seconds=0.2, llm_max_retries=0)
+    provider = ScriptedProvider([0, 0, 3600])
+    router.register("slow", lambda name: Route("slow", name, lambda: provider))
+
+    with pytest.raises(ProviderError) as caught:
+        await collect(router.stream("slow:m", HELLO))
+
+    assert caught.value.kind == "timeout"
+    task = asyncio.current_task()
+    assert task is not None and task.cancelling() == 0  # the guard's cancel was taken back
+    await asyncio.sleep(0)  # and none is delivered later
+
+
+async def test_the_time_the_caller_holds_an_event_is_not_a_stall(make_router: Any) -> None:
+    router = make_router(llm_request_timeout_seconds=0.2, llm_max_retries=0)
+    provider = ScriptedProvider([0, 0, 0])
+    router.register("quick", lambda name: Route("quick", name, lambda: provider))
+    events: list[StreamEvent] = []
+
+    async for _, event in router.stream("quick:m", HELLO):
+        events.append(event)
+        await asyncio.sleep(0.5)  # a slow caller (its database, say); the provider is quick
+
+    assert events == [TextDelta("m")] * 3 + [Finish("stop")]
+
+
+async def test_a_cancel_while_waiting_for_the_provider_is_a_cancel_not_a_timeout(
+    make_router: Any,
+) -> None:
+    router = make_router(llm_request_timeout_seconds=30)
+    provider = ScriptedProvider([0, 3600])
+    router.register("held", lambda name: Route("held", name, lambda: provider))
+    first = asyncio.Event()
+
+    async def consume() -> None:
+        async for _ in router.stream("held:m", HELLO):
+            first.set()
+
+    task = asyncio.create_task(consume())
+    await asyncio.wait_for(first.wait(), 30)
+    task.cancel()
+
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert provider.calls == 1
