@@ -11,6 +11,9 @@ Anthropic caches a prompt prefix only where a block asks for it.
 
 request.temperature is not sent: the Messages API version this SDK speaks has no such
 parameter.
+
+As in the OpenAI provider, the SDK makes the call and decodes the stream but hands over each
+event as parsed JSON, read here (_State.read), not as a pydantic model.
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@ Events come out as text/tool-call deltas, then one UsageReport, then Finish last
 reports no usage (several OpenAI-compatible ones ignore stream_options) gets its usage counted
 here with the stored tokenizer and marked estimated, never left at 0. Every failure, before or
 during the stream, is raised as a ProviderError.
-Retries are the router's job, so the SDK's own are off.
+Retries are the router's job, so the SDK's own are off. The SDK makes the call and decodes the
+stream, but hands over each chunk as parsed JSON, read here (read_chunk), rather than as a
+pydantic model: building one per chunk cost more than all the rest of a stream.
 """
 
 from __future__ import annotations
@@ -139,23 +141,22 @@ class OpenAIProvider:
         return body
 
 
-# What a chunk may hold, as read: the events it carries and the usage it reports, if any.
+# What a chunk holds, as read: the events it carries and the usage it reports, if any.
 Read = tuple[list[TextDelta | ToolCallDelta | Finish], UsageReport | None]
-_NOTHING: Read = ([], None)
 
 
 def read_chunk(chunk: object) -> Read:
     """One streamed chunk (parsed JSON) as events; ProviderError("bad_response") when it is not
-    a chat.completion.chunk. Parts a chunk may leave out or null (choices, delta, content,
-    tool_calls, usage...) are read as absent, as the SDK's types have them; a part of the wrong
-    type is never guessed at. Choices other than the first (index 0) are skipped."""
+    a chat.completion.chunk. A part left out or null is read as absent (choices and delta too,
+    which the API always sends: a server that leaves them out has said nothing); a part of the
+    wrong type is never guessed at. Choices other than the first (index 0) are skipped."""
     if type(chunk) is not dict:
         raise _bad(chunk)
     choices = chunk.get("choices")
     reported = chunk.get("usage")
     if not choices:
         if choices is None or choices == []:
-            return _NOTHING if reported is None else ([], _usage(reported, chunk))
+            return [], None if reported is None else _usage(reported, chunk)
         raise _bad(chunk)
     if type(choices) is not list:
         raise _bad(chunk)
