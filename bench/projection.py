@@ -17,7 +17,10 @@ set, else a throwaway embedded cluster left at Postgres's default (durable) sett
    tokens as projected, its large outputs evicted to previews) about 80 %, and even a window
    that could leave all its room unused only about 81 %; at 8k (4,096 chunk, 650-token turns)
    about 85 %. Monotonic fill costs more: a budget just past a power of two must send at least
-   what the largest budget below it sends, whose chunk is half as large.
+   what the largest budget below it sends, whose chunk is half as large. And anchors are placed
+   by the journal's stored counts, which count an evicted output whole: at 4k the research
+   session's turns store 745 tokens but send 437, so its anchors are closer in the prompt than
+   the chunk, and its window jumps more often than the bound's.
 """
 
 from __future__ import annotations
