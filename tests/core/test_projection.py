@@ -29,6 +29,7 @@ from app.core.projection import (
     PendingEntry,
     Projection,
     ProjectionInput,
+    default_spacing,
     project,
     rolled_back,
     tail_suffices,
@@ -914,6 +915,84 @@ def test_at_small_budgets_nine_asks_in_ten_keep_the_whole_previous_prompt_as_pre
         previous = p
         j.assistant(f"a{turn} " + "ipsum " * rng.randint(30, 200))
     assert kept >= 0.9 * pairs, (kept, pairs)
+
+
+def test_at_a_4k_window_jumps_land_on_the_default_chunks_own_anchors() -> None:
+    """A chat of about 125 tokens a turn under a 4k window (3,000 budget). With anchors a whole
+    chunk apart, a jump landed a turn past its anchor about half the time, left more than the
+    chunk unused, started at a finer anchor and jumped again soon: 84-86 % of these asks (with
+    seeds 16, 20, 40) kept the previous prompt; with the anchors spaced by default_spacing,
+    88-90 %."""
+    policy = ContextPolicy(max_input_tokens=4000)
+    rng = random.Random(16)
+    j = Journal()
+    kept, pairs, previous = 0, 0, None
+    for turn in range(200):
+        j.user(f"q{turn} " + "lorem " * rng.randint(8, 60))
+        p = j.project(system_prompt=SYSTEM, policy=policy)
+        if previous is not None and previous.meta.truncated:
+            pairs += 1
+            kept += prefix_shared(previous, p) == len(previous.messages)
+        previous = p
+        j.assistant(f"a{turn} " + "ipsum " * rng.randint(30, 200))
+    assert pairs > 150
+    assert kept >= 0.88 * pairs, (kept, pairs)
+
+
+def test_the_default_chunks_anchors_are_a_little_closer_than_the_chunk() -> None:
+    """Slack for the turn a jump lands past, but never more than an eighth of the chunk (the
+    spacing is how much the thread grows between jumps), and the spacing halves evenly through
+    the finer levels start_for falls back to (a finer level's anchors include the coarser
+    one's: what keeps a window monotonic in the room)."""
+    for power in range(5, 24):
+        chunk = 1 << power
+        spacing = default_spacing(chunk)
+        assert chunk - chunk // 8 <= spacing < chunk
+        assert spacing % 2 ** (power - 5) == 0
+    assert [default_spacing(c) for c in (1, 2, 8, 16)] == [1, 2, 8, 15]
+
+
+@settings(max_examples=150)
+@given(
+    long_journals(),
+    st.integers(8, 12),
+    st.integers(-40, 40),
+    st.integers(0, 300),
+    st.integers(0, 3),
+    st.integers(0, 2000),
+)
+def test_around_a_level_boundary_the_default_chunk_fills_monotonically_and_within_a_chunk(
+    generated: tuple[Journal, list[PendingEntry]],
+    power: int,
+    offset: int,
+    reserve: int,
+    keep: int,
+    more: int,
+) -> None:
+    """Where the default chunk doubles, the window switches to the coarser level's anchors
+    (spaced by default_spacing): the budgets just below and above a power of two, and any larger
+    one, still send no less history as the budget grows, and leave at most their chunk unused
+    unless no window start uses more."""
+    j, pending = generated
+    budget = (1 << power) + offset
+    policy = ContextPolicy(
+        max_input_tokens=budget + reserve, reserve_output_tokens=reserve, keep_last_turns=keep
+    )
+    larger = policy.model_copy(update={"max_input_tokens": policy.max_input_tokens + more})
+    small, large = _history(j, pending, policy), _history(j, pending, larger)
+    if small is None:
+        return
+    assert large is not None
+    assert large.meta.history_tokens >= small.meta.history_tokens
+    small_window, large_window = _window_messages(small), _window_messages(large)
+    assert large_window[len(large_window) - len(small_window) :] == small_window
+    for chosen, pol in ((small, policy), (large, larger)):
+        unused = pol.budget - chosen.meta.estimated_tokens
+        if not chosen.meta.truncated or unused <= pol.chunk_tokens:
+            continue
+        fullest = _history(j, pending, pol.model_copy(update={"window_chunk_tokens": 0}))
+        assert fullest is not None
+        assert chosen.meta.history_tokens == fullest.meta.history_tokens
 
 
 @settings(max_examples=120)
