@@ -28,7 +28,8 @@ async def append_events(
 ) -> dict[str, int]:
     """Append (run_id, type, data) events in one INSERT; returns each run's last seq.
 
-    The only place run events are inserted, and the one seq allocator: each run's events take
+    The only place run events are inserted (but a new run's first, FIRST_EVENT), and the one
+    seq allocator: each run's events take
     the seqs after its highest one, in order, so a run's seqs are dense whoever writes them.
     With `attempts` (a worker's writes), a run's events are written only while the run is
     still at that attempt: those of a superseded attempt are dropped (its run is missing from
@@ -80,6 +81,25 @@ async def append_events(
     }
     rows = (await conn.execute(query, params)).all()
     return {str(run_id): int(seq) for run_id, seq, _ in rows}
+
+
+# A new run's first event (seq 1: the run is inserted by the same statement, so it has no
+# events yet), inserted and announced after the run is: with the CTE `run` (the runs row
+# inserted) before it, `first_event` and `told_first` CTEs; `told_first` must be read.
+FIRST_EVENT = (
+    "first_event AS (INSERT INTO run_events (run_id, seq, type, data)"
+    " SELECT id, 1, :event_type, CAST(:event_data AS jsonb) FROM run RETURNING run_id, seq),"
+    " told_first AS (SELECT pg_notify(:channel, json_build_object('runs',"
+    "  json_build_object(run_id, seq))::text) FROM first_event)"
+)
+
+
+def first_event_params(kind: str, data: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "event_type": kind,
+        "event_data": json.dumps(data, separators=(",", ":")),
+        "channel": CHANNEL,
+    }
 
 
 def numbered(

@@ -166,8 +166,10 @@ async def advance_rev(
     tokens: int,
     expected_rev: int | None,
     include_expired: bool = False,
+    status: str | None = None,
 ) -> int | None:
     """Reserve `count` seqs by moving rev forward; the row lock serializes appenders.
+    `status`: the session's new status, set in the same statement.
 
     Returns the new rev, or None when the session's rev is not `expected_rev` (or the tenant has
     no such session). The lock is held until the transaction ends, so the seqs stay dense.
@@ -181,6 +183,7 @@ async def advance_rev(
         rev=sessions.c.rev + count,
         token_total=sessions.c.token_total + tokens,
         updated_at=func.now(),
+        **({"status": status} if status is not None else {}),
     ).returning(sessions.c.rev)
     rev: int | None = (await conn.execute(query)).scalar()
     return rev

@@ -216,6 +216,7 @@ async def _commit(
             ),
         ],
         fresh_ids=True,  # derived from run_id, a new uuid4: nothing to replay
+        session_status="active",  # the run's
     )
     user_seq = int(appended.entries[len(before)]["seq"])
     run_params = RunParams(
@@ -240,6 +241,7 @@ async def _commit(
         params=run_params,
         idempotency_key=params.idempotency_key,
         user_entry_seq=user_seq,
+        session_marked_active=True,
     )
 
 

@@ -42,15 +42,15 @@ async def create(
     params: RunParams,
     idempotency_key: str | None,
     user_entry_seq: int | None = None,
+    session_marked_active: bool = False,
 ) -> Run:
     """Insert a queued run, announce it with `run.created` and defer its job: the run and its
-    job are committed together or not at all."""
-    # The job first, so the run is inserted with its job_id (no UPDATE after): no worker sees
-    # the job before this transaction commits, the run with it.
-    job_id = await jobs_db.defer_run(conn, id, session_id, kind.value)
+    job are committed together or not at all. `session_marked_active`: the caller has set the
+    session's status (with its append), else it is set here."""
     params = carried.into(params, run_id=id, tenant_id=tenant_id, session_id=session_id)
-    run = await runs_db.insert_run(
+    run = await runs_db.insert_queued_run(
         conn,
+        machine.created_event(id, session_id, kind, user_entry_seq, model),
         id=id,
         tenant_id=tenant_id,
         session_id=session_id,
@@ -59,15 +59,14 @@ async def create(
         params=params.ask_json() if kind is RunKind.ASK else params.compaction_json(),
         idempotency_key=idempotency_key,
         user_entry_seq=user_entry_seq,
-        job_id=job_id,
     )
-    await writer.append(conn, run.id, machine.created(run))
     metrics.run_created(kind.value)
-    await conn.execute(
-        update(sessions)
-        .where(sessions.c.id == session_id)
-        .values(status="active", updated_at=func.now())
-    )
+    if not session_marked_active:
+        await conn.execute(
+            update(sessions)
+            .where(sessions.c.id == session_id)
+            .values(status="active", updated_at=func.now())
+        )
     return run
 
 
