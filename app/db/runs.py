@@ -64,16 +64,22 @@ async def insert_queued_run(
 
 
 async def get_run(
-    conn: AsyncConnection, run_id: str, *, tenant_id: str | None = None, lock: bool = False
+    conn: AsyncConnection,
+    run_id: str,
+    *,
+    tenant_id: str | None = None,
+    lock: bool = False,
+    skip_locked: bool = False,
 ) -> Run | None:
     """A run by id; with `tenant_id` (a client asking), only if it belongs to that tenant and
-    its session has not expired."""
+    its session has not expired. `skip_locked` (with `lock`): None rather than wait for a
+    transaction that has it locked."""
     query = select(runs).where(runs.c.id == run_id)
     if tenant_id is not None:
         live = select(sessions.c.id).where(sessions.c.id == runs.c.session_id, LIVE).exists()
         query = query.where(runs.c.tenant_id == tenant_id, live)
     if lock:
-        query = query.with_for_update()
+        query = query.with_for_update(skip_locked=skip_locked)
     return _run((await conn.execute(query)).mappings().one_or_none())
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core import tool_choice as tool_choices
 from app.core.entries import EntryKind, FinishReason
@@ -107,9 +108,14 @@ async def execute_run(
         if abort_reason() != "user_request":
             raise  # else: _claim ends the run cancelled
     claimed = await _claim(runtime, run_id)
-    if claimed is None:
-        return
-    run = claimed
+    if claimed is not None:
+        await execute_started(runtime, claimed, abort_reason)
+
+
+async def execute_started(
+    runtime: Runtime, run: Run, abort_reason: Callable[[], str | None]
+) -> None:
+    """Execute a run whose attempt this worker has started (start_locked)."""
     with carried.run_scope(run):
         await _execute(runtime, run, abort_reason)
 
@@ -221,13 +227,18 @@ async def _claim(runtime: Runtime, run_id: str) -> Run | None:
     """Start an attempt (a retry, if an earlier one died mid-run), or end a run that was
     cancelled before it started; None: nothing to do."""
     async with runtime.engine.begin() as conn:
-        run = await runs_db.get_run(conn, run_id, lock=True)
-        if run is None or not run.active:
-            return None
-        if run.cancel_mode:
-            await runs.finish(conn, run, Outcome("cancelled"))
-            return None
-        started = await runs.start(conn, run, runtime.lease.key)
+        return await start_locked(conn, runtime, await runs_db.get_run(conn, run_id, lock=True))
+
+
+async def start_locked(conn: AsyncConnection, runtime: Runtime, run: Run | None) -> Run | None:
+    """With the run's row locked in `conn`'s transaction: start its attempt under this
+    worker's lease, or end it if it was cancelled before it started; None: nothing to run."""
+    if run is None or not run.active:
+        return None
+    if run.cancel_mode:
+        await runs.finish(conn, run, Outcome("cancelled"))
+        return None
+    started = await runs.start(conn, run, runtime.lease.key)
     return started if started.active else None
 
 
