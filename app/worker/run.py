@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from app.core import tool_choice as tool_choices
 from app.core.entries import EntryKind, FinishReason
 from app.core.messages import result_text
-from app.core.projection import ProjectionMeta
+from app.core.projection import JournalEntry, ProjectionMeta
 from app.core.run_policy import RunPolicy
 from app.core.tool_loop import (
     AssembledCall,
@@ -34,7 +34,7 @@ from app.core.tool_loop import (
 from app.db import journal as journal_db
 from app.db import runs as runs_db
 from app.db import sessions as sessions_db
-from app.db.engine import autocommit
+from app.db.engine import autocommit, read_snapshot
 from app.db.outage import database_unavailable, retrying
 from app.llm.base import (
     Finish,
@@ -52,7 +52,12 @@ from app.runs.model import Outcome, Run, RunKind, entry_id
 from app.services import runs
 from app.services.errors import ServiceError
 from app.services.journal import NewEntry, append_in
-from app.services.projection import SessionProjection, offered_tools, project_for_run
+from app.services.projection import (
+    SessionProjection,
+    offered_tools,
+    project_for_run,
+    project_run_in,
+)
 from app.telemetry import carried, metrics
 from app.tools.registry import ToolContext, ToolOutcome, execute
 from app.worker.compaction import (
@@ -255,18 +260,37 @@ async def _converse(runtime: Runtime, run: Run, progress: _Progress) -> Outcome 
     session_id = run.session_id
     policy = RunPolicy.model_validate(run.params.run_policy or {})
     # Read once: a run keeps the tools it started with, and the session's earlier spending.
-    async with autocommit(runtime.engine) as conn:
+    # With them, in one snapshot (one checkout): the compactions queued before it, what the
+    # run has written so far (only this run writes it: a wait does not change it), and the
+    # projection of its first model call (from the same session row, not read twice).
+    first: SessionProjection | ServiceError | None = None
+    async with read_snapshot(runtime.engine) as conn:
         session = await sessions_db.get_session(
             conn, run.tenant_id, session_id, include_expired=True
         )
+        compactions = await runs_db.active_runs(conn, session_id, kind="compaction")
+        written: list[JournalEntry] | None = await journal_db.run_entries(
+            conn, session_id, run.input_seq, run.id
+        )
+        if session is not None:
+            try:
+                first = await project_run_in(conn, runtime.settings, session, run)
+            except ServiceError as exc:  # the model turn reports it, if there is one
+                first = exc
     config: dict[str, Any] = session["config"] if session is not None else {}
     tools = offered_tools(config, run.params.tools)
     tokens_before = int(session["input_tokens"]) + int(session["output_tokens"]) if session else 0
-    if await await_compaction_jobs(runtime, run, config):
+    if any(r.created_at < run.created_at for r in compactions):
+        first = None  # a compaction queued before it changes the context: projected again
+    if await await_compaction_jobs(runtime, run, config, compactions):
         progress.compaction_failed = True  # one is still summarizing: no second one meanwhile
     while True:
-        async with autocommit(runtime.engine) as conn:
-            done = await journal_db.run_entries(conn, session_id, run.input_seq, run.id)
+        projected, first = first, None  # only ever the first step's
+        if written is not None:  # the first step's, read above
+            done, written = written, None
+        else:
+            async with autocommit(runtime.engine) as conn:
+                done = await journal_db.run_entries(conn, session_id, run.input_seq, run.id)
         step = _over_budget(policy, tokens_before, progress) or next_step(
             done, policy.max_iterations
         )
@@ -281,7 +305,7 @@ async def _converse(runtime: Runtime, run: Run, progress: _Progress) -> Outcome 
             step = StopRun("tool_denied", f"the policy does not allow {', '.join(denied)}")
         if isinstance(step, StopRun):
             return await _violation(runtime, run, step, progress)
-        outcome = await _model_turn(runtime, run, step.iteration, progress)
+        outcome = await _model_turn(runtime, run, step.iteration, progress, projected)
         if outcome is not None:
             return outcome
 
@@ -314,12 +338,16 @@ async def _model_turn(
     run: Run,
     iteration: int,
     progress: _Progress,
+    read: SessionProjection | ServiceError | None = None,
 ) -> Outcome | None:
     """One model call; an Outcome if the run ends with it, None if it asked for tools (then
-    committed as one assistant turn: its text and one tool_call entry per call)."""
+    committed as one assistant turn: its text and one tool_call entry per call). `read`: its
+    projection (or why there is none), when the caller has just made it."""
     run_id, params = run.id, run.params
     try:
-        projected = await _project(runtime, run)
+        if isinstance(read, ServiceError):
+            raise read
+        projected = read or await _project(runtime, run)
         meta = projected.projection.meta
         _warn_if_full(runtime, run_id, meta)
         auto = projected.policy.summarization == "auto"
