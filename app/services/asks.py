@@ -216,7 +216,7 @@ async def _commit(
             ),
         ],
         fresh_ids=True,  # derived from run_id, a new uuid4: nothing to replay
-        session_status="active",  # the run's
+        session_values={"status": "active"},  # the run's
     )
     user_seq = int(appended.entries[len(before)]["seq"])
     run_params = RunParams(
