@@ -62,6 +62,17 @@ async def _defer(
     return int((await conn.execute(text(f"SELECT {DEFER_ONE}"), params)).scalar_one())
 
 
+async def finish_job(conn: AsyncConnection, job_id: int, status: str) -> None:
+    """End a job a worker of this process holds (doing): succeeded, failed..."""
+    await conn.execute(
+        text(
+            "SELECT procrastinate_finish_job_v1(:job_id,"
+            " CAST(:status AS procrastinate_job_status), false)"
+        ),
+        {"job_id": job_id, "status": status},
+    )
+
+
 async def delete_jobs_of_runs(conn: AsyncConnection, run_ids: list[str]) -> None:
     """Forget the jobs of these runs and of their webhook deliveries (their args name them),
     except those a worker holds right now: it finishes them, finding their run gone."""

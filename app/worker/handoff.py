@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.db import jobs as jobs_db
 from app.db import runs as runs_db
 from app.db.outage import retrying
 from app.runs.model import Run
@@ -50,13 +51,11 @@ _ABORTS = text(
     "SELECT id FROM procrastinate_jobs"
     " WHERE id = ANY(CAST(:ids AS bigint[])) AND status = 'doing' AND abort_requested"
 )
-_FINISH = text(
-    "SELECT procrastinate_finish_job_v1(:job_id, CAST(:status AS procrastinate_job_status), false)"
-)
 # What the handoff calls (app/worker/run.py): start a run whose row is locked, in the
-# transaction that claims its job; execute the started run.
+# transaction that claims its job; execute the started run, finishing its job (given) with
+# the run's end if it can (True if it did).
 Start = Callable[[AsyncConnection, Runtime, Run | None], Awaitable[Run | None]]
-Execute = Callable[[Runtime, Run, Callable[[], str | None]], Awaitable[None]]
+Execute = Callable[[Runtime, Run, Callable[[], str | None], int], Awaitable[bool]]
 
 
 class _LeftToQueue(Exception):
@@ -114,9 +113,12 @@ class Handoff:
             return
         self.claimed += 1
         status = "failed"
+        finished = False  # the job, with the run's end
         try:
             if started is not None:  # else: over already, or cancelled before it started
-                await self._execute(self._runtime, started, lambda: self._reason(job_id))
+                finished = await self._execute(
+                    self._runtime, started, lambda: self._reason(job_id), job_id
+                )
             status = "succeeded"
         except asyncio.CancelledError:
             # Shutting down: the job ends failed, so another worker resumes the run
@@ -127,12 +129,13 @@ class Handoff:
             log.exception("run %s failed in its handoff", run_id)
         finally:
             self._aborted.discard(job_id)
-            await asyncio.shield(self._finish(job_id, status))
+            if not finished:
+                await asyncio.shield(self._finish(job_id, status))
 
     async def _finish(self, job_id: int, status: str) -> None:
         async def finish() -> None:
             async with self._runtime.engine.begin() as conn:
-                await conn.execute(_FINISH, {"job_id": job_id, "status": status})
+                await jobs_db.finish_job(conn, job_id, status)
 
         try:
             await retrying(finish)

@@ -31,6 +31,7 @@ from app.core.tool_loop import (
     next_step,
     thread_call_id,
 )
+from app.db import jobs as jobs_db
 from app.db import journal as journal_db
 from app.db import runs as runs_db
 from app.db import sessions as sessions_db
@@ -118,14 +119,18 @@ async def execute_run(
 
 
 async def execute_started(
-    runtime: Runtime, run: Run, abort_reason: Callable[[], str | None]
-) -> None:
-    """Execute a run whose attempt this worker has started (start_locked)."""
+    runtime: Runtime, run: Run, abort_reason: Callable[[], str | None], job_id: int | None = None
+) -> bool:
+    """Execute a run whose attempt this worker has started (start_locked). With `job_id` (the
+    run's job, which the caller holds), the job is finished (succeeded) in the transaction
+    that ends the run; True if it was."""
     with carried.run_scope(run):
-        await _execute(runtime, run, abort_reason)
+        return await _execute(runtime, run, abort_reason, job_id)
 
 
-async def _execute(runtime: Runtime, run: Run, abort_reason: Callable[[], str | None]) -> None:
+async def _execute(
+    runtime: Runtime, run: Run, abort_reason: Callable[[], str | None], job_id: int | None = None
+) -> bool:
     run_id, writer = run.id, runtime.writer
     writer.open(run_id, run.attempts)
     log.info("run %s: attempt %d started", run_id, run.attempts)
@@ -146,7 +151,7 @@ async def _execute(runtime: Runtime, run: Run, abort_reason: Callable[[], str | 
             )
         except Superseded:
             log.warning("run %s: taken over by another worker; this attempt stops", run_id)
-            return
+            return False
         except asyncio.CancelledError:
             if abort_reason() != "user_request":
                 raise
@@ -158,9 +163,10 @@ async def _execute(runtime: Runtime, run: Run, abort_reason: Callable[[], str | 
         # Its end is written whatever happens to the database meanwhile: retried until it is back.
         if isinstance(outcome, Pause):
             await retrying(lambda: _pause(runtime, run, outcome))
-        else:
-            await retrying(lambda: _finish(runtime, run, outcome))
-            log.info("run %s: %s", run_id, outcome.status)
+            return False
+        ended = await retrying(lambda: _finish(runtime, run, outcome, job_id))
+        log.info("run %s: %s", run_id, outcome.status)
+        return ended
     finally:
         writer.close(run_id)
 
@@ -201,13 +207,19 @@ def _check_fence(runtime: Runtime, run_id: str) -> None:
         raise Superseded(run_id)
 
 
-async def _finish(runtime: Runtime, run: Run, outcome: Outcome) -> None:
+async def _finish(runtime: Runtime, run: Run, outcome: Outcome, job_id: int | None) -> bool:
+    """End the run; with `job_id`, its job too (the run's row, then the job's: a cancel's
+    order). True if the job was finished here."""
     await runtime.writer.flush()
     async with runtime.engine.begin() as conn:
         locked = await runs_db.get_run(conn, run.id, lock=True)
         if locked is None or not locked.active or locked.attempts != run.attempts:
-            return  # ended meanwhile (a cancel after this worker was thought dead), or taken over
+            # ended meanwhile (a cancel after this worker was thought dead), or taken over
+            return False
         await runs.finish(conn, locked, outcome)
+        if job_id is not None:
+            await jobs_db.finish_job(conn, job_id, "succeeded")
+    return job_id is not None
 
 
 async def _pause(runtime: Runtime, run: Run, pause: Pause) -> None:

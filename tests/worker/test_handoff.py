@@ -157,8 +157,11 @@ async def test_a_run_held_by_a_cancel_is_left_to_the_queue_with_its_claim_undone
         )
         executed: list[Run] = []
 
-        async def execute(_runtime: Runtime, run: Run, _reason: Callable[[], str | None]) -> None:
+        async def execute(
+            _runtime: Runtime, run: Run, _reason: Callable[[], str | None], _job: int
+        ) -> bool:
             executed.append(run)
+            return False  # the job is left to the handoff to finish
 
         async with engine.connect() as holder:  # a cancel, between its two locks
             await holder.begin()
