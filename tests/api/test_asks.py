@@ -238,6 +238,10 @@ async def test_rejections_leave_the_journal_untouched(
     assert bad_policy.status_code == 422
     assert await history(api, sid) == before
     await api.post(f"/v1/runs/{running['id']}/cancel")
+    # Ended before the next test: a run cancelled before its model call may still make it,
+    # and the next test's upstream would count it (on a loaded machine it may even finish).
+    ended = await api.get(f"/v1/runs/{running['id']}", params={"wait": "true", "timeout": 60})
+    assert ended.json()["status"] in {"cancelled", "completed"}
 
 
 async def test_enqueue_runs_after_the_active_run(
