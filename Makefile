@@ -81,6 +81,7 @@ readme: $(RUN_STAMP)
 bench: $(TEST_STAMP) postgres pgbouncer
 	$(BIN)/python -m bench.journal
 	$(BIN)/python -m bench.providers
+	$(BIN)/python -m bench.ask_path
 	$(BIN)/python -m bench.streams
 	$(BIN)/python -m bench.scale_out
 	$(BIN)/python -m bench.projection prefix

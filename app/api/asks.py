@@ -8,7 +8,16 @@ from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 
 from app.api.bodies import JSONRoute
-from app.api.deps import Config, Engine, Hub, IdempotencyKey, LocalWorkers, Reader, Tenant
+from app.api.deps import (
+    Config,
+    Engine,
+    Hub,
+    IdempotencyKey,
+    LocalWorkers,
+    OwnLimits,
+    Reader,
+    Tenant,
+)
 from app.api.errors import error_responses
 from app.api.schemas import AskRequest, Run
 from app.api.sse import RUN_INSTEAD_OF_STREAM, SSE_RESPONSE, ResumeAfter, event_stream
@@ -38,6 +47,7 @@ async def ask(
     body: AskRequest,
     engine: Engine,
     tenant: Tenant,
+    limits: OwnLimits,
     settings: Config,
     hub: Hub,
     local_workers: LocalWorkers,
@@ -68,7 +78,7 @@ async def ask(
         parallel_tool_calls=body.parallel_tool_calls,
         idempotency_key=idempotency_key,
     )
-    result = await service.ask(engine, settings, tenant, str(session_id), params)
+    result = await service.ask(engine, settings, tenant, str(session_id), params, limits)
     run_id = result.run.id
     if result.created and local_workers is not None:
         local_workers.offer(run_id, result.run.job_id)

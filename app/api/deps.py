@@ -18,7 +18,7 @@ from app.core.stream_tokens import ExpiredToken, InvalidToken, StreamGrant, veri
 from app.runs.model import Run
 from app.services.errors import Forbidden
 from app.services.keys import Caller, authenticate
-from app.services.quotas import rate_limited
+from app.services.quotas import Limits, rate_limited
 from app.telemetry import logging as log_ids
 from app.worker.handoff import Handoff
 
@@ -108,6 +108,12 @@ async def get_tenant(request: Request, caller: Annotated[Caller, Depends(get_cal
     return caller.tenant_id
 
 
+async def get_own_limits(caller: Annotated[Caller, Depends(get_caller)]) -> Limits:
+    """The tenant's own limits, as the request's key lookup read them (an ask's quota check
+    needs them: not read a second time)."""
+    return caller.limits
+
+
 async def require_admin(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_admin_bearer)],
@@ -186,6 +192,7 @@ Engine = Annotated[AsyncEngine, Depends(get_engine)]
 Config = Annotated[Settings, Depends(get_settings)]
 Tenant = Annotated[str, Depends(get_tenant)]
 ReadingTenant = Annotated[str, Depends(get_reading_tenant)]
+OwnLimits = Annotated[Limits, Depends(get_own_limits)]
 Hub = Annotated[EventHub, Depends(get_hub)]
 Reader = Annotated[StreamReader, Depends(get_stream_reader)]
 LocalWorkers = Annotated[Handoff | None, Depends(get_handoff)]

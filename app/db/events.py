@@ -28,11 +28,15 @@ async def append_events(
 ) -> dict[str, int]:
     """Append (run_id, type, data) events in one INSERT; returns each run's last seq.
 
-    The only place run events are inserted, and the one seq allocator: each run's events take
+    The only place run events are inserted (but a new run's first, FIRST_EVENT), and the one
+    seq allocator: each run's events take
     the seqs after its highest one, in order, so a run's seqs are dense whoever writes them.
     With `attempts` (a worker's writes), a run's events are written only while the run is
     still at that attempt: those of a superseded attempt are dropped (its run is missing from
-    the answer). The run row is share-locked, so a takeover waits for the write or fences it."""
+    the answer). The run row is share-locked, so a takeover waits for the write or fences it.
+
+    The same statement tells every API process which runs have events up to which seq (a
+    NOTIFY, sent on commit; none when nothing was written): no round trip of its own."""
     if not events:
         return {}
     fenced = attempts is not None
@@ -42,6 +46,7 @@ async def append_events(
         order[run_id] = order.get(run_id, 0) + 1
         ords.append(order[run_id])
     query = text(
+        "WITH written AS ("
         "INSERT INTO run_events (run_id, seq, type, data)"
         " SELECT e.run_id,"
         "  COALESCE((SELECT max(x.seq) FROM run_events x WHERE x.run_id = e.run_id), 0) + e.ord,"
@@ -55,7 +60,15 @@ async def append_events(
             if fenced
             else ""
         )
-        + " RETURNING run_id, seq"
+        + " RETURNING run_id, seq),"
+        " last AS (SELECT run_id, max(seq) AS seq FROM written GROUP BY run_id),"
+        " told AS (SELECT pg_notify(:channel, CASE WHEN length(p) > :max_payload"
+        "   THEN json_build_object('all', true)::text ELSE p END)"
+        "  FROM (SELECT json_build_object('runs', json_object_agg(run_id, seq))::text AS p"
+        "   FROM last HAVING count(*) > 0) AS payload)"
+        # `told` is read (a CTE without data changes runs only as far as it is read), in an
+        # inner join: a left join to it, its output unused, would be planned away.
+        " SELECT run_id, seq, n.told FROM last, (SELECT count(*) AS told FROM told) AS n"
     )
     params = {
         "attempts": [(attempts or {}).get(e[0], 0) for e in events],
@@ -63,11 +76,30 @@ async def append_events(
         "ords": ords,
         "types": [str(e[1]) for e in events],
         "datas": [json.dumps(e[2], separators=(",", ":")) for e in events],
+        "channel": CHANNEL,
+        "max_payload": _MAX_PAYLOAD,
     }
-    last: dict[str, int] = {}
-    for run_id, seq in (await conn.execute(query, params)).all():
-        last[str(run_id)] = max(int(seq), last.get(str(run_id), 0))
-    return last
+    rows = (await conn.execute(query, params)).all()
+    return {str(run_id): int(seq) for run_id, seq, _ in rows}
+
+
+# A new run's first event (seq 1: the run is inserted by the same statement, so it has no
+# events yet), inserted and announced after the run is: with the CTE `run` (the runs row
+# inserted) before it, `first_event` and `told_first` CTEs; `told_first` must be read.
+FIRST_EVENT = (
+    "first_event AS (INSERT INTO run_events (run_id, seq, type, data)"
+    " SELECT id, 1, :event_type, CAST(:event_data AS jsonb) FROM run RETURNING run_id, seq),"
+    " told_first AS (SELECT pg_notify(:channel, json_build_object('runs',"
+    "  json_build_object(run_id, seq))::text) FROM first_event)"
+)
+
+
+def first_event_params(kind: str, data: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "event_type": kind,
+        "event_data": json.dumps(data, separators=(",", ":")),
+        "channel": CHANNEL,
+    }
 
 
 def numbered(
@@ -103,16 +135,6 @@ def as_jsonb(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [as_jsonb(v) for v in value]
     return value
-
-
-async def notify(conn: AsyncConnection, last_seqs: Mapping[str, int]) -> None:
-    """Tell every API process which runs have events up to which seq (sent on commit)."""
-    payload = json.dumps({"runs": dict(last_seqs)}, separators=(",", ":"))
-    if len(payload) > _MAX_PAYLOAD:
-        payload = '{"all":true}'
-    await conn.execute(
-        text("SELECT pg_notify(:channel, :payload)"), {"channel": CHANNEL, "payload": payload}
-    )
 
 
 async def last_seq(conn: AsyncConnection, run_id: str) -> int:

@@ -7,6 +7,7 @@ which has its own connection) makes "commit the ask and queue its run" one atomi
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -28,9 +29,8 @@ def session_lock(session_id: str, kind: str = "ask") -> str:
 
 
 async def defer_run(conn: AsyncConnection, run_id: str, session_id: str, kind: str = "ask") -> int:
-    return await _defer(
-        conn, RUN_QUEUE, RUN_TASK, {"run_id": run_id}, session_lock(session_id, kind)
-    )
+    params = run_job_params(run_id, session_id, kind)
+    return int((await conn.execute(text(f"SELECT {DEFER_ONE}"), params)).scalar_one())
 
 
 async def defer_webhook(conn: AsyncConnection, delivery_ids: list[str]) -> None:
@@ -39,15 +39,38 @@ async def defer_webhook(conn: AsyncConnection, delivery_ids: list[str]) -> None:
         await _defer(conn, WEBHOOK_QUEUE, WEBHOOK_TASK, {"delivery_id": delivery_id}, None)
 
 
+# One job deferred, as an SQL expression (its id); the parameters: job_params().
+DEFER_ONE = (
+    "(procrastinate_defer_jobs_v1(ARRAY[ROW(:queue, :task, 0, :lock, NULL,"
+    " CAST(:args AS jsonb), NULL)::procrastinate_job_to_defer_v1]))[1]"
+)
+
+
+def job_params(queue: str, task: str, args: dict[str, str], lock: str | None) -> dict[str, Any]:
+    return {"queue": queue, "task": task, "lock": lock, "args": json.dumps(args)}
+
+
+def run_job_params(run_id: str, session_id: str, kind: str = "ask") -> dict[str, Any]:
+    """DEFER_ONE's parameters for a run's job (for a statement that defers it with more)."""
+    return job_params(RUN_QUEUE, RUN_TASK, {"run_id": run_id}, session_lock(session_id, kind))
+
+
 async def _defer(
     conn: AsyncConnection, queue: str, task: str, args: dict[str, str], lock: str | None
 ) -> int:
-    query = text(
-        "SELECT (procrastinate_defer_jobs_v1(ARRAY[ROW(:queue, :task, 0, :lock, NULL,"
-        " CAST(:args AS jsonb), NULL)::procrastinate_job_to_defer_v1]))[1]"
+    params = job_params(queue, task, args, lock)
+    return int((await conn.execute(text(f"SELECT {DEFER_ONE}"), params)).scalar_one())
+
+
+async def finish_job(conn: AsyncConnection, job_id: int, status: str) -> None:
+    """End a job a worker of this process holds (doing): succeeded, failed..."""
+    await conn.execute(
+        text(
+            "SELECT procrastinate_finish_job_v1(:job_id,"
+            " CAST(:status AS procrastinate_job_status), false)"
+        ),
+        {"job_id": job_id, "status": status},
     )
-    params = {"queue": queue, "task": task, "lock": lock, "args": json.dumps(args)}
-    return int((await conn.execute(query, params)).scalar_one())
 
 
 async def delete_jobs_of_runs(conn: AsyncConnection, run_ids: list[str]) -> None:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select, text, update
+from sqlalchemy import Integer, column, func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.db import events as events_db
+from app.db import jobs as jobs_db
 from app.db.sessions import LIVE
 from app.db.tables import runs, sessions
 from app.runs.model import ACTIVE, Run, RunStatus
@@ -15,22 +18,68 @@ from app.runs.model import ACTIVE, Run, RunStatus
 _ACTIVE = [s.value for s in ACTIVE]
 
 
-async def insert_run(conn: AsyncConnection, **values: Any) -> Run:
-    query = runs.insert().values(**values).returning(runs)
-    return Run.from_row((await conn.execute(query)).mappings().one())
+# The runs table's columns in its Table's order (the database's may differ: added columns).
+_RUN_COLUMNS = ", ".join(f"run.{c.name}" for c in runs.c)
+
+
+async def insert_queued_run(
+    conn: AsyncConnection,
+    first_event: tuple[str, dict[str, Any]],
+    *,
+    id: str,
+    tenant_id: str,
+    session_id: str,
+    kind: str,
+    model: str,
+    params: dict[str, Any],
+    idempotency_key: str | None,
+    user_entry_seq: int | None,
+) -> Run:
+    """One statement (one round trip): the run's job deferred, the run inserted with its
+    job_id, and its first event (run.created) appended and announced. No worker sees the job
+    before the caller's transaction commits, the run with it."""
+    query = text(
+        f"WITH job AS (SELECT {jobs_db.DEFER_ONE} AS id),"
+        " run AS (INSERT INTO runs (id, tenant_id, session_id, kind, model, params,"
+        "  idempotency_key, user_entry_seq, job_id)"
+        "  SELECT CAST(:id AS uuid), CAST(:tenant_id AS uuid), CAST(:session_id AS uuid),"
+        "  :kind, :model, CAST(:params AS jsonb), :idempotency_key,"
+        "  CAST(:user_entry_seq AS bigint), job.id FROM job RETURNING *),"
+        f" {events_db.FIRST_EVENT}"
+        f" SELECT {_RUN_COLUMNS}, (SELECT count(*) FROM told_first) AS told FROM run"
+    ).columns(*runs.c, column("told", Integer))  # typed by position
+    values = {
+        "id": id,
+        "tenant_id": tenant_id,
+        "session_id": session_id,
+        "kind": kind,
+        "model": model,
+        "params": json.dumps(params),
+        "idempotency_key": idempotency_key,
+        "user_entry_seq": user_entry_seq,
+    }
+    values |= jobs_db.run_job_params(id, session_id, kind)
+    values |= events_db.first_event_params(*first_event)
+    return Run.from_row((await conn.execute(query, values)).mappings().one())
 
 
 async def get_run(
-    conn: AsyncConnection, run_id: str, *, tenant_id: str | None = None, lock: bool = False
+    conn: AsyncConnection,
+    run_id: str,
+    *,
+    tenant_id: str | None = None,
+    lock: bool = False,
+    skip_locked: bool = False,
 ) -> Run | None:
     """A run by id; with `tenant_id` (a client asking), only if it belongs to that tenant and
-    its session has not expired."""
+    its session has not expired. `skip_locked` (with `lock`): None rather than wait for a
+    transaction that has it locked."""
     query = select(runs).where(runs.c.id == run_id)
     if tenant_id is not None:
         live = select(sessions.c.id).where(sessions.c.id == runs.c.session_id, LIVE).exists()
         query = query.where(runs.c.tenant_id == tenant_id, live)
     if lock:
-        query = query.with_for_update()
+        query = query.with_for_update(skip_locked=skip_locked)
     return _run((await conn.execute(query)).mappings().one_or_none())
 
 

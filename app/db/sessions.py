@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
@@ -166,8 +167,10 @@ async def advance_rev(
     tokens: int,
     expected_rev: int | None,
     include_expired: bool = False,
+    values: Mapping[str, Any] | None = None,
 ) -> int | None:
     """Reserve `count` seqs by moving rev forward; the row lock serializes appenders.
+    `values`: more of the session's columns to set in the same statement (its status...).
 
     Returns the new rev, or None when the session's rev is not `expected_rev` (or the tenant has
     no such session). The lock is held until the transaction ends, so the seqs stay dense.
@@ -181,6 +184,7 @@ async def advance_rev(
         rev=sessions.c.rev + count,
         token_total=sessions.c.token_total + tokens,
         updated_at=func.now(),
+        **(values or {}),
     ).returning(sessions.c.rev)
     rev: int | None = (await conn.execute(query)).scalar()
     return rev

@@ -123,16 +123,19 @@ async def tenant_for_key_hash(conn: AsyncConnection, key_hash: str) -> str | Non
     return str(tenant_id) if tenant_id is not None else None
 
 
-# The key lookup of every request, in one statement: the live key's tenant and scope, its
-# last use (written at most once a minute), and, where the tenant has a requests-per-minute
-# limit, the request counted in the tenant's current minute. Windows only move forward: a
+# The key lookup of every request, in one statement: the live key's tenant and scope, the
+# tenant's own limits (NULL: the server's default; an ask's quota check uses them), its last
+# use (written at most once a minute), and, where the tenant has a requests-per-minute limit,
+# the request counted in the tenant's current minute. Windows only move forward: a
 # statement that started just before a minute's end but reaches the row after a newer one has
 # counted into the newer window.
 AUTHENTICATE = text(
     """
     WITH key AS (
         SELECT k.id, k.tenant_id, k.read_only,
-               coalesce(l.requests_per_minute, CAST(:default_rpm AS bigint)) AS rpm
+               coalesce(l.requests_per_minute, CAST(:default_rpm AS bigint)) AS rpm,
+               l.requests_per_minute, l.concurrent_runs, l.input_tokens_per_day,
+               l.output_tokens_per_day, l.max_sessions
         FROM api_keys k LEFT JOIN tenant_limits l ON l.tenant_id = k.tenant_id
         WHERE k.key_hash = :key_hash AND (k.revoked_at IS NULL OR k.revoked_at > now())
     ), touched AS (
@@ -148,6 +151,8 @@ AUTHENTICATE = text(
         RETURNING count, window_start
     )
     SELECT key.tenant_id, key.read_only, key.rpm, counted.count, counted.window_start,
+           key.requests_per_minute, key.concurrent_runs, key.input_tokens_per_day,
+           key.output_tokens_per_day, key.max_sessions,
            greatest(1, ceil(extract(epoch FROM counted.window_start + interval '1 minute'
                                               - clock_timestamp())))::int AS retry_after
     FROM key LEFT JOIN counted ON true

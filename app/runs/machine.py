@@ -13,7 +13,7 @@ from enum import StrEnum
 from typing import Any
 
 from app.runs.events import TERMINAL_BY_STATUS, EventType
-from app.runs.model import Outcome, Run, RunStatus
+from app.runs.model import Outcome, Run, RunKind, RunStatus
 
 Event = tuple[EventType, dict[str, Any]]  # (type, payload): app/runs/events.py has each
 
@@ -68,18 +68,23 @@ class Step:
 
 def created(run: Run) -> list[Event]:
     """What announces a new run (queued)."""
-    return [
-        (
-            EventType.RUN_CREATED,
-            {
-                "run_id": run.id,
-                "session_id": run.session_id,
-                "kind": run.kind.value,
-                "user_entry_seq": run.user_entry_seq,
-                "model": run.model,
-            },
-        )
-    ]
+    return [created_event(run.id, run.session_id, run.kind, run.user_entry_seq, run.model)]
+
+
+def created_event(
+    run_id: str, session_id: str, kind: RunKind, user_entry_seq: int | None, model: str
+) -> Event:
+    """`run.created`, from what a run is created with (before its row exists)."""
+    return (
+        EventType.RUN_CREATED,
+        {
+            "run_id": run_id,
+            "session_id": session_id,
+            "kind": kind.value,
+            "user_entry_seq": user_entry_seq,
+            "model": model,
+        },
+    )
 
 
 def start(run: Run) -> Step:

@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.db import events as events_db
+from app.db.engine import autocommit
 from app.runs.events import EventType
 from app.runs.machine import Event
 
@@ -26,8 +27,6 @@ async def append(conn: AsyncConnection, run_id: str, events: Sequence[Event]) ->
     """Append a run's events in the caller's transaction, announced when it commits; returns
     the run's last seq (0 when there were none)."""
     last = await events_db.append_events(conn, [(run_id, kind, data) for kind, data in events])
-    if last:
-        await events_db.notify(conn, last)
     return last.get(run_id, 0)
 
 
@@ -90,9 +89,10 @@ class EventWriter:
             rows = [(run, kind, data) for run, events in batch.items() for kind, data in events]
             attempts = {run: self._attempts.get(run, 0) for run in batch}
             try:
-                async with self._engine.begin() as conn:
+                # One statement (the rows and their NOTIFY): its own transaction.
+                async with autocommit(self._engine) as conn:
                     last = await events_db.append_events(conn, rows, attempts)
-                    await events_db.notify(conn, last)
+                    await conn.commit()  # behind a transaction pooler, autocommit is not set
             except Exception:
                 # Put them back in front: the next tick tries again, in the same order.
                 for run, events in batch.items():

@@ -71,8 +71,15 @@ def run_not_found(run_id: str) -> NotFound:
 
 @metrics.counted_ask
 async def ask(
-    engine: AsyncEngine, settings: Settings, tenant_id: str, session_id: str, params: AskParams
+    engine: AsyncEngine,
+    settings: Settings,
+    tenant_id: str,
+    session_id: str,
+    params: AskParams,
+    own_limits: quotas.Limits | None = None,
 ) -> AskResult:
+    """`own_limits`: the tenant's own limits when the caller read them already (with the
+    request's key); else the quota check reads them."""
     if params.idempotency_key:
         key = params.idempotency_key
         earlier = await run_by_idempotency_key(engine, tenant_id, session_id, key)
@@ -101,12 +108,16 @@ async def ask(
         raise Invalid("invalid_tool_choice", unserved, details)
     if params.multitask_strategy == "rollback":
         # Before stopping anything: a refused ask leaves the running run alone.
-        await check_quotas(engine, settings, tenant_id, replacing_runs_of=session_id)
+        await check_quotas(
+            engine, settings, tenant_id, replacing_runs_of=session_id, own_limits=own_limits
+        )
         await _stop_active_runs(engine, tenant_id, session_id, "rollback")
     try:
         async with engine.begin() as conn:
             return AskResult(
-                await _commit(conn, settings, tenant_id, session_id, params, checked.model),
+                await _commit(
+                    conn, settings, tenant_id, session_id, params, checked.model, own_limits
+                ),
                 True,
             )
     except IntegrityError as exc:
@@ -119,7 +130,11 @@ async def ask(
 
 
 async def check_quotas(
-    engine: AsyncEngine, settings: Settings, tenant_id: str, replacing_runs_of: str | None = None
+    engine: AsyncEngine,
+    settings: Settings,
+    tenant_id: str,
+    replacing_runs_of: str | None = None,
+    own_limits: quotas.Limits | None = None,
 ) -> None:
     """Whether the tenant's quotas allow an ask now (429 if not), for a caller with other work
     to do before the ask (a rollback): the ask's commit checks again. `replacing_runs_of`: a
@@ -130,7 +145,7 @@ async def check_quotas(
             if replacing_runs_of is not None
             else 0
         )
-        await quotas.check_ask(conn, settings, tenant_id, replacing=replacing)
+        await quotas.check_ask(conn, settings, tenant_id, replacing=replacing, own=own_limits)
 
 
 async def _commit(
@@ -140,6 +155,7 @@ async def _commit(
     session_id: str,
     params: AskParams,
     model: str,
+    own_limits: quotas.Limits | None,
 ) -> Run:
     """The user entry, run_start, the run, run.created and the job: one transaction."""
     session = await sessions_db.get_session(conn, tenant_id, session_id, lock=True)
@@ -168,7 +184,7 @@ async def _commit(
             stopping += (await runs.request_cancel(conn, run, "interrupt")).active
     # Last before writing: it locks the tenant's row (when runs at once are limited) until the
     # commit, so concurrent asks of the tenant count each other's runs.
-    await quotas.check_ask(conn, settings, tenant_id, replacing=stopping)
+    await quotas.check_ask(conn, settings, tenant_id, replacing=stopping, own=own_limits)
     run_id = str(uuid.uuid4())
     refs = {"run_id": run_id}
     before = [
@@ -200,6 +216,7 @@ async def _commit(
             ),
         ],
         fresh_ids=True,  # derived from run_id, a new uuid4: nothing to replay
+        session_values={"status": "active"},  # the run's
     )
     user_seq = int(appended.entries[len(before)]["seq"])
     run_params = RunParams(
@@ -224,6 +241,7 @@ async def _commit(
         params=run_params,
         idempotency_key=params.idempotency_key,
         user_entry_seq=user_seq,
+        session_marked_active=True,
     )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -88,6 +88,7 @@ async def append_in(
     new_entries: Sequence[NewEntry],
     *,
     fresh_ids: bool = False,
+    session_values: Mapping[str, Any] | None = None,
 ) -> AppendResult:
     """Append inside the caller's transaction (a use case writing entries with other rows: it
     checked the session, or a run under way writes, which a session's expiry does not stop).
@@ -95,11 +96,19 @@ async def append_in(
     Entries with ids already in the thread make it a replay, as for append_entries. With
     `fresh_ids`, the caller vouches that no id can be stored yet (derived from an id it has just
     made up): the replay lookup, two statements, is skipped. The unique index still refuses a
-    duplicate.
+    duplicate. `session_values`: more of the session's columns (its status, its totals), set
+    with its rev (no statement of their own; not on a replay, which writes nothing).
     """
     rows = _prepare(new_entries)
     return await _append_rows(
-        conn, tenant_id, session_id, rows, None, fresh_ids=fresh_ids, include_expired=True
+        conn,
+        tenant_id,
+        session_id,
+        rows,
+        None,
+        fresh_ids=fresh_ids,
+        include_expired=True,
+        session_values=session_values,
     )
 
 
@@ -113,6 +122,7 @@ async def _append_rows(
     *,
     fresh_ids: bool = False,
     include_expired: bool,
+    session_values: Mapping[str, Any] | None = None,
 ) -> AppendResult:
     client_ids = [r["id"] for r in rows if r["client_id"]]
     if client_ids and not fresh_ids:
@@ -122,7 +132,14 @@ async def _append_rows(
     # Without client ids the common path is this one statement: reserve the seqs.
     tokens = sum(r["token_count"] for r in rows)
     rev = await sessions_db.advance_rev(
-        conn, tenant_id, session_id, len(rows), tokens, expected_rev, include_expired
+        conn,
+        tenant_id,
+        session_id,
+        len(rows),
+        tokens,
+        expected_rev,
+        include_expired,
+        session_values,
     )
     if rev is None:
         current = await sessions_db.current_rev(conn, tenant_id, session_id, include_expired)

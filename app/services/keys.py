@@ -16,9 +16,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db import tenants as tenants_db
 from app.db.engine import autocommit
+from app.db.tables import LIMIT_COLUMNS
 from app.services.errors import Invalid, NotFound
 from app.services.ids import is_uuid
-from app.services.quotas import tenant_named
+from app.services.quotas import Limits, tenant_named
 
 KEY_PREFIX = "tl_"
 # Characters of a key shown in listings to tell keys apart (the prefix and 9 random ones).
@@ -156,6 +157,7 @@ class Caller:
     rpm_count: int | None
     window_start: datetime | None
     retry_after: int | None
+    limits: Limits  # the tenant's own (None: the server's default), as read with the key
 
     @property
     def over_rate(self) -> bool:
@@ -175,6 +177,7 @@ async def authenticate(engine: AsyncEngine, key: str, default_rpm: int | None) -
         rpm_count=row["count"],
         window_start=row["window_start"],
         retry_after=row["retry_after"],
+        limits=Limits(**{c: row[c] for c in LIMIT_COLUMNS}),
     )
 
 

@@ -118,6 +118,25 @@ async def project_for_run(engine: AsyncEngine, settings: Settings, run: Run) -> 
     )
 
 
+async def project_run_in(
+    conn: AsyncConnection, settings: Settings, session: RowMapping, run: Run
+) -> SessionProjection:
+    """project_for_run in the caller's snapshot (read_snapshot), from the session row it read
+    there: a worker starting a run reads the session once for its own needs and this."""
+    ask = run.kind is RunKind.ASK
+    projected, _ = await _project(
+        conn,
+        settings,
+        session,
+        (),
+        run.params.context_policy if ask else None,
+        run.model if ask else None,
+        run.id if ask else None,
+        run.params.tools if ask else [],
+    )
+    return projected
+
+
 async def session_context(
     engine: AsyncEngine, settings: Settings, tenant_id: str, session_id: str
 ) -> SessionContext:

@@ -63,11 +63,15 @@ async def limits_in(
     """The tenant's own limits, and the effective ones (the defaults filled in)."""
     row = await tenants_db.get_limits(conn, tenant_id)
     own = Limits(**{c: row[c] for c in LIMIT_COLUMNS}) if row is not None else Limits()
+    return own, effective_limits(settings, own)
+
+
+def effective_limits(settings: Settings, own: Limits) -> Limits:
+    """The limits that apply: the tenant's own, the server's defaults for those it has not set."""
     fallback = defaults(settings)
-    effective = Limits(
+    return Limits(
         **{c: v if v is not None else getattr(fallback, c) for c, v in asdict(own).items()}
     )
-    return own, effective
 
 
 async def tenant_named(conn: AsyncConnection, name: str) -> RowMapping:
@@ -107,12 +111,22 @@ def _tomorrow(now: datetime) -> datetime:
 
 
 async def check_ask(
-    conn: AsyncConnection, settings: Settings, tenant_id: str, *, replacing: int = 0
+    conn: AsyncConnection,
+    settings: Settings,
+    tenant_id: str,
+    *,
+    replacing: int = 0,
+    own: Limits | None = None,
 ) -> None:
     """Refuse (429) an ask the tenant's limits do not allow now; inside the ask's transaction,
     before anything is written. `replacing`: active runs this ask has just interrupted (they
-    are ending, and do not count against it)."""
-    _, limits = await limits_in(conn, settings, tenant_id)
+    are ending, and do not count against it). `own`: the tenant's own limits when the caller
+    has them already (the request's key lookup read them: not read again)."""
+    limits = (
+        effective_limits(settings, own)
+        if own is not None
+        else (await limits_in(conn, settings, tenant_id))[1]
+    )
     if limits.input_tokens_per_day is not None or limits.output_tokens_per_day is not None:
         used_in, used_out = await tenants_db.tokens_today(conn, tenant_id)
         now = datetime.now(UTC)

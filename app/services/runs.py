@@ -3,8 +3,9 @@ row, the journal entries the transition commits, the session's status and totals
 events it emits, together or not at all.
 
 Used by the services (an ask, a cancel, tool outputs) and by the worker (start, wait for
-tools, end). Entry ids derive from the run id, so ending twice (a worker that died after
-committing) writes nothing twice.
+tools, end). Entry ids derive from the run id; a run is ended only while it is active, under
+its row's lock, so a worker that died after committing its end never writes it twice (the
+unique index of entry ids backs that up).
 """
 
 from __future__ import annotations
@@ -42,15 +43,15 @@ async def create(
     params: RunParams,
     idempotency_key: str | None,
     user_entry_seq: int | None = None,
+    session_marked_active: bool = False,
 ) -> Run:
     """Insert a queued run, announce it with `run.created` and defer its job: the run and its
-    job are committed together or not at all."""
-    # The job first, so the run is inserted with its job_id (no UPDATE after): no worker sees
-    # the job before this transaction commits, the run with it.
-    job_id = await jobs_db.defer_run(conn, id, session_id, kind.value)
+    job are committed together or not at all. `session_marked_active`: the caller has set the
+    session's status (with its append), else it is set here."""
     params = carried.into(params, run_id=id, tenant_id=tenant_id, session_id=session_id)
-    run = await runs_db.insert_run(
+    run = await runs_db.insert_queued_run(
         conn,
+        machine.created_event(id, session_id, kind, user_entry_seq, model),
         id=id,
         tenant_id=tenant_id,
         session_id=session_id,
@@ -59,15 +60,14 @@ async def create(
         params=params.ask_json() if kind is RunKind.ASK else params.compaction_json(),
         idempotency_key=idempotency_key,
         user_entry_seq=user_entry_seq,
-        job_id=job_id,
     )
-    await writer.append(conn, run.id, machine.created(run))
     metrics.run_created(kind.value)
-    await conn.execute(
-        update(sessions)
-        .where(sessions.c.id == session_id)
-        .values(status="active", updated_at=func.now())
-    )
+    if not session_marked_active:
+        await conn.execute(
+            update(sessions)
+            .where(sessions.c.id == session_id)
+            .values(status="active", updated_at=func.now())
+        )
     return run
 
 
@@ -155,7 +155,8 @@ async def request_cancel(conn: AsyncConnection, run: Run, mode: CancelMode) -> R
 async def finish(conn: AsyncConnection, run: Run, outcome: Outcome) -> Run:
     """Commit the end of `run` (locked by the caller, still active): its answer (partial ones
     marked incomplete), usage and run_end entries, a rollback if one was asked for, its row,
-    the session's status and totals, and its last events."""
+    the session's status and totals, and its last events. Ending a run twice is refused by
+    the caller's check that it is active: its end entries are written only here."""
     outcome = machine.settled(run, outcome)
     model = outcome.model or run.model
     entries: list[NewEntry] = []
@@ -199,7 +200,30 @@ async def finish(conn: AsyncConnection, run: Run, outcome: Outcome) -> Run:
     if outcome.error:
         end["error"] = outcome.error
     entries.append(NewEntry(EntryKind.RUN_END, end, {"run_id": run.id}, entry_id(run.id, "end")))
-    appended = await append_in(conn, run.tenant_id, run.session_id, entries)
+    # The session's status and totals, set with the append's rev (one statement).
+    still_active = [r for r in await runs_db.active_runs(conn, run.session_id) if r.id != run.id]
+    session_values: dict[str, Any] = {}
+    if not still_active:
+        session_values["status"] = "idle"
+    if usage is not None:
+        session_values |= {
+            "input_tokens": sessions.c.input_tokens + usage.input_tokens,
+            "output_tokens": sessions.c.output_tokens + usage.output_tokens,
+            "cached_tokens": sessions.c.cached_tokens + usage.cached_tokens,
+            "cache_write_tokens": sessions.c.cache_write_tokens + usage.cache_write_tokens,
+            "cost_usd": sessions.c.cost_usd + (cost or 0),
+        }
+    # Fresh ids: they derive from the run, and only this transition writes them, in the
+    # transaction that ends the run; the run is active (locked by the caller), so none is
+    # stored yet (the unique index would refuse one all the same).
+    appended = await append_in(
+        conn,
+        run.tenant_id,
+        run.session_id,
+        entries,
+        fresh_ids=True,
+        session_values=session_values,
+    )
     committed = list(appended.entries)
     end_seq = int(committed[-1]["seq"])
     if run.cancel_mode == "rollback" and run.user_entry_seq is not None:
@@ -244,22 +268,7 @@ async def finish(conn: AsyncConnection, run: Run, outcome: Outcome) -> Run:
             "end_entry_seq": end_seq,
         },
     )
-    still_active = [r for r in await runs_db.active_runs(conn, run.session_id) if r.id != run.id]
-    session_values: dict[str, Any] = {"updated_at": func.now()}
-    if not still_active:
-        session_values["status"] = "idle"
-    if usage is not None and not appended.replayed:
-        session_values |= {
-            "input_tokens": sessions.c.input_tokens + usage.input_tokens,
-            "output_tokens": sessions.c.output_tokens + usage.output_tokens,
-            "cached_tokens": sessions.c.cached_tokens + usage.cached_tokens,
-            "cache_write_tokens": sessions.c.cache_write_tokens + usage.cache_write_tokens,
-            "cost_usd": sessions.c.cost_usd + (cost or 0),
-        }
-    await conn.execute(
-        update(sessions).where(sessions.c.id == run.session_id).values(**session_values)
-    )
-    if usage is not None and not appended.replayed:
+    if usage is not None:
         # The tenant's daily usage (quotas, reports): it outlives the session.
         await tenants_db.add_usage(
             conn,
@@ -272,9 +281,6 @@ async def finish(conn: AsyncConnection, run: Run, outcome: Outcome) -> Run:
             cost_usd=cost,
         )
     await writer.append(conn, run.id, step.events)
-    if not appended.replayed:  # a replayed end was counted when it was first committed
-        metrics.run_ended(
-            run.kind, step.status, ended.created_at, ended.ended_at, model, usage, cost
-        )
+    metrics.run_ended(run.kind, step.status, ended.created_at, ended.ended_at, model, usage, cost)
     await webhooks.queue_run_event(conn, ended, f"run.{ended.status.value}")
     return ended

@@ -183,7 +183,7 @@ def run_ended(
     usage: UsageReport | None,
     cost: Decimal | None,
 ) -> None:
-    """A run's end, once (the caller skips a replayed end): its status, duration, tokens, cost."""
+    """A run's end (once: a run ends once): its status, duration, tokens, cost."""
     if not _enabled:
         return
     RUNS_ENDED.labels(kind, status).inc()

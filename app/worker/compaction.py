@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -161,11 +161,16 @@ def _pending(pending: PendingCompaction, waited: float) -> dict[str, Any]:
     }
 
 
-async def await_compaction_jobs(runtime: Runtime, run: Run, config: Mapping[str, Any]) -> bool:
+async def await_compaction_jobs(
+    runtime: Runtime, run: Run, config: Mapping[str, Any], active: Sequence[Run] | None = None
+) -> bool:
     """Before an ask's first model call: wait for the compaction jobs queued before it (they
     run beside asks, on a lock of their own) at most the policy's compaction_wait_seconds.
     True when one is still running: the ask then windows (and starts no compaction of its own),
-    and emits `context.compaction_pending`."""
+    and emits `context.compaction_pending`. `active`: the session's unfinished compactions,
+    when the caller has just read them (else read here first)."""
+    if active is not None and not [r for r in active if r.created_at < run.created_at]:
+        return False  # none queued before it: nothing to wait for, no policy to resolve
     try:
         policy = resolve_policy(
             context_window(run.model),
@@ -178,9 +183,11 @@ async def await_compaction_jobs(runtime: Runtime, run: Run, config: Mapping[str,
     loop = asyncio.get_running_loop()
     deadline = loop.time() + policy.compaction_wait_seconds
     while True:
-        async with autocommit(runtime.engine) as conn:
-            active = await runs_db.active_runs(conn, run.session_id, kind="compaction")
+        if active is None:
+            async with autocommit(runtime.engine) as conn:
+                active = await runs_db.active_runs(conn, run.session_id, kind="compaction")
         earlier = [r for r in active if r.created_at < run.created_at]
+        active = None  # looked at: the next look reads them again
         if not earlier:
             return False
         if loop.time() >= deadline:

@@ -5,9 +5,13 @@ procrastinate's worker to hear of its job and fetch it (one job at a time): the 
 over here. Its procrastinate job stays the durable record and the crash backup. Exactly one
 worker runs it: the handoff claims the job itself, as procrastinate's fetch does (todo -> doing
 under this process's worker id, only if no job of the same session lock is running or queued
-before it), and a job that procrastinate's worker took first is left to it. A claimed run is
-then executed and fenced like any other (its lease, its attempt); if this process dies, the
-lease goes with it and another worker resumes the run from the journal (app/worker/pool.py).
+before it), and a job that procrastinate's worker took first is left to it. The claim and the
+run's start are one transaction. It takes the job's row first (so that it claims as soon as
+procrastinate's worker would), then the run's without waiting: a cancel locks the run's row,
+then waits for the job's, so a run found locked is left to the queue (the claim rolled back)
+rather than risk a deadlock. A started run is then executed and fenced like any other (its
+lease, its attempt); if this process dies, the lease goes with it and another worker resumes
+the run from the journal (app/worker/pool.py).
 """
 
 from __future__ import annotations
@@ -18,8 +22,12 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.db import jobs as jobs_db
+from app.db import runs as runs_db
 from app.db.outage import retrying
+from app.runs.model import Run
 from app.worker.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -43,10 +51,15 @@ _ABORTS = text(
     "SELECT id FROM procrastinate_jobs"
     " WHERE id = ANY(CAST(:ids AS bigint[])) AND status = 'doing' AND abort_requested"
 )
-_FINISH = text(
-    "SELECT procrastinate_finish_job_v1(:job_id, CAST(:status AS procrastinate_job_status), false)"
-)
-Execute = Callable[[Runtime, str, Callable[[], str | None]], Awaitable[None]]
+# What the handoff calls (app/worker/run.py): start a run whose row is locked, in the
+# transaction that claims its job; execute the started run, finishing its job (given) with
+# the run's end if it can (True if it did).
+Start = Callable[[AsyncConnection, Runtime, Run | None], Awaitable[Run | None]]
+Execute = Callable[[Runtime, Run, Callable[[], str | None], int], Awaitable[bool]]
+
+
+class _LeftToQueue(Exception):
+    """The handoff's claim is rolled back: the queue's worker takes the job as usual."""
 
 
 class Handoff:
@@ -58,11 +71,13 @@ class Handoff:
         runtime: Runtime,
         worker_ids: list[int],
         limit: int,
+        start: Start,
         execute: Execute,
     ) -> None:
         self._runtime = runtime
         self._worker_ids = worker_ids  # procrastinate's registrations of this process
         self._limit = limit
+        self._start = start
         self._execute = execute
         self._running: dict[int, asyncio.Task[None]] = {}  # by job id
         self._aborted: set[int] = set()
@@ -84,16 +99,26 @@ class Handoff:
             async with self._runtime.engine.begin() as conn:
                 worker_id = self._worker_ids[-1]
                 claim = await conn.execute(_CLAIM, {"job_id": job_id, "worker_id": worker_id})
-                claimed = claim.scalar()
+                if claim.scalar() is None:
+                    # the queue's worker took it, or its session has another job first
+                    return
+                run = await runs_db.get_run(conn, run_id, lock=True, skip_locked=True)
+                if run is None:  # being cancelled (or gone): the claim is undone
+                    raise _LeftToQueue
+                started = await self._start(conn, self._runtime, run)
+        except _LeftToQueue:
+            return
         except Exception:
             log.warning("handing run %s over failed; the queue runs it", run_id, exc_info=True)
             return
-        if claimed is None:
-            return  # the queue's worker took it, or its session has another job first
         self.claimed += 1
         status = "failed"
+        finished = False  # the job, with the run's end
         try:
-            await self._execute(self._runtime, run_id, lambda: self._reason(job_id))
+            if started is not None:  # else: over already, or cancelled before it started
+                finished = await self._execute(
+                    self._runtime, started, lambda: self._reason(job_id), job_id
+                )
             status = "succeeded"
         except asyncio.CancelledError:
             # Shutting down: the job ends failed, so another worker resumes the run
@@ -104,12 +129,13 @@ class Handoff:
             log.exception("run %s failed in its handoff", run_id)
         finally:
             self._aborted.discard(job_id)
-            await asyncio.shield(self._finish(job_id, status))
+            if not finished:
+                await asyncio.shield(self._finish(job_id, status))
 
     async def _finish(self, job_id: int, status: str) -> None:
         async def finish() -> None:
             async with self._runtime.engine.begin() as conn:
-                await conn.execute(_FINISH, {"job_id": job_id, "status": status})
+                await jobs_db.finish_job(conn, job_id, status)
 
         try:
             await retrying(finish)

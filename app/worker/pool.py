@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -30,7 +29,6 @@ from app.db.jobs import (
 )
 from app.llm.router import Router
 from app.llm.tokenizers import stored_counter
-from app.runs.model import RunKind
 from app.runs.writer import Committed, EventWriter
 from app.services import retention, runs
 from app.services.asks import expire_waiting_runs
@@ -38,7 +36,7 @@ from app.tools.webhook import aclose_shared_client
 from app.worker import runtime as runtimes
 from app.worker.handoff import Handoff
 from app.worker.lease import WorkerLease
-from app.worker.run import execute_run
+from app.worker.run import execute_run, execute_started, start_locked
 from app.worker.webhooks import deliver
 
 log = logging.getLogger(__name__)
@@ -135,9 +133,7 @@ async def worker_pool(
     app = queue_app(settings, runtime, concurrency)
     registered = _remember_registrations(app)
     # Only asks are handed over (app/api/asks.py): their runs need no compaction check.
-    handoff = Handoff(
-        runtime, registered, concurrency, functools.partial(execute_run, kind=RunKind.ASK)
-    )
+    handoff = Handoff(runtime, registered, concurrency, start_locked, execute_started)
     async with app.open_async():
         background = [
             asyncio.create_task(writer.run(), name="event-writer"),

@@ -15,11 +15,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core import tool_choice as tool_choices
 from app.core.entries import EntryKind, FinishReason
 from app.core.messages import result_text
-from app.core.projection import ProjectionMeta
+from app.core.projection import JournalEntry, ProjectionMeta
 from app.core.run_policy import RunPolicy
 from app.core.tool_loop import (
     AssembledCall,
@@ -30,10 +31,11 @@ from app.core.tool_loop import (
     next_step,
     thread_call_id,
 )
+from app.db import jobs as jobs_db
 from app.db import journal as journal_db
 from app.db import runs as runs_db
 from app.db import sessions as sessions_db
-from app.db.engine import autocommit
+from app.db.engine import autocommit, read_snapshot
 from app.db.outage import database_unavailable, retrying
 from app.llm.base import (
     Finish,
@@ -51,7 +53,12 @@ from app.runs.model import Outcome, Run, RunKind, entry_id
 from app.services import runs
 from app.services.errors import ServiceError
 from app.services.journal import NewEntry, append_in
-from app.services.projection import SessionProjection, offered_tools, project_for_run
+from app.services.projection import (
+    SessionProjection,
+    offered_tools,
+    project_for_run,
+    project_run_in,
+)
 from app.telemetry import carried, metrics
 from app.tools.registry import ToolContext, ToolOutcome, execute
 from app.worker.compaction import (
@@ -107,14 +114,23 @@ async def execute_run(
         if abort_reason() != "user_request":
             raise  # else: _claim ends the run cancelled
     claimed = await _claim(runtime, run_id)
-    if claimed is None:
-        return
-    run = claimed
+    if claimed is not None:
+        await execute_started(runtime, claimed, abort_reason)
+
+
+async def execute_started(
+    runtime: Runtime, run: Run, abort_reason: Callable[[], str | None], job_id: int | None = None
+) -> bool:
+    """Execute a run whose attempt this worker has started (start_locked). With `job_id` (the
+    run's job, which the caller holds), the job is finished (succeeded) in the transaction
+    that ends the run; True if it was."""
     with carried.run_scope(run):
-        await _execute(runtime, run, abort_reason)
+        return await _execute(runtime, run, abort_reason, job_id)
 
 
-async def _execute(runtime: Runtime, run: Run, abort_reason: Callable[[], str | None]) -> None:
+async def _execute(
+    runtime: Runtime, run: Run, abort_reason: Callable[[], str | None], job_id: int | None = None
+) -> bool:
     run_id, writer = run.id, runtime.writer
     writer.open(run_id, run.attempts)
     log.info("run %s: attempt %d started", run_id, run.attempts)
@@ -135,7 +151,7 @@ async def _execute(runtime: Runtime, run: Run, abort_reason: Callable[[], str | 
             )
         except Superseded:
             log.warning("run %s: taken over by another worker; this attempt stops", run_id)
-            return
+            return False
         except asyncio.CancelledError:
             if abort_reason() != "user_request":
                 raise
@@ -147,9 +163,10 @@ async def _execute(runtime: Runtime, run: Run, abort_reason: Callable[[], str | 
         # Its end is written whatever happens to the database meanwhile: retried until it is back.
         if isinstance(outcome, Pause):
             await retrying(lambda: _pause(runtime, run, outcome))
-        else:
-            await retrying(lambda: _finish(runtime, run, outcome))
-            log.info("run %s: %s", run_id, outcome.status)
+            return False
+        ended = await retrying(lambda: _finish(runtime, run, outcome, job_id))
+        log.info("run %s: %s", run_id, outcome.status)
+        return ended
     finally:
         writer.close(run_id)
 
@@ -190,13 +207,19 @@ def _check_fence(runtime: Runtime, run_id: str) -> None:
         raise Superseded(run_id)
 
 
-async def _finish(runtime: Runtime, run: Run, outcome: Outcome) -> None:
+async def _finish(runtime: Runtime, run: Run, outcome: Outcome, job_id: int | None) -> bool:
+    """End the run; with `job_id`, its job too (the run's row, then the job's: a cancel's
+    order). True if the job was finished here."""
     await runtime.writer.flush()
     async with runtime.engine.begin() as conn:
         locked = await runs_db.get_run(conn, run.id, lock=True)
         if locked is None or not locked.active or locked.attempts != run.attempts:
-            return  # ended meanwhile (a cancel after this worker was thought dead), or taken over
+            # ended meanwhile (a cancel after this worker was thought dead), or taken over
+            return False
         await runs.finish(conn, locked, outcome)
+        if job_id is not None:
+            await jobs_db.finish_job(conn, job_id, "succeeded")
+    return job_id is not None
 
 
 async def _pause(runtime: Runtime, run: Run, pause: Pause) -> None:
@@ -221,13 +244,18 @@ async def _claim(runtime: Runtime, run_id: str) -> Run | None:
     """Start an attempt (a retry, if an earlier one died mid-run), or end a run that was
     cancelled before it started; None: nothing to do."""
     async with runtime.engine.begin() as conn:
-        run = await runs_db.get_run(conn, run_id, lock=True)
-        if run is None or not run.active:
-            return None
-        if run.cancel_mode:
-            await runs.finish(conn, run, Outcome("cancelled"))
-            return None
-        started = await runs.start(conn, run, runtime.lease.key)
+        return await start_locked(conn, runtime, await runs_db.get_run(conn, run_id, lock=True))
+
+
+async def start_locked(conn: AsyncConnection, runtime: Runtime, run: Run | None) -> Run | None:
+    """With the run's row locked in `conn`'s transaction: start its attempt under this
+    worker's lease, or end it if it was cancelled before it started; None: nothing to run."""
+    if run is None or not run.active:
+        return None
+    if run.cancel_mode:
+        await runs.finish(conn, run, Outcome("cancelled"))
+        return None
+    started = await runs.start(conn, run, runtime.lease.key)
     return started if started.active else None
 
 
@@ -244,18 +272,37 @@ async def _converse(runtime: Runtime, run: Run, progress: _Progress) -> Outcome 
     session_id = run.session_id
     policy = RunPolicy.model_validate(run.params.run_policy or {})
     # Read once: a run keeps the tools it started with, and the session's earlier spending.
-    async with autocommit(runtime.engine) as conn:
+    # With them, in one snapshot (one checkout): the compactions queued before it, what the
+    # run has written so far (only this run writes it: a wait does not change it), and the
+    # projection of its first model call (from the same session row, not read twice).
+    first: SessionProjection | ServiceError | None = None
+    async with read_snapshot(runtime.engine) as conn:
         session = await sessions_db.get_session(
             conn, run.tenant_id, session_id, include_expired=True
         )
+        compactions = await runs_db.active_runs(conn, session_id, kind="compaction")
+        written: list[JournalEntry] | None = await journal_db.run_entries(
+            conn, session_id, run.input_seq, run.id
+        )
+        if session is not None:
+            try:
+                first = await project_run_in(conn, runtime.settings, session, run)
+            except ServiceError as exc:  # the model turn reports it, if there is one
+                first = exc
     config: dict[str, Any] = session["config"] if session is not None else {}
     tools = offered_tools(config, run.params.tools)
     tokens_before = int(session["input_tokens"]) + int(session["output_tokens"]) if session else 0
-    if await await_compaction_jobs(runtime, run, config):
+    if any(r.created_at < run.created_at for r in compactions):
+        first = None  # a compaction queued before it changes the context: projected again
+    if await await_compaction_jobs(runtime, run, config, compactions):
         progress.compaction_failed = True  # one is still summarizing: no second one meanwhile
     while True:
-        async with autocommit(runtime.engine) as conn:
-            done = await journal_db.run_entries(conn, session_id, run.input_seq, run.id)
+        projected, first = first, None  # only ever the first step's
+        if written is not None:  # the first step's, read above
+            done, written = written, None
+        else:
+            async with autocommit(runtime.engine) as conn:
+                done = await journal_db.run_entries(conn, session_id, run.input_seq, run.id)
         step = _over_budget(policy, tokens_before, progress) or next_step(
             done, policy.max_iterations
         )
@@ -270,7 +317,7 @@ async def _converse(runtime: Runtime, run: Run, progress: _Progress) -> Outcome 
             step = StopRun("tool_denied", f"the policy does not allow {', '.join(denied)}")
         if isinstance(step, StopRun):
             return await _violation(runtime, run, step, progress)
-        outcome = await _model_turn(runtime, run, step.iteration, progress)
+        outcome = await _model_turn(runtime, run, step.iteration, progress, projected)
         if outcome is not None:
             return outcome
 
@@ -303,12 +350,16 @@ async def _model_turn(
     run: Run,
     iteration: int,
     progress: _Progress,
+    read: SessionProjection | ServiceError | None = None,
 ) -> Outcome | None:
     """One model call; an Outcome if the run ends with it, None if it asked for tools (then
-    committed as one assistant turn: its text and one tool_call entry per call)."""
+    committed as one assistant turn: its text and one tool_call entry per call). `read`: its
+    projection (or why there is none), when the caller has just made it."""
     run_id, params = run.id, run.params
     try:
-        projected = await _project(runtime, run)
+        if isinstance(read, ServiceError):
+            raise read
+        projected = read or await _project(runtime, run)
         meta = projected.projection.meta
         _warn_if_full(runtime, run_id, meta)
         auto = projected.policy.summarization == "auto"

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections import Counter
 from typing import Any
 
 import httpx
@@ -191,6 +193,26 @@ async def test_idempotent_ask(api: httpx.AsyncClient, upstream: FakeUpstream) ->
     assert empty.status_code == 422  # an empty key would make every keyless retry "the same"
 
 
+async def test_concurrent_asks_with_one_idempotency_key_make_one_run(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    """Retries racing each other: every one answers with the same run, and the losers of the
+    race left nothing behind (no user entry, no second job, no second run)."""
+    sid = (await new_session(api))["id"]
+    upstream.script(Text("once"), Usage(3, 2))
+    headers = {"Idempotency-Key": "raced"}
+    body = {"input": "hello", "stream": False, "multitask_strategy": "enqueue"}
+    answers = await asyncio.gather(
+        *(api.post(f"/v1/sessions/{sid}/ask", json=body, headers=headers) for _ in range(6))
+    )
+    assert {a.status_code for a in answers} == {202}
+    (run_id,) = {a.json()["id"] for a in answers}
+    await api.get(f"/v1/runs/{run_id}", params={"wait": "true"})
+    kinds = Counter(e["kind"] for e in await history(api, sid))
+    assert kinds == {"message": 2, "run_start": 1, "usage": 1, "run_end": 1}
+    assert len(upstream.requests) == 1
+
+
 async def test_rejections_leave_the_journal_untouched(
     api: httpx.AsyncClient, upstream: FakeUpstream
 ) -> None:
@@ -216,6 +238,10 @@ async def test_rejections_leave_the_journal_untouched(
     assert bad_policy.status_code == 422
     assert await history(api, sid) == before
     await api.post(f"/v1/runs/{running['id']}/cancel")
+    # Ended before the next test: a run cancelled before its model call may still make it,
+    # and the next test's upstream would count it (on a loaded machine it may even finish).
+    ended = await api.get(f"/v1/runs/{running['id']}", params={"wait": "true", "timeout": 60})
+    assert ended.json()["status"] in {"cancelled", "completed"}
 
 
 async def test_enqueue_runs_after_the_active_run(

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from typing import Any
 
+import asyncpg
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db import events as events_db
 from app.services.keys import create_key, tenant_for_key
 from app.services.sessions import create_session
+from app.worker.pool import libpq_url
 
 
 async def run_with_events(engine: AsyncEngine, ended_ago: str | None) -> str:
@@ -112,3 +115,43 @@ def test_a_fenced_run_is_numbered_nothing() -> None:
     assert events_db.numbered(events, {"a": 7}) == [
         {"run_id": "a", "seq": 7, "type": "message.delta", "data": {"text": "x"}}
     ]
+
+
+async def test_an_append_announces_each_runs_last_seq_when_it_commits(
+    engine: AsyncEngine, database_url: str
+) -> None:
+    """The INSERT carries its own NOTIFY: every run written, up to its last seq, once the
+    transaction commits; nothing for a batch the fence dropped whole; "look at everything"
+    when the payload would be too long for a notification."""
+    a = await run_with_events(engine, None)  # seqs 1, 2 already
+    b = await run_with_events(engine, None)
+    heard: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    listener = await asyncpg.connect(libpq_url(database_url))
+    await listener.add_listener(
+        events_db.CHANNEL, lambda *args: heard.put_nowait(json.loads(args[-1]))
+    )
+    try:
+        async with engine.begin() as conn:
+            batch = [(a, "message.delta", {"text": "x"}), (b, "usage", {}), (a, "usage", {})]
+            assert await events_db.append_events(conn, batch) == {a: 4, b: 3}
+            assert heard.empty()  # not before the commit
+        assert await asyncio.wait_for(heard.get(), 30) == {"runs": {a: 4, b: 3}}
+
+        async with engine.begin() as conn:  # a's attempt is not 99: fenced, nothing written
+            assert await events_db.append_events(conn, [(a, "usage", {})], {a: 99}) == {}
+            many: list[tuple[str, str, dict[str, Any]]] = [
+                (str(uuid.uuid4()), "usage", {}) for _ in range(200)
+            ]
+            await conn.execute(
+                text(
+                    "INSERT INTO runs (id, tenant_id, session_id, model, status)"
+                    " SELECT r, tenant_id, session_id, model, 'running' FROM runs,"
+                    " unnest(CAST(:ids AS uuid[])) AS r WHERE id = :a"
+                ),
+                {"ids": [run for run, _, _ in many], "a": a},
+            )
+            assert len(await events_db.append_events(conn, many)) == 200
+        assert await asyncio.wait_for(heard.get(), 30) == {"all": True}
+        assert heard.empty()  # the fenced append told nobody anything
+    finally:
+        await listener.close()

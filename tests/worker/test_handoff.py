@@ -7,14 +7,27 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import Counter
+from collections.abc import Callable
 
 import httpx
 import pytest
 from fastapi import FastAPI
+from sqlalchemy import text
 
 from app.config import Settings
+from app.db import runs as runs_db
+from app.db.engine import create_engine
+from app.llm.router import Router
 from app.main import create_app
+from app.runs.model import Run, RunStatus
+from app.runs.writer import EventWriter
+from app.services import asks
+from app.services.keys import tenant_for_key
+from app.services.sessions import create_session
 from app.worker.handoff import Handoff
+from app.worker.lease import WorkerLease
+from app.worker.run import start_locked
+from app.worker.runtime import Runtime
 from testkit.api import history, new_session
 from testkit.server import free_port, serve_in_thread, stop_thread_server
 from testkit.sse_client import collect
@@ -114,3 +127,70 @@ async def test_a_serve_process_killed_after_the_handoff_leaves_its_run_to_the_qu
             workers.stop()
         stop_thread_server(api_server, api_thread)
         upstream.clear()
+
+
+async def test_a_run_held_by_a_cancel_is_left_to_the_queue_with_its_claim_undone(
+    handoff_settings: tuple[Settings, str],
+) -> None:
+    """The handoff claims the job, then takes the run's row without waiting: a cancel holding
+    the run's row (it locks the job's next) makes it undo its claim rather than deadlock; the
+    job stays queued for procrastinate's worker. Free, the same run is claimed and started."""
+    settings, key = handoff_settings
+    engine = create_engine(settings)
+    try:
+        tenant = await tenant_for_key(engine, key)
+        assert tenant is not None
+        session = await create_session(engine, tenant, title=None, metadata={}, config={})
+        asked = await asks.ask(engine, settings, tenant, str(session["id"]), asks.AskParams("q"))
+        run_id, job_id = asked.run.id, asked.run.job_id
+        assert job_id is not None
+        async with engine.begin() as conn:
+            worker_id = int(
+                (
+                    await conn.execute(
+                        text("INSERT INTO procrastinate_workers DEFAULT VALUES RETURNING id")
+                    )
+                ).scalar_one()
+            )
+        runtime = Runtime(
+            engine, settings, Router(settings), EventWriter(engine), WorkerLease(engine)
+        )
+        executed: list[Run] = []
+
+        async def execute(
+            _runtime: Runtime, run: Run, _reason: Callable[[], str | None], _job: int
+        ) -> bool:
+            executed.append(run)
+            return False  # the job is left to the handoff to finish
+
+        async with engine.connect() as holder:  # a cancel, between its two locks
+            await holder.begin()
+            assert await runs_db.get_run(holder, run_id, lock=True) is not None
+            held = Handoff(runtime, [worker_id], 1, start_locked, execute)
+            held.offer(run_id, job_id)
+            await held.close(grace_seconds=60)  # waits for the handoff to give up
+            await holder.rollback()
+        assert held.claimed == 0 and executed == []
+        async with engine.connect() as conn:
+            job = (
+                await conn.execute(
+                    text("SELECT status, worker_id FROM procrastinate_jobs WHERE id = :id"),
+                    {"id": job_id},
+                )
+            ).one()
+            run = await runs_db.get_run(conn, run_id)
+        assert (job.status, job.worker_id) == ("todo", None)
+        assert run is not None and (run.status, run.attempts) == (RunStatus.QUEUED, 0)
+
+        free = Handoff(runtime, [worker_id], 1, start_locked, execute)
+        free.offer(run_id, job_id)
+        await free.close(grace_seconds=60)
+        assert free.claimed == 1
+        assert [(r.id, r.status, r.attempts) for r in executed] == [(run_id, RunStatus.RUNNING, 1)]
+        async with engine.connect() as conn:
+            status = await conn.scalar(
+                text("SELECT status FROM procrastinate_jobs WHERE id = :id"), {"id": job_id}
+            )
+        assert status == "succeeded"
+    finally:
+        await engine.dispose()

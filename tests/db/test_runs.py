@@ -1,0 +1,130 @@
+"""A run's creation is one statement: its job, its row and its run.created event, all or none."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from typing import Any
+
+import asyncpg
+import pytest
+from sqlalchemy import text
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.db import events as events_db
+from app.db import jobs as jobs_db
+from app.db import runs as runs_db
+from app.runs.model import RunKind, RunStatus
+from app.services.keys import create_key, tenant_for_key
+from app.services.sessions import create_session
+from app.worker.pool import libpq_url
+
+
+async def new_session(engine: AsyncEngine) -> tuple[str, str]:
+    tenant = await tenant_for_key(engine, await create_key(engine, f"runs-{uuid.uuid4()}"))
+    assert tenant is not None
+    session = await create_session(engine, tenant, title=None, metadata={}, config={})
+    return tenant, str(session["id"])
+
+
+def run_values(tenant: str, session: str, key: str | None = None) -> dict[str, Any]:
+    run_id = str(uuid.uuid4())
+    return {
+        "id": run_id,
+        "tenant_id": tenant,
+        "session_id": session,
+        "kind": "ask",
+        "model": "openai:gpt-4o-mini",
+        "params": {"metadata": {"k": "v"}},
+        "idempotency_key": key,
+        "user_entry_seq": 7,
+    }
+
+
+def created(values: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    return ("run.created", {"run_id": values["id"], "kind": "ask"})
+
+
+async def what_is_stored(engine: AsyncEngine, run_id: str) -> dict[str, Any]:
+    async with engine.connect() as conn:
+        row = (
+            await conn.execute(
+                text(
+                    "SELECT (SELECT count(*) FROM runs WHERE id = CAST(:id AS uuid)) AS runs,"
+                    " (SELECT count(*) FROM procrastinate_jobs"
+                    "  WHERE args->>'run_id' = CAST(:id AS text)) AS jobs,"
+                    " (SELECT count(*) FROM run_events WHERE run_id = CAST(:id AS uuid)) AS events"
+                ),
+                {"id": run_id},
+            )
+        ).one()
+    return {"runs": row.runs, "jobs": row.jobs, "events": row.events}
+
+
+async def test_the_run_its_job_and_its_first_event_are_written_and_announced_together(
+    engine: AsyncEngine, database_url: str
+) -> None:
+    tenant, session = await new_session(engine)
+    values = run_values(tenant, session, key="k-1")
+    heard: asyncio.Queue[str] = asyncio.Queue()
+    listener = await asyncpg.connect(libpq_url(database_url))
+    await listener.add_listener(events_db.CHANNEL, lambda *args: heard.put_nowait(args[-1]))
+    try:
+        async with engine.begin() as conn:
+            run = await runs_db.insert_queued_run(conn, created(values), **values)
+            assert heard.empty()  # not before the commit
+        payload = json.loads(await asyncio.wait_for(heard.get(), 30))
+    finally:
+        await listener.close()
+    assert payload == {"runs": {values["id"]: 1}}
+    assert (run.id, run.session_id, run.kind, run.status) == (
+        values["id"],
+        session,
+        RunKind.ASK,
+        RunStatus.QUEUED,
+    )
+    assert (run.idempotency_key, run.user_entry_seq, run.params.metadata) == ("k-1", 7, {"k": "v"})
+    async with engine.connect() as conn:
+        job = (
+            (
+                await conn.execute(
+                    text("SELECT lock, task_name, args FROM procrastinate_jobs WHERE id = :id"),
+                    {"id": run.job_id},
+                )
+            )
+            .mappings()
+            .one()
+        )
+        events = await events_db.read_events(conn, run.id, 0)
+        stored = await runs_db.get_run(conn, run.id)
+    assert dict(job) == {
+        "lock": jobs_db.session_lock(session),
+        "task_name": jobs_db.RUN_TASK,
+        "args": {"run_id": run.id},
+    }
+    assert [(e["seq"], e["type"], e["data"]) for e in events] == [
+        (1, "run.created", {"run_id": run.id, "kind": "ask"})
+    ]
+    assert stored == run  # what came back is the row as stored
+
+
+async def test_a_run_refused_by_its_idempotency_key_leaves_no_job_and_no_event(
+    engine: AsyncEngine,
+) -> None:
+    """The loser of an Idempotency-Key race fails on the unique index: the statement that
+    deferred its job and wrote its event fails whole, whatever its transaction does next."""
+    tenant, session = await new_session(engine)
+    first = run_values(tenant, session, key="same")
+    async with engine.begin() as conn:
+        await runs_db.insert_queued_run(conn, created(first), **first)
+    second = run_values(tenant, session, key="same")
+    async with engine.connect() as conn:
+        await conn.begin()
+        with pytest.raises(IntegrityError, match="runs_idempotency_key"):
+            async with conn.begin_nested():  # the statement alone is undone: a savepoint
+                await runs_db.insert_queued_run(conn, created(second), **second)
+        await conn.commit()  # what else the transaction did stands; nothing of the run
+    assert await what_is_stored(engine, second["id"]) == {"runs": 0, "jobs": 0, "events": 0}
+    assert await what_is_stored(engine, first["id"]) == {"runs": 1, "jobs": 1, "events": 1}
