@@ -51,6 +51,8 @@ class EventWriter:
         self._pending: dict[str, list[Event]] = {}
         self._wake = asyncio.Event()
         self._flushing = asyncio.Lock()
+        self._taken = 0  # batches taken from _pending so far (each one committed, or put back)
+        self._committed = 0  # of those, committed
         self._first_delta_sent: set[str] = set()
         self._attempts: dict[str, int] = {}  # the attempt each open run is at, here
         self.superseded: set[str] = set()  # runs whose attempt here was taken over
@@ -80,42 +82,62 @@ class EventWriter:
         self.superseded.discard(run_id)
 
     async def flush(self) -> None:
-        async with self._flushing:
-            batch = {run: events for run, events in self._pending.items() if events}
-            if not batch:
-                return
-            for run in batch:
-                self._pending[run] = []
-            rows = [(run, kind, data) for run, events in batch.items() for kind, data in events]
-            attempts = {run: self._attempts.get(run, 0) for run in batch}
+        """Commit every event emitted so far (and whatever else is pending by then). Callers
+        that flush at once share one commit (a group commit): a hundred runs ending in the
+        same tick cost one round trip, not a hundred in a row."""
+        wanted = self._taken + 1  # the first batch taken from now on holds what is pending
+        while self._committed < wanted:
+            async with self._flushing:
+                if self._committed < wanted:
+                    await self._commit_pending()
+
+    async def _commit_pending(self) -> None:
+        """Take what is pending and commit it: one statement (INSERT and NOTIFY) on an
+        autocommit connection, one round trip. Called under the flushing lock."""
+        batch = {run: events for run, events in self._pending.items() if events}
+        self._taken += 1
+        if not batch:
+            self._committed = self._taken
+            return
+        for run in batch:
+            self._pending[run] = []
+        rows = [(run, kind, data) for run, events in batch.items() for kind, data in events]
+        attempts = {run: self._attempts.get(run, 0) for run in batch}
+        try:
+            async with autocommit(self._engine) as conn:
+                last = await events_db.append_events(conn, rows, attempts)
+                await conn.commit()  # behind a transaction pooler, autocommit is not set
+        except Exception:
+            # Put them back in front: the next tick tries again, in the same order.
+            for run, events in batch.items():
+                self._pending[run] = events + self._pending.get(run, [])
+            self._taken -= 1
+            raise
+        self._committed = self._taken
+        for run in batch.keys() - last.keys():
+            log.warning("run %s was taken over by another attempt: its events here dropped", run)
+            self.superseded.add(run)
+        if self.on_committed is not None:
             try:
-                # One statement (the rows and their NOTIFY): its own transaction.
-                async with autocommit(self._engine) as conn:
-                    last = await events_db.append_events(conn, rows, attempts)
-                    await conn.commit()  # behind a transaction pooler, autocommit is not set
-            except Exception:
-                # Put them back in front: the next tick tries again, in the same order.
-                for run, events in batch.items():
-                    self._pending[run] = events + self._pending.get(run, [])
-                raise
-            for run in batch.keys() - last.keys():
-                log.warning(
-                    "run %s was taken over by another attempt: its events here dropped", run
-                )
-                self.superseded.add(run)
-            if self.on_committed is not None:
-                try:
-                    self.on_committed(events_db.numbered(rows, last))
-                except Exception:  # followers read the table instead: nothing is lost
-                    log.exception("handing committed events to local followers failed")
+                self.on_committed(events_db.numbered(rows, last))
+            except Exception:  # followers read the table instead: nothing is lost
+                log.exception("handing committed events to local followers failed")
 
     async def run(self) -> None:
-        """Flush every tick (or at once when woken) until cancelled."""
+        """Flush every tick (or at once when woken) until cancelled. Ticks keep their rate
+        whatever a flush takes: a flush that took part of a tick shortens the wait to the next
+        one, and one that took longer is followed at once (each then carries more: the deltas
+        of a run pending meanwhile are coalesced into one event)."""
+        loop = asyncio.get_running_loop()
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=self._tick)
+            started = loop.time()
             self._wake.clear()
             try:
                 await self.flush()
             except Exception:
                 log.exception("flushing run events failed; retrying next tick")
+            remaining = started + self._tick - loop.time()
+            if remaining > 0 and not self._wake.is_set():
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(remaining):
+                        await self._wake.wait()
