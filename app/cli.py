@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import json
 import logging
 import signal
@@ -13,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from app import cli_admin
+from app import cli_admin, heap
 from app.config import Settings
 
 
@@ -138,7 +137,7 @@ def worker(settings: Settings, concurrency: int) -> None:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
         async with worker_pool(settings, concurrency):
-            gc.freeze()  # long-lived objects out of full collections (see app.main)
+            heap.settle()
             print(f"Threadline worker running {concurrency} at once", flush=True)
             await stop.wait()
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import gc
 import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -11,6 +10,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
+from app import heap
 from app.api import (
     admin,
     asks,
@@ -76,16 +76,15 @@ def create_app(settings: Settings | None = None, *, workers: int = 0) -> FastAPI
         # LISTEN needs a session of its own: the hub connects directly, never via a pooler.
         app.state.hub = EventHub(app.state.engine, libpq_url(settings.direct_url))
         await app.state.hub.start()
-        # The SDKs and SQLAlchemy leave ~300k long-lived objects: keep them out of full
-        # collections, which otherwise stall every stream of the process for ~150 ms.
-        gc.freeze()
         try:
             if workers:  # `threadline serve`: the worker pool runs in this process too
                 pool = worker_pool(settings, workers, app.state.engine, app.state.hub.publish)
                 async with pool as handoff:
                     app.state.handoff = handoff
+                    heap.settle()
                     yield
             else:
+                heap.settle()
                 yield
         finally:
             await app.state.hub.stop()

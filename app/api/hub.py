@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -133,6 +133,17 @@ class EventHub:
         """The run's events after `after_seq`, replayed then live. Ends after its terminal
         event, or as soon as the run is seen to be over without one left to send: a follower
         never outlives its run, whatever its resume point and whether or not events remain."""
+        async with contextlib.aclosing(self.follow_batches(run_id, after_seq)) as batches:
+            async for rows in batches:
+                for row in rows:
+                    yield row
+
+    async def follow_batches(
+        self, run_id: str, after_seq: int = 0
+    ) -> AsyncGenerator[list[dict[str, Any]], None]:
+        """follow's events, as they come: a page of the table at once (a replay, or a follower
+        catching up after its client stalled), a live row alone. An SSE response sends each
+        batch in one write."""
         after_seq = min(after_seq, events_db.MAX_SEQ)  # a cursor the fetch query can bind
         subscriber = _Subscriber(self._buffer)
         feed = self._feeds.setdefault(run_id, _Feed(cursor=after_seq))
@@ -141,11 +152,15 @@ class EventHub:
         try:
             backlog = await self._read_through_outages(run_id, last)
             while True:
-                for row in backlog.rows:
-                    yield row
-                    last = row["seq"]
-                    if row["type"] in TERMINAL:
-                        return
+                batch = list(backlog.rows)
+                ending = next((i for i, r in enumerate(batch) if r["type"] in TERMINAL), None)
+                if ending is not None:
+                    del batch[ending + 1 :]
+                if batch:
+                    yield batch
+                    last = batch[-1]["seq"]
+                if ending is not None:
+                    return
                 if len(backlog.rows) == PAGE:  # more in the table
                     backlog = await self._read_through_outages(run_id, last)
                     continue
@@ -176,8 +191,9 @@ class EventHub:
                 subscriber.overflowed = False  # rows arriving from now on are kept again
                 return await self._read_through_outages(run_id, last)
             try:
-                wait = poll_wait(self._poll, subscriber.idle_reads)
-                row = await asyncio.wait_for(subscriber.queue.get(), timeout=wait)
+                # Not wait_for: that wraps the get in a task of its own, for every row.
+                async with asyncio.timeout(poll_wait(self._poll, subscriber.idle_reads)):
+                    row = await subscriber.queue.get()
             except TimeoutError:
                 subscriber.idle_reads += 1
                 return await self._read_through_outages(run_id, last)
@@ -267,13 +283,14 @@ class EventHub:
                     log.exception("fetching run events failed")
                 self._wanted = None  # try everything again on the next wake
                 continue
-            for row in rows:
-                feed = self._feeds.get(str(row["run_id"]))
-                if feed is None or row["seq"] <= feed.cursor:
+            for found in rows:
+                feed = self._feeds.get(str(found["run_id"]))
+                if feed is None or found["seq"] <= feed.cursor:
                     continue
-                feed.cursor = row["seq"]
+                feed.cursor = found["seq"]
+                row = dict(found)  # one per row, shared by its followers (as publish does)
                 for subscriber in feed.subscribers:
-                    subscriber.offer(dict(row))
+                    subscriber.offer(row)
 
     async def _listen(self) -> None:
         """Keep one LISTEN connection; after any reconnect, fetch everything followed. While

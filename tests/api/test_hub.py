@@ -60,6 +60,18 @@ async def test_a_follower_of_a_finished_run_ends_whatever_it_has_seen(
     assert not await hub.has_more(run_id, 0)
 
 
+async def test_a_replay_comes_in_pages_that_end_at_the_terminal_event(
+    hub: EventHub, api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    """What a follower reads from the table comes as one batch (an SSE response writes it at
+    once), from its resume point through the terminal event, and nothing after it."""
+    run_id, seqs = await finished_run(api, upstream)
+    assert len(seqs) > 2
+    batches = [b async for b in hub.follow_batches(run_id, 1)]
+    assert [[r["seq"] for r in b] for b in batches] == [seqs[1:]]
+    assert batches[0][-1]["type"] == "run.completed"
+
+
 async def test_a_follower_past_a_live_runs_last_event_ends_when_the_run_ends(
     hub: EventHub, api: httpx.AsyncClient, upstream: FakeUpstream
 ) -> None:

@@ -12,14 +12,25 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from sqlalchemy.ext.asyncio import AsyncEngine
+from sse_starlette import ServerSentEvent
 
+from app.api.sse import frame
 from app.db import events as events_db
+from app.runs.events import EventType
 from testkit.api import new_session
 from testkit.sse_client import TERMINAL, Event, collect, read_to_end, until_closed
 from testkit.upstream import FakeUpstream, Stall, Text
 from tests.api.test_compaction import converse
 from tests.e2e import Service
+
+JSON_LEAVES = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text()
+
+
+def json_nested(children: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    return st.lists(children, max_size=3) | st.dictionaries(st.text(), children, max_size=3)
 
 
 async def _finished_run(
@@ -271,3 +282,22 @@ async def test_a_client_that_stops_reading_does_not_hold_up_others_and_misses_no
     assert events[-1].type == "run.completed"
     text = "".join(e.data["text"] for e in events if e.type == "message.delta")
     assert text == "".join(words)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    seq=st.integers(min_value=1, max_value=events_db.MAX_SEQ),
+    kind=st.sampled_from([str(t) for t in EventType]),
+    data=st.dictionaries(st.text(), st.recursive(JSON_LEAVES, json_nested), max_size=5),
+)
+def test_a_frame_is_the_bytes_sse_starlette_would_send(
+    seq: int, kind: str, data: dict[str, Any]
+) -> None:
+    """Event streams encode their frames themselves (once per event, several in one write):
+    byte for byte what ServerSentEvent encodes, whatever the payload holds (newlines, line
+    and paragraph separators, NULs, any Unicode)."""
+    row = {"run_id": str(uuid.uuid4()), "seq": seq, "type": kind, "data": data}
+    expected = ServerSentEvent(
+        data=json.dumps(data, separators=(",", ":")), event=kind, id=str(seq)
+    ).encode()
+    assert frame(row) == expected
