@@ -107,14 +107,24 @@ class EventWriter:
             async with autocommit(self._engine) as conn:
                 last = await events_db.append_events(conn, rows, attempts)
                 await conn.commit()  # behind a transaction pooler, autocommit is not set
+                # Handed out before the connection goes back to the pool (an await): the hub
+                # hears the NOTIFY meanwhile, and finding its followers behind, it would read
+                # back from the table every row handed out here.
+                self._committed = self._taken
+                self._committed_rows(rows, last)
         except Exception:
+            if self._committed == self._taken:
+                raise  # written: only giving the connection back failed
             # Put them back in front: the next tick tries again, in the same order.
             for run, events in batch.items():
                 self._pending[run] = events + self._pending.get(run, [])
             self._taken -= 1
             raise
-        self._committed = self._taken
-        for run in batch.keys() - last.keys():
+
+    def _committed_rows(
+        self, rows: list[tuple[str, EventType, dict[str, Any]]], last: dict[str, int]
+    ) -> None:
+        for run in {run for run, _, _ in rows} - last.keys():
             log.warning("run %s was taken over by another attempt: its events here dropped", run)
             self.superseded.add(run)
         if self.on_committed is not None:
