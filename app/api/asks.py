@@ -78,10 +78,19 @@ async def ask(
         parallel_tool_calls=body.parallel_tool_calls,
         idempotency_key=idempotency_key,
     )
-    result = await service.ask(engine, settings, tenant, str(session_id), params, limits)
+    # Room in this process's handoff: the ask's job is committed taken by it
+    # (app/worker/handoff.py).
+    claim_for = local_workers.reserve() if local_workers is not None else None
+    try:
+        result = await service.ask(
+            engine, settings, tenant, str(session_id), params, limits, claim_for=claim_for
+        )
+    finally:
+        if local_workers is not None and claim_for is not None:
+            local_workers.release()
     run_id = result.run.id
     if result.created and local_workers is not None:
-        local_workers.offer(run_id, result.run.job_id)
+        local_workers.offer(run_id, result.run.job_id, claimed=result.claimed)
     if not body.stream:
         return JSONResponse(Run.of(result.run).model_dump(mode="json"), status_code=202)
 
