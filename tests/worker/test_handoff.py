@@ -1,6 +1,7 @@
 """The in-process handoff: `threadline serve` starts its own asks' runs at once, each exactly
-once although procrastinate's worker is told of the same jobs, and a process killed after the
-handoff leaves its run to the durable job: another worker finishes it."""
+once although procrastinate's worker is told of the same jobs (or, committed taken by the
+handoff, never hears of them), and a process killed after the handoff, or before its taken job's
+run started, leaves its run to the durable job: another worker finishes it."""
 
 from __future__ import annotations
 
