@@ -46,6 +46,30 @@ DEFER_ONE = (
 )
 
 
+# A run's job deferred already taken by the asking process's worker (`:worker_id`; NULL: by
+# nobody), as CTEs of the statement that inserts its run: `job (id, claimed)`. Taken only where
+# procrastinate_fetch_job_v2 would have let that worker take it: no job of its lock running nor
+# waiting before it (a newest job of priority 0 comes after every other waiting job of priority
+# >= 0). Inserted 'doing', it wakes no worker (procrastinate's NOTIFY and its 'deferred' event
+# are for 'todo' inserts), and it stays the crash backup: the job of a worker that stops
+# beating is retried like any other it held (app/worker/pool.py). A concurrent fetch that took
+# a job of the same lock meanwhile wins on procrastinate's unique index of running locks: the
+# job is then deferred as usual.
+CLAIMED_OR_DEFERRED = (
+    "claimed AS (INSERT INTO procrastinate_jobs"
+    "  (queue_name, task_name, priority, lock, args, status, worker_id)"
+    "  SELECT :queue, :task, 0, :lock, CAST(:args AS jsonb), 'doing', CAST(:worker_id AS bigint)"
+    "  WHERE CAST(:worker_id AS bigint) IS NOT NULL AND NOT EXISTS (SELECT 1"
+    "   FROM procrastinate_jobs AS other_jobs WHERE other_jobs.lock = :lock"
+    "   AND (other_jobs.status = 'doing'"
+    "    OR (other_jobs.status = 'todo' AND other_jobs.priority >= 0)))"
+    "  ON CONFLICT (lock) WHERE status = 'doing' DO NOTHING RETURNING id),"
+    f" deferred AS (SELECT {DEFER_ONE} AS id WHERE NOT EXISTS (SELECT 1 FROM claimed)),"
+    " job AS (SELECT id, true AS claimed FROM claimed"
+    "  UNION ALL SELECT id, false FROM deferred)"
+)
+
+
 def job_params(queue: str, task: str, args: dict[str, str], lock: str | None) -> dict[str, Any]:
     return {"queue": queue, "task": task, "lock": lock, "args": json.dumps(args)}
 

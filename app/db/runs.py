@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Integer, column, func, select, text, update
+from sqlalchemy import Boolean, Integer, column, func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.db import events as events_db
@@ -22,6 +22,12 @@ _ACTIVE = [s.value for s in ACTIVE]
 _RUN_COLUMNS = ", ".join(f"run.{c.name}" for c in runs.c)
 
 
+@dataclass(frozen=True)
+class QueuedRun:
+    run: Run
+    claimed: bool  # its job was inserted taken by the given worker (see insert_queued_run)
+
+
 async def insert_queued_run(
     conn: AsyncConnection,
     first_event: tuple[str, dict[str, Any]],
@@ -34,20 +40,24 @@ async def insert_queued_run(
     params: dict[str, Any],
     idempotency_key: str | None,
     user_entry_seq: int | None,
-) -> Run:
+    claim_for: int | None = None,
+) -> QueuedRun:
     """One statement (one round trip): the run's job deferred, the run inserted with its
     job_id, and its first event (run.created) appended and announced. No worker sees the job
-    before the caller's transaction commits, the run with it."""
+    before the caller's transaction commits, the run with it. `claim_for`: a procrastinate
+    worker id of this process, which takes the job at once if its session's lock allows
+    (jobs_db.CLAIMED_OR_DEFERRED): that worker must then start the run."""
     query = text(
-        f"WITH job AS (SELECT {jobs_db.DEFER_ONE} AS id),"
+        f"WITH {jobs_db.CLAIMED_OR_DEFERRED},"
         " run AS (INSERT INTO runs (id, tenant_id, session_id, kind, model, params,"
         "  idempotency_key, user_entry_seq, job_id)"
         "  SELECT CAST(:id AS uuid), CAST(:tenant_id AS uuid), CAST(:session_id AS uuid),"
         "  :kind, :model, CAST(:params AS jsonb), :idempotency_key,"
         "  CAST(:user_entry_seq AS bigint), job.id FROM job RETURNING *),"
         f" {events_db.FIRST_EVENT}"
-        f" SELECT {_RUN_COLUMNS}, (SELECT count(*) FROM told_first) AS told FROM run"
-    ).columns(*runs.c, column("told", Integer))  # typed by position
+        f" SELECT {_RUN_COLUMNS}, (SELECT count(*) FROM told_first) AS told,"
+        " (SELECT claimed FROM job) AS claimed FROM run"
+    ).columns(*runs.c, column("told", Integer), column("claimed", Boolean))  # typed by position
     values = {
         "id": id,
         "tenant_id": tenant_id,
@@ -57,10 +67,12 @@ async def insert_queued_run(
         "params": json.dumps(params),
         "idempotency_key": idempotency_key,
         "user_entry_seq": user_entry_seq,
+        "worker_id": claim_for,
     }
     values |= jobs_db.run_job_params(id, session_id, kind)
     values |= events_db.first_event_params(*first_event)
-    return Run.from_row((await conn.execute(query, values)).mappings().one())
+    row = (await conn.execute(query, values)).mappings().one()
+    return QueuedRun(Run.from_row(row), bool(row["claimed"]))
 
 
 async def get_run(

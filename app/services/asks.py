@@ -63,6 +63,7 @@ class AskParams:
 class AskResult:
     run: Run
     created: bool  # False: an earlier ask with the same Idempotency-Key
+    claimed: bool = False  # its job was taken at once by `claim_for` (ask()): it must start it
 
 
 def run_not_found(run_id: str) -> NotFound:
@@ -77,9 +78,12 @@ async def ask(
     session_id: str,
     params: AskParams,
     own_limits: quotas.Limits | None = None,
+    claim_for: int | None = None,
 ) -> AskResult:
     """`own_limits`: the tenant's own limits when the caller read them already (with the
-    request's key); else the quota check reads them."""
+    request's key); else the quota check reads them. `claim_for`: a procrastinate worker id of
+    this process with room for the run: its job is committed taken by that worker when the
+    session's queue allows (then `claimed`: the caller starts the run, app/worker/handoff.py)."""
     if params.idempotency_key:
         key = params.idempotency_key
         earlier = await run_by_idempotency_key(engine, tenant_id, session_id, key)
@@ -114,12 +118,10 @@ async def ask(
         await _stop_active_runs(engine, tenant_id, session_id, "rollback")
     try:
         async with engine.begin() as conn:
-            return AskResult(
-                await _commit(
-                    conn, settings, tenant_id, session_id, params, checked.model, own_limits
-                ),
-                True,
+            queued = await _commit(
+                conn, settings, tenant_id, session_id, params, checked.model, own_limits, claim_for
             )
+        return AskResult(queued.run, True, queued.claimed)
     except IntegrityError as exc:
         if "runs_idempotency_key" not in str(exc.orig) or not params.idempotency_key:
             raise
@@ -156,7 +158,8 @@ async def _commit(
     params: AskParams,
     model: str,
     own_limits: quotas.Limits | None,
-) -> Run:
+    claim_for: int | None,
+) -> runs_db.QueuedRun:
     """The user entry, run_start, the run, run.created and the job: one transaction."""
     session = await sessions_db.get_session(conn, tenant_id, session_id, lock=True)
     if session is None:
@@ -242,6 +245,7 @@ async def _commit(
         idempotency_key=params.idempotency_key,
         user_entry_seq=user_seq,
         session_marked_active=True,
+        claim_for=claim_for,
     )
 
 

@@ -376,7 +376,7 @@ async def _queue(
         entry_id(run_id, "start"),
     )
     await append_in(conn, tenant_id, session_id, [start])
-    return await runs.create(
+    queued = await runs.create(
         conn,
         id=run_id,
         tenant_id=tenant_id,
@@ -386,3 +386,4 @@ async def _queue(
         params=RunParams(focus=params.focus, keep_last_turns=params.keep_last_turns),
         idempotency_key=params.idempotency_key,
     )
+    return queued.run

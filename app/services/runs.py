@@ -44,12 +44,14 @@ async def create(
     idempotency_key: str | None,
     user_entry_seq: int | None = None,
     session_marked_active: bool = False,
-) -> Run:
+    claim_for: int | None = None,
+) -> runs_db.QueuedRun:
     """Insert a queued run, announce it with `run.created` and defer its job: the run and its
     job are committed together or not at all. `session_marked_active`: the caller has set the
-    session's status (with its append), else it is set here."""
+    session's status (with its append), else it is set here. `claim_for`: this process's
+    worker id, to take the job at once if its session allows (runs_db.insert_queued_run)."""
     params = carried.into(params, run_id=id, tenant_id=tenant_id, session_id=session_id)
-    run = await runs_db.insert_queued_run(
+    queued = await runs_db.insert_queued_run(
         conn,
         machine.created_event(id, session_id, kind, user_entry_seq, model),
         id=id,
@@ -60,6 +62,7 @@ async def create(
         params=params.ask_json() if kind is RunKind.ASK else params.compaction_json(),
         idempotency_key=idempotency_key,
         user_entry_seq=user_entry_seq,
+        claim_for=claim_for,
     )
     metrics.run_created(kind.value)
     if not session_marked_active:
@@ -68,7 +71,7 @@ async def create(
             .where(sessions.c.id == session_id)
             .values(status="active", updated_at=func.now())
         )
-    return run
+    return queued
 
 
 async def start(conn: AsyncConnection, run: Run, lease: int) -> Run:

@@ -12,6 +12,13 @@ then waits for the job's, so a run found locked is left to the queue (the claim 
 rather than risk a deadlock. A started run is then executed and fenced like any other (its
 lease, its attempt); if this process dies, the lease goes with it and another worker resumes
 the run from the journal (app/worker/pool.py).
+
+Better still, an ask that finds room here reserves it (`reserve`) and commits its job already
+taken by this process's worker, when its session's queue lets it (app/db/jobs.py): the handoff
+then starts the run with no claim of its own, and procrastinate's worker never hears of it.
+Such a job cannot be left to the queue: its run is started, or its job ends failed (the run is
+then queued again by the run recovery); if this process dies first, procrastinate's stalled-job
+check gives the job back to the queue, as for any job its worker held.
 """
 
 from __future__ import annotations
@@ -80,36 +87,73 @@ class Handoff:
         self._start = start
         self._execute = execute
         self._running: dict[int, asyncio.Task[None]] = {}  # by job id
+        self._reserved = 0  # asks being committed with their job taken for this handoff
         self._aborted: set[int] = set()
         self._closed = False
         self.claimed = 0  # runs this handoff executed (for tests)
 
-    def offer(self, run_id: str, job_id: int | None) -> None:
-        """Start the run now if this process has room; never waits, never fails the ask."""
+    def reserve(self) -> int | None:
+        """Room for one more run, held until `offer` or `release`: the worker id the ask's job
+        may be committed taken by; None: no room (the ask's job is deferred as usual)."""
+        if self._closed or not self._worker_ids:
+            return None
+        if len(self._running) + self._reserved >= self._limit:
+            return None
+        self._reserved += 1
+        return self._worker_ids[-1]
+
+    def release(self) -> None:
+        """Give back a reservation (the ask is committed, or failed): call before `offer`."""
+        self._reserved -= 1
+
+    def offer(self, run_id: str, job_id: int | None, claimed: bool = False) -> None:
+        """Start the run now if this process has room; never waits, never fails the ask.
+        `claimed`: its job was committed taken by this handoff's worker (`reserve`): the run
+        is started, or its job ended."""
+        if claimed and job_id is not None:
+            self._start_task(run_id, job_id, claimed=True)
+            return
         if self._closed or job_id is None or not self._worker_ids:
             return
         if len(self._running) >= self._limit:
             return
-        task = asyncio.create_task(self._run(run_id, job_id), name=f"handoff {run_id}")
+        self._start_task(run_id, job_id, claimed=False)
+
+    def _start_task(self, run_id: str, job_id: int, claimed: bool) -> None:
+        # Shutting down (a claimed job): it ends failed, and the run recovery queues the run.
+        run = self._finish(job_id, "failed") if self._closed else self._run(run_id, job_id, claimed)
+        task = asyncio.create_task(run, name=f"handoff {run_id}")
         self._running[job_id] = task
         task.add_done_callback(lambda _t: self._running.pop(job_id, None))
 
-    async def _run(self, run_id: str, job_id: int) -> None:
+    async def _run(self, run_id: str, job_id: int, claimed: bool) -> None:
         try:
             async with self._runtime.engine.begin() as conn:
-                worker_id = self._worker_ids[-1]
-                claim = await conn.execute(_CLAIM, {"job_id": job_id, "worker_id": worker_id})
-                if claim.scalar() is None:
-                    # the queue's worker took it, or its session has another job first
-                    return
-                run = await runs_db.get_run(conn, run_id, lock=True, skip_locked=True)
-                if run is None:  # being cancelled (or gone): the claim is undone
-                    raise _LeftToQueue
+                if claimed:
+                    # No job lock held here: waiting for a cancel's lock on the run is safe.
+                    run = await runs_db.get_run(conn, run_id, lock=True)
+                else:
+                    worker_id = self._worker_ids[-1]
+                    params = {"job_id": job_id, "worker_id": worker_id}
+                    if (await conn.execute(_CLAIM, params)).scalar() is None:
+                        # the queue's worker took it, or its session has another job first
+                        return
+                    run = await runs_db.get_run(conn, run_id, lock=True, skip_locked=True)
+                    if run is None:  # being cancelled (or gone): the claim is undone
+                        raise _LeftToQueue
                 started = await self._start(conn, self._runtime, run)
         except _LeftToQueue:
             return
+        except asyncio.CancelledError:
+            if claimed:  # shut down before the run started: it is queued again
+                await asyncio.shield(self._finish(job_id, "failed"))
+            raise
         except Exception:
-            log.warning("handing run %s over failed; the queue runs it", run_id, exc_info=True)
+            if claimed:
+                log.warning("starting run %s failed; it is queued again", run_id, exc_info=True)
+                await asyncio.shield(self._finish(job_id, "failed"))
+            else:
+                log.warning("handing run %s over failed; the queue runs it", run_id, exc_info=True)
             return
         self.claimed += 1
         status = "failed"

@@ -1,6 +1,7 @@
 """The in-process handoff: `threadline serve` starts its own asks' runs at once, each exactly
-once although procrastinate's worker is told of the same jobs, and a process killed after the
-handoff leaves its run to the durable job: another worker finishes it."""
+once although procrastinate's worker is told of the same jobs (or, committed taken by the
+handoff, never hears of them), and a process killed after the handoff, or before its taken job's
+run started, leaves its run to the durable job: another worker finishes it."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ import asyncio
 import uuid
 from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
 import httpx
 import pytest
 from fastapi import FastAPI
 from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import Settings
 from app.db import runs as runs_db
@@ -22,6 +25,7 @@ from app.main import create_app
 from app.runs.model import Run, RunStatus
 from app.runs.writer import EventWriter
 from app.services import asks
+from app.services import runs as runs_service
 from app.services.keys import tenant_for_key
 from app.services.sessions import create_session
 from app.worker.handoff import Handoff
@@ -194,3 +198,168 @@ async def test_a_run_held_by_a_cancel_is_left_to_the_queue_with_its_claim_undone
         assert status == "succeeded"
     finally:
         await engine.dispose()
+
+
+async def register_worker(engine: AsyncEngine, heartbeat_age_seconds: float = 0) -> int:
+    async with engine.begin() as conn:
+        query = text(
+            "INSERT INTO procrastinate_workers (last_heartbeat)"
+            " VALUES (now() - make_interval(secs => :age)) RETURNING id"
+        )
+        return int((await conn.execute(query, {"age": heartbeat_age_seconds})).scalar_one())
+
+
+async def job_row(engine: AsyncEngine, job_id: int | None) -> Any:
+    async with engine.connect() as conn:
+        query = text(
+            "SELECT status, worker_id, attempts, abort_requested,"
+            " (SELECT count(*) FROM procrastinate_events e WHERE e.job_id = j.id) AS events"
+            " FROM procrastinate_jobs j WHERE id = :id"
+        )
+        return (await conn.execute(query, {"id": job_id})).one()
+
+
+async def test_serve_commits_each_ask_with_its_job_taken_by_its_handoff(
+    handoff_settings: tuple[Settings, str], upstream: FakeUpstream
+) -> None:
+    """One ask at a time, with room: each job is committed taken by the handoff's worker, and
+    procrastinate's worker never handles it (no event of its own: not deferred, not started)."""
+    settings, key = handoff_settings
+    upstream.clear()
+    asks_made = 3
+    for i in range(asks_made):
+        upstream.script(Text(f"answer {i}"), Usage(3, 2))
+    app: FastAPI = create_app(settings, workers=2)
+    server, thread, url = serve_in_thread(app)
+    engine = create_engine(settings)
+    try:
+        headers = {"Authorization": f"Bearer {key}"}
+        async with httpx.AsyncClient(base_url=url, headers=headers, timeout=60) as api:
+            runs = []
+            for _ in range(asks_made):
+                sid = (await new_session(api))["id"]
+                events = await collect(api, "POST", f"/v1/sessions/{sid}/ask", json={"input": "q"})
+                assert [e.type for e in events][-1] == "run.completed"
+                runs.append(events[0].data["run_id"])
+        handoff = app.state.handoff
+        assert isinstance(handoff, Handoff) and handoff.claimed == asks_made
+        async with engine.connect() as conn:
+            stored = [await runs_db.get_run(conn, run_id) for run_id in runs]
+        for run in stored:
+            assert run is not None and run.status is RunStatus.COMPLETED
+            job = await job_row(engine, run.job_id)
+            # status events only: procrastinate writes one when its worker defers or takes
+            # a job ('deferred', 'started'); the handoff's finish writes the end's
+            assert (job.status, job.events) == ("succeeded", 1)
+    finally:
+        stop_thread_server(server, thread)
+        await engine.dispose()
+        upstream.clear()
+
+
+async def test_a_cancel_holding_a_claimed_runs_row_ends_it_before_it_starts(
+    handoff_settings: tuple[Settings, str],
+) -> None:
+    """A job committed taken by the handoff cannot be left to the queue: the handoff waits for
+    a cancel that holds the run's row (it holds no job lock that the cancel would wait for:
+    no deadlock), then ends the cancelled run instead of starting it, and its job."""
+    settings, key = handoff_settings
+    engine = create_engine(settings)
+    try:
+        tenant = await tenant_for_key(engine, key)
+        assert tenant is not None
+        session = await create_session(engine, tenant, title=None, metadata={}, config={})
+        worker_id = await register_worker(engine)
+        asked = await asks.ask(
+            engine, settings, tenant, str(session["id"]), asks.AskParams("q"), claim_for=worker_id
+        )
+        assert asked.claimed and asked.run.job_id is not None
+        run_id, job_id = asked.run.id, asked.run.job_id
+        runtime = Runtime(
+            engine, settings, Router(settings), EventWriter(engine), WorkerLease(engine)
+        )
+        executed: list[Run] = []
+
+        async def execute(
+            _runtime: Runtime, run: Run, _reason: Callable[[], str | None], _job: int
+        ) -> bool:
+            executed.append(run)
+            return False
+
+        handoff = Handoff(runtime, [worker_id], 1, start_locked, execute)
+        async with engine.connect() as canceller:
+            await canceller.begin()
+            run = await runs_db.get_run(canceller, run_id, lock=True)  # the cancel's first lock
+            assert run is not None
+            handoff.offer(run_id, job_id, claimed=True)
+            await wait_for_lock_wait(engine, "FOR UPDATE")  # the handoff waits for the run
+            await runs_service.request_cancel(canceller, run, "cancel")  # then the job's lock
+            await canceller.commit()
+        await handoff.close(grace_seconds=60)
+        assert executed == [] and handoff.claimed == 1
+        async with engine.connect() as conn:
+            ended = await runs_db.get_run(conn, run_id)
+        assert ended is not None and ended.status is RunStatus.CANCELLED
+        job = await job_row(engine, job_id)
+        assert (job.status, job.abort_requested) == ("succeeded", False)
+    finally:
+        await engine.dispose()
+
+
+async def test_a_claimed_job_whose_process_died_before_its_run_started_goes_back_to_the_queue(
+    handoff_settings: tuple[Settings, str], upstream: FakeUpstream
+) -> None:
+    """The ask committed its job taken by a process that died (kill -9) before its handoff
+    started the run: the job is 'doing' under a worker that never beats again. Another
+    process's stalled-job check gives it back to the queue, and its worker runs it."""
+    settings, key = handoff_settings
+    upstream.clear()
+    upstream.script(Text("the answer"), Usage(3, 2))
+    engine = create_engine(settings)
+    server = thread = None
+    try:
+        tenant = await tenant_for_key(engine, key)
+        assert tenant is not None
+        session = await create_session(engine, tenant, title=None, metadata={}, config={})
+        # The dead process's registration: its last heartbeat long past the stall threshold.
+        dead = await register_worker(engine, settings.stalled_after_seconds * 100)
+        asked = await asks.ask(
+            engine, settings, tenant, str(session["id"]), asks.AskParams("q"), claim_for=dead
+        )
+        assert asked.claimed
+        assert (await job_row(engine, asked.run.job_id)).status == "doing"
+        app: FastAPI = create_app(settings, workers=2)
+        server, thread, url = serve_in_thread(app)
+        headers = {"Authorization": f"Bearer {key}"}
+        async with httpx.AsyncClient(base_url=url, headers=headers, timeout=90) as api:
+            done = (
+                await api.get(f"/v1/runs/{asked.run.id}", params={"wait": "true", "timeout": 60})
+            ).json()
+        assert done["status"] == "completed" and done["result"] == "the answer", done
+        assert done["attempts"] == 1  # never started before: no worker was lost
+        job = await job_row(engine, asked.run.job_id)
+        assert (job.status, job.attempts) == ("succeeded", 2)  # retried once, then run
+        assert len(upstream.requests) == 1
+    finally:
+        if server is not None and thread is not None:
+            stop_thread_server(server, thread)
+        await engine.dispose()
+        upstream.clear()
+
+
+async def wait_for_lock_wait(engine: AsyncEngine, query_part: str) -> None:
+    """Until a session waits for a row lock in a query containing `query_part` (a connection
+    per look: the pool is small, and the waiter needs one of its own)."""
+    for _ in range(600):
+        async with engine.connect() as conn:
+            waiting = await conn.scalar(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity"
+                    " WHERE wait_event_type = 'Lock' AND position(:part IN query) > 0"
+                ),
+                {"part": query_part},
+            )
+        if waiting:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"no query with {query_part!r} ever waited for a lock")
