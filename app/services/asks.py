@@ -37,6 +37,8 @@ from app.telemetry import metrics
 Strategy = Literal["reject", "enqueue", "interrupt", "rollback"]
 # How long a `rollback` ask waits for the run it replaces to stop before giving up (409).
 ROLLBACK_WAIT_SECONDS = 15.0
+# The constraint a job claimed for a procrastinate worker that is no longer registered breaks.
+UNREGISTERED_WORKER = "procrastinate_jobs_worker_id_fkey"
 
 
 @dataclass(frozen=True)
@@ -117,11 +119,25 @@ async def ask(
         )
         await _stop_active_runs(engine, tenant_id, session_id, "rollback")
     try:
-        async with engine.begin() as conn:
-            queued = await _commit(
-                conn, settings, tenant_id, session_id, params, checked.model, own_limits, claim_for
+        try:
+            return await _committed(
+                engine,
+                settings,
+                tenant_id,
+                session_id,
+                params,
+                checked.model,
+                own_limits,
+                claim_for,
             )
-        return AskResult(queued.run, True, queued.claimed)
+        except IntegrityError as exc:
+            if claim_for is None or UNREGISTERED_WORKER not in str(exc.orig):
+                raise
+        # The worker this process registered was pruned meanwhile (after a database outage):
+        # the job is queued for whichever worker fetches it, as when the handoff has no room.
+        return await _committed(
+            engine, settings, tenant_id, session_id, params, checked.model, own_limits, None
+        )
     except IntegrityError as exc:
         if "runs_idempotency_key" not in str(exc.orig) or not params.idempotency_key:
             raise
@@ -129,6 +145,23 @@ async def ask(
     earlier = await run_by_idempotency_key(engine, tenant_id, session_id, params.idempotency_key)
     assert earlier is not None
     return AskResult(earlier, created=False)
+
+
+async def _committed(
+    engine: AsyncEngine,
+    settings: Settings,
+    tenant_id: str,
+    session_id: str,
+    params: AskParams,
+    model: str,
+    own_limits: quotas.Limits | None,
+    claim_for: int | None,
+) -> AskResult:
+    async with engine.begin() as conn:
+        queued = await _commit(
+            conn, settings, tenant_id, session_id, params, model, own_limits, claim_for
+        )
+    return AskResult(queued.run, True, queued.claimed)
 
 
 async def check_quotas(

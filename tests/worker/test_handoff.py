@@ -347,6 +347,39 @@ async def test_a_claimed_job_whose_process_died_before_its_run_started_goes_back
         upstream.clear()
 
 
+async def test_an_ask_whose_worker_registration_was_pruned_is_queued_not_refused(
+    handoff_settings: tuple[Settings, str],
+) -> None:
+    """The process's worker registration was pruned between its checks (after a database
+    outage): the job it would have committed taken breaks the registration's foreign key. The
+    ask is still accepted, its job queued for whichever worker fetches it."""
+    settings, key = handoff_settings
+    engine = create_engine(settings)
+    try:
+        tenant = await tenant_for_key(engine, key)
+        assert tenant is not None
+        session = await create_session(engine, tenant, title=None, metadata={}, config={})
+        pruned = await register_worker(engine)
+        async with engine.begin() as conn:
+            await conn.execute(
+                text("DELETE FROM procrastinate_workers WHERE id = :id"), {"id": pruned}
+            )
+        asked = await asks.ask(
+            engine, settings, tenant, str(session["id"]), asks.AskParams("q"), claim_for=pruned
+        )
+        assert asked.created and not asked.claimed and asked.run.job_id is not None
+        job = await job_row(engine, asked.run.job_id)
+        assert job.status == "todo"
+        async with engine.connect() as conn:
+            kinds = await conn.scalars(
+                text("SELECT kind FROM entries WHERE session_id = :id ORDER BY seq"),
+                {"id": session["id"]},
+            )
+            assert list(kinds) == ["message", "run_start"]  # committed once, whole
+    finally:
+        await engine.dispose()
+
+
 async def wait_for_lock_wait(engine: AsyncEngine, query_part: str) -> None:
     """Until a session waits for a row lock in a query containing `query_part` (a connection
     per look: the pool is small, and the waiter needs one of its own)."""
