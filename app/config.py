@@ -116,7 +116,12 @@ class Settings(BaseSettings):
         default=120, gt=0, description="A model call that sends nothing for this long fails."
     )
     breaker_failures: int = Field(
-        default=5, ge=1, description="Consecutive failures after which a provider is skipped."
+        default=5,
+        ge=1,
+        description=(
+            "Failures within a minute, and more than the calls the provider answered"
+            " meanwhile, after which it is skipped."
+        ),
     )
     breaker_cooldown_seconds: float = Field(
         default=30, ge=0, description="How long a tripped provider is skipped."

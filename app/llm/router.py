@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import random
 import time
+from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Collection
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from app.config import Settings
 from app.core import tool_choice
@@ -39,7 +41,10 @@ from app.llm.local_provider import LocalProvider
 from app.llm.openai_provider import OpenAIProvider
 from app.telemetry import metrics, tracing
 
+log = logging.getLogger(__name__)
 MAX_RETRY_DELAY_SECONDS = 30.0
+# How far back the circuit breaker weighs a provider's failures against its answers.
+BREAKER_WINDOW_SECONDS = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,8 +66,22 @@ ProviderFactory = Callable[[str], Route]
 
 @dataclass(slots=True)
 class _Breaker:
-    failures: int = 0  # consecutive failed calls
+    """A provider's recent calls (failed, or answering) within BREAKER_WINDOW_SECONDS. Its
+    circuit opens when the failures reach the threshold and outnumber the calls answered: with
+    a hundred streams in flight, a few calls failing at once (a dropped connection) must not
+    take the provider away from the many it is answering."""
+
+    outcomes: deque[tuple[float, bool]] = field(default_factory=deque)  # (when, answered)
+    answers: int = 0  # of the outcomes
     open_until: float | None = None
+
+    def record(self, now: float, *, answered: bool) -> tuple[int, int]:
+        """Add a call's outcome; the failures and answers within the window."""
+        self.outcomes.append((now, answered))
+        self.answers += answered
+        while self.outcomes[0][0] < now - BREAKER_WINDOW_SECONDS:
+            self.answers -= self.outcomes.popleft()[1]
+        return len(self.outcomes) - self.answers, self.answers
 
 
 class Router:
@@ -221,7 +240,9 @@ class Router:
                         if restart is not None:
                             yield Restart(restart)
                             restart = None
-                        produced = True
+                        if not produced:
+                            produced = True
+                            self._record_answer(route.key)
                         yield event
             except ProviderError as error:
                 tracing.end(span, error)
@@ -230,7 +251,9 @@ class Router:
                     self._record_failure(route.key)
                 given_up = (produced and not restarts) or not error.retryable
                 if given_up or retries >= self._settings.llm_max_retries:
+                    log.warning("%s: %s (%s); given up", model, error, error.kind)
                     raise
+                log.warning("%s: %s (%s); retrying", model, error, error.kind)
                 if produced:
                     restart = error
                 retries += 1
@@ -242,7 +265,6 @@ class Router:
                 raise
             tracing.end(span)
             metrics.provider_call(route.key, route.model, None)
-            self._breakers.pop(route.key, None)
             return
 
     async def _guarded(
@@ -292,12 +314,22 @@ class Router:
                 "unavailable", f"{key}: circuit open after repeated failures, skipped for now"
             )
 
+    def _record_answer(self, key: str) -> None:
+        """A call to `key` began answering: the provider is up."""
+        breaker = self._breakers.setdefault(key, _Breaker())
+        if breaker.open_until is not None:  # the trial after the cooldown: closed again
+            del self._breakers[key]
+            return
+        breaker.record(self._clock(), answered=True)
+
     def _record_failure(self, key: str) -> None:
         breaker = self._breakers.setdefault(key, _Breaker())
-        breaker.failures += 1
+        now = self._clock()
+        failures, answers = breaker.record(now, answered=False)
         # Past the cooldown one trial call goes through; failing, it reopens at once.
-        if breaker.failures >= self._settings.breaker_failures:
-            breaker.open_until = self._clock() + self._settings.breaker_cooldown_seconds
+        reopen = breaker.open_until is not None
+        if reopen or (failures >= self._settings.breaker_failures and failures > answers):
+            breaker.open_until = now + self._settings.breaker_cooldown_seconds
             metrics.breaker_tripped(key)
 
     async def aclose(self) -> None:

@@ -494,6 +494,45 @@ async def test_the_breaker_opens_after_consecutive_failures_and_closes_after_coo
     assert not router.circuit_open("openai")
 
 
+async def test_a_few_failures_among_many_answered_calls_do_not_open_the_breaker(
+    make_router: Any, upstream: FakeUpstream, clock: FakeClock
+) -> None:
+    """Calls in flight that answered count against the failures: with many streams running, a
+    handful of calls failing together (a dropped connection) leaves the provider in use. This
+    opened the circuit for every stream before (five failures in a row, whatever else ran)."""
+    router = make_router(llm_max_retries=0)  # breaker_failures=3
+    answering = [router.stream(OPENAI, HELLO) for _ in range(4)]
+    for stream in answering:  # each has begun answering, and is still open
+        upstream.script(Text("on"), Text("going"))
+        assert await anext(stream) == (OPENAI, TextDelta("on"))
+    for _ in range(4):
+        upstream.script(Fail(500))
+        with pytest.raises(ProviderError):
+            await collect(router.stream(OPENAI, HELLO))
+    assert not router.circuit_open("openai")  # 4 failures, 4 answers
+    upstream.script(Fail(500))
+    with pytest.raises(ProviderError):
+        await collect(router.stream(OPENAI, HELLO))
+    assert router.circuit_open("openai")  # now they outnumber the answers
+    for stream in answering:
+        await stream.aclose()
+
+
+async def test_answers_older_than_the_window_do_not_hold_the_breaker_closed(
+    make_router: Any, upstream: FakeUpstream, clock: FakeClock
+) -> None:
+    router = make_router(llm_max_retries=0)  # breaker_failures=3
+    for _ in range(5):
+        upstream.script(Text("fine"))
+        await collect(router.stream(OPENAI, HELLO))
+    clock.now += 61
+    for _ in range(3):
+        upstream.script(Fail(500))
+        with pytest.raises(ProviderError):
+            await collect(router.stream(OPENAI, HELLO))
+    assert router.circuit_open("openai")
+
+
 async def test_a_failed_trial_after_cooldown_reopens_at_once(
     make_router: Any, upstream: FakeUpstream, clock: FakeClock
 ) -> None:
