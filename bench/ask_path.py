@@ -113,7 +113,7 @@ def per_ask(
 
 
 async def run(database_url: str, upstream: TimedUpstream) -> None:
-    postmaster = await print_header(database_url)
+    postmaster = await print_header(database_url, "Threadline ask path benchmark", relay=False)
     stats = await asyncpg.connect(libpq_url(database_url))
     await stats.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
     key = await tenant_key(database_url)

@@ -775,8 +775,11 @@ async def bench_slow_readers(
 # --- Running -------------------------------------------------------------------------------
 
 
-async def print_header(database_url: str) -> int:
-    """Print the setup; return the postmaster's pid."""
+async def print_header(
+    database_url: str, title: str = "Threadline streaming benchmark", relay: bool = True
+) -> int:
+    """Print the setup (with the relay and the streams' bound unless `relay` is False: a bench
+    of the served process alone); return the postmaster's pid."""
     conn = await asyncpg.connect(libpq_url(database_url))
     try:
         server_version = await conn.fetchval("SHOW server_version")
@@ -785,22 +788,24 @@ async def print_header(database_url: str) -> int:
         postmaster = int(stat_fields(backend)[1])  # while the backend lives
     finally:
         await conn.close()
-    print("Threadline streaming benchmark" + (" (quick)" if QUICK else ""))
+    print(title + (" (quick)" if QUICK else ""))
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"machine:  {os.cpu_count()} cores, load average {load} at start")
     print("database: throwaway embedded cluster at server defaults (durable)")
     print(f"postgres: {server_version}; {' '.join(shown)}")
     settings = " ".join(f"{k}={v}" for k, v in SERVER_ENV.items() if k != "openai_api_key")
     print(f"server:   `threadline serve` in its own process, default settings but {settings}")
-    print("relay:    bench/relay.py (Starlette + uvicorn + openai SDK, no database) in its own")
+    if relay:
+        print("relay:    bench/relay.py (Starlette + uvicorn + openai SDK, no database) in its own")
     print("upstream: FakeUpstream (OpenAI streaming) in a thread of this process")
     print(f"client:   httpx {httpx.__version__} in this process, {loop_name()}")
-    print(
-        f"bound:    p99 added latency and p99 gap between deltas <= {BOUND_MS:.0f} ms, every"
-        " stream complete and exact;"
-        f" streams of {STREAM_TOKENS} tokens at {1 / TOKEN_DELAY:.0f}/s"
-        f" (~{STREAM_TOKENS * TOKEN_DELAY:.0f} s)"
-    )
+    if relay:
+        print(
+            f"bound:    p99 added latency and p99 gap between deltas <= {BOUND_MS:.0f} ms,"
+            " every stream complete and exact;"
+            f" streams of {STREAM_TOKENS} tokens at {1 / TOKEN_DELAY:.0f}/s"
+            f" (~{STREAM_TOKENS * TOKEN_DELAY:.0f} s)"
+        )
     return postmaster
 
 
