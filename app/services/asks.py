@@ -118,26 +118,23 @@ async def ask(
             engine, settings, tenant_id, replacing_runs_of=session_id, own_limits=own_limits
         )
         await _stop_active_runs(engine, tenant_id, session_id, "rollback")
+
+    async def commit(claim: int | None) -> AskResult:
+        async with engine.begin() as conn:
+            queued = await _commit(
+                conn, settings, tenant_id, session_id, params, checked.model, own_limits, claim
+            )
+        return AskResult(queued.run, True, queued.claimed)
+
     try:
         try:
-            return await _committed(
-                engine,
-                settings,
-                tenant_id,
-                session_id,
-                params,
-                checked.model,
-                own_limits,
-                claim_for,
-            )
+            return await commit(claim_for)
         except IntegrityError as exc:
             if claim_for is None or UNREGISTERED_WORKER not in str(exc.orig):
                 raise
         # The worker this process registered was pruned meanwhile (after a database outage):
         # the job is queued for whichever worker fetches it, as when the handoff has no room.
-        return await _committed(
-            engine, settings, tenant_id, session_id, params, checked.model, own_limits, None
-        )
+        return await commit(None)
     except IntegrityError as exc:
         if "runs_idempotency_key" not in str(exc.orig) or not params.idempotency_key:
             raise
@@ -145,23 +142,6 @@ async def ask(
     earlier = await run_by_idempotency_key(engine, tenant_id, session_id, params.idempotency_key)
     assert earlier is not None
     return AskResult(earlier, created=False)
-
-
-async def _committed(
-    engine: AsyncEngine,
-    settings: Settings,
-    tenant_id: str,
-    session_id: str,
-    params: AskParams,
-    model: str,
-    own_limits: quotas.Limits | None,
-    claim_for: int | None,
-) -> AskResult:
-    async with engine.begin() as conn:
-        queued = await _commit(
-            conn, settings, tenant_id, session_id, params, model, own_limits, claim_for
-        )
-    return AskResult(queued.run, True, queued.claimed)
 
 
 async def check_quotas(
