@@ -7,10 +7,12 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -26,6 +28,8 @@ from testkit.server import free_port, serve_in_thread, stop_thread_server
 from testkit.upstream import FakeUpstream
 
 THREADLINE = os.path.join(os.path.dirname(sys.executable), "threadline")
+# How much of a stopped process's output a failing test shows.
+OUTPUT_TAIL_LINES = 80
 
 
 @dataclass
@@ -132,9 +136,15 @@ class Process:
     """A `threadline` command in its own OS process (a second API, or a worker to kill)."""
 
     def __init__(self, args: list[str], env: dict[str, str], ready_url: str | None = None) -> None:
-        self.process = subprocess.Popen(
-            [THREADLINE, *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
+        self.args = args
+        # Its output goes to a file that stop() prints the end of: pytest shows it when the
+        # test fails, which is the only trace a CI failure of another process leaves.
+        fd, name = tempfile.mkstemp(prefix=f"threadline-{args[0]}-", suffix=".log")
+        self.log = Path(name)
+        with os.fdopen(fd, "wb") as log:
+            self.process = subprocess.Popen(
+                [THREADLINE, *args], env=env, stdout=log, stderr=subprocess.STDOUT
+            )
         if ready_url is not None:
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
@@ -158,6 +168,11 @@ class Process:
                 self.process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 self.kill()
+        if self.log.exists():
+            lines = self.log.read_text(errors="replace").splitlines()[-OUTPUT_TAIL_LINES:]
+            print(f"--- threadline {' '.join(self.args)}: the end of its output ---")
+            print("\n".join(line[:500] for line in lines))
+            self.log.unlink()
 
 
 @pytest.fixture(scope="session")

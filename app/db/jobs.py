@@ -18,6 +18,8 @@ WEBHOOK_TASK = "threadline:deliver_webhook"
 WEBHOOK_QUEUE = "webhooks"
 RETENTION_TASK = "threadline:purge"
 MAINTENANCE_QUEUE = "maintenance"
+# The constraint a job taken for a worker that is no longer registered breaks.
+UNREGISTERED_WORKER = "procrastinate_jobs_worker_id_fkey"
 
 
 def session_lock(session_id: str, kind: str = "ask") -> str:

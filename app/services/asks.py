@@ -23,6 +23,7 @@ from app.core.entries import EntryKind
 from app.core.projection import PendingEntry
 from app.core.tool_choice import ToolChoice
 from app.core.tool_loop import RunTools, next_step
+from app.db import jobs as jobs_db
 from app.db import journal as journal_db
 from app.db import runs as runs_db
 from app.db import sessions as sessions_db
@@ -37,8 +38,6 @@ from app.telemetry import metrics
 Strategy = Literal["reject", "enqueue", "interrupt", "rollback"]
 # How long a `rollback` ask waits for the run it replaces to stop before giving up (409).
 ROLLBACK_WAIT_SECONDS = 15.0
-# The constraint a job claimed for a procrastinate worker that is no longer registered breaks.
-UNREGISTERED_WORKER = "procrastinate_jobs_worker_id_fkey"
 
 
 @dataclass(frozen=True)
@@ -130,7 +129,7 @@ async def ask(
         try:
             return await commit(claim_for)
         except IntegrityError as exc:
-            if claim_for is None or UNREGISTERED_WORKER not in str(exc.orig):
+            if claim_for is None or jobs_db.UNREGISTERED_WORKER not in str(exc.orig):
                 raise
         # The worker this process registered was pruned meanwhile (after a database outage):
         # the job is queued for whichever worker fetches it, as when the handoff has no room.

@@ -36,6 +36,7 @@ from app.tools.webhook import aclose_shared_client
 from app.worker import runtime as runtimes
 from app.worker.handoff import Handoff
 from app.worker.lease import WorkerLease
+from app.worker.registration import keep_registered, work_queues
 from app.worker.run import execute_run, execute_started, start_locked
 from app.worker.webhooks import deliver
 
@@ -131,7 +132,7 @@ async def worker_pool(
     await lease.acquire()
     runtime = runtimes.Runtime(engine, settings, Router(settings), writer, lease)
     app = queue_app(settings, runtime, concurrency)
-    registered = _remember_registrations(app)
+    registered = keep_registered(app, engine)
     # Only asks are handed over (app/api/asks.py): their runs need no compaction check.
     handoff = Handoff(runtime, registered, concurrency, start_locked, execute_started)
     async with app.open_async():
@@ -143,12 +144,15 @@ async def worker_pool(
             asyncio.create_task(handoff.watch_aborts(), name="handoff-aborts"),
             asyncio.create_task(_schedule_retention(app, settings), name="retention-schedule"),
             asyncio.create_task(
-                app.run_worker_async(
-                    queues=[RUN_QUEUE, WEBHOOK_QUEUE, MAINTENANCE_QUEUE],
-                    concurrency=concurrency,
-                    install_signal_handlers=False,
-                    update_heartbeat_interval=settings.worker_heartbeat_seconds,
-                    shutdown_graceful_timeout=settings.worker_shutdown_seconds,
+                work_queues(
+                    lambda: app.run_worker_async(
+                        queues=[RUN_QUEUE, WEBHOOK_QUEUE, MAINTENANCE_QUEUE],
+                        concurrency=concurrency,
+                        install_signal_handlers=False,
+                        update_heartbeat_interval=settings.worker_heartbeat_seconds,
+                        shutdown_graceful_timeout=settings.worker_shutdown_seconds,
+                    ),
+                    settings.stall_check_seconds,
                 ),
                 name="procrastinate-worker",
             ),
@@ -205,21 +209,6 @@ async def _schedule_retention(app: procrastinate.App, settings: Settings) -> Non
             pass  # the last tick's purge is still waiting: it covers this one
         except Exception:
             log.exception("queueing the retention job failed")
-
-
-def _remember_registrations(app: procrastinate.App) -> list[int]:
-    """The ids procrastinate registers this process's worker under (to notice it was
-    deregistered: see _retry_stalled)."""
-    ids: list[int] = []
-    register = app.job_manager.register_worker
-
-    async def registered() -> int:
-        worker_id = await register()
-        ids.append(worker_id)
-        return worker_id
-
-    app.job_manager.register_worker = registered  # type: ignore[method-assign]
-    return ids
 
 
 async def _retry_stalled(

@@ -5,7 +5,9 @@ worker keeps its run and goes on taking jobs."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
+from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
@@ -158,3 +160,101 @@ async def test_a_paused_worker_keeps_its_run_and_takes_jobs_again(
     upstream.script(Text("still working"))
     nxt = await ended_run(api_only, (await ask(api_only, sid))["id"])
     assert (nxt["status"], nxt["result"]) == ("completed", "still working")
+
+
+async def deregister_all(settings: Settings) -> None:
+    assert settings.database_url is not None
+    conn = await asyncpg.connect(libpq_url(settings.database_url))
+    try:
+        await conn.execute("DELETE FROM procrastinate_workers")
+    finally:
+        await conn.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("worker_settings", [{"stall_check_seconds": 3600}])
+async def test_a_worker_deregistered_behind_its_back_takes_the_next_job(
+    api_only: httpx.AsyncClient, upstream: FakeUpstream, workers: Workers, crash_settings: Settings
+) -> None:
+    # A paused worker pruned by another fetched its next job before it noticed: the job's
+    # foreign key to its registration failed, procrastinate stopped the worker's loop, and the
+    # process took no job again (CI: the next ask stayed queued). The stall check that would
+    # register it again is an hour away here: only the fetch itself can recover.
+    sid = (await new_session(api_only))["id"]
+    upstream.script(Text("first"))
+    first = await ended_run(api_only, (await ask(api_only, sid))["id"])
+    assert first["status"] == "completed", first
+    await until_registered(crash_settings, 1)
+    await deregister_all(crash_settings)
+    for text in ("second", "third"):
+        upstream.script(Text(text))
+        run = await ended_run(api_only, (await ask(api_only, sid))["id"], within=120)
+        assert (run["status"], run["result"]) == ("completed", text), run
+    await until_registered(crash_settings, 1)
+
+
+@contextlib.asynccontextmanager
+async def failing(settings: Settings, function: str) -> AsyncIterator[asyncpg.Connection]:
+    """While in the block, procrastinate's SQL `function` (its signature) raises, counting its
+    calls in the sequence `failures` (a sequence survives the rollback); then it is put back."""
+    assert settings.database_url is not None
+    conn = await asyncpg.connect(libpq_url(settings.database_url))
+    try:
+        original, name, arguments, returns = await conn.fetchrow(
+            "SELECT pg_get_functiondef(oid), proname, pg_get_function_arguments(oid),"
+            f" pg_get_function_result(oid) FROM pg_proc WHERE oid = '{function}'::regprocedure"
+        )
+        await conn.execute("CREATE SEQUENCE IF NOT EXISTS failures")
+        await conn.execute(
+            f"CREATE OR REPLACE FUNCTION {name}({arguments}) RETURNS {returns} LANGUAGE plpgsql"
+            " AS $$ BEGIN PERFORM nextval('failures'); RAISE 'injected failure'; END $$"
+        )
+        yield conn
+    finally:
+        await conn.execute(original)
+        await conn.close()
+
+
+async def until_failed(conn: asyncpg.Connection, times: int) -> None:
+    for _ in range(1200):
+        query = "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM failures"
+        if await conn.fetchval(query) >= times:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"never failed {times} times")
+
+
+@pytest.mark.slow
+async def test_a_worker_whose_heartbeats_fail_keeps_its_run_and_takes_the_next_job(
+    api_only: httpx.AsyncClient, upstream: FakeUpstream, workers: Workers, crash_settings: Settings
+) -> None:
+    # A failed heartbeat (a database blip) stopped procrastinate's worker for good: its run
+    # was left to finish, and the process never took another job.
+    sid = (await new_session(api_only))["id"]
+    release = threading.Event()
+    upstream.script(Text("held "), Hold(release), Text("answer"))
+    run = await ask(api_only, sid)
+    await until_streaming(api_only, run["id"], 1)
+    async with failing(crash_settings, "procrastinate_update_heartbeat_v1(bigint)") as conn:
+        await until_failed(conn, 3)
+    release.set()
+    done = await ended_run(api_only, run["id"])
+    assert (done["status"], done["result"], done["attempts"]) == ("completed", "held answer", 1)
+    upstream.script(Text("next"))
+    nxt = await ended_run(api_only, (await ask(api_only, sid))["id"], within=120)
+    assert (nxt["status"], nxt["result"]) == ("completed", "next"), nxt
+
+
+@pytest.mark.slow
+async def test_a_worker_whose_job_fetch_fails_is_started_again(
+    api_only: httpx.AsyncClient, upstream: FakeUpstream, workers: Workers, crash_settings: Settings
+) -> None:
+    # Any other error in procrastinate's loop stops its worker too: the pool starts it again.
+    sid = (await new_session(api_only))["id"]
+    upstream.script(Text("after the fault"))
+    fetch = "procrastinate_fetch_job_v2(character varying[], bigint)"
+    async with failing(crash_settings, fetch) as conn:
+        run = await ask(api_only, sid)
+        await until_failed(conn, 2)  # the worker was started again, and fetched again
+    done = await ended_run(api_only, run["id"], within=120)
+    assert (done["status"], done["result"]) == ("completed", "after the fault"), done
