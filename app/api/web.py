@@ -23,4 +23,6 @@ def install_web(app: FastAPI) -> None:
 
     @app.get("/", include_in_schema=False)
     async def home() -> RedirectResponse:
-        return RedirectResponse(f"{UI_URL}/", status_code=307)
+        # Relative, as the page's calls to the API are: behind a reverse proxy that serves
+        # Threadline under a path, /chat/ leads to /chat/ui/.
+        return RedirectResponse(f".{UI_URL}/", status_code=307)

@@ -26,6 +26,7 @@ from app.api.web import ASSETS
 from app.config import Settings
 from app.main import create_app
 from testkit.browser import WAIT_MS, chromium_binary, launched_chromium
+from testkit.path_proxy import path_proxy
 from testkit.server import serve_in_thread, stop_thread_server
 from testkit.upstream import FailMidStream, FakeUpstream, Hold, Text
 from tests.conftest import issue_key
@@ -80,7 +81,8 @@ async def test_the_page_is_served_at_ui_and_the_root_sends_browsers_there(
 ) -> None:
     anonymous: httpx.AsyncClient = make_client(None)
     root = await anonymous.get("/", follow_redirects=False)
-    assert root.status_code == 307 and root.headers["location"] == "/ui/"
+    # Relative, so that it also leads to the page behind a proxy that adds a path.
+    assert root.status_code == 307 and root.headers["location"] == "./ui/"
     page = await anonymous.get("/ui/")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert '<script src="app.js">' in page.text and 'href="app.css"' in page.text
@@ -233,6 +235,28 @@ def test_send_stream_reload_rejoin_and_finish(
         texts = [e["payload"]["content"] for e in entries if e["kind"] == "message"]
         assert texts == ["Should I pack an umbrella?", "Pack an umbrella today."]
         assert client.get(f"/v1/sessions/{session_id}").json()["title"] == "Weather in Oslo"
+
+
+def test_behind_a_proxy_that_serves_it_under_a_path_the_page_works(
+    browser: Browser, served: Served, upstream: FakeUpstream
+) -> None:
+    # The page called the API at /v1/... and the root sent browsers to /ui/: behind a proxy
+    # serving Threadline at /chat/, the sign-in already failed (/v1/models was the proxy's).
+    upstream.clear()
+    upstream.script(Text("Under "), Text("a path."))
+    server, thread, url = serve_in_thread(path_proxy(served.url, "/chat"))
+    page = signed_in(browser, Served(f"{url}/chat/", served.key))
+    try:
+        assert page.url == f"{url}/chat/ui/"
+        page.get_by_role("button", name="Start session").click()
+        box = page.get_by_label("Message", exact=True)
+        box.fill("Where are you?")
+        box.press("Enter")
+        expect(assistant_text(page)).to_have_text("Under a path.")
+        expect(page.get_by_role("button", name="Branch from message #3")).to_be_visible()
+    finally:
+        page.close()
+        stop_thread_server(server, thread)
 
 
 def test_stop_cancels_the_run_and_keeps_what_it_said(

@@ -8,11 +8,17 @@ export class ApiError extends Error {
   }
 }
 
+// The API's address, from the page's own: the page is served at <root>/ui/ and the API at
+// <root>/v1/, so a reverse proxy serving Threadline under a path (/chat/ui/) reaches both.
+export function apiUrl(path) {
+  return new URL(`..${path}`, document.baseURI).href;
+}
+
 export function makeApi(key) {
   const auth = { Authorization: `Bearer ${key}` };
 
   async function call(method, path, body, headers = {}) {
-    const response = await fetch(path, {
+    const response = await fetch(apiUrl(path), {
       method,
       headers: { ...auth, ...(body === undefined ? {} : { "Content-Type": "application/json" }), ...headers },
       body: body === undefined ? undefined : JSON.stringify(body),

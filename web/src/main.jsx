@@ -2,7 +2,7 @@ import { useChat } from "@ai-sdk/react";
 import { DefaultChatTransport } from "ai";
 import { useCallback, useEffect, useMemo, useRef, useState } from "react";
 import { createRoot } from "react-dom/client";
-import { ApiError, entriesToMessages, excerptPieces, makeApi, openRun } from "./api.js";
+import { ApiError, apiUrl, entriesToMessages, excerptPieces, makeApi, openRun } from "./api.js";
 
 const KEY_NAME = "threadline.key";
 
@@ -288,7 +288,7 @@ function Conversation({ api, apiKey, session, initial, rejoin, onChanged, onOpen
   const transport = useMemo(
     () =>
       new DefaultChatTransport({
-        api: "/v1/ui/chat",
+        api: apiUrl("/v1/ui/chat"),
         headers: { Authorization: `Bearer ${apiKey}` },
         // The run goes on when the page goes away (a reload rejoins it); Stop cancels it.
         body: { on_disconnect: "continue" },
