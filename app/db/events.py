@@ -198,14 +198,36 @@ async def read_events_of_runs(
     return list((await conn.execute(query, params)).mappings())
 
 
+@dataclass(frozen=True)
+class Pruned:
+    run_ids: list[str]  # the runs whose events went
+    events: int
+
+
 async def prune(
-    conn: AsyncConnection, retention_seconds: float, now: datetime | None = None
-) -> int:
+    conn: AsyncConnection,
+    retention_seconds: float,
+    now: datetime | None = None,
+    limit: int | None = None,
+) -> Pruned:
     """Drop the events of runs that ended longer ago than the retention, as of `now` (default:
-    the database's clock); the journal remains."""
+    the database's clock), at most `limit` runs (default: all), oldest first; the journal
+    remains. Each run is pruned once (runs.events_pruned, skipping runs another prune holds):
+    a prune costs what ended since the last one, not every run ever."""
     moment = func.now() if now is None else literal(now, runs.c.ended_at.type)
-    ended = select(runs.c.id).where(
-        runs.c.ended_at < moment - func.make_interval(0, 0, 0, 0, 0, 0, retention_seconds)
+    due = (
+        select(runs.c.id)
+        .where(
+            runs.c.ended_at < moment - func.make_interval(0, 0, 0, 0, 0, 0, retention_seconds),
+            ~runs.c.events_pruned,
+        )
+        .order_by(runs.c.ended_at)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
     )
-    result = await conn.execute(run_events.delete().where(run_events.c.run_id.in_(ended)))
-    return int(result.rowcount or 0)
+    marked = runs.update().where(runs.c.id.in_(due)).values(events_pruned=True)
+    run_ids = [str(i) for i in (await conn.execute(marked.returning(runs.c.id))).scalars()]
+    if not run_ids:
+        return Pruned([], 0)
+    result = await conn.execute(run_events.delete().where(run_events.c.run_id.in_(run_ids)))
+    return Pruned(run_ids, int(result.rowcount or 0))

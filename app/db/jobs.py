@@ -99,11 +99,15 @@ async def finish_job(conn: AsyncConnection, job_id: int, status: str) -> None:
     )
 
 
-async def delete_jobs_of_runs(conn: AsyncConnection, run_ids: list[str]) -> None:
+async def delete_jobs_of_runs(
+    conn: AsyncConnection, run_ids: list[str], *, finished_only: bool = False
+) -> None:
     """Forget the jobs of these runs and of their webhook deliveries (their args name them),
-    except those a worker holds right now: it finishes them, finding their run gone."""
+    except those a worker holds right now: it finishes them, finding their run gone; with
+    `finished_only`, those still waiting too (a delivery's retry)."""
     if not run_ids:
         return
+    kept = "('todo', 'doing')" if finished_only else "('doing')"
     deliveries = [
         str(i)
         for i in (
@@ -118,11 +122,23 @@ async def delete_jobs_of_runs(conn: AsyncConnection, run_ids: list[str]) -> None
         if ids:
             await conn.execute(
                 text(
-                    "DELETE FROM procrastinate_jobs WHERE status <> 'doing'"
+                    f"DELETE FROM procrastinate_jobs WHERE status NOT IN {kept}"
                     f" AND args ? '{key}' AND args->>'{key}' = ANY(CAST(:ids AS text[]))"
                 ),
                 {"ids": ids},
             )
+
+
+async def delete_finished_maintenance_jobs(conn: AsyncConnection) -> int:
+    """The maintenance queue's finished jobs (a retention pass each minute, by default)."""
+    result = await conn.execute(
+        text(
+            "DELETE FROM procrastinate_jobs WHERE queue_name = :queue"
+            " AND status NOT IN ('todo', 'doing')"
+        ),
+        {"queue": MAINTENANCE_QUEUE},
+    )
+    return int(result.rowcount or 0)
 
 
 async def cancel_job(conn: AsyncConnection, job_id: int) -> bool:

@@ -259,9 +259,16 @@ runs = Table(
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("started_at", DateTime(timezone=True)),
     Column("ended_at", DateTime(timezone=True)),
+    # Retention dropped its events and finished jobs (app/services/retention.py): done once.
+    Column("events_pruned", Boolean, nullable=False, server_default=text("false")),
     UniqueConstraint("session_id", "idempotency_key", name="runs_idempotency_key"),
     CheckConstraint("kind IN ('ask', 'compaction')", name="runs_kind"),
     Index("runs_unfinished", "status", postgresql_where=text("status IN ('queued', 'running')")),
+    Index(
+        "runs_ended_unpruned",
+        "ended_at",
+        postgresql_where=text("ended_at IS NOT NULL AND NOT events_pruned"),
+    ),
 )
 
 run_events = Table(

@@ -52,13 +52,22 @@ async def purge(
     batch_size: int,
     now: datetime | None = None,
 ) -> Purged:
-    """The retention job: expired sessions, then the events of runs ended longer ago than
-    `event_retention_seconds` (the journal keeps what they said), and the jobs of purged runs
-    that a worker held while they were purged."""
+    """The retention job: expired sessions; then the events of runs ended longer ago than
+    `event_retention_seconds` (the journal keeps what they said) with their finished jobs and
+    those of their webhook deliveries, `batch_size` runs a transaction; the jobs of purged runs
+    that a worker held while they were purged; and the finished maintenance jobs."""
     sessions = await purge_expired_sessions(engine, batch_size=batch_size, now=now)
+    events = 0
+    while True:
+        async with engine.begin() as conn:
+            pruned = await events_db.prune(conn, event_retention_seconds, now, batch_size)
+            await jobs_db.delete_jobs_of_runs(conn, pruned.run_ids, finished_only=True)
+        events += pruned.events
+        if len(pruned.run_ids) < batch_size:
+            break
     async with engine.begin() as conn:
-        events = await events_db.prune(conn, event_retention_seconds, now=now)
         await jobs_db.delete_orphaned_jobs(conn)
+        await jobs_db.delete_finished_maintenance_jobs(conn)
     if sessions or events:
         log.info("retention: purged %d expired sessions and %d run events", sessions, events)
     return Purged(sessions, events)

@@ -44,11 +44,34 @@ async def test_prune_drops_only_events_of_runs_ended_before_the_retention(
     recent = await run_with_events(engine, "10 minutes")
     running = await run_with_events(engine, None)
     async with engine.begin() as conn:
-        assert await events_db.prune(conn, 3600) >= 2
+        pruned = await events_db.prune(conn, 3600)
+    assert old in pruned.run_ids and pruned.events >= 2
+    assert recent not in pruned.run_ids and running not in pruned.run_ids
     async with engine.connect() as conn:
         assert await events_db.last_seq(conn, old) == 0
         assert await events_db.last_seq(conn, recent) == 2
         assert await events_db.last_seq(conn, running) == 2
+
+
+async def test_a_run_is_pruned_once_and_a_prune_takes_the_oldest_first(
+    engine: AsyncEngine,
+) -> None:
+    # Every prune (each minute) used to delete by every run that ever ended: its cost grew
+    # with the service's whole history. Now a pruned run is marked and never looked at again.
+    async with engine.begin() as conn:
+        await events_db.prune(conn, 0)  # what earlier tests left
+    older = await run_with_events(engine, "3 hours")
+    old = await run_with_events(engine, "2 hours")
+    async with engine.begin() as conn:
+        first = await events_db.prune(conn, 3600, limit=1)
+        second = await events_db.prune(conn, 3600, limit=1)
+        third = await events_db.prune(conn, 3600, limit=1)
+    assert (first.run_ids, first.events) == ([older], 2)
+    assert (second.run_ids, second.events) == ([old], 2)
+    assert (third.run_ids, third.events) == ([], 0)
+    async with engine.connect() as conn:
+        query = "SELECT count(*) FROM runs WHERE id = ANY(CAST(:ids AS uuid[])) AND events_pruned"
+        assert (await conn.execute(text(query), {"ids": [older, old]})).scalar_one() == 2
 
 
 async def test_append_allocates_dense_seqs_per_run_in_order(engine: AsyncEngine) -> None:

@@ -312,17 +312,55 @@ async def test_old_run_events_go_and_the_journal_stays(
             )
         return int(count or 0)
 
+    async def jobs() -> list[str]:
+        """The statuses of the run's procrastinate jobs that have events (all of them)."""
+        async with engine.connect() as conn:
+            rows = await conn.execute(
+                text(
+                    "SELECT j.status FROM procrastinate_jobs j WHERE j.args->>'run_id' = :id"
+                    " AND EXISTS (SELECT 1 FROM procrastinate_events e WHERE e.job_id = j.id)"
+                ),
+                {"id": run["id"]},
+            )
+            return [str(status) for status in rows.scalars()]
+
     assert await events() > 0
+    await jobs_settled(engine, [run["id"]])
+    assert await jobs() == ["succeeded"]
     ended = datetime.fromisoformat(run["ended_at"])
     # Within the retention: kept.
     await retention.purge(engine, event_retention_seconds=3600, batch_size=10, now=ended)
-    assert await events() > 0
+    assert await events() > 0 and await jobs() == ["succeeded"]
     later = ended + timedelta(hours=2)
-    purged = await retention.purge(engine, event_retention_seconds=3600, batch_size=10, now=later)
-    assert purged.run_events > 0 and await events() == 0
+    purged = await retention.purge(engine, event_retention_seconds=3600, batch_size=1, now=later)
+    # The finished job goes with the events (its own events with it): they used to pile up.
+    assert purged.run_events > 0 and await events() == 0 and await jobs() == []
     assert (await api.get(f"/v1/runs/{run['id']}")).json()["result"] == "kept in the journal"
     answer = [e for e in await history(api, sid) if e["payload"].get("role") == "assistant"]
     assert answer[0]["payload"]["content"] == "kept in the journal"
+
+
+async def test_finished_maintenance_jobs_do_not_pile_up(engine: AsyncEngine) -> None:
+    # A retention pass each minute left a finished job (and its events) each minute, for good.
+    async with engine.begin() as conn:
+        for status in ("succeeded", "failed", "succeeded", "todo"):
+            await conn.execute(
+                text(
+                    # (the waiting one for tomorrow: the served workers would take it now)
+                    "INSERT INTO procrastinate_jobs"
+                    " (queue_name, task_name, status, args, scheduled_at)"
+                    " VALUES ('maintenance', 'test:finished', CAST(:status AS"
+                    " procrastinate_job_status), '{}', now() + interval '1 day')"
+                ),
+                {"status": status},
+            )
+    await retention.purge(engine, event_retention_seconds=3600, batch_size=10)
+    async with engine.begin() as conn:
+        left = await conn.execute(
+            text("SELECT status FROM procrastinate_jobs WHERE task_name = 'test:finished'")
+        )
+        assert [str(status) for status in left.scalars()] == ["todo"]
+        await conn.execute(text("DELETE FROM procrastinate_jobs WHERE task_name = 'test:finished'"))
 
 
 async def test_the_workers_purge_expired_sessions_on_their_own(
