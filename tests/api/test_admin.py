@@ -195,9 +195,7 @@ async def test_usage_of_one_tenant_or_all(
 
 @pytest.fixture(scope="module")
 def admin_schema(admin_url: str) -> Any:
-    loaded = schemathesis.openapi.from_url(f"{admin_url}/openapi.json").include(
-        path_regex=r"^/v1/admin/"
-    )
+    loaded = schemathesis.openapi.from_url(f"{admin_url}/openapi.json")
     loaded.config.update(base_url=admin_url, headers={"Authorization": f"Bearer {ADMIN_KEY}"})
     checks = loaded.config.checks
     checks.negative_data_rejection = type(checks.negative_data_rejection)(
@@ -206,7 +204,9 @@ def admin_schema(admin_url: str) -> Any:
     return loaded
 
 
-admin_schema_ = schemathesis.pytest.from_fixture("admin_schema")
+# The filter goes on the lazy schema: schemathesis replaces the filters of the fixture's own
+# schema with the lazy one's (one set on the fixture fuzzed the whole document, 44 operations).
+admin_schema_ = schemathesis.pytest.from_fixture("admin_schema").include(path_regex=r"^/v1/admin/")
 
 
 @admin_schema_.parametrize()
