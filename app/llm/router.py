@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import logging
 import random
 import time
@@ -27,7 +28,6 @@ from dataclasses import dataclass, field, replace
 from app.config import Settings
 from app.core import tool_choice
 from app.llm import local_provider
-from app.llm.anthropic_provider import AnthropicProvider
 from app.llm.base import (
     ModelRequest,
     Provider,
@@ -38,7 +38,6 @@ from app.llm.base import (
     storable,
 )
 from app.llm.local_provider import LocalProvider
-from app.llm.openai_provider import OpenAIProvider
 from app.telemetry import metrics, tracing
 
 log = logging.getLogger(__name__)
@@ -136,23 +135,39 @@ class Router:
             provider = self._providers[route.key] = route.build()
         return provider
 
+    def import_providers(self) -> None:
+        """Import the providers these settings configure, with their SDKs. Model strings
+        resolve without them (an API process, `threadline keys`: ~1.5 s less to start); a
+        process that calls models imports them at startup, not on its first call's event loop."""
+        settings = self._settings
+        if settings.openai_api_key or settings.compat_endpoints:
+            importlib.import_module("app.llm.openai_provider")
+        if settings.anthropic_api_key:
+            importlib.import_module("app.llm.anthropic_provider")
+
     def _openai(self, name: str) -> Route:
         settings = self._settings
         key = _require(settings.openai_api_key, "openai", "THREADLINE_OPENAI_API_KEY")
         timeout = settings.llm_request_timeout_seconds
-        return Route(
-            "openai",
-            name,
-            lambda: OpenAIProvider(key, settings.openai_base_url, timeout, send_cache_key=True),
-        )
+
+        def build() -> Provider:
+            from app.llm.openai_provider import OpenAIProvider
+
+            return OpenAIProvider(key, settings.openai_base_url, timeout, send_cache_key=True)
+
+        return Route("openai", name, build)
 
     def _anthropic(self, name: str) -> Route:
         settings = self._settings
         key = _require(settings.anthropic_api_key, "anthropic", "THREADLINE_ANTHROPIC_API_KEY")
         timeout = settings.llm_request_timeout_seconds
-        return Route(
-            "anthropic", name, lambda: AnthropicProvider(key, settings.anthropic_base_url, timeout)
-        )
+
+        def build() -> Provider:
+            from app.llm.anthropic_provider import AnthropicProvider
+
+            return AnthropicProvider(key, settings.anthropic_base_url, timeout)
+
+        return Route("anthropic", name, build)
 
     def _compat(self, rest: str) -> Route:
         endpoint, name = compat_endpoint_of(self._settings, rest)
@@ -161,18 +176,20 @@ class Router:
         # Local servers mostly ignore the key, but the SDK insists on one.
         api_key = self._settings.compat_api_key or "unused"
         timeout = self._settings.llm_request_timeout_seconds
-        return Route(
-            f"compat:{endpoint}",
-            name or endpoint,
-            lambda: OpenAIProvider(
+
+        def build() -> Provider:
+            from app.llm.openai_provider import OpenAIProvider
+
+            return OpenAIProvider(
                 api_key,
                 config.url,
                 timeout,
                 legacy_max_tokens=True,
                 output_limit=config.max_output_tokens,
                 answer_in_room=True,
-            ),
-        )
+            )
+
+        return Route(f"compat:{endpoint}", name or endpoint, build)
 
     def _local(self, name: str) -> Route:
         # One GGUF serves every local:* name; the provider loads it on first use.

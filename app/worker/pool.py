@@ -123,6 +123,8 @@ async def worker_pool(
     if engine is None:
         engine = create_engine(settings)
     await asyncio.to_thread(stored_counter)  # load the vocabulary now, not on the first ask
+    router = Router(settings)
+    await asyncio.to_thread(router.import_providers)
     writer = EventWriter(engine, settings.event_tick_seconds, on_committed)
     # The lease's lock lives as long as its connection: one of its own, never a pooled one (the
     # pool's would be out of the pool for good) nor one through a transaction pooler (which
@@ -130,7 +132,7 @@ async def worker_pool(
     lease_engine = create_direct_engine(settings)
     lease = WorkerLease(lease_engine)
     await lease.acquire()
-    runtime = runtimes.Runtime(engine, settings, Router(settings), writer, lease)
+    runtime = runtimes.Runtime(engine, settings, router, writer, lease)
     app = queue_app(settings, runtime, concurrency)
     registered = keep_registered(app, engine)
     # Only asks are handed over (app/api/asks.py): their runs need no compaction check.

@@ -3,7 +3,11 @@ restarts), fallback, circuit breaker, stall guard: real SDKs against the fake up
 
 from __future__ import annotations
 
+import ast
 import asyncio
+import os
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
@@ -676,3 +680,51 @@ async def test_a_cancel_while_waiting_for_the_provider_is_a_cancel_not_a_timeout
     with pytest.raises(asyncio.CancelledError):
         await task
     assert provider.calls == 1
+
+
+def imported_sdks(code: str, **env: str) -> set[str]:
+    """Which of the provider SDKs a fresh interpreter has imported after running `code`."""
+    probe = f"{code}\nimport sys\nprint(sorted({{'openai', 'anthropic'}} & set(sys.modules)))"
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        timeout=120,
+        check=True,
+    )
+    return set(ast.literal_eval(done.stdout.strip().splitlines()[-1]))
+
+
+def test_the_api_resolves_models_without_importing_the_sdks() -> None:
+    # The SDKs took ~1.5 s of every start of an API process and of `threadline keys` & co.
+    resolve = (
+        "from app.main import create_app\nfrom app.config import Settings\n"
+        "from app.llm.router import Router\n"
+        "settings = Settings(openai_api_key='k', anthropic_api_key='k')\n"
+        "create_app(settings)\n"
+        "router = Router(settings)\n"
+        "router.route('openai:gpt-4o'), router.route('anthropic:claude-haiku-4-5')\n"
+    )
+    assert imported_sdks(resolve) == set()
+
+
+@pytest.mark.parametrize(
+    ("configured", "sdks"),
+    [
+        ("openai_api_key='k'", {"openai"}),
+        ("anthropic_api_key='k'", {"openai", "anthropic"}),  # it shares openai's error kinds
+        ("compat_endpoints={'llama': 'http://127.0.0.1:1/v1'}", {"openai"}),
+        ("", set()),
+    ],
+)
+def test_a_process_that_calls_models_imports_its_providers_at_startup(
+    configured: str, sdks: set[str]
+) -> None:
+    start = (
+        "from app.config import Settings\nfrom app.llm.router import Router\n"
+        f"Router(Settings({configured})).import_providers()\n"
+    )
+    # Keys from the environment would configure more providers than the test names.
+    clean = {"THREADLINE_OPENAI_API_KEY": "", "THREADLINE_ANTHROPIC_API_KEY": ""}
+    assert imported_sdks(start, **clean) == sdks
