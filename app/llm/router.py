@@ -42,6 +42,13 @@ from app.telemetry import metrics, tracing
 
 log = logging.getLogger(__name__)
 MAX_RETRY_DELAY_SECONDS = 30.0
+# The modules of the providers whose SDKs take long to import, by prefix (see
+# Router.import_providers).
+_PROVIDER_MODULES = {
+    "openai": "app.llm.openai_provider",
+    "compat": "app.llm.openai_provider",
+    "anthropic": "app.llm.anthropic_provider",
+}
 # How far back the circuit breaker weighs a provider's failures against its answers.
 BREAKER_WINDOW_SECONDS = 60.0
 
@@ -139,11 +146,10 @@ class Router:
         """Import the providers these settings configure, with their SDKs. Model strings
         resolve without them (an API process, `threadline keys`: ~1.5 s less to start); a
         process that calls models imports them at startup, not on its first call's event loop."""
-        settings = self._settings
-        if settings.openai_api_key or settings.compat_endpoints:
-            importlib.import_module("app.llm.openai_provider")
-        if settings.anthropic_api_key:
-            importlib.import_module("app.llm.anthropic_provider")
+        for provider in self.configured_providers():
+            module = _PROVIDER_MODULES.get(provider.partition(":")[0])
+            if module is not None:
+                importlib.import_module(module)
 
     def _openai(self, name: str) -> Route:
         settings = self._settings
