@@ -36,13 +36,13 @@ from app.api.limits import BodySizeLimit
 from app.api.openapi_document import install_document
 from app.api.web import install_web
 from app.config import Settings
-from app.db.engine import create_engine
+from app.db.engine import create_engine, libpq_url
 from app.llm.tokenizers import stored_counter
 from app.openai_api import routes as openai_routes
 from app.telemetry import metrics as metric_hooks
 from app.telemetry import tracing
 from app.telemetry.logging import RequestIds
-from app.worker.pool import libpq_url, worker_pool
+from app.worker.pool import worker_pool
 
 API_VERSION = "0.1.0"
 

@@ -53,7 +53,7 @@ from app.config import Settings
 from app.core.entries import EntryKind
 from app.db import journal as journal_db
 from app.db.embedded import throwaway_cluster
-from app.db.engine import create_engine
+from app.db.engine import create_engine, libpq_url
 from app.db.jobs import cancel_job
 from app.llm.base import Finish, ModelRequest, StreamEvent, TextDelta, ToolCallDelta
 from app.llm.router import Route, Router
@@ -66,7 +66,6 @@ from app.services.projection import project_for_run
 from app.services.sessions import create_session
 from app.tools.registry import ToolContext, builtin
 from app.worker.lease import WorkerLease
-from app.worker.pool import libpq_url
 from app.worker.run import execute_run
 from app.worker.runtime import Runtime
 from bench.journal import LOAD_BATCH, database, messages, report

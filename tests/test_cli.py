@@ -336,7 +336,7 @@ def test_tenants_ttl_sets_the_default_of_new_sessions(database_url: str) -> None
 
     import asyncpg
 
-    from app.worker.pool import libpq_url
+    from app.db.engine import libpq_url
     from tests.e2e import create_database
 
     url = create_database(database_url, "cli_ttl")

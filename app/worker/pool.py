@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.config import Settings
 from app.db import jobs as jobs_db
 from app.db import runs as runs_db
-from app.db.engine import create_direct_engine, create_engine
+from app.db.engine import create_direct_engine, create_engine, libpq_url
 from app.db.jobs import (
     MAINTENANCE_QUEUE,
     RETENTION_TASK,
@@ -44,14 +44,6 @@ log = logging.getLogger(__name__)
 # After a database restart, how long the workers (alive, but their leases dropped with their
 # connections) have to take their leases again before their runs count as orphaned.
 LEASE_GRACE_SECONDS = 5.0
-
-
-def libpq_url(database_url: str) -> str:
-    """procrastinate's connector speaks psycopg, which wants a plain postgresql:// URL."""
-    for prefix in ("postgresql+asyncpg://", "postgres://"):
-        if database_url.startswith(prefix):
-            return "postgresql://" + database_url[len(prefix) :]
-    return database_url
 
 
 def queue_pool_size(concurrency: int) -> int:

@@ -17,7 +17,7 @@ from app.api import hub as hub_module
 from app.api.hub import PAGE, EventHub
 from app.config import Settings
 from app.db import events as events_db
-from app.worker.pool import libpq_url
+from app.db.engine import libpq_url
 from testkit.api import new_session
 from testkit.sse_client import SAFETY_NET_SECONDS, collect
 from testkit.upstream import FakeUpstream, Stall, Text

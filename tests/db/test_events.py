@@ -12,9 +12,9 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db import events as events_db
+from app.db.engine import libpq_url
 from app.services.keys import create_key, tenant_for_key
 from app.services.sessions import create_session
-from app.worker.pool import libpq_url
 
 
 async def run_with_events(engine: AsyncEngine, ended_ago: str | None) -> str:

@@ -10,8 +10,8 @@ import subprocess
 import asyncpg
 import pytest
 
+from app.db.engine import libpq_url
 from app.db.migrate import head_revision
-from app.worker.pool import libpq_url
 from tests.e2e import THREADLINE, create_database
 
 pytestmark = pytest.mark.slow

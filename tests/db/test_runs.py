@@ -16,10 +16,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.db import events as events_db
 from app.db import jobs as jobs_db
 from app.db import runs as runs_db
+from app.db.engine import libpq_url
 from app.runs.model import RunKind, RunStatus
 from app.services.keys import create_key, tenant_for_key
 from app.services.sessions import create_session
-from app.worker.pool import libpq_url
 
 
 async def new_session(engine: AsyncEngine) -> tuple[str, str]:

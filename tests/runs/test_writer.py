@@ -14,11 +14,11 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db import events as events_db
+from app.db.engine import libpq_url
 from app.runs.events import EventType
 from app.runs.writer import EventWriter
 from app.services.keys import create_key, tenant_for_key
 from app.services.sessions import create_session
-from app.worker.pool import libpq_url
 
 DELTA = EventType.MESSAGE_DELTA
 # Only bounds a broken test: every wait here ends as soon as its condition holds.

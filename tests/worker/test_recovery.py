@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from app.config import Settings
-from app.worker.pool import libpq_url
+from app.db.engine import libpq_url
 from testkit.api import ended_run, new_session
 from testkit.sse_client import TERMINAL, collect
 from testkit.upstream import FakeUpstream, Hold, Text
