@@ -3,6 +3,7 @@ restarts, and no Postgres left behind after a stop."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import signal
@@ -177,6 +178,22 @@ def test_serve_takes_a_worker_count_of_zero_or_more() -> None:
     assert parser().parse_args(["serve"]).workers is None  # THREADLINE_WORKER_CONCURRENCY
     with pytest.raises(SystemExit):
         parser().parse_args(["serve", "--workers", "-1"])
+
+
+def test_the_cli_modules_import_each_other_one_way() -> None:
+    """app.cli imports the admin commands and the database they share; neither imports the
+    CLI back (cli_admin took `database` from app.cli: an import circle)."""
+    root = Path(__file__).resolve().parents[1] / "app"
+    for module in ("cli_admin.py", "cli_database.py"):
+        tree = ast.parse((root / module).read_text())
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        imported |= {
+            alias.name
+            for n in ast.walk(tree)
+            if isinstance(n, ast.ImportFrom) and n.module == "app"
+            for alias in n.names
+        }
+        assert "app.cli" not in imported and "cli" not in imported, module
 
 
 def threadline(
