@@ -12,8 +12,16 @@ from sqlalchemy import text
 from sqlalchemy.exc import ProgrammingError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-# Package data (the wheel ships it): found beside this module wherever the package is installed.
-MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+
+def _migrations_dir() -> Path:
+    """The alembic scripts: beside this module in an installed wheel (the build maps the
+    checkout's top-level migrations/ there: pyproject.toml), else at the checkout's top."""
+    here = Path(__file__).resolve().parent
+    packaged = here / "migrations"
+    return packaged if packaged.is_dir() else here.parents[1] / "migrations"
+
+
+MIGRATIONS_DIR = _migrations_dir()
 
 
 def alembic_config(database_url: str | None = None) -> Config:
