@@ -41,9 +41,6 @@ from app.worker.run import execute_run, execute_started, start_locked
 from app.worker.webhooks import deliver
 
 log = logging.getLogger(__name__)
-# After a database restart, how long the workers (alive, but their leases dropped with their
-# connections) have to take their leases again before their runs count as orphaned.
-LEASE_GRACE_SECONDS = 5.0
 
 
 def queue_pool_size(concurrency: int) -> int:
@@ -181,12 +178,22 @@ async def _recover_runs(runtime: runtimes.Runtime) -> None:
     while True:
         await asyncio.sleep(runtime.settings.recovery_check_seconds)
         try:
-            async with runtime.engine.begin() as conn:
-                for orphan in await runs_db.orphaned_runs(conn, LEASE_GRACE_SECONDS):
-                    log.warning("run %s has nobody to finish it: queued again", orphan.run.id)
-                    await runs.recover(conn, orphan)
+            await recover_orphaned_runs(runtime.engine)
         except Exception:
             log.exception("looking for runs to recover failed")
+
+
+async def recover_orphaned_runs(
+    engine: AsyncEngine, lease_grace_seconds: float = runs_db.LEASE_GRACE_SECONDS
+) -> list[str]:
+    """One pass of the run recovery, in one transaction; returns the ids of the runs it
+    queued again or ended (those cancelled meanwhile)."""
+    async with engine.begin() as conn:
+        orphans = await runs_db.orphaned_runs(conn, lease_grace_seconds)
+        for orphan in orphans:
+            log.warning("run %s has nobody to finish it: queued again", orphan.run.id)
+            await runs.recover(conn, orphan)
+    return [orphan.run.id for orphan in orphans]
 
 
 async def _schedule_retention(app: procrastinate.App, settings: Settings) -> None:
