@@ -1,5 +1,6 @@
 """What we know about models: context windows (genai-prices with our own corrections, the local
-GGUF's metadata, what a compat server says or is configured with) and prices."""
+GGUF's metadata, what a compat server says or is configured with), prices, and the names
+metrics label them by."""
 
 from __future__ import annotations
 
@@ -7,13 +8,16 @@ import asyncio
 import logging
 import time
 from decimal import Decimal
-from functools import cache
-from typing import Any
+from functools import cache, lru_cache
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from app.config import Settings
+from app.config import DEFAULT_LOCAL_MODEL, Settings
 from app.core.policy import DEFAULT_CONTEXT_WINDOW
+
+if TYPE_CHECKING:
+    from genai_prices.types import ModelInfo
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +34,10 @@ COMPAT_DEFAULT_WINDOW = 8192
 LOCAL_FALLBACK_WINDOW = 8192  # a local model whose GGUF cannot be read (not installed)
 DISCOVERY_TIMEOUT_SECONDS = 3.0
 DISCOVERY_RETRY_SECONDS = 60.0  # a server that did not answer is asked again after this
+# The metrics' name of a model the catalog does not know: clients may send any model string,
+# and each label value would be a time series of its own.
+OTHER_MODEL = "other"
+HOSTED_PROVIDERS = ("openai", "anthropic")
 
 # Discovered windows by base URL: (window or None, monotonic time of the answer).
 _DISCOVERED: dict[str, tuple[int | None, float]] = {}
@@ -59,16 +67,38 @@ def context_window(model: str) -> int:
     if matches:
         return WINDOW_OVERRIDES[max(matches, key=len)]
     provider, _, name = model.partition(":")
-    if provider in ("openai", "anthropic"):
-        from genai_prices import data_snapshot
-
-        try:
-            _, info = data_snapshot.get_snapshot().find_provider_model(name, None, provider, None)
-        except LookupError:
-            return DEFAULT_CONTEXT_WINDOW
-        if info.context_window:
+    if provider in HOSTED_PROVIDERS:
+        info = _hosted_model(provider, name)
+        if info is not None and info.context_window:
             return int(info.context_window)
     return DEFAULT_CONTEXT_WINDOW
+
+
+def _hosted_model(provider: str, name: str) -> ModelInfo | None:
+    """genai-prices' entry for a hosted model (dated and aliased names find theirs), or None."""
+    from genai_prices import data_snapshot
+
+    try:
+        _, info = data_snapshot.get_snapshot().find_provider_model(name, None, provider, None)
+    except LookupError:
+        return None
+    return info
+
+
+# Bounded: the names come from clients.
+@lru_cache(maxsize=1024)
+def catalog_model(provider: str, name: str) -> str:
+    """The name metrics label the model `name` of `provider` (a route's: "openai", "compat:vllm")
+    by: a hosted model's id in genai-prices (gpt-4o-mini-2024-07-18 is gpt-4o-mini), the local
+    model, a compat endpoint's own model (named by its endpoint); OTHER_MODEL for any other."""
+    if provider in HOSTED_PROVIDERS:
+        info = _hosted_model(provider, name)
+        return OTHER_MODEL if info is None else str(info.id)
+    if provider == "local":
+        return name if f"local:{name}" == DEFAULT_LOCAL_MODEL else OTHER_MODEL
+    if provider.startswith("compat:"):
+        return name if name == provider.removeprefix("compat:") else OTHER_MODEL
+    return OTHER_MODEL
 
 
 async def _compat_window(settings: Settings, rest: str) -> int:
