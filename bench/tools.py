@@ -283,7 +283,9 @@ async def finish_run(engine: AsyncEngine, tenant: str, s: LoopSession) -> str:
     await s.task
     run = await get_run(engine, tenant, s.run_id)
     async with engine.connect() as conn:
-        entries = await journal_db.run_entries(conn, s.session_id, run.input_seq, s.run_id)
+        entries = await journal_db.run_entries(
+            conn, s.session_id, run.input_seq, s.run_id, tenant_id=tenant
+        )
     calls = sum(e.kind == EntryKind.TOOL_CALL for e in entries)
     results = sum(e.kind == EntryKind.TOOL_RESULT for e in entries)
     return f"{run.status.value}, {calls} tool calls and {results} results journaled"

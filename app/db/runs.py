@@ -100,11 +100,17 @@ async def find_by_idempotency_key(conn: AsyncConnection, session_id: str, key: s
     return _run((await conn.execute(query)).mappings().one_or_none())
 
 
-async def active_runs(conn: AsyncConnection, session_id: str, kind: str | None = None) -> list[Run]:
-    """Unfinished runs of a session (of one kind, if given), oldest first."""
+async def active_runs(
+    conn: AsyncConnection, session_id: str, kind: str | None = None, *, tenant_id: str
+) -> list[Run]:
+    """Unfinished runs of a tenant's session (of one kind, if given), oldest first."""
     query = (
         select(runs)
-        .where(runs.c.session_id == session_id, runs.c.status.in_(_ACTIVE))
+        .where(
+            runs.c.session_id == session_id,
+            runs.c.tenant_id == tenant_id,
+            runs.c.status.in_(_ACTIVE),
+        )
         .order_by(runs.c.created_at, runs.c.id)
     )
     if kind is not None:

@@ -186,7 +186,9 @@ async def load(engine: AsyncEngine, tenant_id: str, given: str, param: str | Non
     if run.kind is not RunKind.ASK:
         raise missing
     async with engine.connect() as conn:
-        entries = await journal_db.run_entries(conn, run.session_id, run.input_seq, run.id)
+        entries = await journal_db.run_entries(
+            conn, run.session_id, run.input_seq, run.id, tenant_id=tenant_id
+        )
     if any(e.id == entry_id(run.id, DELETED_PART) for e in entries):
         raise missing
     # What the run took back (a model turn that started over) was never its answer.
@@ -251,7 +253,9 @@ async def current(engine: AsyncEngine, loaded: Loaded, base: Json | None = None)
     after = 0
     while not stream.done:
         async with engine.connect() as conn:
-            rows = await events_db.read_events(conn, loaded.run.id, after)
+            rows = await events_db.read_events(
+                conn, loaded.run.id, after, tenant_id=loaded.run.tenant_id
+            )
         if not rows:
             break
         for row in rows:

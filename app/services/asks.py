@@ -155,7 +155,7 @@ async def check_quotas(
     session whose active ask runs the ask will stop (they do not count against it)."""
     async with engine.begin() as conn:
         replacing = (
-            len(await runs_db.active_runs(conn, replacing_runs_of, kind="ask"))
+            len(await runs_db.active_runs(conn, replacing_runs_of, kind="ask", tenant_id=tenant_id))
             if replacing_runs_of is not None
             else 0
         )
@@ -186,7 +186,7 @@ async def _commit(
         rule, message = refused
         raise Conflict("policy_violation", message, {"rule": rule})
     # A compaction in flight is no reason to refuse: the ask's job queues behind it.
-    active = await runs_db.active_runs(conn, session_id, kind="ask")
+    active = await runs_db.active_runs(conn, session_id, kind="ask", tenant_id=tenant_id)
     if active and params.multitask_strategy == "reject":
         raise Conflict(
             "session_busy",
@@ -279,14 +279,14 @@ async def _stop_active_runs(
     """Cancel the session's active runs and wait until they have ended (rollback needs their
     last entry before it can append the new user message)."""
     async with engine.begin() as conn:
-        for run in await runs_db.active_runs(conn, session_id, kind="ask"):
+        for run in await runs_db.active_runs(conn, session_id, kind="ask", tenant_id=tenant_id):
             locked = await runs_db.get_run(conn, run.id, tenant_id=tenant_id, lock=True)
             if locked is not None and locked.active:
                 await runs.request_cancel(conn, locked, mode)
     deadline = time.monotonic() + ROLLBACK_WAIT_SECONDS
     while True:
         async with engine.connect() as conn:
-            if not await runs_db.active_runs(conn, session_id, kind="ask"):
+            if not await runs_db.active_runs(conn, session_id, kind="ask", tenant_id=tenant_id):
                 return
         if time.monotonic() > deadline:
             raise Conflict(
@@ -309,7 +309,7 @@ async def active_run(engine: AsyncEngine, tenant_id: str, session_id: str) -> Ru
         session = await sessions_db.get_session(conn, tenant_id, session_id)
         if session is None:
             raise session_not_found(session_id)
-        active = await runs_db.active_runs(conn, session_id)
+        active = await runs_db.active_runs(conn, session_id, tenant_id=tenant_id)
     return active[0] if active else None
 
 
@@ -353,7 +353,9 @@ async def submit_tool_outputs(
                 {"status": run.status.value},
             )
         session_id = run.session_id
-        done = await journal_db.run_entries(conn, session_id, run.input_seq, run_id)
+        done = await journal_db.run_entries(
+            conn, session_id, run.input_seq, run_id, tenant_id=tenant_id
+        )
         step = next_step(done, max_iterations=10**9)
         waiting = {c.tool_call_id: c for c in step.calls} if isinstance(step, RunTools) else {}
         given = [o.tool_call_id for o in outputs]

@@ -127,9 +127,8 @@ async def prepare(
         thread = sessions_db.thread_of(session)
         tail, _ = await journal_db.read_tail(conn, thread, reaches_checkpoint)
         # Runs not ended have answers to come: their turns are never summarized.
-        open_runs = {
-            r.id for r in await runs_db.active_runs(conn, session_id, kind="ask") if r.id != run_id
-        }
+        active = await runs_db.active_runs(conn, session_id, kind="ask", tenant_id=tenant_id)
+        open_runs = {r.id for r in active if r.id != run_id}
     keep = policy.keep_last_turns if keep_last_turns is None else keep_last_turns
     plan = plan_compaction(tail, keep, run_id, open_runs)
     if plan is None:
@@ -345,7 +344,9 @@ async def request_compaction(
             session = await sessions_db.get_session(conn, tenant_id, session_id, lock=True)
             if session is None:
                 raise session_not_found(session_id)
-            if prepared is None and not await runs_db.active_runs(conn, session_id, kind="ask"):
+            if prepared is None and not await runs_db.active_runs(
+                conn, session_id, kind="ask", tenant_id=tenant_id
+            ):
                 raise Conflict(
                     "nothing_to_compact",
                     "nothing precedes the turns a compaction keeps; lower keep_last_turns to "

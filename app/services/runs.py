@@ -208,7 +208,8 @@ async def finish(conn: AsyncConnection, run: Run, outcome: Outcome) -> Run:
         end["error"] = outcome.error
     entries.append(NewEntry(EntryKind.RUN_END, end, {"run_id": run.id}, entry_id(run.id, "end")))
     # The session's status and totals, set with the append's rev (one statement).
-    still_active = [r for r in await runs_db.active_runs(conn, run.session_id) if r.id != run.id]
+    active = await runs_db.active_runs(conn, run.session_id, tenant_id=run.tenant_id)
+    still_active = [r for r in active if r.id != run.id]
     session_values: dict[str, Any] = {}
     if not still_active:
         session_values["status"] = "idle"

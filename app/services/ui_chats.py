@@ -121,7 +121,7 @@ async def roll_back_from(
     regenerate or an edit; returns that message's content. None when there is no such
     message (nothing to take out). `reason`: the rollback entry's."""
     async with engine.connect() as conn:
-        active = await runs_db.active_runs(conn, session_id, kind="ask")
+        active = await runs_db.active_runs(conn, session_id, kind="ask", tenant_id=tenant_id)
     if active:
         raise Conflict(
             "session_busy",
@@ -187,7 +187,9 @@ async def client_tool_outputs(
     with whether it is an error), from the journal."""
     run = await asks.get_run(engine, tenant_id, run_id)
     async with engine.connect() as conn:
-        entries = await journal_db.run_entries(conn, run.session_id, run.input_seq, run_id)
+        entries = await journal_db.run_entries(
+            conn, run.session_id, run.input_seq, run_id, tenant_id=tenant_id
+        )
     return {
         e.refs["tool_call_id"]: (e.payload.get("content"), bool(e.payload.get("is_error")))
         for e in entries

@@ -185,7 +185,9 @@ async def await_compaction_jobs(
     while True:
         if active is None:
             async with autocommit(runtime.engine) as conn:
-                active = await runs_db.active_runs(conn, run.session_id, kind="compaction")
+                active = await runs_db.active_runs(
+                    conn, run.session_id, kind="compaction", tenant_id=run.tenant_id
+                )
         earlier = [r for r in active if r.created_at < run.created_at]
         active = None  # looked at: the next look reads them again
         if not earlier:
@@ -217,7 +219,9 @@ async def await_earlier_asks(runtime: Runtime, run_id: str) -> None:
         return
     while True:
         async with autocommit(runtime.engine) as conn:
-            active = await runs_db.active_runs(conn, run.session_id, kind="ask")
+            active = await runs_db.active_runs(
+                conn, run.session_id, kind="ask", tenant_id=run.tenant_id
+            )
         if not any(r.created_at < run.created_at and r.status is RunStatus.RUNNING for r in active):
             return
         await asyncio.sleep(POLL_SECONDS)

@@ -280,9 +280,11 @@ async def _converse(runtime: Runtime, run: Run, progress: _Progress) -> Outcome 
         session = await sessions_db.get_session(
             conn, run.tenant_id, session_id, include_expired=True
         )
-        compactions = await runs_db.active_runs(conn, session_id, kind="compaction")
+        compactions = await runs_db.active_runs(
+            conn, session_id, kind="compaction", tenant_id=run.tenant_id
+        )
         written: list[JournalEntry] | None = await journal_db.run_entries(
-            conn, session_id, run.input_seq, run.id
+            conn, session_id, run.input_seq, run.id, tenant_id=run.tenant_id
         )
         if session is not None:
             try:
@@ -302,7 +304,9 @@ async def _converse(runtime: Runtime, run: Run, progress: _Progress) -> Outcome 
             done, written = written, None
         else:
             async with autocommit(runtime.engine) as conn:
-                done = await journal_db.run_entries(conn, session_id, run.input_seq, run.id)
+                done = await journal_db.run_entries(
+                    conn, session_id, run.input_seq, run.id, tenant_id=run.tenant_id
+                )
         step = _over_budget(policy, tokens_before, progress) or next_step(
             done, policy.max_iterations
         )

@@ -90,8 +90,8 @@ async def test_append_allocates_dense_seqs_per_run_in_order(engine: AsyncEngine)
         assert await events_db.append_events(conn, [(a, "usage", {})]) == {a: 5}
         assert await events_db.append_events(conn, []) == {}
     async with engine.connect() as conn:
-        rows = await events_db.read_events(conn, a, 0)
-        other = await events_db.read_events(conn, b, 0)
+        rows = (await events_db.read_backlog(conn, a, 0)).rows
+        other = (await events_db.read_backlog(conn, b, 0)).rows
     assert [(r["seq"], r["type"]) for r in rows][2:] == [
         (3, "message.delta"),
         (4, "message.delta"),
@@ -178,3 +178,16 @@ async def test_an_append_announces_each_runs_last_seq_when_it_commits(
         assert heard.empty()  # the fenced append told nobody anything
     finally:
         await listener.close()
+
+
+async def test_a_runs_events_are_read_by_its_tenant_only(engine: AsyncEngine) -> None:
+    run_id = await run_with_events(engine, None)
+    other = await tenant_for_key(engine, await create_key(engine, f"ev-{uuid.uuid4()}"))
+    assert other is not None
+    async with engine.connect() as conn:
+        owner = str(
+            await conn.scalar(text("SELECT tenant_id FROM runs WHERE id = :id"), {"id": run_id})
+        )
+        mine = await events_db.read_events(conn, run_id, 0, tenant_id=owner)
+        assert [r["seq"] for r in mine] == [1, 2]
+        assert await events_db.read_events(conn, run_id, 0, tenant_id=other) == []

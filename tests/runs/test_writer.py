@@ -44,7 +44,7 @@ async def running_runs(engine: AsyncEngine, count: int, attempts: int = 1) -> li
 
 async def stored(engine: AsyncEngine, run_id: str) -> list[tuple[int, str, dict[str, Any]]]:
     async with engine.connect() as conn:
-        rows = await events_db.read_events(conn, run_id, 0)
+        rows = (await events_db.read_backlog(conn, run_id, 0)).rows
     return [(r["seq"], r["type"], r["data"]) for r in rows]
 
 
