@@ -22,9 +22,9 @@ from app.config import Settings
 from app.db import runs as runs_db
 from app.db.engine import create_engine, libpq_url
 from app.db.jobs import RUN_QUEUE
+from app.eventlog.writer import EventWriter
 from app.llm.router import Router
 from app.runs.model import RunStatus
-from app.runs.writer import EventWriter
 from app.services import asks
 from app.services.keys import tenant_for_key
 from app.services.sessions import create_session
