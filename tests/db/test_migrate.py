@@ -6,12 +6,15 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
+from pathlib import Path
 
 import asyncpg
 import pytest
+from alembic.config import Config
+from alembic.script import ScriptDirectory
 
 from app.db.engine import libpq_url
-from app.db.migrate import head_revision
+from app.db.migrate import MIGRATIONS_DIR, head_revision
 from tests.e2e import THREADLINE, create_database
 
 pytestmark = pytest.mark.slow
@@ -58,3 +61,12 @@ def test_migrate_connects_directly_when_a_direct_url_is_set(database_url: str) -
     done = subprocess.run([THREADLINE, "migrate"], env=env, capture_output=True, timeout=300)
     assert done.returncode == 0, done.stderr.decode()[-3000:]
     assert revision(url) == head_revision()
+
+
+def test_the_alembic_cli_config_names_the_migrations_the_service_runs() -> None:
+    """alembic.ini (for `alembic revision` and the like, from the checkout) and app.db.migrate
+    (the service, a wheel) find the same scripts: the top-level migrations/ of the checkout."""
+    config = Config(str(Path(__file__).resolve().parents[2] / "alembic.ini"))
+    location = Path(config.get_main_option("script_location") or "")
+    assert location.resolve() == MIGRATIONS_DIR.resolve()
+    assert ScriptDirectory.from_config(config).get_current_head() == head_revision()
