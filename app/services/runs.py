@@ -146,11 +146,9 @@ async def resume(conn: AsyncConnection, run: Run, committed: Sequence[Any]) -> R
 
 async def request_cancel(conn: AsyncConnection, run: Run, mode: CancelMode) -> Run:
     """With the run row locked: mark it, and end it now when no worker has it; a worker that
-    has it stops and commits what it received. Whether one has it is its job's state, unless
-    the attempt's worker died (its lease is lost): its job is then ended with the run. A run
-    queued again between two attempts (no lease) is a queued run: its job may have been taken
-    already, and the worker that took it finishes it (ending it here broke that worker's own
-    finish: "Job was not found or not in doing or todo status")."""
+    has it stops and commits what it received. Who has it is its job's state, unless the
+    attempt's worker died (its lease is lost): the job is then ended here. A run queued again
+    between two attempts has no lease: its job may be a live worker's, which finishes it."""
     run = await runs_db.update_run(conn, run.id, {"cancel_mode": mode})
     if run.job_id is None:
         return await finish(conn, run, Outcome("cancelled"))
