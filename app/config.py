@@ -32,6 +32,10 @@ class CompatEndpoint(BaseModel):
     max_output_tokens: int | None = Field(
         default=None, ge=1, description="The most tokens one answer may ask for."
     )
+    reasoning: bool = Field(
+        default=False,
+        description="Its models can reason: asks may set `reasoning` (else refused with 422).",
+    )
 
 
 class Settings(BaseSettings):
