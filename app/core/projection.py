@@ -85,8 +85,9 @@ class ProjectionInput:
     memory_namespace: str | None = None  # named in the memory block's header
     tools: Sequence[ToolSpec] = ()
     run_id: str | None = None  # projecting for this run: later asks are not its business
-    # The model takes its reasoning back (Anthropic): the newest turn's is sent and counted.
-    # Older turns' never is (Anthropic ignores it there); nor is any to other providers.
+    # The model takes its reasoning back (Anthropic): the newest turn's tool loop's is sent and
+    # counted (a loop left unfinished before it included). Older turns' never is (Anthropic
+    # ignores it there); nor is any to other providers.
     send_reasoning: bool = False
 
 
@@ -201,8 +202,9 @@ def project(source: ProjectionInput) -> Projection:
     tools = _with_output_reader(source.tools, groups)
     tool_tokens = tools_tokens(tools, counter)
     older, required = _split_at_newest_turn(groups)
-    for group in older:
-        _settle_reasoning(group, False, counter)
+    unfinished = _unfinished_loop_start(older)
+    for at, group in enumerate(older):
+        _settle_reasoning(group, source.send_reasoning and at >= unfinished, counter)
     for group in required:
         _settle_reasoning(group, source.send_reasoning, counter)
     required_tokens = sum(g.tokens for g in required)
@@ -297,6 +299,17 @@ def _split_at_newest_turn(groups: list[_Group]) -> tuple[list[_Group], list[_Gro
     first_pending = next((i for i, g in enumerate(groups) if g.pending), len(groups))
     newest = min(turn_starts[-1] if turn_starts else len(groups), first_pending)
     return groups[:newest], groups[newest:]
+
+
+def _unfinished_loop_start(older: list[_Group]) -> int:
+    """Where the tool loop the newest turn continues starts in `older` (len: none). A loop
+    without a final answer (a fork inside it, a run stopped in it) goes on in the newest user
+    message: Anthropic reads that message, which opens with the loop's tool results, as part
+    of the loop, and wants the loop's thinking back."""
+    start = len(older)
+    while start and older[start - 1].messages[-1].role == "tool":
+        start -= 1
+    return start
 
 
 def _settle_reasoning(group: _Group, send: bool, counter: TokenCounter) -> None:
