@@ -164,7 +164,8 @@ async def finish(conn: AsyncConnection, run: Run, outcome: Outcome) -> Run:
     model = outcome.model or run.model
     entries: list[NewEntry] = []
     if run.answers and (outcome.text or outcome.status == "completed"):
-        payload: dict[str, Any] = {"role": "assistant", "content": outcome.text}
+        content = list(outcome.parts) if outcome.parts else outcome.text
+        payload: dict[str, Any] = {"role": "assistant", "content": content}
         if outcome.status != "completed":
             payload["status"] = "incomplete"
         if outcome.finish_reason is not None:
