@@ -621,13 +621,14 @@ def redacted_data(text: str, place: int, of: int) -> str:
 def _unsealed(block: Json) -> tuple[int, int] | None:
     """(place, of) of a reasoning block sent back, None if it is not the fake's, unaltered."""
     try:
+        sealed: list[Any]
         if block.get("type") == "thinking":
-            place, of, mac = base64.b64decode(block["signature"]).decode().split(".")
-            text = block["thinking"]
+            sealed = base64.b64decode(block["signature"]).decode().split(".")
+            sealed.insert(2, block["thinking"])
         else:
-            place, of, text, mac = json.loads(base64.b64decode(block["data"]))
-        place, of = int(place), int(of)
-        if isinstance(text, str) and hmac.compare_digest(mac, _mac(text, place, of)):
+            sealed = json.loads(base64.b64decode(block["data"]))
+        place, of, text, mac = int(sealed[0]), int(sealed[1]), sealed[2], sealed[3]
+        if isinstance(text, str) and hmac.compare_digest(str(mac), _mac(text, place, of)):
             return place, of
     except (KeyError, ValueError, TypeError, UnicodeDecodeError):
         pass
@@ -639,7 +640,7 @@ def thinking_problem(body: Json) -> str | None:
     None if nothing."""
     thinking = body.get("thinking")
     enabled = isinstance(thinking, dict) and thinking.get("type") == "enabled"
-    if enabled:
+    if isinstance(thinking, dict) and enabled:
         budget = thinking.get("budget_tokens")
         if not isinstance(budget, int) or budget < MIN_THINKING_BUDGET:
             return f"thinking.enabled.budget_tokens: Input should be >= {MIN_THINKING_BUDGET}"

@@ -527,19 +527,19 @@ class TypedState(_State):
             if delta.type == "input_json_delta" and delta.partial_json:
                 self.empty_tool_blocks.discard(event.index)
                 return [ToolCallDelta(event.index, None, None, delta.partial_json)]
-            thought = self.reasoning.get(event.index)
-            if thought is not None and thought["type"] == "thinking":
+            open_block = self.reasoning.get(event.index)
+            if open_block is not None and open_block["type"] == "thinking":
                 if delta.type == "thinking_delta":
-                    thought["thinking"] += delta.thinking
+                    open_block["thinking"] += delta.thinking
                     return [ReasoningDelta(event.index, delta.thinking)] if delta.thinking else []
                 if delta.type == "signature_delta":
-                    thought["signature"] += delta.signature
+                    open_block["signature"] += delta.signature
         elif event.type == "content_block_stop":
             if event.index in self.reasoning:
-                thought = self.reasoning.pop(event.index)
-                if thought["type"] == "thinking" and not thought["signature"]:
+                closed = self.reasoning.pop(event.index)
+                if closed["type"] == "thinking" and not closed["signature"]:
                     raise ProviderError("bad_response", "a thinking block without its signature")
-                return [ReasoningBlock(event.index, thought)]
+                return [ReasoningBlock(event.index, dict(closed))]
             if event.index in self.empty_tool_blocks:
                 self.empty_tool_blocks.discard(event.index)
                 return [ToolCallDelta(event.index, None, None, "{}")]
