@@ -95,6 +95,7 @@ class Usage:
     output: int
     cached: int = 0
     written: int = 0
+    reasoning: int = 0  # of the output (OpenAI reports it)
 
 
 @dataclass(frozen=True)
@@ -464,7 +465,10 @@ class FakeUpstream:
                             "cached_tokens": usage.cached,
                             "audio_tokens": 0,
                         },
-                        "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0},
+                        "completion_tokens_details": {
+                            "reasoning_tokens": usage.reasoning,
+                            "audio_tokens": 0,
+                        },
                     },
                 }
             )

@@ -88,6 +88,9 @@ class UsageReport:
     # Of the input, written to the provider's prompt cache (Anthropic bills these above the
     # input price; OpenAI caches without a charge and reports none).
     cache_write_tokens: int = 0
+    # Of the output, tokens the model reasoned with, where the provider says (OpenAI's
+    # reasoning models; Anthropic counts thinking in the output without saying how much).
+    reasoning_tokens: int = 0
 
     def plus(self, other: UsageReport | None) -> UsageReport:
         """Usage summed over several model calls (estimated if any of them was)."""
@@ -99,6 +102,7 @@ class UsageReport:
             self.cached_tokens + other.cached_tokens,
             self.estimated or other.estimated,
             self.cache_write_tokens + other.cache_write_tokens,
+            self.reasoning_tokens + other.reasoning_tokens,
         )
 
 

@@ -133,6 +133,10 @@ class TokenUsage(_Payload):
         description="True when the provider reported no usage and the service counted the "
         "tokens with its tokenizer."
     )
+    reasoning_tokens: int | Omitted = sometimes(
+        "Of the output, tokens the model reasoned with, where the provider reports them "
+        "(OpenAI's reasoning models)."
+    )
 
 
 class PendingToolCall(_Payload):
@@ -369,6 +373,10 @@ class UsageData(EventData):
     )
     estimated: bool = Field(
         description="True when the provider reported no usage and the service counted them."
+    )
+    reasoning_tokens: int | Omitted = sometimes(
+        "Of the output, tokens the model reasoned with, where the provider reports them "
+        "(OpenAI's reasoning models)."
     )
     cost_usd: float | None = Field(description="The price in USD (null: the model's is unknown).")
 

@@ -195,6 +195,8 @@ async def finish(conn: AsyncConnection, run: Run, outcome: Outcome) -> Run:
         }
         if usage.estimated:
             usage_payload["estimated"] = True
+        if usage.reasoning_tokens:
+            usage_payload["reasoning_tokens"] = usage.reasoning_tokens
         if cost is not None:
             usage_payload["cost_usd"] = float(cost)
         entries.append(
@@ -248,6 +250,7 @@ async def finish(conn: AsyncConnection, run: Run, outcome: Outcome) -> Run:
             "cache_write_tokens": usage.cache_write_tokens,
             "estimated": usage.estimated,
         }
+        | ({"reasoning_tokens": usage.reasoning_tokens} if usage.reasoning_tokens else {})
         if usage
         else None
     )

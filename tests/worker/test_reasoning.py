@@ -256,3 +256,21 @@ async def test_reasoning_per_ask_over_the_session(
         {"type": "enabled", "budget_tokens": 1024},
         None,
     ]
+
+
+async def test_usage_carries_reasoning_tokens_apart_where_the_provider_reports_them(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    sid = (await new_session(api, config={"model": "openai:o3-mini"}))["id"]
+    upstream.script(Text("Done."), Usage(20, 50, reasoning=42))
+    upstream.script(Text("Plain."), Usage(20, 5))
+
+    reasoned = await streamed_ask(api, sid, "Think.")
+    plain = await streamed_ask(api, sid, "Don't.")
+
+    usage = next(e.data for e in reasoned if e.type == "usage")
+    assert usage["reasoning_tokens"] == 42 and usage["output_tokens"] == 50
+    assert reasoned[-1].data["usage"]["reasoning_tokens"] == 42
+    assert "reasoning_tokens" not in next(e.data for e in plain if e.type == "usage")
+    entries = [e["payload"] for e in await history(api, sid) if e["kind"] == "usage"]
+    assert [e.get("reasoning_tokens") for e in entries] == [42, None]
