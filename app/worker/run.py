@@ -441,7 +441,7 @@ async def _model_turn(
             "failed", "".join(progress.text), progress.usage, error=error, model=progress.model
         )
     calls = assemble_calls(pieces, user_seq, iteration)
-    content = turn_content("".join(progress.text), progress.parts)
+    content = _turn_content("".join(progress.text), progress.parts)
     if not calls:
         text = "".join(progress.text)
         parts = tuple(content) if isinstance(content, list) else ()
@@ -489,7 +489,7 @@ def _reasoning_event(
     runtime.writer.emit(run_id, EventType.REASONING_DELTA, data)
 
 
-def turn_content(text: str, parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
+def _turn_content(text: str, parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
     """A model turn's content as journaled: its text, or, when it reasoned, its parts in the
     order they came (blank text left out: providers refuse it, and it says nothing)."""
     if not any(p["type"] != "text" for p in parts):
