@@ -33,6 +33,8 @@ CALCULATOR = {
 }
 CONFIG = {"model": MODEL, "tools": [CALCULATOR], "reasoning": {"effort": "medium"}}
 ITERATIONS = 5
+# Kept byte for byte: spaces at its ends, tabs, newlines, characters beyond ASCII.
+ODD = "  \t\u00e9\u2603\U0001f914 \n"
 
 
 def thought(text: str, place: int = 0, of: int = 1) -> dict[str, Any]:
@@ -80,7 +82,7 @@ async def test_a_five_iteration_tool_loop_with_thinking(
 ) -> None:
     sid = (await new_session(api, config=CONFIG))["id"]
     for i in range(ITERATIONS):
-        steps: list[Any] = [Thinking(f"Step {i}: add one more."), Text(f"Adding {i}.")]
+        steps: list[Any] = [Thinking(f"Step {i}: add one more.{ODD}"), Text(f"Adding {i}.")]
         if i % 2:  # some turns think twice, one of them redacted
             steps.insert(1, RedactedThinking(f"flagged {i}"))
         upstream.script(*steps, ToolCall(f"toolu_{i}", "calculator", f'{{"expression": "{i}+1"}}'))
@@ -98,7 +100,7 @@ async def test_a_five_iteration_tool_loop_with_thinking(
     assert len(turns) == ITERATIONS + 1
     expected: list[list[dict[str, Any]]] = []
     for i in range(ITERATIONS):
-        parts = [thought(f"Step {i}: add one more.", 0, 1 + i % 2)]
+        parts = [thought(f"Step {i}: add one more.{ODD}", 0, 1 + i % 2)]
         if i % 2:
             parts.append(hidden(f"flagged {i}", 1, 2))
         expected.append(parts)
@@ -126,7 +128,7 @@ async def test_a_five_iteration_tool_loop_with_thinking(
                 assert message["content"][0]["type"] in ("thinking", "redacted_thinking")
     # Streamed as reasoning, apart from the answer: each block once started and ended.
     blocks = blocks_streamed(events)
-    assert blocks[(0, 0)]["text"] == "Step 0: add one more."
+    assert blocks[(0, 0)]["text"] == f"Step 0: add one more.{ODD}"
     assert blocks[(1, 1)] == {"text": "", "pieces": 1, "start": 1, "end": 1, "redacted": 1}
     assert all(b["start"] == 1 and b["end"] == 1 for b in blocks.values())
     assert len(blocks) == ITERATIONS + 1 + ITERATIONS // 2
