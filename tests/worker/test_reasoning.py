@@ -276,3 +276,32 @@ async def test_usage_carries_reasoning_tokens_apart_where_the_provider_reports_t
     assert "reasoning_tokens" not in next(e.data for e in plain if e.type == "usage")
     entries = [e["payload"] for e in await history(api, sid) if e["kind"] == "usage"]
     assert [e.get("reasoning_tokens") for e in entries] == [42, None]
+
+
+async def test_compaction_over_thinking_turns_summarizes_what_was_said_not_the_thinking(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    sid = (await new_session(api, config=CONFIG))["id"]
+    upstream.script(
+        Thinking("Secret plan: multiply."),
+        ToolCall("toolu_1", "calculator", '{"expression": "2*3"}'),
+    )
+    upstream.script(Thinking("Six, clearly."), Text("It is 6."))
+    assert (await streamed_ask(api, sid, "Two times three?"))[-1].type == "run.completed"
+    upstream.script(Text("The user asked 2*3; the answer was 6."))
+
+    started = await api.post(f"/v1/sessions/{sid}/compact", json={"keep_last_turns": 0})
+    assert started.status_code in (200, 202), started.text
+    done = (
+        await api.get(f"/v1/runs/{started.json()['id']}", params={"wait": "true", "timeout": 60})
+    ).json()
+
+    assert done["status"] == "completed", done
+    transcript = repr(upstream.requests[-1].body)
+    assert "It is 6." in transcript and "Secret plan" not in transcript
+    assert "Six, clearly" not in transcript and "thinking" not in upstream.requests[-1].body
+    # The next ask goes out from the summary: no thinking of the summarized turns.
+    upstream.script(Thinking("Fine."), Text("Yes."))
+    assert (await streamed_ask(api, sid, "Right?"))[-1].type == "run.completed"
+    assert all(not blocks for blocks in reasoning_sent(upstream.requests[-1].body))
+    assert "Secret plan" not in repr(upstream.requests[-1].body)
