@@ -90,6 +90,10 @@ class AnthropicProvider:
         # JSON rather than build a pydantic model of it. The body is create()'s, in its order.
         answer = request.max_output_tokens or DEFAULT_MAX_TOKENS
         reasoning = request.reasoning
+        if reasoning is not None and _loop_without_thinking(wire["messages"]):
+            # A tool loop that began without thinking (reasoning was off, then turned on) goes
+            # on without: the API refuses thinking when the loop's turn has none to send back.
+            reasoning = None
         body: dict[str, Any] = {
             "max_tokens": answer + (reasoning.budget if reasoning else 0),
             "messages": wire["messages"],
@@ -263,6 +267,18 @@ class _State:
         return UsageReport(
             prompt, self.output_tokens, self.cache_read, cache_write_tokens=self.cache_write
         )
+
+
+def _loop_without_thinking(messages: list[dict[str, Any]]) -> bool:
+    """The request goes on with a tool loop (its last message returns tool results) whose
+    final assistant turn does not start with thinking."""
+    if len(messages) < 2:
+        return False
+    last, turn = messages[-1]["content"], messages[-2]["content"]
+    if not isinstance(last, list) or not any(b.get("type") == "tool_result" for b in last):
+        return False
+    first = turn[0].get("type") if isinstance(turn, list) and turn else "text"
+    return first not in ("thinking", "redacted_thinking")
 
 
 def _index(event: dict[str, Any]) -> int:

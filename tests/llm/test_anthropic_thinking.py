@@ -6,8 +6,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import anthropic
 import pytest
 
+from app.core.formats import to_anthropic
 from app.core.messages import Message, ToolCall, ToolSpec
 from app.core.reasoning import EFFORT_BUDGETS, Reasoning
 from app.llm.anthropic_provider import DEFAULT_MAX_TOKENS, AnthropicProvider
@@ -29,6 +31,7 @@ from tests.llm.streamed import collect
 CLOCK = ToolSpec("now", "The time.")
 QUESTION = (Message("user", "What time is it?"),)
 HIGH = Reasoning(effort="high")
+MODEL = "claude-sonnet-4-5"
 TWO_THOUGHTS_THEN_A_CALL = (
     Thinking("First."),
     Thinking("Second."),
@@ -146,7 +149,7 @@ async def test_the_turn_sent_back_unchanged_is_accepted(
     assert sent[:2] == [p for p in turn.content[:2] if isinstance(p, dict)]
 
 
-@pytest.mark.parametrize("change", ["missing", "reordered", "altered", "one_left_out"])
+@pytest.mark.parametrize("change", ["reordered", "altered", "one_left_out"])
 async def test_a_turn_sent_back_changed_is_refused_as_anthropic_does(
     provider: AnthropicProvider, upstream: FakeUpstream, change: str
 ) -> None:
@@ -156,7 +159,6 @@ async def test_a_turn_sent_back_changed_is_refused_as_anthropic_does(
     one, two, text = turn.content[0], turn.content[1], turn.content[2]
     assert isinstance(one, dict) and isinstance(two, dict) and isinstance(text, dict)
     changed = {
-        "missing": (text,),
         "reordered": (two, one, text),
         "altered": ({**one, "thinking": "First!"}, two, text),
         "one_left_out": (one, text),
@@ -166,8 +168,51 @@ async def test_a_turn_sent_back_changed_is_refused_as_anthropic_does(
         await collect(provider.stream(_with(first, _loop(_content(turn, changed)))))
 
     assert raised.value.kind == "bad_request" and raised.value.status == 400
-    expected = "Expected `thinking`" if change == "missing" else "Invalid `signature`"
-    assert expected in raised.value.message
+    assert "Invalid `signature`" in raised.value.message
+
+
+async def test_the_fake_refuses_a_loop_whose_thinking_is_missing_as_anthropic_does(
+    provider: AnthropicProvider, upstream: FakeUpstream
+) -> None:
+    """Straight through the SDK (the provider would ask without thinking then)."""
+    upstream.script(*TWO_THOUGHTS_THEN_A_CALL)
+    first = ModelRequest(MODEL, QUESTION, tools=(CLOCK,), reasoning=HIGH)
+    turn = _assistant(await collect(provider.stream(first)))
+    assert isinstance(turn.content, tuple)
+    wire = to_anthropic(_loop(_content(turn, turn.content[2:])), (CLOCK,))
+    client = anthropic.AsyncAnthropic(api_key="sk-ant-test", base_url=upstream.url, max_retries=0)
+
+    with pytest.raises(anthropic.BadRequestError) as raised:
+        await client.messages.create(
+            model="claude-test",  # the fake does not mind; the SDK warns of retired names
+            max_tokens=5000,
+            messages=wire["messages"],
+            tools=wire["tools"],
+            thinking={"type": "enabled", "budget_tokens": 4096},
+            stream=True,
+        )
+    await client.close()
+
+    assert raised.value.status_code == 400
+    assert raised.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
+    assert "Expected `thinking` or `redacted_thinking`" in raised.value.message
+
+
+async def test_a_loop_that_began_without_thinking_goes_on_without_it(
+    provider: AnthropicProvider, upstream: FakeUpstream
+) -> None:
+    """Reasoning turned on in the middle of a tool loop (a run stopped in it, then an ask
+    with reasoning): its turn has no thinking to send back, which the API would refuse."""
+    said = Message("assistant", "Checking.", tool_calls=(ToolCall("toolu_1", "now", {}),))
+    upstream.script(Text("It is noon."))
+    upstream.script(Text("It is noon."))
+
+    events = await collect(provider.stream(ModelRequest(MODEL, _loop(said), reasoning=HIGH)))
+    asked = await collect(provider.stream(ModelRequest(MODEL, QUESTION, reasoning=HIGH)))
+
+    assert TextDelta("It is noon.") in events and TextDelta("It is noon.") in asked
+    assert "thinking" not in upstream.requests[0].body
+    assert upstream.requests[1].body["thinking"]["type"] == "enabled"  # no loop: asked
 
 
 async def test_a_thinking_block_without_its_signature_is_a_bad_response(
