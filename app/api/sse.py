@@ -1,7 +1,7 @@
 """Server-Sent Events of a run: `id:` is the event's seq, `event:` its type, `data:` JSON.
 
-This is where the registry's event types (app/runs/events.py) become the native wire shape:
-the stream itself, and its description in the OpenAPI document (event_schemas).
+This is where the registry's event types (app/eventlog/registry.py) become the native wire
+shape: the stream itself, and its description in the OpenAPI document (event_schemas).
 
 Resuming is exactly-once: a client reconnects with `Last-Event-ID` (or `?starting_after=`) and
 gets every later event once, on any API instance. Comment lines keep idle connections alive.
@@ -21,10 +21,10 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 from sse_starlette import EventSourceResponse
 
-from app.api.hub import EventHub
-from app.api.run_stream import Row, Wire, run_stream
-from app.db.events import MAX_SEQ
-from app.runs.events import PAYLOADS, TERMINAL, EventData, EventType
+from app.eventlog.hub import EventHub
+from app.eventlog.registry import PAYLOADS, TERMINAL, EventData, EventType
+from app.eventlog.store import MAX_SEQ
+from app.eventlog.stream import Row, Wire, run_stream
 
 # Where the document keeps the schemas (components) that SSE_RESPONSE refers to.
 SCHEMA_REF = "#/components/schemas/{model}"
@@ -118,7 +118,7 @@ async def event_stream(
     *,
     created: bool = False,
 ) -> EventSourceResponse | None:
-    """The run's events after `after_seq` as SSE, ending with the run (app/api/run_stream.py);
+    """The run's events after `after_seq` as SSE, ending with the run (app/eventlog/stream.py);
     None when the run is already over and nothing is left to send: the caller answers without
     a stream (a 204 also stops an EventSource from reconnecting, which an empty 200 would not).
     A run this request has just `created` always has something to send (its `run.created`,
@@ -136,7 +136,7 @@ def frame(row: dict[str, Any]) -> bytes:
     return f"id: {row['seq']}\r\nevent: {row['type']}\r\ndata: {data}\r\n\r\n".encode()
 
 
-# Past the largest seq (events_db.MAX_SEQ): a client that has "everything" may say so. A larger
+# Past the largest seq (event_store.MAX_SEQ): a client that has "everything" may say so. A larger
 # resume point is no seq at all: refused like any invalid parameter, before a stream starts.
 MAX_RESUME = MAX_SEQ + 1
 LAST_EVENT_ID = (

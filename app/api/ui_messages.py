@@ -21,11 +21,11 @@ from sse_starlette import EventSourceResponse
 from app.api.bodies import JSONRoute
 from app.api.deps import Config, Engine, Hub, LocalWorkers, Tenant
 from app.api.errors import error_responses
-from app.api.hub import EventHub
-from app.api.run_stream import Row, Wire, run_stream, sse_frame
 from app.api.ui_stream import DONE, HEADER, VERSION, Chunk, UIStream, context_meter
 from app.config import Settings
-from app.runs.events import EventType
+from app.eventlog.hub import EventHub
+from app.eventlog.registry import EventType
+from app.eventlog.stream import Row, Wire, run_stream, sse_frame
 from app.services import asks as asks_service
 from app.services import ui_chats
 from app.services.projection import project_session

@@ -17,8 +17,8 @@ from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from app.api.deps import Config, Engine, Hub, LocalWorkers, Tenant, get_tenant
-from app.api.hub import EventHub
-from app.api.run_stream import Row, Wire, run_stream, sse_frame
+from app.eventlog.hub import EventHub
+from app.eventlog.stream import Row, Wire, run_stream, sse_frame
 from app.openai_api import service
 from app.openai_api.errors import OpenAIError, OpenAIRoute, unsupported
 from app.openai_api.events import ResponseStream, ended_stream
@@ -140,8 +140,8 @@ async def get_response(
             return EventSourceResponse(
                 _replayed([e for e in ended if e["sequence_number"] > starting_after])
             )
-        run_stream = service.stream_of(loaded, service.base_of(loaded))
-        return _sse(hub, run_stream, starting_after, settings.sse_heartbeat_seconds)
+        response_stream = service.stream_of(loaded, service.base_of(loaded))
+        return _sse(hub, response_stream, starting_after, settings.sse_heartbeat_seconds)
     return JSONResponse(await service.current(engine, loaded))
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
-from app.api.hub import EventHub
+from app.eventlog.hub import EventHub
 from app.telemetry import metrics
 
 Row = dict[str, Any]
