@@ -31,7 +31,7 @@ from app.db import journal as journal_db
 from app.db import sessions as sessions_db
 from app.db.engine import read_snapshot
 from app.db.memory import get_memory
-from app.llm.catalog import context_window_for
+from app.llm.catalog import context_window_for, takes_reasoning_back
 from app.llm.tokenizers import counting_for
 from app.runs.model import Run, RunKind
 from app.services.errors import Invalid, entries_refused, session_not_found
@@ -82,6 +82,24 @@ async def project_session(
             conn, settings, session, pending, policy, model, run_id, extra_tools
         )
         return projected
+
+
+async def project_in(
+    conn: AsyncConnection,
+    settings: Settings,
+    session: RowMapping,
+    *,
+    pending: Sequence[PendingEntry] = (),
+    policy: Mapping[str, Any] | None = None,
+    model: str | None = None,
+    extra_tools: Sequence[Mapping[str, Any]] = (),
+) -> SessionProjection:
+    """project_session in the caller's transaction, from the session row it read (locked)
+    there: an ask that writes before it projects (a rollback, a new session) sees its writes."""
+    projected, _ = await _project(
+        conn, settings, session, canonical_pending(pending), policy, model, None, extra_tools
+    )
+    return projected
 
 
 def canonical_pending(pending: Sequence[PendingEntry]) -> list[PendingEntry]:
@@ -197,6 +215,7 @@ async def _project(
         memory_namespace=namespace,
         tools=tool_specs(offered_tools(config, extra_tools)),
         run_id=run_id,
+        send_reasoning=takes_reasoning_back(model),
     )
     try:
         projection = project(source)
