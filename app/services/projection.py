@@ -104,10 +104,10 @@ async def project_in(
 ) -> SessionProjection:
     """project_session in the caller's transaction, from the session row it read (locked)
     there: an ask that writes before it projects (a rollback, a new session) sees its writes."""
-    projected, _ = await _project(
+    done = await _project(
         conn, settings, session, canonical_pending(pending), policy, model, None, extra_tools
     )
-    return projected
+    return done.projected
 
 
 def canonical_pending(pending: Sequence[PendingEntry]) -> list[PendingEntry]:
