@@ -22,8 +22,8 @@ from sqlalchemy import RowMapping
 from app.core import metadata as metadata_rules
 from app.core.entries import (
     RUN_ENTRY_PREFIX,
-    ContentPart,
     FinishReason,
+    InputPart,
     MessagePayload,
     Refs,
     RollbackPayload,
@@ -34,6 +34,7 @@ from app.core.entries import (
 from app.core.memory import MAX_MEMORY_BYTES, NAMESPACE_PATTERN
 from app.core.policy import ContextPolicyPatch
 from app.core.projection import ProjectionMeta
+from app.core.reasoning import Reasoning
 from app.core.run_policy import RunPolicy
 from app.runs import model as runs
 
@@ -111,6 +112,11 @@ class SessionConfig(Strict):
         default=None,
         description="Persistent memory to use: its first lines join the system prompt of every "
         "projection, and read_memory / write_memory / update_memory are offered as tools.",
+    )
+    reasoning: Reasoning | None = Field(
+        default=None,
+        description="Let the model think before it answers (asks may override it). Default: "
+        "off. 422 reasoning_not_supported for a model that cannot reason.",
     )
 
 
@@ -430,7 +436,7 @@ class NamedToolChoice(Strict):
 
 
 class AskRequest(Strict):
-    input: str | Annotated[list[ContentPart], Field(min_length=1)] = Field(
+    input: str | Annotated[list[InputPart], Field(min_length=1)] = Field(
         description="The user's message: text, or content parts."
     )
     model: ModelName | None = Field(default=None, description="Default: the session's model.")
@@ -464,6 +470,12 @@ class AskRequest(Strict):
     )
     on_disconnect: Literal["continue", "cancel"] = Field(
         default="continue", description="cancel: a stream client going away cancels the run."
+    )
+    reasoning: Reasoning | None = Field(
+        default=None,
+        description="Let the model think before it answers, for this ask (over the session's "
+        'config.reasoning; {"effort": "none"} turns it off). 422 reasoning_not_supported for a '
+        "model that cannot reason.",
     )
 
 
