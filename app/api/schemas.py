@@ -409,13 +409,22 @@ class ContextUsage(BaseModel):
     truncated: bool
     needs_summary: bool
     breakdown: dict[str, int] = Field(
-        description="Tokens by segment: system (the prompt), memory, summary, tools, history."
+        description="Tokens by segment: system (the prompt), memory, summary, tools, history, "
+        "and overhead (the reply's priming, and the estimate margin of a model counted only "
+        "approximately); they add up to `tokens`."
     )
     shares: dict[str, float] = Field(
         description="Percent of the context window each segment of the breakdown uses."
     )
     compactions: list[Compaction] = Field(
         description="The newest summary checkpoints (up to 20), newest first."
+    )
+    compactable: bool = Field(
+        description="Whether POST /compact (with the policy's keep_last_turns) would find "
+        "anything to summarize now; false: it answers 409 nothing_to_compact."
+    )
+    not_compactable_reason: str | None = Field(
+        description="Why there is nothing to compact, in words for a person; null when compactable."
     )
 
 
