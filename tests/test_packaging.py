@@ -80,7 +80,7 @@ def test_the_wheel_ships_the_chat_page(installed: Path) -> None:
     wheel = zipfile.ZipFile(installed)
     static = ROOT / "app" / "web" / "static"
     shipped = sorted(static.iterdir())
-    assert [p.name for p in shipped] == ["app.css", "app.js", "index.html"]
+    assert [p.name for p in shipped] == ["app.css", "app.js", "favicon.svg", "index.html"]
     for asset in shipped:
         assert wheel.read(f"app/web/static/{asset.name}") == asset.read_bytes()
 
