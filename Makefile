@@ -27,9 +27,22 @@ PIP := $(BIN)/pip install --disable-pip-version-check --progress-bar on --no-com
 # in CI): without the cache every process the tests start compiled its imports again, ~1 s for a
 # CLI command and ~2 s for a server, hundreds of times in a test run.
 export PYTHONDONTWRITEBYTECODE :=
-# pip is silent while it builds a wheel: with -v, keep its build progress lines ("[ 42%]",
-# "[12/96]") and its own lines; the whole log stays in the venv for when something fails.
-SHOW_PROGRESS := awk '/^ *\[ *[0-9]+(%|\/[0-9]+)\]|^(Collecting|Building|Installing|Successfully|ERROR|error)/ { print; fflush() }'
+# pip is silent while it builds a wheel: with -v, keep its build progress ("[ 42%]", "[12/96]",
+# shown with the file being compiled rather than the whole compiler command) and its own lines;
+# the whole log stays in the venv for when something fails.
+SHOW_PROGRESS := awk 'match($$0, /\[ *[0-9]+(%|\/[0-9]+)\]/) && RSTART <= 3 { \
+		n = split($$NF, path, "/"); \
+		printf "  building llama.cpp %s %s\n", substr($$0, RSTART, RLENGTH), path[n]; \
+		fflush(); next } \
+	/^(Collecting|Building|Installing|Successfully|ERROR|error)/ { print; fflush() }'
+# llama.cpp as the local provider uses it, compiled on every core: llama-cpp-python builds the
+# multimodal library (mtmd: vision and audio encoders, about a third of the build) by default;
+# text models never load it. Tests, tools, examples and llama.cpp's own server are off already
+# when llama.cpp is built inside llama-cpp-python: said here so that no default can bring
+# them back. A CMAKE_ARGS of your own (e.g. -DGGML_CUDA=on) comes last, so it wins.
+export CMAKE_ARGS := -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_TOOLS=OFF \
+	-DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF $(CMAKE_ARGS)
+export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
 
 .PHONY: run test lint openapi readme clients web bench postgres pgbouncer chromium clean
 
@@ -95,7 +108,7 @@ $(BIN)/python:
 	python3 -m venv $(VENV)
 
 $(RUN_STAMP): pyproject.toml | $(BIN)/python
-	@echo "==> installing the service's packages (on a cold pip cache the llama.cpp build takes 6-12 minutes; pip caches the wheel)"
+	@echo "==> installing the service's packages (on a cold pip cache llama.cpp is compiled once, a few minutes; pip caches the wheel)"
 	@set -o pipefail; $(PIP) -v -e '.[local]' 2>&1 | tee $(VENV)/pip-install.log | $(SHOW_PROGRESS) \
 		|| { tail -n 40 $(VENV)/pip-install.log; echo "pip failed: see $(VENV)/pip-install.log"; exit 1; }
 	rm -f $(VENV)/.installed-run-* && touch $@
