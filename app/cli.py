@@ -76,9 +76,16 @@ def capacity_lines(settings: Settings, workers: int) -> list[str]:
             "memory and open files allow, not CPU cores (THREADLINE_WORKER_CONCURRENCY sets it)"
         ]
     if settings.default_model.startswith("local:"):
+        from app.llm.local_provider import installed
+
+        state = (
+            "loading in the background"
+            if installed("llama_cpp")
+            else "waiting for llama.cpp's build (its asks fail until then, saying so)"
+        )
         lines.append(
-            f"Local model: {settings.default_model}, loading in the background; it answers one "
-            "ask at a time (others queue), on this machine's CPU"
+            f"Local model: {settings.default_model}, {state}; it answers one ask at a time "
+            "(others queue), on this machine's CPU"
         )
     return lines
 

