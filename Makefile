@@ -33,7 +33,8 @@ export PYTHONDONTWRITEBYTECODE :=
 # shown with the file being compiled rather than the whole compiler command) and its own lines;
 # the whole log stays in the venv for when something fails.
 SHOW_PROGRESS := awk 'match($$0, /\[ *[0-9]+(%|\/[0-9]+)\]/) && RSTART <= 3 { \
-		n = split($$NF, path, "/"); \
+		file = $$NF; for (i = 1; i < NF; i++) if ($$i == "-o" || $$i == "-c") file = $$(i + 1); \
+		n = split(file, path, "/"); \
 		printf "  building llama.cpp %s %s\n", substr($$0, RSTART, RLENGTH), path[n]; \
 		fflush(); next } \
 	/^(Collecting|Building|Installing|Successfully|ERROR|error)/ { print; fflush() }'
@@ -48,8 +49,7 @@ export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
 
 .PHONY: run local-in-background test lint openapi readme clients web bench postgres pgbouncer chromium clean
 
-run: $(RUN_STAMP) postgres
-	@$(MAKE) --no-print-directory local-in-background
+run: $(RUN_STAMP) postgres local-in-background
 	$(BIN)/threadline serve
 
 # The local model's runtime (llama-cpp-python, which compiles llama.cpp when pip has no wheel of
@@ -57,6 +57,8 @@ run: $(RUN_STAMP) postgres
 # serves at once and local answers fail, saying why, until the build is done; the service then
 # loads the model by itself. The build goes on after a Ctrl-C; a second `make run` meanwhile
 # leaves it be.
+# (make by a variable of the shell's: a recipe naming $(MAKE) runs even under `make -n`.)
+export SUBMAKE := $(MAKE)
 local-in-background: $(RUN_STAMP)
 	@if [ -e $(LOCAL_STAMP) ]; then \
 		:; \
@@ -64,7 +66,7 @@ local-in-background: $(RUN_STAMP)
 		echo "==> llama.cpp is still being built for the local model (tail -f $(VENV)/local-build.log)"; \
 	else \
 		echo "==> building llama.cpp for the local model in the background: the API serves now, and local answers wait for the build (a few minutes on a cold pip cache; tail -f $(VENV)/local-build.log)"; \
-		setsid nohup $(MAKE) --no-print-directory $(LOCAL_STAMP) > $(VENV)/local-build.log 2>&1 < /dev/null & \
+		setsid nohup $$SUBMAKE --no-print-directory $(LOCAL_STAMP) > $(VENV)/local-build.log 2>&1 < /dev/null & \
 		echo $$! > $(VENV)/local-build.pid; \
 	fi
 
