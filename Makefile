@@ -47,7 +47,7 @@ export CMAKE_ARGS := -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_TOO
 	-DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF $(CMAKE_ARGS)
 export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: run local-in-background test lint openapi readme clients web bench postgres pgbouncer chromium clean
+.PHONY: run local-in-background test lint openapi readme clients client-python client-typescript web bench postgres pgbouncer chromium clean
 
 run: $(RUN_STAMP) postgres local-in-background
 	$(BIN)/threadline serve
@@ -84,11 +84,25 @@ lint: $(TEST_STAMP)
 openapi: $(RUN_STAMP)
 	$(BIN)/threadline openapi > openapi/openapi.json
 
-# The Python client, generated from openapi/openapi.json (with the streaming helper) into
-# clients/python/threadline_client; `pip install clients/python` installs it. The TypeScript
-# client, generated into clients/typescript/src/generated and built into its dist/.
-clients: $(TEST_STAMP) $(NPM_STAMP)
+# Both clients, generated from the committed openapi/openapi.json; each target needs only its
+# own generator (not the service's packages, nor the other client's tools).
+clients: client-python client-typescript
+
+# The Python client (with the streaming helper) into clients/python/threadline_client;
+# `pip install clients/python` installs it. Needs the generator alone, at the version the dev
+# extra pins (read from pyproject.toml: one place says which).
+PY_CLIENT_GENERATOR := $(shell grep -o '"openapi-python-client[^"]*"' pyproject.toml)
+client-python: $(BIN)/openapi-python-client
 	$(BIN)/python clients/python/generate.py
+
+$(BIN)/openapi-python-client: pyproject.toml | $(BIN)/python
+	@echo "==> installing the Python client's generator (openapi-python-client)"
+	$(PIP) $(PY_CLIENT_GENERATOR)
+	touch $@
+
+# The TypeScript client into clients/typescript/src/generated, built into its dist/. Needs
+# Node.js and the packages its package-lock.json pins (the generator and tsc).
+client-typescript: $(NPM_STAMP)
 	cd clients/typescript && log=$$(npm run --silent generate 2>&1) && echo "$$log" \
 		&& ! grep -qi warn <<<"$$log" || { echo "openapi-ts failed or warned"; exit 1; }
 	cd clients/typescript && npx tsc
