@@ -18,11 +18,11 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import Settings
-from app.core.entries import EntryKind
+from app.core.entries import EntryKind, NewEntry
 from app.db.embedded import throwaway_cluster
 from app.db.engine import create_engine
 from app.db.migrate import upgrade_to_head
-from app.services.journal import NewEntry, append_entries, read_history
+from app.services.journal import append_entries, read_history
 from app.services.keys import create_key, tenant_for_key
 from app.services.search import search_history
 from app.services.sessions import create_session, fork_session

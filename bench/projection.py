@@ -47,18 +47,18 @@ from sqlalchemy import RowMapping, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.config import Settings
-from app.core.entries import EntryKind
+from app.core.entries import EntryKind, JournalEntry, NewEntry
 from app.core.formats import to_openai
 from app.core.lineage import Segment
 from app.core.messages import ToolSpec
 from app.core.policy import ContextPolicy
-from app.core.projection import JournalEntry, Projection, ProjectionInput, project
+from app.core.projection import Projection, ProjectionInput, project
 from app.core.tokens import HeuristicCounter, TokenCounter, entry_tokens, message_tokens
 from app.core.tokens import tools_tokens as count_tools
 from app.db import journal as journal_db
 from app.db.engine import create_engine
 from app.llm.tokenizers import encoding_counter, stored_counter
-from app.services.journal import NewEntry, append_entries
+from app.services.journal import append_entries
 from app.services.keys import create_key, tenant_for_key
 from app.services.projection import SessionProjection, project_session
 from app.services.sessions import create_session

@@ -12,11 +12,10 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from app.core.entries import EntryKind
+from app.core.entries import EntryKind, JournalEntry
 from app.core.messages import Message, canonical_json, result_text, text_of
 from app.core.projection import (
     MODEL_KINDS,
-    JournalEntry,
     covered_to,
     cut_to_tokens,
     in_run_order,

@@ -19,8 +19,8 @@ from app.api.hub import EventHub
 from app.api.schemas import Metadata
 from app.config import Settings
 from app.core import tool_choice as tool_choices
-from app.core.entries import EntryKind
-from app.core.projection import JournalEntry, PendingEntry, without_rolled_back
+from app.core.entries import EntryKind, JournalEntry, NewEntry, PendingEntry
+from app.core.projection import without_rolled_back
 from app.core.tool_choice import ToolChoice
 from app.db import events as events_db
 from app.db import journal as journal_db
@@ -537,7 +537,7 @@ async def delete_response(engine: AsyncEngine, tenant_id: str, given: str) -> No
     before = await _inputs_before(engine, tenant_id, run)
     first = min([first, *(e.seq for e in before)])
     assert run.end_entry_seq is not None
-    rollback = journal.NewEntry(
+    rollback = NewEntry(
         EntryKind.ROLLBACK,
         {"from_seq": first, "to_seq": run.end_entry_seq, "reason": "response deleted"},
         {"run_id": run.id},
@@ -596,17 +596,17 @@ def conversation_object(session: RowMapping) -> Json:
     }
 
 
-def _entries(items: list[dict[str, Any]], param: str) -> list[journal.NewEntry]:
+def _entries(items: list[dict[str, Any]], param: str) -> list[NewEntry]:
     out = []
     for item in mapping.parse_items(items, param):
         if isinstance(item, mapping.ToolOutputItem):
             out.append(
-                journal.NewEntry(
+                NewEntry(
                     EntryKind.TOOL_RESULT, {"content": item.output}, {"tool_call_id": item.call_id}
                 )
             )
         else:
-            out.append(journal.NewEntry(item.kind, item.payload, item.refs))
+            out.append(NewEntry(item.kind, item.payload, item.refs))
     return out
 
 

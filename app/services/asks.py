@@ -19,8 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from app.config import Settings
 from app.core import run_policy as run_policies
 from app.core.content import content_problems
-from app.core.entries import EntryKind
-from app.core.projection import PendingEntry
+from app.core.entries import EntryKind, NewEntry, PendingEntry
 from app.core.tool_choice import ToolChoice
 from app.core.tool_loop import RunTools, next_step
 from app.db import jobs as jobs_db
@@ -31,7 +30,7 @@ from app.llm.router import tool_choice_problem
 from app.runs.model import CancelMode, Outcome, Run, RunKind, RunParams, RunStatus, entry_id
 from app.services import quotas, runs
 from app.services.errors import Conflict, Invalid, NotFound, entries_refused, session_not_found
-from app.services.journal import NewEntry, append_in
+from app.services.journal import append_in
 from app.services.projection import project_session
 from app.telemetry import metrics
 

@@ -27,7 +27,7 @@ from app.core.compaction import (
     summary_request,
     transcript_lines,
 )
-from app.core.entries import EntryKind
+from app.core.entries import EntryKind, NewEntry
 from app.core.policy import ContextPolicy
 from app.core.projection import SUMMARY_CUT_MARK, cut_to_tokens
 from app.core.tokens import TokenCounter, request_tokens
@@ -43,7 +43,7 @@ from app.runs.model import Run, RunKind, RunParams, entry_id
 from app.services import runs
 from app.services.asks import run_by_idempotency_key
 from app.services.errors import Conflict, Invalid, ServiceError, session_not_found
-from app.services.journal import NewEntry, append_in
+from app.services.journal import append_in
 from app.services.projection import resolve_policy
 from app.telemetry import metrics
 

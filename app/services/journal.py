@@ -12,7 +12,7 @@ from sqlalchemy import RowMapping
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from app.core.entries import EntryKind, PayloadError, normalize_entry, range_errors
+from app.core.entries import EntryKind, NewEntry, PayloadError, normalize_entry, range_errors
 from app.core.lineage import lineage_from_json, segments
 from app.core.projection import RolledBack, rolled_back
 from app.core.tokens import entry_tokens
@@ -26,14 +26,6 @@ from app.telemetry import metrics
 # A concurrent append of the same entry id loses the unique-index race at most once; the retry
 # then finds the id and answers with the original seq.
 _APPEND_ATTEMPTS = 3
-
-
-@dataclass(frozen=True)
-class NewEntry:
-    kind: EntryKind
-    payload: dict[str, Any]
-    refs: dict[str, Any]
-    id: str | None = None
 
 
 @dataclass(frozen=True)

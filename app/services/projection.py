@@ -13,19 +13,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from app.config import Settings
 from app.core import policy as policies
 from app.core.builtin_tools import with_builtin_schema
-from app.core.entries import EntryKind, PayloadError, normalize_entry
+from app.core.entries import EntryKind, JournalEntry, PayloadError, PendingEntry, normalize_entry
 from app.core.lineage import Segment
 from app.core.memory import MEMORY_TOOLS
 from app.core.messages import ToolSpec
-from app.core.projection import (
-    ContextOverflow,
-    JournalEntry,
-    PendingEntry,
-    Projection,
-    ProjectionInput,
-    project,
-    tail_suffices,
-)
+from app.core.projection import ContextOverflow, Projection, ProjectionInput, project, tail_suffices
 from app.core.tokens import STORED_ENCODING
 from app.db import journal as journal_db
 from app.db import sessions as sessions_db

@@ -15,7 +15,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import Settings
-from app.core.entries import EntryKind
+from app.core.entries import EntryKind, NewEntry
 from app.db import events as events_db
 from app.db import journal as journal_db
 from app.db import runs as runs_db
@@ -134,7 +134,7 @@ async def roll_back_from(
     if not 0 <= position < len(live):
         return None
     entry = live[position]
-    rollback = journal.NewEntry(
+    rollback = NewEntry(
         EntryKind.ROLLBACK, {"from_seq": entry["seq"], "to_seq": rev, "reason": reason}, {}
     )
     # expected_rev: an entry appended meanwhile would not be one the client meant to void.

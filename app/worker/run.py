@@ -18,9 +18,9 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core import tool_choice as tool_choices
-from app.core.entries import EntryKind, FinishReason
+from app.core.entries import EntryKind, FinishReason, JournalEntry, NewEntry
 from app.core.messages import result_text
-from app.core.projection import JournalEntry, ProjectionMeta
+from app.core.projection import ProjectionMeta
 from app.core.run_policy import RunPolicy
 from app.core.tool_loop import (
     AssembledCall,
@@ -52,7 +52,7 @@ from app.runs.machine import committed_events
 from app.runs.model import Outcome, Run, RunKind, entry_id
 from app.services import runs
 from app.services.errors import ServiceError
-from app.services.journal import NewEntry, append_in
+from app.services.journal import append_in
 from app.services.projection import (
     SessionProjection,
     offered_tools,

@@ -7,13 +7,13 @@ import uuid
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.core.entries import EntryKind
+from app.core.entries import EntryKind, JournalEntry, NewEntry
 from app.core.lineage import lineage_from_json, segments
 from app.core.policy import ContextPolicy
-from app.core.projection import JournalEntry, tail_suffices
+from app.core.projection import tail_suffices
 from app.db.journal import read_tail
 from app.db.sessions import get_session
-from app.services.journal import NewEntry, append_entries
+from app.services.journal import append_entries
 from app.services.keys import create_key, tenant_for_key
 from app.services.sessions import create_session, fork_session
 

@@ -11,12 +11,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import Settings
 from app.core.builtin_tools import with_builtin_schema
-from app.core.entries import EntryKind
+from app.core.entries import EntryKind, NewEntry, PendingEntry
 from app.core.memory import MEMORY_LINES, MEMORY_TOOLS
-from app.core.projection import PendingEntry
 from app.services import memory as memory_service
 from app.services.errors import PreconditionFailed
-from app.services.journal import NewEntry, append_entries
+from app.services.journal import append_entries
 from app.services.keys import create_key, tenant_for_key
 from app.services.projection import offered_tools, project_session
 from app.services.sessions import create_session, delete_session

@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import Settings
-from app.core.entries import EntryKind
+from app.core.entries import EntryKind, NewEntry
 from app.core.formats import to_anthropic, to_openai
 from app.services.errors import Invalid
-from app.services.journal import NewEntry, append_entries
+from app.services.journal import append_entries
 from app.services.keys import create_key, tenant_for_key
 from app.services.projection import project_session
 from app.services.sessions import create_session, fork_session

@@ -11,11 +11,11 @@ import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.core.entries import EntryKind
+from app.core.entries import EntryKind, NewEntry
 from app.core.eviction import page, preview
 from app.core.messages import canonical_json
 from app.core.tool_loop import PendingCall
-from app.services.journal import NewEntry, append_entries
+from app.services.journal import append_entries
 from app.services.keys import create_key, tenant_for_key
 from app.services.sessions import create_session, fork_session
 from app.tools.registry import BUILTINS, ToolContext, ToolOutcome, builtin, execute
