@@ -247,8 +247,10 @@ def thread_entries() -> Iterator[NewEntry]:
 
 
 async def loaded_session(engine: AsyncEngine, tenant: str, entries: int) -> str:
-    row = await create_session(engine, tenant, title="bench", metadata={}, config={"model": MODEL})
-    session_id = str(row["id"])
+    session = await create_session(
+        engine, tenant, title="bench", metadata={}, config={"model": MODEL}
+    )
+    session_id = session.id
     stream = thread_entries()
     for first in range(0, entries, LOAD_BATCH):
         batch = list(itertools.islice(stream, min(LOAD_BATCH, entries - first)))
@@ -392,7 +394,7 @@ def counting_ms(entry: NewEntry) -> float:
 async def append_ms(engine: AsyncEngine, tenant: str, entry: NewEntry, times: int) -> float:
     """Median ms of appending `entry` alone, to a fresh session, `times` times."""
     session = await create_session(engine, tenant, title="bench", metadata={}, config={})
-    session_id = str(session["id"])
+    session_id = session.id
 
     async def append() -> None:
         await append_entries(engine, tenant, session_id, [entry], expected_rev=None)

@@ -117,9 +117,7 @@ async def ui_chat(
         found = await ui_chats.find_session(engine, tenant, body.id)
         if found is None:
             raise ui_chats.no_user_message(body.messages)
-        sent = await ui_chats.submit_tool_outputs(
-            engine, tenant, str(found["id"]), body.messages[-1]
-        )
+        sent = await ui_chats.submit_tool_outputs(engine, tenant, found.id, body.messages[-1])
         return _ui_stream(
             engine,
             tenant,
@@ -137,13 +135,13 @@ async def ui_chat(
         nothing = Invalid("nothing_to_regenerate", "the chat has no user message yet", {})
         if session is None:
             raise nothing
-        session_id = str(session["id"])
+        session_id = session.id
         content = await ui_chats.roll_back_from(engine, tenant, session_id, None, "regenerate")
         if content is None:
             raise nothing
     else:
         content = ui_chats.new_user_text(body.messages)
-        session_id = str((await ui_chats.chat_session(engine, settings, tenant, body.id))["id"])
+        session_id = (await ui_chats.chat_session(engine, settings, tenant, body.id)).id
         if body.message_id is not None:
             # An edit: useChat sends the messages up to the edited one, which is last. It is
             # the chat's n-th user message: that one and all after it are rolled back.
@@ -196,7 +194,7 @@ async def resume_ui_chat(
     session = await ui_chats.find_session(engine, tenant, chat_id)
     if session is None:
         return Response(status_code=204)
-    run = await asks_service.active_run(engine, tenant, str(session["id"]))
+    run = await asks_service.active_run(engine, tenant, session.id)
     if run is None or not await hub.has_more(run.id, 0):
         return Response(status_code=204)
     return _ui_stream(engine, tenant, hub, run.id, settings.sse_heartbeat_seconds, None, None)

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
-from sqlalchemy import RowMapping
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.api.hub import EventHub
@@ -21,6 +20,7 @@ from app.config import Settings
 from app.core import tool_choice as tool_choices
 from app.core.entries import EntryKind, JournalEntry, NewEntry, PendingEntry
 from app.core.projection import without_rolled_back
+from app.core.sessions import Session
 from app.core.tool_choice import ToolChoice
 from app.db import events as events_db
 from app.db import journal as journal_db
@@ -140,9 +140,9 @@ def tool_definitions(tools: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]
     return out
 
 
-def client_tools(run: Run, session: RowMapping) -> list[dict[str, Any]]:
+def client_tools(run: Run, session: Session) -> list[dict[str, Any]]:
     """The client-side tools a run offered: its own and its session's."""
-    own = {t["name"]: t for t in (session["config"] or {}).get("tools") or []}
+    own = {t["name"]: t for t in session.config.tools or []}
     own |= {t["name"]: t for t in run.params.tools}
     return [t for t in own.values() if t.get("kind", "client") == "client"]
 
@@ -195,7 +195,7 @@ async def load(engine: AsyncEngine, tenant_id: str, given: str, param: str | Non
     parts = mapping.segments(entries, frozenset(t["name"] for t in tools))
     if segment >= len(parts):
         raise missing
-    instructions = (session["config"] or {}).get("system_prompt")
+    instructions = session.config.system_prompt
     return Loaded(run, segment, parts, tools, instructions)
 
 
@@ -407,11 +407,11 @@ async def _ask(
         session = await sessions.create_session(
             engine, tenant_id, title=None, metadata={}, config=config
         )
-        session_id = made = str(session["id"])
+        session_id = made = session.id
     try:
         if body.instructions is not None:
             session = await sessions.get_session(engine, tenant_id, session_id)
-            prompt = (session["config"] or {}).get("system_prompt")
+            prompt = session.config.system_prompt
             if prompt != body.instructions:
                 await _set_prompt(engine, tenant_id, session_id, body.instructions)
                 restore = prompt
@@ -495,7 +495,7 @@ async def _continuing(engine: AsyncEngine, tenant_id: str, given: str) -> tuple[
     fork = await sessions.fork_session(
         engine, tenant_id, run.session_id, at_seq=end, title=None, metadata=None
     )
-    return str(fork["id"]), True
+    return fork.id, True
 
 
 async def _conversation(engine: AsyncEngine, tenant_id: str, given: str, param: str) -> str:
@@ -587,12 +587,12 @@ def _checked_metadata(metadata: Any) -> dict[str, str]:
     return checked
 
 
-def conversation_object(session: RowMapping) -> Json:
+def conversation_object(session: Session) -> Json:
     return {
-        "id": mapping.conversation_id(str(session["id"])),
+        "id": mapping.conversation_id(session.id),
         "object": "conversation",
-        "created_at": int(session["created_at"].timestamp()),
-        "metadata": dict(session["metadata"] or {}),
+        "created_at": int(session.created_at.timestamp()),
+        "metadata": dict(session.metadata),
     }
 
 
@@ -623,11 +623,9 @@ async def create_conversation(
     )
     if entries:
         try:
-            await journal.append_entries(
-                engine, tenant_id, str(session["id"]), entries, expected_rev=0
-            )
+            await journal.append_entries(engine, tenant_id, session.id, entries, expected_rev=0)
         except Exception:
-            await sessions.delete_session(engine, tenant_id, str(session["id"]))
+            await sessions.delete_session(engine, tenant_id, session.id)
             raise
     return conversation_object(session)
 
@@ -644,7 +642,7 @@ async def update_conversation(
     session_id = await _conversation(engine, tenant_id, given, "conversation_id")
     checked = _checked_metadata(metadata)
     session = await sessions.get_session(engine, tenant_id, session_id)
-    patch: dict[str, str | None] = {k: None for k in session["metadata"] or {} if k not in checked}
+    patch: dict[str, str | None] = {k: None for k in session.metadata if k not in checked}
     patch |= checked
     updated = await sessions.update_session(engine, tenant_id, session_id, {"metadata": patch})
     return conversation_object(updated)

@@ -175,12 +175,10 @@ async def _commit(
     session = await sessions_db.get_session(conn, tenant_id, session_id, lock=True)
     if session is None:
         raise session_not_found(session_id)
-    policy = run_policies.merged(session["config"].get("run_policy"), params.run_policy)
+    policy = run_policies.merged(session.config.run_policy, params.run_policy)
     # Counting the session's turns is a query: only made when a turn limit is set.
     turns = await runs_db.count_asks(conn, session_id) if policy.max_turns is not None else 0
-    refused = run_policies.violation_before_ask(
-        policy, turns, int(session["input_tokens"]) + int(session["output_tokens"])
-    )
+    refused = run_policies.violation_before_ask(policy, turns, session.tokens_used)
     if refused is not None:
         rule, message = refused
         raise Conflict("policy_violation", message, {"rule": rule})
@@ -239,7 +237,7 @@ async def _commit(
         context_policy=params.context_policy,
         metadata=params.metadata,
         on_disconnect=params.on_disconnect,
-        fallback_model=(session["config"] or {}).get("fallback_model"),
+        fallback_model=session.config.fallback_model,
         run_policy=policy.model_dump(mode="json"),
         tools=params.tools,
         tool_choice=params.tool_choice,

@@ -13,7 +13,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.core.entries import EntryKind, NewEntry, PayloadError, normalize_entry, range_errors
-from app.core.lineage import lineage_from_json, segments
+from app.core.lineage import segments
 from app.core.projection import RolledBack, rolled_back
 from app.core.tokens import entry_tokens
 from app.db import journal as journal_db
@@ -180,7 +180,7 @@ async def read_history(
         session = await sessions_db.get_session(conn, tenant_id, session_id)
         if session is None:
             raise session_not_found(session_id)
-        thread = sessions_db.thread_of(session)
+        thread = session.thread
         found = await journal_db.read_entries(
             conn,
             thread,
@@ -190,7 +190,7 @@ async def read_history(
             descending=order == "desc",
             limit=limit + 1,
         )
-    return HistoryPage(found[:limit], len(found) > limit, int(session["rev"]))
+    return HistoryPage(found[:limit], len(found) > limit, session.rev)
 
 
 HISTORY_PAGE = 1000  # entries read per page when reading a whole history
@@ -293,7 +293,7 @@ async def _find_replay(
     )
     if session is None:
         raise session_not_found(session_id)
-    thread = segments(session_id, lineage_from_json(session["lineage"]))
+    thread = segments(session.id, session.lineage)
     existing = await journal_db.find_by_entry_ids(conn, thread, client_ids)
     if not existing:
         return None
@@ -317,4 +317,4 @@ async def _find_replay(
             "entry ids already in the session were sent in a batch that differs from theirs",
             {"existing": {str(e["id"]): int(e["seq"]) for e in existing}},
         )
-    return AppendResult(original, int(session["rev"]), replayed=True)
+    return AppendResult(original, session.rev, replayed=True)

@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import Settings
 from app.core.entries import EntryKind, NewEntry
+from app.core.sessions import Session
 from app.db import events as events_db
 from app.db import journal as journal_db
 from app.db import runs as runs_db
@@ -34,7 +35,7 @@ def derived_session_id(tenant_id: str, chat_id: str) -> str:
     return str(uuid.uuid5(CHAT_NAMESPACE, f"{tenant_id}/{chat_id}"))
 
 
-async def find_session(engine: AsyncEngine, tenant_id: str, chat_id: str) -> RowMapping | None:
+async def find_session(engine: AsyncEngine, tenant_id: str, chat_id: str) -> Session | None:
     """The chat's session: the session whose id the chat id is, else the one made for it."""
     async with engine.connect() as conn:
         if is_uuid(chat_id):
@@ -48,7 +49,7 @@ async def find_session(engine: AsyncEngine, tenant_id: str, chat_id: str) -> Row
 
 async def chat_session(
     engine: AsyncEngine, settings: Settings, tenant_id: str, chat_id: str
-) -> RowMapping:
+) -> Session:
     """The chat's session, made on the chat's first message (with the default config), within
     the tenant's session limit."""
     found = await find_session(engine, tenant_id, chat_id)

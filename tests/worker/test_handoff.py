@@ -145,7 +145,7 @@ async def test_a_run_held_by_a_cancel_is_left_to_the_queue_with_its_claim_undone
         tenant = await tenant_for_key(engine, key)
         assert tenant is not None
         session = await create_session(engine, tenant, title=None, metadata={}, config={})
-        asked = await asks.ask(engine, settings, tenant, str(session["id"]), asks.AskParams("q"))
+        asked = await asks.ask(engine, settings, tenant, session.id, asks.AskParams("q"))
         run_id, job_id = asked.run.id, asked.run.job_id
         assert job_id is not None
         async with engine.begin() as conn:
@@ -271,7 +271,7 @@ async def test_a_cancel_holding_a_claimed_runs_row_ends_it_before_it_starts(
         session = await create_session(engine, tenant, title=None, metadata={}, config={})
         worker_id = await register_worker(engine)
         asked = await asks.ask(
-            engine, settings, tenant, str(session["id"]), asks.AskParams("q"), claim_for=worker_id
+            engine, settings, tenant, session.id, asks.AskParams("q"), claim_for=worker_id
         )
         assert asked.claimed and asked.run.job_id is not None
         run_id, job_id = asked.run.id, asked.run.job_id
@@ -324,7 +324,7 @@ async def test_a_claimed_job_whose_process_died_before_its_run_started_goes_back
         # The dead process's registration: its last heartbeat long past the stall threshold.
         dead = await register_worker(engine, settings.stalled_after_seconds * 100)
         asked = await asks.ask(
-            engine, settings, tenant, str(session["id"]), asks.AskParams("q"), claim_for=dead
+            engine, settings, tenant, session.id, asks.AskParams("q"), claim_for=dead
         )
         assert asked.claimed
         assert (await job_row(engine, asked.run.job_id)).status == "doing"
@@ -365,7 +365,7 @@ async def test_an_ask_whose_worker_registration_was_pruned_is_queued_not_refused
                 text("DELETE FROM procrastinate_workers WHERE id = :id"), {"id": pruned}
             )
         asked = await asks.ask(
-            engine, settings, tenant, str(session["id"]), asks.AskParams("q"), claim_for=pruned
+            engine, settings, tenant, session.id, asks.AskParams("q"), claim_for=pruned
         )
         assert asked.created and not asked.claimed and asked.run.job_id is not None
         job = await job_row(engine, asked.run.job_id)
@@ -373,7 +373,7 @@ async def test_an_ask_whose_worker_registration_was_pruned_is_queued_not_refused
         async with engine.connect() as conn:
             kinds = await conn.scalars(
                 text("SELECT kind FROM entries WHERE session_id = :id ORDER BY seq"),
-                {"id": session["id"]},
+                {"id": session.id},
             )
             assert list(kinds) == ["message", "run_start"]  # committed once, whole
     finally:
