@@ -168,8 +168,8 @@ STATES_START, STATES_END = "<!-- run-states:start -->", "<!-- run-states:end -->
 
 def run_reference() -> dict[tuple[str, str], str]:
     """The generated sections of the run reference, by their markers: the run's transitions
-    (app/runs/machine.py) and its events (app/runs/events.py)."""
-    from app.runs.events import markdown_table
+    (app/runs/machine.py) and its events (app/eventlog/registry.py)."""
+    from app.eventlog.registry import markdown_table
     from app.runs.machine import transition_table
 
     return {

@@ -31,12 +31,12 @@ from app.api import (
 )
 from app.api.docs import install_docs
 from app.api.errors import install_error_handlers
-from app.api.hub import EventHub
 from app.api.limits import BodySizeLimit
 from app.api.openapi_document import install_document
 from app.api.web import install_web
 from app.config import Settings
 from app.db.engine import create_engine
+from app.eventlog.hub import EventHub
 from app.llm.tokenizers import stored_counter
 from app.openai_api import routes as openai_routes
 from app.telemetry import metrics as metric_hooks

@@ -55,10 +55,10 @@ from app.db import journal as journal_db
 from app.db.embedded import throwaway_cluster
 from app.db.engine import create_engine
 from app.db.jobs import cancel_job
+from app.eventlog.registry import EventType
+from app.eventlog.writer import EventWriter
 from app.llm.base import Finish, ModelRequest, StreamEvent, TextDelta, ToolCallDelta
 from app.llm.router import Route, Router
-from app.runs.events import EventType
-from app.runs.writer import EventWriter
 from app.services.asks import AskParams, ask, get_run
 from app.services.journal import append_entries
 from app.services.keys import create_key, tenant_for_key

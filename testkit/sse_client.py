@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 
-from app.runs import events as events_registry
+from app.eventlog import registry as events_registry
 
 
 @dataclass(frozen=True)

@@ -147,7 +147,7 @@ def test_events_prints_the_tables_or_writes_them_between_the_markers(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from app.cli import main
-    from app.runs.events import markdown_table
+    from app.eventlog.registry import markdown_table
     from app.runs.machine import transition_table
 
     main(["events"])

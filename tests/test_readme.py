@@ -124,7 +124,7 @@ def test_the_walk_through_runs_as_written_with_no_configuration(workdir: Path) -
 
 
 def test_the_run_reference_tables_are_the_ones_the_code_generates() -> None:
-    """The run's transitions (app/runs/machine.py) and events (app/runs/events.py)."""
+    """The run's transitions (app/runs/machine.py) and events (app/eventlog/registry.py)."""
     from app.cli import run_reference
 
     for (start, end), table in run_reference().items():

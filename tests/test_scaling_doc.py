@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOC = (ROOT / "docs" / "scaling.md").read_text()
 README = (ROOT / "README.md").read_text()
 START, END = "<!-- connections:start -->", "<!-- connections:end -->"
-# One LISTEN connection per API process (app/api/hub.py), one lease per worker process
+# One LISTEN connection per API process (app/eventlog/hub.py), one lease per worker process
 # (app/worker/lease.py).
 HUB, LEASE = 1, 1
 TIMES = "\N{MULTIPLICATION SIGN}"  # the doc writes its products as people do

@@ -12,9 +12,9 @@ from fastapi.security import APIKeyQuery, HTTPAuthorizationCredentials, HTTPBear
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.api.errors import Refusal
-from app.api.hub import EventHub
 from app.config import Settings
 from app.core.stream_tokens import ExpiredToken, InvalidToken, StreamGrant, verify
+from app.eventlog.hub import EventHub
 from app.runs.model import Run
 from app.services.errors import Forbidden
 from app.services.keys import Caller, authenticate

@@ -1,7 +1,7 @@
 """Server-Sent Events of a run: `id:` is the event's seq, `event:` its type, `data:` JSON.
 
-This is where the registry's event types (app/runs/events.py) become the native wire shape:
-the stream itself, and its description in the OpenAPI document (event_schemas).
+This is where the registry's event types (app/eventlog/registry.py) become the native wire
+shape: the stream itself, and its description in the OpenAPI document (event_schemas).
 
 Resuming is exactly-once: a client reconnects with `Last-Event-ID` (or `?starting_after=`) and
 gets every later event once, on any API instance. Comment lines keep idle connections alive.
@@ -22,9 +22,9 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 from sse_starlette import EventSourceResponse
 
-from app.api.hub import EventHub
-from app.db.events import MAX_SEQ
-from app.runs.events import PAYLOADS, TERMINAL, EventData, EventType
+from app.eventlog.hub import EventHub
+from app.eventlog.registry import PAYLOADS, TERMINAL, EventData, EventType
+from app.eventlog.store import MAX_SEQ
 from app.telemetry import metrics
 
 # Where the document keeps the schemas (components) that SSE_RESPONSE refers to.
@@ -153,7 +153,7 @@ def frame(row: dict[str, Any]) -> bytes:
     return f"id: {row['seq']}\r\nevent: {row['type']}\r\ndata: {data}\r\n\r\n".encode()
 
 
-# Past the largest seq (events_db.MAX_SEQ): a client that has "everything" may say so. A larger
+# Past the largest seq (event_store.MAX_SEQ): a client that has "everything" may say so. A larger
 # resume point is no seq at all: refused like any invalid parameter, before a stream starts.
 MAX_RESUME = MAX_SEQ + 1
 LAST_EVENT_ID = (

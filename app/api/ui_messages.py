@@ -21,10 +21,10 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from app.api.bodies import JSONRoute
 from app.api.deps import Config, Engine, Hub, Tenant
 from app.api.errors import error_responses
-from app.api.hub import EventHub
 from app.api.ui_stream import DONE, HEADER, VERSION, Chunk, UIStream, context_meter
 from app.config import Settings
-from app.runs.events import EventType
+from app.eventlog.hub import EventHub
+from app.eventlog.registry import EventType
 from app.services import asks as asks_service
 from app.services import ui_chats
 from app.services.errors import Invalid

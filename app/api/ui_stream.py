@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from app.runs.events import EventType
+from app.eventlog.registry import EventType
 
 HEADER = "x-vercel-ai-ui-message-stream"
 VERSION = "v1"

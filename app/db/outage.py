@@ -2,8 +2,8 @@
 
 A stopped, restarting or crashed server, a lost connection or an exhausted pool: nothing is
 wrong with the request, and the same request may succeed in a moment. The API answers these 503
-with Retry-After (app.api.errors); the event hub and the worker retry through them (app.api.hub,
-app.worker.run). Anything else, a constraint or a bug, is not an outage.
+with Retry-After (app.api.errors); the event hub and the worker retry through them
+(app.eventlog.hub, app.worker.run). Anything else, a constraint or a bug, is not an outage.
 """
 
 from __future__ import annotations

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Boolean, Integer, column, func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.db import events as events_db
 from app.db import jobs as jobs_db
 from app.db.sessions import LIVE
 from app.db.tables import runs, sessions
@@ -30,7 +30,7 @@ class QueuedRun:
 
 async def insert_queued_run(
     conn: AsyncConnection,
-    first_event: tuple[str, dict[str, Any]],
+    first_event: tuple[str, Mapping[str, Any]],
     *,
     id: str,
     tenant_id: str,
@@ -43,10 +43,11 @@ async def insert_queued_run(
     claim_for: int | None = None,
 ) -> QueuedRun:
     """One statement (one round trip): the run's job deferred, the run inserted with its
-    job_id, and its first event (run.created) appended and announced. No worker sees the job
-    before the caller's transaction commits, the run with it. `claim_for`: a procrastinate
-    worker id of this process, which takes the job at once if its session's lock allows
-    (jobs_db.CLAIMED_OR_DEFERRED): that worker must then start the run."""
+    job_id, and its first event (run.created) appended and announced (`first_event`: the
+    statement's part that does it, with its parameters: app.eventlog.store.first_event). No
+    worker sees the job before the caller's transaction commits, the run with it. `claim_for`:
+    a procrastinate worker id of this process, which takes the job at once if its session's
+    lock allows (jobs_db.CLAIMED_OR_DEFERRED): that worker must then start the run."""
     query = text(
         f"WITH {jobs_db.CLAIMED_OR_DEFERRED},"
         " run AS (INSERT INTO runs (id, tenant_id, session_id, kind, model, params,"
@@ -54,7 +55,7 @@ async def insert_queued_run(
         "  SELECT CAST(:id AS uuid), CAST(:tenant_id AS uuid), CAST(:session_id AS uuid),"
         "  :kind, :model, CAST(:params AS jsonb), :idempotency_key,"
         "  CAST(:user_entry_seq AS bigint), job.id FROM job RETURNING *),"
-        f" {events_db.FIRST_EVENT}"
+        f" {first_event[0]}"
         f" SELECT {_RUN_COLUMNS}, (SELECT count(*) FROM told_first) AS told,"
         " (SELECT claimed FROM job) AS claimed FROM run"
     ).columns(*runs.c, column("told", Integer), column("claimed", Boolean))  # typed by position
@@ -70,7 +71,7 @@ async def insert_queued_run(
         "worker_id": claim_for,
     }
     values |= jobs_db.run_job_params(id, session_id, kind)
-    values |= events_db.first_event_params(*first_event)
+    values |= first_event[1]
     row = (await conn.execute(query, values)).mappings().one()
     return QueuedRun(Run.from_row(row), bool(row["claimed"]))
 

@@ -20,6 +20,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from app.eventlog.registry import EventType
 from app.openai_api.items import Item, output_item_id
 from app.openai_api.objects import (
     INCOMPLETE_REASONS,
@@ -28,7 +29,6 @@ from app.openai_api.objects import (
     response_object,
     usage_object,
 )
-from app.runs.events import EventType
 
 
 class ResponseStream:

@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from app.api.deps import Config, Engine, Hub, LocalWorkers, Tenant, get_tenant
-from app.api.hub import EventHub
+from app.eventlog.hub import EventHub
 from app.openai_api import service
 from app.openai_api.errors import OpenAIError, OpenAIRoute, unsupported
 from app.openai_api.events import ResponseStream, ended_stream

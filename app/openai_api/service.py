@@ -14,7 +14,6 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.api.hub import EventHub
 from app.api.schemas import Metadata
 from app.config import Settings
 from app.core import tool_choice as tool_choices
@@ -22,9 +21,10 @@ from app.core.entries import EntryKind, JournalEntry, NewEntry, PendingEntry
 from app.core.projection import without_rolled_back
 from app.core.sessions import Session
 from app.core.tool_choice import ToolChoice
-from app.db import events as events_db
 from app.db import journal as journal_db
 from app.db.journal import journal_entry
+from app.eventlog import store as event_store
+from app.eventlog.hub import EventHub
 from app.llm.base import ProviderError
 from app.llm.router import Router
 from app.openai_api import items as mapping
@@ -251,7 +251,7 @@ async def current(engine: AsyncEngine, loaded: Loaded, base: Json | None = None)
     after = 0
     while not stream.done:
         async with engine.connect() as conn:
-            rows = await events_db.read_events(conn, loaded.run.id, after)
+            rows = await event_store.read_events(conn, loaded.run.id, after)
         if not rows:
             break
         for row in rows:

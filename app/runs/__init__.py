@@ -1,1 +1,1 @@
-"""The run aggregate: its states, transitions and events (the registry of run event types)."""
+"""The run aggregate: its states and transitions (its events: app/eventlog/registry.py)."""

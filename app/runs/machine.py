@@ -12,10 +12,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from app.runs.events import TERMINAL_BY_STATUS, EventType
+from app.eventlog.registry import TERMINAL_BY_STATUS, Event, EventType
 from app.runs.model import Outcome, Run, RunKind, RunStatus
-
-Event = tuple[EventType, dict[str, Any]]  # (type, payload): app/runs/events.py has each
 
 
 class Transition(StrEnum):

@@ -8,10 +8,10 @@ from datetime import datetime
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.db import events as events_db
 from app.db import jobs as jobs_db
 from app.db import sessions as sessions_db
 from app.db import tenants as tenants_db
+from app.eventlog import store as event_store
 from app.services.sessions import delete_locked
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ async def purge(
     events = 0
     while True:
         async with engine.begin() as conn:
-            pruned = await events_db.prune(conn, event_retention_seconds, now, batch_size)
+            pruned = await event_store.prune(conn, event_retention_seconds, now, batch_size)
             await jobs_db.delete_jobs_of_runs(conn, pruned.run_ids, finished_only=True)
         events += pruned.events
         if len(pruned.run_ids) < batch_size:

@@ -21,8 +21,10 @@ from app.db import jobs as jobs_db
 from app.db import runs as runs_db
 from app.db import tenants as tenants_db
 from app.db.tables import sessions
+from app.eventlog import store as event_store
+from app.eventlog import writer
 from app.llm.catalog import cost_usd
-from app.runs import machine, writer
+from app.runs import machine
 from app.runs.model import CancelMode, Outcome, Run, RunKind, RunParams, RunStatus, entry_id
 from app.services import webhooks
 from app.services.journal import append_in
@@ -51,9 +53,10 @@ async def create(
     session's status (with its append), else it is set here. `claim_for`: this process's
     worker id, to take the job at once if its session allows (runs_db.insert_queued_run)."""
     params = carried.into(params, run_id=id, tenant_id=tenant_id, session_id=session_id)
+    created = machine.created_event(id, session_id, kind, user_entry_seq, model)
     queued = await runs_db.insert_queued_run(
         conn,
-        machine.created_event(id, session_id, kind, user_entry_seq, model),
+        event_store.first_event(*created),
         id=id,
         tenant_id=tenant_id,
         session_id=session_id,

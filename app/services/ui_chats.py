@@ -17,10 +17,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.config import Settings
 from app.core.entries import EntryKind, NewEntry
 from app.core.sessions import Session
-from app.db import events as events_db
 from app.db import journal as journal_db
 from app.db import runs as runs_db
 from app.db import sessions as sessions_db
+from app.eventlog import store as event_store
 from app.services import asks, journal, quotas
 from app.services.errors import Conflict, Invalid, session_not_found
 from app.services.ids import is_uuid
@@ -170,7 +170,7 @@ async def submit_tool_outputs(
         and isinstance(p.get("toolCallId"), str)
     ]
     async with engine.connect() as conn:
-        seen = (await events_db.read_backlog(conn, run.id, events_db.MAX_SEQ, 1)).last_seq
+        seen = (await event_store.read_backlog(conn, run.id, event_store.MAX_SEQ, 1)).last_seq
     await asks.submit_tool_outputs(engine, tenant_id, run.id, outputs)
     return ToolOutputs(run.id, seen)
 
@@ -178,7 +178,7 @@ async def submit_tool_outputs(
 async def events_after(engine: AsyncEngine, run_id: str, seq: int) -> bool:
     """Whether the run has events after `seq` (a replayed run.requires_action was answered)."""
     async with engine.connect() as conn:
-        return bool((await events_db.read_backlog(conn, run_id, seq, 1)).rows)
+        return bool((await event_store.read_backlog(conn, run_id, seq, 1)).rows)
 
 
 async def client_tool_outputs(

@@ -27,9 +27,9 @@ from app.db.jobs import (
     WEBHOOK_QUEUE,
     WEBHOOK_TASK,
 )
+from app.eventlog.writer import Committed, EventWriter
 from app.llm.router import Router
 from app.llm.tokenizers import stored_counter
-from app.runs.writer import Committed, EventWriter
 from app.services import retention, runs
 from app.services.asks import expire_waiting_runs
 from app.tools.webhook import aclose_shared_client

@@ -38,6 +38,7 @@ from app.db import runs as runs_db
 from app.db import sessions as sessions_db
 from app.db.engine import autocommit, read_snapshot
 from app.db.outage import database_unavailable, retrying
+from app.eventlog.registry import EventType
 from app.llm.base import (
     Finish,
     ModelRequest,
@@ -48,7 +49,6 @@ from app.llm.base import (
     UsageReport,
     prompt_cache_key,
 )
-from app.runs.events import EventType
 from app.runs.machine import committed_events
 from app.runs.model import Outcome, Run, RunKind, entry_id
 from app.services import runs

@@ -9,8 +9,8 @@ from sqlalchemy import RowMapping
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import Settings
+from app.eventlog.writer import EventWriter
 from app.llm.router import Router
-from app.runs.writer import EventWriter
 from app.services.compaction import PreparedCompaction, Summary
 from app.worker.lease import WorkerLease
 

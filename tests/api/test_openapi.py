@@ -28,8 +28,8 @@ from schemathesis.checks import (
 from app.api.sse import event_component
 from app.api.ui_messages import UI_CHUNK_SCHEMA
 from app.config import Settings
+from app.eventlog.registry import PAYLOADS, EventType
 from app.main import create_app
-from app.runs.events import PAYLOADS, EventType
 from tests.conftest import LiveServer
 
 COMMITTED = Path(__file__).resolve().parents[2] / "openapi" / "openapi.json"

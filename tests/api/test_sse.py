@@ -18,8 +18,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from sse_starlette import ServerSentEvent
 
 from app.api.sse import frame
-from app.db import events as events_db
-from app.runs.events import EventType
+from app.eventlog import store as event_store
+from app.eventlog.registry import EventType
 from testkit.api import new_session
 from testkit.sse_client import TERMINAL, Event, collect, read_to_end, until_closed
 from testkit.upstream import FakeUpstream, Stall, Text
@@ -121,7 +121,7 @@ async def test_a_run_whose_events_are_gone_answers_at_once(
     key = {"Idempotency-Key": f"gone-{uuid.uuid4()}"}
     sid, run_id, events = await _finished_run(api, upstream, json={"input": "q"}, headers=key)
     async with e2e_engine.begin() as conn:  # the retention window has passed for this run
-        assert (await events_db.prune(conn, 0)).events >= len(events)
+        assert (await event_store.prune(conn, 0)).events >= len(events)
     url = f"/v1/runs/{run_id}/events"
     for resume in ({}, {"headers": {"Last-Event-ID": "1"}}, {"params": {"starting_after": 0}}):
         ended = await read_to_end(api, "GET", url, **resume)
@@ -188,7 +188,7 @@ async def test_a_repeated_compaction_whose_events_are_gone_answers_with_its_run(
     streamed = await read_to_end(api, "POST", url, json=body, headers=key)
     assert streamed.status == 200 and streamed.events[-1].type == "run.completed"
     async with e2e_engine.begin() as conn:
-        await events_db.prune(conn, 0)
+        await event_store.prune(conn, 0)
     again = await read_to_end(api, "POST", url, json=body, headers=key)
     assert again.status == 202
     run = json.loads(again.body)
@@ -286,7 +286,7 @@ async def test_a_client_that_stops_reading_does_not_hold_up_others_and_misses_no
 
 @settings(max_examples=300, deadline=None)
 @given(
-    seq=st.integers(min_value=1, max_value=events_db.MAX_SEQ),
+    seq=st.integers(min_value=1, max_value=event_store.MAX_SEQ),
     kind=st.sampled_from([str(t) for t in EventType]),
     data=st.dictionaries(st.text(), st.recursive(JSON_LEAVES, json_nested), max_size=5),
 )

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from app.api.ui_stream import UIStream, context_meter
-from app.runs.events import (
+from app.eventlog.registry import (
     ContextWarningData,
     EventData,
     MessageDeltaData,
@@ -22,7 +22,7 @@ from app.runs.events import (
     ToolResultData,
     encode,
 )
-from app.runs.events import EventError as Error
+from app.eventlog.registry import EventError as Error
 
 RUN = "3f0c5a4e-1111-4222-8333-944455556666"
 CREATED = RunCreatedData(

@@ -13,9 +13,9 @@ from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.db import events as events_db
 from app.db import jobs as jobs_db
 from app.db import runs as runs_db
+from app.eventlog import store as event_store
 from app.runs.model import RunKind, RunStatus
 from app.services.keys import create_key, tenant_for_key
 from app.services.sessions import create_session
@@ -44,7 +44,7 @@ def run_values(tenant: str, session: str, key: str | None = None) -> dict[str, A
 
 
 def created(values: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    return ("run.created", {"run_id": values["id"], "kind": "ask"})
+    return event_store.first_event("run.created", {"run_id": values["id"], "kind": "ask"})
 
 
 async def what_is_stored(engine: AsyncEngine, run_id: str) -> dict[str, Any]:
@@ -70,7 +70,7 @@ async def test_the_run_its_job_and_its_first_event_are_written_and_announced_tog
     values = run_values(tenant, session, key="k-1")
     heard: asyncio.Queue[str] = asyncio.Queue()
     listener = await asyncpg.connect(libpq_url(database_url))
-    await listener.add_listener(events_db.CHANNEL, lambda *args: heard.put_nowait(args[-1]))
+    await listener.add_listener(event_store.CHANNEL, lambda *args: heard.put_nowait(args[-1]))
     try:
         async with engine.begin() as conn:
             run = (await runs_db.insert_queued_run(conn, created(values), **values)).run
@@ -97,7 +97,7 @@ async def test_the_run_its_job_and_its_first_event_are_written_and_announced_tog
             .mappings()
             .one()
         )
-        events = await events_db.read_events(conn, run.id, 0)
+        events = await event_store.read_events(conn, run.id, 0)
         stored = await runs_db.get_run(conn, run.id)
     assert dict(job) == {
         "lock": jobs_db.session_lock(session),

@@ -12,9 +12,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from app.core.entries import JournalEntry
+from app.eventlog.registry import EventType
 from app.openai_api.events import ResponseStream
 from app.openai_api.items import output_items, segments
-from app.runs.events import EventType
 
 CLIENT = frozenset({"get_weather", "ask_user"})
 SERVICE = ("calculator", "current_time")

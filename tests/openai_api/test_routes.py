@@ -28,7 +28,7 @@ from openai.types.responses import (
 )
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.db import events as events_db
+from app.eventlog import store as event_store
 from testkit.api import history, new_session
 from testkit.upstream import Fail, FailMidStream, FakeUpstream, Hold, Text, ToolCall, Usage
 
@@ -386,7 +386,7 @@ async def test_a_background_stream_resumes_after_a_sequence_number(
     assert [e.model_dump() for e in replay] == [e.model_dump() for e in seen + resumed]
     # Once the run's events are pruned (past their retention), the journal tells its end.
     async with e2e_engine.begin() as conn:
-        assert (await events_db.prune(conn, 0)).events > 0
+        assert (await event_store.prune(conn, 0)).events > 0
     late = [e async for e in await client.responses.retrieve(response_id, stream=True)]
     assert [e.type for e in late] == ["response.created", "response.completed"]
     assert ended(late).output_text == "One two three"

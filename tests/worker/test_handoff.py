@@ -20,10 +20,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.config import Settings
 from app.db import runs as runs_db
 from app.db.engine import create_engine
+from app.eventlog.writer import EventWriter
 from app.llm.router import Router
 from app.main import create_app
 from app.runs.model import Run, RunStatus
-from app.runs.writer import EventWriter
 from app.services import asks
 from app.services import runs as runs_service
 from app.services.keys import tenant_for_key

@@ -8,8 +8,8 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from app.config import Settings
 from app.db.jobs import RUN_QUEUE, RUN_TASK
+from app.eventlog.writer import EventWriter
 from app.llm.router import Router
-from app.runs.writer import EventWriter
 from app.worker.lease import WorkerLease
 from app.worker.pool import queue_app, queue_pool_size
 from app.worker.runtime import Runtime

@@ -25,8 +25,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import Settings
 from app.db.tables import runs
+from app.eventlog.registry import TERMINAL, EventType, UnknownEventType, parse
 from app.main import create_app
-from app.runs.events import TERMINAL, EventType, UnknownEventType, parse
 from testkit.api import new_session
 from testkit.sse_client import Event, events
 from testkit.upstream import (

@@ -1,6 +1,6 @@
 """The one way run events are written: `append` inside a caller's transaction, or `EventWriter`,
 the group commit of a worker process (one multi-row INSERT and one NOTIFY per tick for all the
-runs it executes). Both end in app/db/events.append_events, which allocates the seqs."""
+runs it executes). Both end in app/eventlog/store.append_events, which allocates the seqs."""
 
 from __future__ import annotations
 
@@ -12,10 +12,9 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from app.db import events as events_db
 from app.db.engine import autocommit
-from app.runs.events import EventType
-from app.runs.machine import Event
+from app.eventlog import store as event_store
+from app.eventlog.registry import Event, EventType
 
 log = logging.getLogger(__name__)
 DELTA = EventType.MESSAGE_DELTA
@@ -26,7 +25,7 @@ Committed = Callable[[list[dict[str, Any]]], None]
 async def append(conn: AsyncConnection, run_id: str, events: Sequence[Event]) -> int:
     """Append a run's events in the caller's transaction, announced when it commits; returns
     the run's last seq (0 when there were none)."""
-    last = await events_db.append_events(conn, [(run_id, kind, data) for kind, data in events])
+    last = await event_store.append_events(conn, [(run_id, kind, data) for kind, data in events])
     return last.get(run_id, 0)
 
 
@@ -105,7 +104,7 @@ class EventWriter:
         attempts = {run: self._attempts.get(run, 0) for run in batch}
         try:
             async with autocommit(self._engine) as conn:
-                last = await events_db.append_events(conn, rows, attempts)
+                last = await event_store.append_events(conn, rows, attempts)
                 await conn.commit()  # behind a transaction pooler, autocommit is not set
                 # Handed out before the connection goes back to the pool (an await): the hub
                 # hears the NOTIFY meanwhile, and finding its followers behind, it would read
@@ -129,7 +128,7 @@ class EventWriter:
             self.superseded.add(run)
         if self.on_committed is not None:
             try:
-                self.on_committed(events_db.numbered(rows, last))
+                self.on_committed(event_store.numbered(rows, last))
             except Exception:  # followers read the table instead: nothing is lost
                 log.exception("handing committed events to local followers failed")
 

@@ -13,9 +13,9 @@ import asyncpg
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.db import events as events_db
-from app.runs.events import EventType
-from app.runs.writer import EventWriter
+from app.eventlog import store as event_store
+from app.eventlog.registry import EventType
+from app.eventlog.writer import EventWriter
 from app.services.keys import create_key, tenant_for_key
 from app.services.sessions import create_session
 from app.worker.pool import libpq_url
@@ -44,7 +44,7 @@ async def running_runs(engine: AsyncEngine, count: int, attempts: int = 1) -> li
 
 async def stored(engine: AsyncEngine, run_id: str) -> list[tuple[int, str, dict[str, Any]]]:
     async with engine.connect() as conn:
-        rows = await events_db.read_events(conn, run_id, 0)
+        rows = await event_store.read_events(conn, run_id, 0)
     return [(r["seq"], r["type"], r["data"]) for r in rows]
 
 
@@ -89,7 +89,7 @@ async def test_a_flush_notifies_the_runs_it_wrote_with_their_last_seqs(
     listener = await asyncpg.connect(libpq_url(database_url))
     try:
         await listener.add_listener(
-            events_db.CHANNEL, lambda _c, _p, _ch, payload: heard.put_nowait(payload)
+            event_store.CHANNEL, lambda _c, _p, _ch, payload: heard.put_nowait(payload)
         )
         writer = EventWriter(engine)
         writer.open(a, 1)
@@ -115,7 +115,7 @@ async def test_a_notification_too_large_for_postgres_says_look_at_everything(
     listener = await asyncpg.connect(libpq_url(database_url))
     try:
         await listener.add_listener(
-            events_db.CHANNEL, lambda _c, _p, _ch, payload: heard.put_nowait(payload)
+            event_store.CHANNEL, lambda _c, _p, _ch, payload: heard.put_nowait(payload)
         )
         writer = EventWriter(engine)
         for run_id in runs:

@@ -33,10 +33,10 @@ from typing import Any
 import asyncpg
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from app.db import events as events_db
 from app.db.engine import autocommit
 from app.db.outage import database_unavailable
-from app.runs.events import TERMINAL
+from app.eventlog import store as event_store
+from app.eventlog.registry import TERMINAL
 
 log = logging.getLogger(__name__)
 PAGE = 1000
@@ -144,7 +144,7 @@ class EventHub:
         """follow's events, as they come: a page of the table at once (a replay, or a follower
         catching up after its client stalled), a live row alone. An SSE response sends each
         batch in one write."""
-        after_seq = min(after_seq, events_db.MAX_SEQ)  # a cursor the fetch query can bind
+        after_seq = min(after_seq, event_store.MAX_SEQ)  # a cursor the fetch query can bind
         subscriber = _Subscriber(self._buffer)
         feed = self._feeds.setdefault(run_id, _Feed(cursor=after_seq))
         feed.subscribers.add(subscriber)  # before the replay: nothing committed later is missed
@@ -181,7 +181,7 @@ class EventHub:
             if not feed.subscribers and self._feeds.get(run_id) is feed:
                 del self._feeds[run_id]
 
-    async def _next(self, subscriber: _Subscriber, run_id: str, last: int) -> events_db.Backlog:
+    async def _next(self, subscriber: _Subscriber, run_id: str, last: int) -> event_store.Backlog:
         """What comes after `last`: the next live row, or the table's backlog when rows were
         skipped (dropped from a full buffer, too) or nothing arrived for a while (a lost
         notification, or a run that ended without an event this follower is owed, must not
@@ -199,15 +199,15 @@ class EventHub:
                 return await self._read_through_outages(run_id, last)
             subscriber.idle_reads = 0
             if row["seq"] == last + 1:
-                return events_db.Backlog([row], ended=False, last_seq=row["seq"])
+                return event_store.Backlog([row], ended=False, last_seq=row["seq"])
             if row["seq"] > last:  # a gap: refill it from the table
                 return await self._read_through_outages(run_id, last)
             if row["type"] in TERMINAL:  # one it resumed past: the run is over
-                return events_db.Backlog([], ended=True, last_seq=row["seq"])
+                return event_store.Backlog([], ended=True, last_seq=row["seq"])
 
-    async def _read(self, run_id: str, after_seq: int, limit: int = PAGE) -> events_db.Backlog:
+    async def _read(self, run_id: str, after_seq: int, limit: int = PAGE) -> event_store.Backlog:
         async with self._reading() as conn:
-            return await events_db.read_backlog(conn, run_id, after_seq, limit)
+            return await event_store.read_backlog(conn, run_id, after_seq, limit)
 
     @contextlib.asynccontextmanager
     async def _reading(self) -> AsyncIterator[AsyncConnection]:
@@ -218,7 +218,7 @@ class EventHub:
         async with autocommit(self._engine) as conn:
             yield conn
 
-    async def _read_through_outages(self, run_id: str, after_seq: int) -> events_db.Backlog:
+    async def _read_through_outages(self, run_id: str, after_seq: int) -> event_store.Backlog:
         """_read, tried again with backoff while the database is unreachable (for at most
         outage_seconds; then the error is raised). Other errors are raised at once."""
         deadline = asyncio.get_running_loop().time() + self._outage_seconds
@@ -275,7 +275,7 @@ class EventHub:
                 continue
             try:
                 async with self._reading() as conn:
-                    rows = await events_db.read_events_of_runs(conn, cursors)
+                    rows = await event_store.read_events_of_runs(conn, cursors)
             except Exception as exc:
                 if database_unavailable(exc):  # followers poll meanwhile; LISTEN refetches
                     log.warning("fetching run events failed: the database is unavailable")
@@ -301,7 +301,7 @@ class EventHub:
                 lost = asyncio.Event()
                 self._listener = await asyncpg.connect(self._url)
                 self._listener.add_termination_listener(lambda _conn, lost=lost: lost.set())
-                await self._listener.add_listener(events_db.CHANNEL, self._on_notify)
+                await self._listener.add_listener(event_store.CHANNEL, self._on_notify)
                 delays = _backoff()  # connected: the next loss starts over from the first wait
                 self._want(None)
                 await lost.wait()

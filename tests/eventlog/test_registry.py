@@ -8,9 +8,8 @@ import pytest
 from pydantic import ValidationError
 
 from app.config import Settings
-from app.main import create_app
-from app.runs import events
-from app.runs.events import (
+from app.eventlog import registry as events
+from app.eventlog.registry import (
     PAYLOADS,
     TERMINAL,
     TERMINAL_BY_STATUS,
@@ -20,6 +19,7 @@ from app.runs.events import (
     encode,
     parse,
 )
+from app.main import create_app
 
 
 def test_every_type_is_declared_once_with_its_model() -> None:

@@ -13,10 +13,10 @@ import pytest
 from asyncpg.exceptions import CannotConnectNowError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.api import hub as hub_module
-from app.api.hub import PAGE, EventHub
 from app.config import Settings
-from app.db import events as events_db
+from app.eventlog import hub as hub_module
+from app.eventlog import store as event_store
+from app.eventlog.hub import PAGE, EventHub
 from app.worker.pool import libpq_url
 from testkit.api import new_session
 from testkit.sse_client import SAFETY_NET_SECONDS, collect
@@ -55,7 +55,7 @@ async def test_a_follower_of_a_finished_run_ends_whatever_it_has_seen(
         assert not await hub.has_more(run_id, seen_it_all)
     assert await hub.has_more(run_id, terminal - 1)
     async with e2e_engine.begin() as conn:  # past the retention window
-        await events_db.prune(conn, 0)
+        await event_store.prune(conn, 0)
     assert await followed(hub, run_id, 0) == []
     assert not await hub.has_more(run_id, 0)
 
@@ -99,7 +99,7 @@ def failing_reads(
     returned list counts the attempts."""
     real, attempts = hub._read, []
 
-    async def read(run_id: str, after_seq: int, limit: int = PAGE) -> events_db.Backlog:
+    async def read(run_id: str, after_seq: int, limit: int = PAGE) -> event_store.Backlog:
         attempts.append(after_seq)
         if len(attempts) <= times:
             raise error

@@ -45,6 +45,9 @@ class EventType(StrEnum):
     RUN_CANCELLED = "run.cancelled"
 
 
+Event = tuple[EventType, dict[str, Any]]  # (type, payload): an event as a run emits it
+
+
 # Exactly one of these ends every run, and with it every stream of the run.
 TERMINAL: frozenset[EventType] = frozenset(
     {EventType.RUN_COMPLETED, EventType.RUN_FAILED, EventType.RUN_CANCELLED}

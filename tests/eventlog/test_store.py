@@ -11,7 +11,7 @@ import asyncpg
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.db import events as events_db
+from app.eventlog import store as event_store
 from app.services.keys import create_key, tenant_for_key
 from app.services.sessions import create_session
 from app.worker.pool import libpq_url
@@ -31,7 +31,7 @@ async def run_with_events(engine: AsyncEngine, ended_ago: str | None) -> str:
             ),
             {"id": run_id, "tenant": tenant, "session": session.id},
         )
-        await events_db.append_events(
+        await event_store.append_events(
             conn, [(run_id, "message.delta", {"text": "x"}) for _ in (1, 2)]
         )
     return run_id
@@ -44,13 +44,13 @@ async def test_prune_drops_only_events_of_runs_ended_before_the_retention(
     recent = await run_with_events(engine, "10 minutes")
     running = await run_with_events(engine, None)
     async with engine.begin() as conn:
-        pruned = await events_db.prune(conn, 3600)
+        pruned = await event_store.prune(conn, 3600)
     assert old in pruned.run_ids and pruned.events >= 2
     assert recent not in pruned.run_ids and running not in pruned.run_ids
     async with engine.connect() as conn:
-        assert await events_db.last_seq(conn, old) == 0
-        assert await events_db.last_seq(conn, recent) == 2
-        assert await events_db.last_seq(conn, running) == 2
+        assert await event_store.last_seq(conn, old) == 0
+        assert await event_store.last_seq(conn, recent) == 2
+        assert await event_store.last_seq(conn, running) == 2
 
 
 async def test_a_run_is_pruned_once_and_a_prune_takes_the_oldest_first(
@@ -59,13 +59,13 @@ async def test_a_run_is_pruned_once_and_a_prune_takes_the_oldest_first(
     # Every prune (each minute) used to delete by every run that ever ended: its cost grew
     # with the service's whole history. Now a pruned run is marked and never looked at again.
     async with engine.begin() as conn:
-        await events_db.prune(conn, 0)  # what earlier tests left
+        await event_store.prune(conn, 0)  # what earlier tests left
     older = await run_with_events(engine, "3 hours")
     old = await run_with_events(engine, "2 hours")
     async with engine.begin() as conn:
-        first = await events_db.prune(conn, 3600, limit=1)
-        second = await events_db.prune(conn, 3600, limit=1)
-        third = await events_db.prune(conn, 3600, limit=1)
+        first = await event_store.prune(conn, 3600, limit=1)
+        second = await event_store.prune(conn, 3600, limit=1)
+        third = await event_store.prune(conn, 3600, limit=1)
     assert (first.run_ids, first.events) == ([older], 2)
     assert (second.run_ids, second.events) == ([old], 2)
     assert (third.run_ids, third.events) == ([], 0)
@@ -85,13 +85,13 @@ async def test_append_allocates_dense_seqs_per_run_in_order(engine: AsyncEngine)
     ]
     batch += [(a, "message.delta", {"text": "a4"}), (b, "run.completed", {"n": 2})]
     async with engine.begin() as conn:
-        assert await events_db.append_events(conn, batch) == {a: 4, b: 4}
+        assert await event_store.append_events(conn, batch) == {a: 4, b: 4}
     async with engine.begin() as conn:
-        assert await events_db.append_events(conn, [(a, "usage", {})]) == {a: 5}
-        assert await events_db.append_events(conn, []) == {}
+        assert await event_store.append_events(conn, [(a, "usage", {})]) == {a: 5}
+        assert await event_store.append_events(conn, []) == {}
     async with engine.connect() as conn:
-        rows = await events_db.read_events(conn, a, 0)
-        other = await events_db.read_events(conn, b, 0)
+        rows = await event_store.read_events(conn, a, 0)
+        other = await event_store.read_events(conn, b, 0)
     assert [(r["seq"], r["type"]) for r in rows][2:] == [
         (3, "message.delta"),
         (4, "message.delta"),
@@ -119,9 +119,9 @@ async def test_rows_numbered_in_memory_are_the_rows_the_table_holds(engine: Asyn
     events = [(first, "message.delta", data[0]), (second, "tool_call.delta", data[2])]
     events += [(first, "message.delta", data[1]), (first, "message.delta", data[3])]
     async with engine.begin() as conn:
-        last = await events_db.append_events(conn, events)
-        stored = await events_db.read_events_of_runs(conn, {first: 2, second: 2})
-    numbered = events_db.numbered(events, last)
+        last = await event_store.append_events(conn, events)
+        stored = await event_store.read_events_of_runs(conn, {first: 2, second: 2})
+    numbered = event_store.numbered(events, last)
     as_read = [{**dict(row), "run_id": str(row["run_id"])} for row in stored]
 
     def key(row: dict[str, Any]) -> tuple[str, int]:
@@ -135,7 +135,7 @@ async def test_rows_numbered_in_memory_are_the_rows_the_table_holds(engine: Asyn
 
 def test_a_fenced_run_is_numbered_nothing() -> None:
     events = [("a", "message.delta", {"text": "x"}), ("b", "message.delta", {"text": "y"})]
-    assert events_db.numbered(events, {"a": 7}) == [
+    assert event_store.numbered(events, {"a": 7}) == [
         {"run_id": "a", "seq": 7, "type": "message.delta", "data": {"text": "x"}}
     ]
 
@@ -151,17 +151,17 @@ async def test_an_append_announces_each_runs_last_seq_when_it_commits(
     heard: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
     listener = await asyncpg.connect(libpq_url(database_url))
     await listener.add_listener(
-        events_db.CHANNEL, lambda *args: heard.put_nowait(json.loads(args[-1]))
+        event_store.CHANNEL, lambda *args: heard.put_nowait(json.loads(args[-1]))
     )
     try:
         async with engine.begin() as conn:
             batch = [(a, "message.delta", {"text": "x"}), (b, "usage", {}), (a, "usage", {})]
-            assert await events_db.append_events(conn, batch) == {a: 4, b: 3}
+            assert await event_store.append_events(conn, batch) == {a: 4, b: 3}
             assert heard.empty()  # not before the commit
         assert await asyncio.wait_for(heard.get(), 30) == {"runs": {a: 4, b: 3}}
 
         async with engine.begin() as conn:  # a's attempt is not 99: fenced, nothing written
-            assert await events_db.append_events(conn, [(a, "usage", {})], {a: 99}) == {}
+            assert await event_store.append_events(conn, [(a, "usage", {})], {a: 99}) == {}
             many: list[tuple[str, str, dict[str, Any]]] = [
                 (str(uuid.uuid4()), "usage", {}) for _ in range(200)
             ]
@@ -173,7 +173,7 @@ async def test_an_append_announces_each_runs_last_seq_when_it_commits(
                 ),
                 {"ids": [run for run, _, _ in many], "a": a},
             )
-            assert len(await events_db.append_events(conn, many)) == 200
+            assert len(await event_store.append_events(conn, many)) == 200
         assert await asyncio.wait_for(heard.get(), 30) == {"all": True}
         assert heard.empty()  # the fenced append told nobody anything
     finally:

@@ -12,7 +12,6 @@ from sqlalchemy import RowMapping, func, literal, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.db.tables import run_events, runs
-from app.runs.model import TERMINAL
 
 CHANNEL = "threadline_run_events"
 # NOTIFY payloads are limited to 8000 bytes; past this a notification just says "look".
@@ -28,7 +27,7 @@ async def append_events(
 ) -> dict[str, int]:
     """Append (run_id, type, data) events in one INSERT; returns each run's last seq.
 
-    The only place run events are inserted (but a new run's first, FIRST_EVENT), and the one
+    The only place run events are inserted (but a new run's first, first_event), and the one
     seq allocator: each run's events take
     the seqs after its highest one, in order, so a run's seqs are dense whoever writes them.
     With `attempts` (a worker's writes), a run's events are written only while the run is
@@ -86,7 +85,7 @@ async def append_events(
 # A new run's first event (seq 1: the run is inserted by the same statement, so it has no
 # events yet), inserted and announced after the run is: with the CTE `run` (the runs row
 # inserted) before it, `first_event` and `told_first` CTEs; `told_first` must be read.
-FIRST_EVENT = (
+_FIRST_EVENT = (
     "first_event AS (INSERT INTO run_events (run_id, seq, type, data)"
     " SELECT id, 1, :event_type, CAST(:event_data AS jsonb) FROM run RETURNING run_id, seq),"
     " told_first AS (SELECT pg_notify(:channel, json_build_object('runs',"
@@ -94,12 +93,15 @@ FIRST_EVENT = (
 )
 
 
-def first_event_params(kind: str, data: Mapping[str, Any]) -> dict[str, Any]:
-    return {
+def first_event(kind: str, data: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """A new run's first event, for app.db.runs.insert_queued_run (which inserts the run): the
+    CTEs that append and announce it, and their parameters."""
+    params = {
         "event_type": kind,
         "event_data": json.dumps(data, separators=(",", ":")),
         "channel": CHANNEL,
     }
+    return _FIRST_EVENT, params
 
 
 def numbered(
@@ -171,15 +173,18 @@ async def read_backlog(
 ) -> Backlog:
     """The run's state, then its events after `after_seq`. The order matters: a run's terminal
     event commits with its final status, so events read after seeing it ended are complete."""
-    status = select(runs.c.status).where(runs.c.id == run_id).scalar_subquery()
+    # ended_at is set with the final status, by the transaction that commits the terminal event.
+    ended = func.coalesce(
+        select(runs.c.ended_at.is_not(None)).where(runs.c.id == run_id).scalar_subquery(), True
+    )
     top = (
         select(func.coalesce(func.max(run_events.c.seq), 0))
         .where(run_events.c.run_id == run_id)
         .scalar_subquery()
     )
-    state = (await conn.execute(select(status, top))).one()
+    state = (await conn.execute(select(ended, top))).one()
     rows = [dict(r) for r in await read_events(conn, run_id, min(after_seq, MAX_SEQ), limit)]
-    return Backlog(rows, state[0] is None or state[0] in TERMINAL, int(state[1]))
+    return Backlog(rows, bool(state[0]), int(state[1]))
 
 
 async def read_events_of_runs(
