@@ -86,6 +86,7 @@ bench: $(TEST_STAMP) postgres pgbouncer
 	$(BIN)/python -m bench.journal
 	$(BIN)/python -m bench.providers
 	$(BIN)/python -m bench.ask_path
+	$(BIN)/python -m bench.surfaces
 	$(BIN)/python -m bench.streams
 	$(BIN)/python -m bench.scale_out
 	$(BIN)/python -m bench.projection prefix

@@ -81,6 +81,7 @@ async def append_in(
     *,
     fresh_ids: bool = False,
     session_values: Mapping[str, Any] | None = None,
+    expected_rev: int | None = None,
 ) -> AppendResult:
     """Append inside the caller's transaction (a use case writing entries with other rows: it
     checked the session, or a run under way writes, which a session's expiry does not stop).
@@ -90,6 +91,7 @@ async def append_in(
     made up): the replay lookup, two statements, is skipped. The unique index still refuses a
     duplicate. `session_values`: more of the session's columns (its status, its totals), set
     with its rev (no statement of their own; not on a replay, which writes nothing).
+    `expected_rev`: as for append_entries.
     """
     rows = _prepare(new_entries)
     return await _append_rows(
@@ -97,7 +99,7 @@ async def append_in(
         tenant_id,
         session_id,
         rows,
-        None,
+        expected_rev,
         fresh_ids=fresh_ids,
         include_expired=True,
         session_values=session_values,

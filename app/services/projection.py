@@ -77,6 +77,24 @@ async def project_session(
         return projected
 
 
+async def project_in(
+    conn: AsyncConnection,
+    settings: Settings,
+    session: Session,
+    *,
+    pending: Sequence[PendingEntry] = (),
+    policy: Mapping[str, Any] | None = None,
+    model: str | None = None,
+    extra_tools: Sequence[Mapping[str, Any]] = (),
+) -> SessionProjection:
+    """project_session in the caller's transaction, from the session it read (locked)
+    there: an ask that writes before it projects (a rollback, a new session) sees its writes."""
+    projected, _ = await _project(
+        conn, settings, session, canonical_pending(pending), policy, model, None, extra_tools
+    )
+    return projected
+
+
 def canonical_pending(pending: Sequence[PendingEntry]) -> list[PendingEntry]:
     """Pending entries as an append would store them (validated, defaults filled, unset
     optionals left out), so that they project as they will once committed."""

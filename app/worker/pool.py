@@ -135,7 +135,7 @@ async def worker_pool(
     runtime = runtimes.Runtime(engine, settings, router, writer, lease)
     app = queue_app(settings, runtime, concurrency)
     registered = keep_registered(app, engine)
-    # Only asks are handed over (app/api/asks.py): their runs need no compaction check.
+    # Only asks are handed over (app/services/asks.py): their runs need no compaction check.
     handoff = Handoff(runtime, registered, concurrency, start_locked, execute_started)
     async with app.open_async():
         background = [
