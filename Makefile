@@ -31,7 +31,7 @@ export PYTHONDONTWRITEBYTECODE :=
 # "[12/96]") and its own lines; the whole log stays in the venv for when something fails.
 SHOW_PROGRESS := awk '/^ *\[ *[0-9]+(%|\/[0-9]+)\]|^(Collecting|Building|Installing|Successfully|ERROR|error)/ { print; fflush() }'
 
-.PHONY: run test lint openapi readme clients web bench postgres pgbouncer chromium clean
+.PHONY: run test lint openapi readme clients client-python client-typescript web bench postgres pgbouncer chromium clean
 
 run: $(RUN_STAMP) postgres
 	$(BIN)/threadline serve
@@ -50,11 +50,25 @@ lint: $(TEST_STAMP)
 openapi: $(RUN_STAMP)
 	$(BIN)/threadline openapi > openapi/openapi.json
 
-# The Python client, generated from openapi/openapi.json (with the streaming helper) into
-# clients/python/threadline_client; `pip install clients/python` installs it. The TypeScript
-# client, generated into clients/typescript/src/generated and built into its dist/.
-clients: $(TEST_STAMP) $(NPM_STAMP)
+# Both clients, generated from the committed openapi/openapi.json; each target needs only its
+# own generator (not the service's packages, nor the other client's tools).
+clients: client-python client-typescript
+
+# The Python client (with the streaming helper) into clients/python/threadline_client;
+# `pip install clients/python` installs it. Needs the generator alone, at the version the dev
+# extra pins (read from pyproject.toml: one place says which).
+PY_CLIENT_GENERATOR := $(shell grep -o '"openapi-python-client[^"]*"' pyproject.toml)
+client-python: $(BIN)/openapi-python-client
 	$(BIN)/python clients/python/generate.py
+
+$(BIN)/openapi-python-client: pyproject.toml | $(BIN)/python
+	@echo "==> installing the Python client's generator (openapi-python-client)"
+	$(PIP) $(PY_CLIENT_GENERATOR)
+	touch $@
+
+# The TypeScript client into clients/typescript/src/generated, built into its dist/. Needs
+# Node.js and the packages its package-lock.json pins (the generator and tsc).
+client-typescript: $(NPM_STAMP)
 	cd clients/typescript && log=$$(npm run --silent generate 2>&1) && echo "$$log" \
 		&& ! grep -qi warn <<<"$$log" || { echo "openapi-ts failed or warned"; exit 1; }
 	cd clients/typescript && npx tsc

@@ -76,6 +76,7 @@ async def ask(
         if isinstance(body.tool_choice, str)
         else NamedTool(body.tool_choice.name),
         parallel_tool_calls=body.parallel_tool_calls,
+        reasoning=body.reasoning.model_dump(exclude_none=True) if body.reasoning else None,
         idempotency_key=idempotency_key,
     )
     result = await service.ask(

@@ -120,6 +120,24 @@ def _boundary(
     return None
 
 
+def nothing_to_compact(keep_last_turns: int | None) -> str:
+    """Why a compaction keeping `keep_last_turns` turns (None: the policy's) found nothing to
+    summarize, in words for the person who asked (the 409, GET /context, the chat surfaces)."""
+    if keep_last_turns == 0:
+        return "Nothing to compact: the conversation has nothing left to summarize."
+    kept = (
+        "the newest turns"
+        if keep_last_turns is None
+        else "the newest turn"
+        if keep_last_turns == 1
+        else f"the newest {keep_last_turns} turns"
+    )
+    return (
+        f"Nothing to compact yet: {kept} always stay as written, and nothing before them is "
+        "left to summarize."
+    )
+
+
 def _latest_summary(kept: Sequence[JournalEntry]) -> JournalEntry | None:
     return next((e for e in reversed(kept) if e.kind == EntryKind.SUMMARY), None)
 

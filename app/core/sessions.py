@@ -23,7 +23,8 @@ class SessionConfig:
     API's SessionConfig and taken as stored here, with no second validation on every read.
 
     `context_policy` and `run_policy` stay the partial layers the client gave: they are merged
-    under the server's and over a request's when a run resolves its policy. `tools` are the
+    under the server's and over a request's when a run resolves its policy; `reasoning` stays
+    the setting given, which an ask's replaces (app/core/reasoning.effective). `tools` are the
     tool definitions as JSON, as a run's own are (app/runs/model.RunParams)."""
 
     model: str | None = None
@@ -34,6 +35,7 @@ class SessionConfig:
     tools: list[dict[str, Any]] | None = None
     run_policy: Mapping[str, Any] | None = None
     memory_namespace: str | None = None
+    reasoning: Mapping[str, Any] | None = None
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> SessionConfig:
@@ -46,6 +48,7 @@ class SessionConfig:
             tools=data.get("tools"),
             run_policy=data.get("run_policy"),
             memory_namespace=data.get("memory_namespace"),
+            reasoning=data.get("reasoning"),
         )
 
     def as_json(self) -> dict[str, Any]:
@@ -59,6 +62,7 @@ class SessionConfig:
             "tools": self.tools,
             "run_policy": self.run_policy,
             "memory_namespace": self.memory_namespace,
+            "reasoning": self.reasoning,
         }
         return {name: value for name, value in fields.items() if value is not None}
 

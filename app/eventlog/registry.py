@@ -12,6 +12,7 @@ that drifts from its model fails the tests rather than surprising clients.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any, ClassVar, Literal, Self
@@ -33,6 +34,7 @@ class EventType(StrEnum):
     CONTEXT_COMPACTED = "context.compacted"
     CONTEXT_COMPACTION_FAILED = "context.compaction_failed"
     CONTEXT_COMPACTION_PENDING = "context.compaction_pending"
+    REASONING_DELTA = "reasoning.delta"
     MESSAGE_DELTA = "message.delta"
     TOOL_CALL_DELTA = "tool_call.delta"
     TOOL_CALL = "tool_call"
@@ -133,6 +135,10 @@ class TokenUsage(_Payload):
     estimated: bool = Field(
         description="True when the provider reported no usage and the service counted the "
         "tokens with its tokenizer."
+    )
+    reasoning_tokens: int | Omitted = sometimes(
+        "Of the output, tokens the model reasoned with, where the provider reports them "
+        "(OpenAI's reasoning models)."
     )
 
 
@@ -269,6 +275,29 @@ class ContextCompactionPendingData(EventData):
         return self
 
 
+class ReasoningDeltaData(EventData):
+    """A piece of the model's reasoning (its thinking before it answers, when the ask's
+    `reasoning` is on), as the model thinks it: not part of the answer. Pieces with the same
+    `index` are one reasoning block of the model turn, between its `start` and its `end`
+    (deltas of a block that arrive close together are sent as one). Kept in the journal as
+    parts of the assistant message, once the model turn completes."""
+
+    event_type = EventType.REASONING_DELTA
+    index: int = Field(
+        description="The block of the model turn the piece belongs to (the provider's "
+        "content block index; a turn's text and tool calls have their own)."
+    )
+    text: str = Field(
+        description="Reasoning text to append to the block (empty for a block's boundary "
+        "or a redacted block)."
+    )
+    start: Literal[True] | Omitted = sometimes("The block's first piece.")
+    end: Literal[True] | Omitted = sometimes("The block is complete.")
+    redacted: Literal[True] | Omitted = sometimes(
+        "The provider encrypted this block's reasoning: it has no text to show."
+    )
+
+
 class MessageDeltaData(EventData):
     """A piece of the assistant's answer, as the model writes it (deltas that arrive close
     together are sent as one)."""
@@ -348,6 +377,10 @@ class UsageData(EventData):
     estimated: bool = Field(
         description="True when the provider reported no usage and the service counted them."
     )
+    reasoning_tokens: int | Omitted = sometimes(
+        "Of the output, tokens the model reasoned with, where the provider reports them "
+        "(OpenAI's reasoning models)."
+    )
     cost_usd: float | None = Field(description="The price in USD (null: the model's is unknown).")
 
 
@@ -409,6 +442,7 @@ PAYLOADS: Mapping[EventType, type[EventData]] = {
         ContextCompactedData,
         ContextCompactionFailedData,
         ContextCompactionPendingData,
+        ReasoningDeltaData,
         MessageDeltaData,
         ToolCallDeltaData,
         ToolCallData,
@@ -495,7 +529,7 @@ def _type(prop: dict[str, Any], defs: dict[str, Any]) -> str:
         target = defs[prop["$ref"].rsplit("/", 1)[-1]]
         return "object" if "properties" in target else _type(target, defs)
     if "const" in prop:
-        return f'`"{prop["const"]}"`'
+        return f"`{json.dumps(prop['const'])}`"
     if "enum" in prop:
         return r" \| ".join(f'`"{value}"`' for value in prop["enum"])
     if prop.get("type") == "array":

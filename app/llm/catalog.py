@@ -1,5 +1,6 @@
 """What we know about models: context windows (genai-prices with our own corrections, the local
-GGUF's metadata, what a compat server says or is configured with) and prices."""
+GGUF's metadata, what a compat server says or is configured with), prices, and which can
+reason."""
 
 from __future__ import annotations
 
@@ -28,6 +29,20 @@ WINDOW_OVERRIDES: dict[str, int] = {
 # usual local servers, so history is windowed rather than refused by the server.
 COMPAT_DEFAULT_WINDOW = 8192
 LOCAL_FALLBACK_WINDOW = 8192  # a local model whose GGUF cannot be read (not installed)
+# Models that can reason (think before they answer), by the longest matching prefix; a model
+# none matches cannot. Anthropic: extended thinking (Claude 3.7 Sonnet and the Claude 4
+# family); OpenAI: the o-series and GPT-5 (not its chat model).
+REASONING: dict[str, bool] = {
+    "anthropic:claude-3-7-sonnet": True,
+    "anthropic:claude-sonnet-4": True,
+    "anthropic:claude-opus-4": True,
+    "anthropic:claude-haiku-4-5": True,
+    "openai:o1": True,
+    "openai:o3": True,
+    "openai:o4-mini": True,
+    "openai:gpt-5": True,
+    "openai:gpt-5-chat": False,
+}
 DISCOVERY_TIMEOUT_SECONDS = 3.0
 DISCOVERY_RETRY_SECONDS = 60.0  # a server that did not answer is asked again after this
 
@@ -184,6 +199,30 @@ def cost_usd(
         return Decimal(calc_price(usage, model_ref=name, provider_id=provider).total_price)
     except LookupError:
         return None
+
+
+def can_reason(settings: Settings, model: str) -> bool:
+    """Whether `model` ("provider:name") can reason: a hosted model as published (REASONING),
+    a compat endpoint as configured (its `reasoning`); a local model cannot."""
+    provider, _, rest = model.partition(":")
+    if provider == "compat":
+        from app.llm.base import ProviderError
+        from app.llm.router import compat_endpoint_of
+
+        try:
+            name, _ = compat_endpoint_of(settings, rest)
+        except ProviderError:  # not configured: the ask fails as unavailable anyway
+            return False
+        endpoint = settings.compat_endpoint(name)
+        return endpoint is not None and endpoint.reasoning
+    matches = [p for p in REASONING if model.startswith(p)]
+    return bool(matches) and REASONING[max(matches, key=len)]
+
+
+def takes_reasoning_back(model: str) -> bool:
+    """Whether the model's own reasoning goes back to it in later requests of a tool loop
+    (Anthropic requires it, signed); other providers' requests carry none."""
+    return model.partition(":")[0] == "anthropic"
 
 
 def offered_models(settings: Settings) -> list[str]:

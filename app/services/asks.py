@@ -33,6 +33,7 @@ from app.db import sessions as sessions_db
 from app.llm.router import tool_choice_problem
 from app.runs.model import CancelMode, Outcome, Run, RunKind, RunParams, RunStatus, entry_id
 from app.services import quotas, runs
+from app.services import reasoning as reasonings
 from app.services.errors import Conflict, Invalid, NotFound, entries_refused, session_not_found
 from app.services.handoff import RunHandoff
 from app.services.journal import append_in
@@ -59,6 +60,7 @@ class AskParams:
     tools: list[dict[str, Any]] = field(default_factory=list)
     tool_choice: ToolChoice = "auto"  # forced choices hold for the first model turn only
     parallel_tool_calls: bool = True
+    reasoning: dict[str, Any] | None = None  # over the session's config.reasoning
     # Entries committed with the ask, before its user message (a client that sends history
     # along with its question); each gets refs.request_id = the run's id.
     before: tuple[PendingEntry, ...] = ()
@@ -260,6 +262,15 @@ async def _commit(
     if refused is not None:
         rule, message = refused
         raise Conflict("policy_violation", message, {"rule": rule})
+    where = ["body", "reasoning"] if params.reasoning is not None else ["config", "reasoning"]
+    reasoning = reasonings.check(
+        settings,
+        model,
+        session.config.reasoning,
+        params.reasoning,
+        where,
+        params.tool_choice,
+    )
     # A compaction in flight is no reason to refuse: the ask's job queues behind it.
     active = await runs_db.active_runs(conn, session_id, kind="ask")
     if active and params.multitask_strategy == "reject":
@@ -320,6 +331,7 @@ async def _commit(
         tools=params.tools,
         tool_choice=params.tool_choice,
         parallel_tool_calls=params.parallel_tool_calls,
+        reasoning=reasoning.model_dump(exclude_none=True) if reasoning else None,
     )
     return await runs.create(
         conn,

@@ -22,6 +22,7 @@ from app.core.compaction import (
     MIN_CHUNK_TOKENS,
     CompactionPlan,
     chunk_lines,
+    nothing_to_compact,
     plan_compaction,
     reaches_checkpoint,
     summary_request,
@@ -347,11 +348,12 @@ async def request_compaction(
             if session is None:
                 raise session_not_found(session_id)
             if prepared is None and not await runs_db.active_runs(conn, session_id, kind="ask"):
+                keep = await _kept_turns(settings, session.config, params)
                 raise Conflict(
                     "nothing_to_compact",
-                    "nothing precedes the turns a compaction keeps; lower keep_last_turns to "
-                    "summarize them too",
-                    {"keep_last_turns": params.keep_last_turns},
+                    nothing_to_compact(keep),
+                    # for a client: a lower keep_last_turns summarizes some of the kept turns
+                    {"keep_last_turns": keep},
                 )
             model = prepared.model if prepared else params.model
             model = model or summarization_model(session.config, settings)
@@ -363,6 +365,16 @@ async def request_compaction(
     earlier = await run_by_idempotency_key(engine, tenant_id, session_id, key, "compaction")
     assert earlier is not None
     return earlier, False
+
+
+async def _kept_turns(settings: Settings, config: SessionConfig, params: CompactParams) -> int:
+    """The turns a compaction with `params` keeps raw: the request's, else the policy's."""
+    if params.keep_last_turns is not None:
+        return params.keep_last_turns
+    model = params.model or summarization_model(config, settings)
+    window = await context_window_for(settings, model)
+    policy = resolve_policy(window, settings.context_policy, config.context_policy)
+    return policy.keep_last_turns
 
 
 async def _queue(

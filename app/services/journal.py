@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.core.entries import EntryKind, NewEntry, PayloadError, normalize_entry, range_errors
 from app.core.lineage import segments
+from app.core.messages import text_of
 from app.core.projection import RolledBack, rolled_back
 from app.core.tokens import entry_tokens
 from app.db import journal as journal_db
@@ -134,6 +135,7 @@ async def _append_rows(
         expected_rev,
         include_expired,
         session_values,
+        title=untitled_title(rows),
     )
     if rev is None:
         current = await sessions_db.current_rev(conn, tenant_id, session_id, include_expired)
@@ -165,6 +167,30 @@ async def _append_rows(
         ],
     )
     return AppendResult(stored, rev, replayed=False)
+
+
+# A title made from a message is cut at a word boundary near this many characters.
+TITLE_CHARS = 60
+
+
+def untitled_title(rows: Sequence[Mapping[str, Any]]) -> str | None:
+    """The title an untitled session takes when these entries are appended: the text of the
+    first user message among them, on one line and cut short (its first user message commits
+    with it, so the session is named from it, on every path: asks, appends, the AI SDK chat,
+    the OpenAI API). Set in the append's own rev update, where the title is still null."""
+    for row in rows:
+        payload = row["payload"]
+        if row["kind"] != EntryKind.MESSAGE or payload.get("role") != "user":
+            continue
+        words = " ".join(text_of(payload.get("content") or "").split())
+        if not words:
+            continue  # an image alone: a later message may name it
+        if len(words) <= TITLE_CHARS:
+            return words
+        head = words[: TITLE_CHARS + 1]
+        cut = head.rsplit(" ", 1)[0] if " " in head else words[:TITLE_CHARS]
+        return cut.rstrip(" ,.;:") + "…"
+    return None
 
 
 async def read_history(

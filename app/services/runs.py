@@ -167,7 +167,8 @@ async def finish(conn: AsyncConnection, run: Run, outcome: Outcome) -> Run:
     model = outcome.model or run.model
     entries: list[NewEntry] = []
     if run.answers and (outcome.text or outcome.status == "completed"):
-        payload: dict[str, Any] = {"role": "assistant", "content": outcome.text}
+        content = list(outcome.parts) if outcome.parts else outcome.text
+        payload: dict[str, Any] = {"role": "assistant", "content": content}
         if outcome.status != "completed":
             payload["status"] = "incomplete"
         if outcome.finish_reason is not None:
@@ -197,6 +198,8 @@ async def finish(conn: AsyncConnection, run: Run, outcome: Outcome) -> Run:
         }
         if usage.estimated:
             usage_payload["estimated"] = True
+        if usage.reasoning_tokens:
+            usage_payload["reasoning_tokens"] = usage.reasoning_tokens
         if cost is not None:
             usage_payload["cost_usd"] = float(cost)
         entries.append(
@@ -250,6 +253,7 @@ async def finish(conn: AsyncConnection, run: Run, outcome: Outcome) -> Run:
             "cache_write_tokens": usage.cache_write_tokens,
             "estimated": usage.estimated,
         }
+        | ({"reasoning_tokens": usage.reasoning_tokens} if usage.reasoning_tokens else {})
         if usage
         else None
     )

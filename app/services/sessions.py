@@ -19,6 +19,7 @@ from app.db import sessions as sessions_db
 from app.llm.base import ProviderError
 from app.llm.router import Router
 from app.services import quotas
+from app.services import reasoning as reasonings
 from app.services.cursors import decode_cursor, encode_cursor
 from app.services.errors import Conflict, Invalid, session_not_found
 
@@ -50,6 +51,7 @@ async def create_session(
     `ttl_seconds` from now, else after the tenant's default TTL (if it has one)."""
     if settings is not None:
         check_models(settings, config)
+        _check_reasoning(settings, config)
     async with engine.begin() as conn:
         if settings is not None:
             await quotas.check_new_session(conn, settings, tenant_id)
@@ -139,6 +141,8 @@ async def update_session(
                 else:
                     config[key] = value
             values["config"] = config
+            if settings is not None:
+                _check_reasoning(settings, config)
         if changes.get("ttl_seconds") is not None:
             values["expires_at"] = sessions_db.ttl_expiry(int(changes["ttl_seconds"]))
         elif "expires_at" in changes:  # null: never expires
@@ -275,6 +279,13 @@ async def _fork_once(
         # A fork is a new session: the tenant's default, not its parent's expiry.
         expires_at=sessions_db.tenant_default_expiry(tenant_id),
     )
+
+
+def _check_reasoning(settings: Settings, config: dict[str, Any]) -> None:
+    """Refuse a config whose reasoning its model cannot do (422, nothing written)."""
+    model = str(config.get("model") or settings.default_model)
+    where = ["body", "config", "reasoning"]
+    reasonings.check(settings, model, config.get("reasoning"), None, where)
 
 
 def check_models(settings: Settings, config: dict[str, Any]) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 from sqlalchemy import RowMapping
 
+from app.core.compaction import nothing_to_compact
 from app.core.sessions import SessionConfig
 from app.db import runs as runs_db
 from app.db.engine import autocommit
@@ -63,10 +64,8 @@ async def compaction_job(runtime: Runtime, run: Run) -> Outcome:
     except ServiceError as exc:
         return Outcome("failed", error={"code": exc.code, "message": exc.message})
     if prepared is None:  # the ask it waited for added nothing compactable
-        error = {
-            "code": "nothing_to_compact",
-            "message": "nothing precedes the turns a compaction keeps",
-        }
+        message = nothing_to_compact(params.keep_last_turns)
+        error = {"code": "nothing_to_compact", "message": message}
         return Outcome("failed", error=error)
     before = await _tokens(runtime, run)
     try:

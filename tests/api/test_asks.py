@@ -53,12 +53,14 @@ async def test_ask_streams_and_commits(api: httpx.AsyncClient, upstream: FakeUps
     assert session["status"] == "idle"
     assert session["usage"]["input_tokens"] == 12 and session["usage"]["output_tokens"] == 3
     assert session["usage"]["cost_usd"] > 0  # gpt-4o-mini is priced by genai-prices
+    assert session["title"] == "Hi there"  # untitled: named by its first user message
 
     upstream.script(Text("Again"))
     await streamed_ask(api, sid, "And again")
     sent = upstream.requests[-1].body["messages"]
     assert [m["role"] for m in sent] == ["system", "user", "assistant", "user"]
     assert sent[2]["content"] == "Hello, world" and sent[3]["content"] == "And again"
+    assert (await api.get(f"/v1/sessions/{sid}")).json()["title"] == "Hi there"
 
 
 async def test_anthropic_sessions_stream_through_the_anthropic_sdk(

@@ -214,6 +214,47 @@ async def test_compaction_refusals(api: httpx.AsyncClient, upstream: FakeUpstrea
     assert await history(api, sid) == before
 
 
+async def test_a_short_chat_says_plainly_that_there_is_nothing_to_compact(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    """GET /context tells a client (the page, the terminal chat) before it asks, in the words
+    the 409 uses: for a person, with the jargon in the details."""
+    sid = (await new_session(api))["id"]
+
+    async def context() -> dict[str, Any]:
+        return (await api.get(f"/v1/sessions/{sid}/context")).json()  # type: ignore[no-any-return]
+
+    empty = await context()
+    assert empty["compactable"] is False and empty["not_compactable_reason"]
+    await converse(api, upstream, sid, 2)
+    short = await context()
+    assert short["compactable"] is False
+    reason = short["not_compactable_reason"]
+    assert reason == (
+        "Nothing to compact yet: the newest 3 turns always stay as written, and nothing "
+        "before them is left to summarize."
+    )
+    refused = await api.post(f"/v1/sessions/{sid}/compact", json={"focus": "billing"})
+    assert refused.status_code == 409
+    error = refused.json()["error"]
+    assert error["code"] == "nothing_to_compact" and error["message"] == reason
+    assert error["details"] == {"keep_last_turns": 3}
+    upstream.script(Text("A billing question."))
+    # Two turns, one kept: the first is summarized.
+    assert (await compact(api, sid, keep_last_turns=1))["status"] == "completed"
+    await converse(api, upstream, sid, 2, first=2)
+    assert (await context())["not_compactable_reason"] == reason  # 3 turns since the summary
+    await converse(api, upstream, sid, 1, first=4)
+    longer = await context()
+    assert longer["compactable"] is True and longer["not_compactable_reason"] is None
+    upstream.script(Text("Billing questions."))
+    assert (await compact(api, sid, keep_last_turns=2))["status"] == "completed"
+    # After the checkpoint: two raw turns, fewer than the three the policy keeps.
+    after = await context()
+    assert after["summaries"] == 2 and after["compactable"] is False
+    assert after["not_compactable_reason"] == reason
+
+
 async def test_an_idempotent_compaction_is_queued_once(
     api: httpx.AsyncClient, upstream: FakeUpstream
 ) -> None:

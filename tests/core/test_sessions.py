@@ -19,6 +19,7 @@ FULL: dict[str, Any] = {
     "tools": [{"name": "calculator", "kind": "builtin"}],
     "run_policy": {"max_iterations": 3},
     "memory_namespace": "notes",
+    "reasoning": {"effort": "low"},
 }
 
 
