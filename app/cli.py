@@ -63,6 +63,33 @@ def runs_at_once(settings: Settings, requested: int | None = None) -> int:
     return default_concurrency()
 
 
+def capacity_lines(settings: Settings, workers: int) -> list[str]:
+    """What serve says about the runs it executes: a number a person can act on, and where it
+    comes from (a bare "Runs executed at once: 4936" on a 2-core machine read as a bug)."""
+    if not workers:
+        return ["Runs: none executed here (--workers 0); `threadline worker` processes run them"]
+    if settings.worker_concurrency is not None:
+        lines = [f"Runs at once: {workers} (THREADLINE_WORKER_CONCURRENCY or --workers)"]
+    else:
+        lines = [
+            f"Runs at once: up to {workers:,}: a run mostly waits on its model, so this is what "
+            "memory and open files allow, not CPU cores (THREADLINE_WORKER_CONCURRENCY sets it)"
+        ]
+    if settings.default_model.startswith("local:"):
+        from app.llm.local_provider import installed
+
+        state = (
+            "loading in the background"
+            if installed("llama_cpp")
+            else "waiting for llama.cpp's build (its asks fail until then, saying so)"
+        )
+        lines.append(
+            f"Local model: {settings.default_model}, {state}; it answers one ask at a time "
+            "(others queue), on this machine's CPU"
+        )
+    return lines
+
+
 def serve(settings: Settings) -> None:
     import uvicorn
 
@@ -79,8 +106,7 @@ def serve(settings: Settings) -> None:
     embedded = settings.database_url is None
     with database(settings, own_cluster=True) as ready:
         assert ready.database_url is not None
-        progress("applying migrations")
-        upgrade_to_head(ready.direct_url)
+        progress(upgrade_to_head(ready.direct_url).describe())
         if embedded and ready.dev_key:
             key_file = ready.data_dir / "dev-key"
             kept = key_file.read_text().strip() if key_file.exists() else None
@@ -100,8 +126,8 @@ def serve(settings: Settings) -> None:
         workers = runs_at_once(ready)
         print(f"Threadline serving on http://{ready.host}:{ready.port}", flush=True)
         print(f"Chat in the browser: http://{ready.host}:{ready.port}/ui/", flush=True)
-        if workers:
-            print(f"Runs executed at once: {workers}", flush=True)
+        for line in capacity_lines(ready, workers):
+            print(line, flush=True)
         app = create_app(ready, workers=workers)
         uvicorn.run(
             app,
@@ -152,8 +178,7 @@ def migrate(settings: Settings) -> None:
 
     with database(settings, own_cluster=False) as ready:
         assert ready.database_url is not None
-        upgrade_to_head(ready.direct_url)
-        print("database at head", flush=True)
+        print(upgrade_to_head(ready.direct_url).describe(), flush=True)
 
 
 def print_openapi() -> None:

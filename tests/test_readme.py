@@ -109,9 +109,17 @@ def test_the_walk_through_runs_as_written_with_no_configuration(workdir: Path) -
         assert result.returncode == 0, result.stderr + result.stdout[-3000:]
         out = result.stdout
         assert "event: run.completed" in out  # the streamed ask
-        assert out.count('"status":"completed"') >= 2  # the followed ask and the compaction
+        assert out.count('"status":"completed"') >= 1  # the followed ask
         at = out.find('"kind":"compaction"')
-        assert '"kind":"compaction","status":"completed"' in out, out[at - 100 : at + 1500]
+        # The local model's summary is committed, or refused as the README says (nothing
+        # committed): a tiny model often echoes the transcript rather than summarize it.
+        compacted = '"kind":"compaction","status":"completed"' in out
+        refused = re.search(
+            r'"kind":"compaction","status":"failed".*?"code":"(summary_not_shorter|'
+            r'summary_echoes_prompt)"',
+            out,
+        )
+        assert compacted or refused, out[at - 100 : at + 1500]
 
         auth = {"Authorization": f"Bearer {served.key}"}
         sessions = httpx.get(f"{served.url}/v1/sessions", headers=auth).json()["data"]
@@ -123,7 +131,7 @@ def test_the_walk_through_runs_as_written_with_no_configuration(workdir: Path) -
             params=[("kinds", "summary"), ("kinds", "message"), ("limit", "100")],
             headers=auth,
         ).json()["data"]
-        assert any(e["kind"] == "summary" for e in entries)
+        assert any(e["kind"] == "summary" for e in entries) == compacted
         answers = [e for e in entries if e["payload"].get("role") == "assistant"]
         assert len(answers) == 3 and all(a["payload"]["content"].strip() for a in answers[1:])
         assert httpx.get(f"{served.url}/v1/memory/user:42", headers=auth).json()["version"] == 1

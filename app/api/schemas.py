@@ -102,6 +102,16 @@ class SessionConfig(Strict):
         default=None, description="Writes compaction summaries. Default: the session's model."
     )
     system_prompt: Annotated[str, StringConstraints(max_length=200_000)] | None = None
+    max_output_tokens: Annotated[int, Field(ge=1, le=1_000_000)] | None = Field(
+        default=None,
+        description="The longest answer of the session's asks, unless an ask says otherwise. "
+        "Default: the model's (local:* models: 256).",
+    )
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = Field(
+        default=None,
+        description="The sampling temperature of the session's asks, unless an ask says "
+        "otherwise. Default: the provider's (local:* models: 0, greedy).",
+    )
     context_policy: ContextPolicyPatch | None = Field(
         default=None, description="How the context is projected from the journal."
     )

@@ -31,6 +31,8 @@ class SessionConfig:
     fallback_model: str | None = None
     summarization_model: str | None = None
     system_prompt: str | None = None
+    max_output_tokens: int | None = None  # an ask's own win
+    temperature: float | None = None
     context_policy: Mapping[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     run_policy: Mapping[str, Any] | None = None
@@ -44,6 +46,8 @@ class SessionConfig:
             fallback_model=data.get("fallback_model"),
             summarization_model=data.get("summarization_model"),
             system_prompt=data.get("system_prompt"),
+            max_output_tokens=data.get("max_output_tokens"),
+            temperature=data.get("temperature"),
             context_policy=data.get("context_policy"),
             tools=data.get("tools"),
             run_policy=data.get("run_policy"),
@@ -58,6 +62,8 @@ class SessionConfig:
             "fallback_model": self.fallback_model,
             "summarization_model": self.summarization_model,
             "system_prompt": self.system_prompt,
+            "max_output_tokens": self.max_output_tokens,
+            "temperature": self.temperature,
             "context_policy": self.context_policy,
             "tools": self.tools,
             "run_policy": self.run_policy,

@@ -31,6 +31,7 @@ class EventType(StrEnum):
     MESSAGE_RESET = "message.reset"
     CONTEXT_WARNING = "context.warning"
     CONTEXT_COMPACTING = "context.compacting"
+    CONTEXT_COMPACTION_PROGRESS = "context.compaction_progress"
     CONTEXT_COMPACTED = "context.compacted"
     CONTEXT_COMPACTION_FAILED = "context.compaction_failed"
     CONTEXT_COMPACTION_PENDING = "context.compaction_pending"
@@ -226,6 +227,17 @@ class ContextCompactingData(EventData):
     focus: str | None = Field(description="What the summary concentrates on, if asked.")
 
 
+class ContextCompactionProgressData(EventData):
+    """A compaction run's summarizer is writing (after `context.compacting`): sent as each
+    summarizer call starts and about once a second while it writes, so a slow model shows
+    progress."""
+
+    event_type = EventType.CONTEXT_COMPACTION_PROGRESS
+    call: int = Field(description="The summarizer call under way, from 1: one per chunk.")
+    calls: int = Field(description="How many calls the compaction makes.")
+    chars: int = Field(description="Characters of summary this call has written so far.")
+
+
 class ContextCompactedData(EventData):
     """The summary checkpoint was committed (after its `entry.committed`); the context now
     starts from it."""
@@ -246,12 +258,15 @@ class ContextCompactedData(EventData):
 
 
 class ContextCompactionFailedData(EventData):
-    """An ask's compaction failed and nothing was committed: the ask goes on, answered from
-    the windowed context (the newest history that fits)."""
+    """A compaction failed and nothing was committed: the model failed, or its summary was
+    refused (`summary_not_shorter`: no shorter than the history it would replace, by the
+    reading model's count; `summary_echoes_prompt`: prompt text or role markers in it). The
+    session goes on with the windowed context (the newest history that fits); an ask goes on
+    answered from it, a compaction run then ends `run.failed` with the same error."""
 
     event_type = EventType.CONTEXT_COMPACTION_FAILED
     error: EventError = Field(description="Why the compaction failed.")
-    fallback: Literal["windowing"] = Field(description="How the ask goes on: `windowing`.")
+    fallback: Literal["windowing"] = Field(description="How the session goes on: `windowing`.")
 
 
 class ContextCompactionPendingData(EventData):
@@ -439,6 +454,7 @@ PAYLOADS: Mapping[EventType, type[EventData]] = {
         MessageResetData,
         ContextWarningData,
         ContextCompactingData,
+        ContextCompactionProgressData,
         ContextCompactedData,
         ContextCompactionFailedData,
         ContextCompactionPendingData,

@@ -320,13 +320,16 @@ async def _commit(
         session_values={"status": "active"},  # the run's
     )
     user_seq = int(appended.entries[len(before)]["seq"])
+    config = session.config
+    # The ask's own, else the session's (its config), else the provider decides.
+    temperature = config.temperature if params.temperature is None else params.temperature
     run_params = RunParams(
-        max_output_tokens=params.max_output_tokens,
-        temperature=params.temperature,
+        max_output_tokens=params.max_output_tokens or config.max_output_tokens,
+        temperature=temperature,
         context_policy=params.context_policy,
         metadata=params.metadata,
         on_disconnect=params.on_disconnect,
-        fallback_model=session.config.fallback_model,
+        fallback_model=config.fallback_model,
         run_policy=policy.model_dump(mode="json"),
         tools=params.tools,
         tool_choice=params.tool_choice,

@@ -8,8 +8,9 @@ A run also compacts on its own when its context fills up (app/worker/compaction.
 from __future__ import annotations
 
 import math
+import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,8 @@ from app.core.compaction import (
     nothing_to_compact,
     plan_compaction,
     reaches_checkpoint,
+    replaced_tokens,
+    summary_problem,
     summary_request,
     transcript_lines,
 )
@@ -62,8 +65,23 @@ TRUNCATED = frozenset({"length", "max_tokens"})
 SUMMARY_MAX_TOKENS = 4_000
 
 
+# How often a compaction reports its progress while the summarizer writes (a small local model
+# takes tens of seconds).
+PROGRESS_SECONDS = 1.0
+
+
 class CompactionFailed(ServiceError):
     """The summarizer gave nothing usable."""
+
+
+@dataclass(frozen=True)
+class Progress:
+    call: int  # the summarizer call under way (1-based): one per transcript chunk
+    calls: int
+    chars: int  # characters of summary the call has written so far
+
+
+ProgressHook = Callable[[Progress], None]
 
 
 @dataclass(frozen=True)
@@ -209,17 +227,26 @@ def _complete_part(text: str) -> str:
 
 
 @metrics.timed_compaction
-async def summarize(router: Router, prepared: PreparedCompaction) -> Summary:
-    """Fold the transcript into the summary so far, one chunk per call (usually a single one).
+async def summarize(
+    router: Router, prepared: PreparedCompaction, progress: ProgressHook | None = None
+) -> Summary:
+    """Fold the transcript into the summary so far, one chunk per call (usually a single one);
+    `progress` hears at each call's start and about once a second while it writes.
 
-    Raises ProviderError when the model fails, CompactionFailed when it answers with nothing."""
+    Raises ProviderError when the model fails, CompactionFailed when its answer is not a usable
+    summary: empty, echoing the prompt (see summary_problem), or no shorter than what it would
+    replace, by the count of the model that reads it (it would grow the context)."""
     plan, counter = prepared.plan, prepared.counting.counter
     content = prepared.previous
     usage: UsageReport | None = None
     used = prepared.model
     cut = False
     chunks = chunk_lines(transcript_lines(plan.entries), counter, prepared.chunk_tokens)
-    for chunk in chunks:
+    for number, chunk in enumerate(chunks, 1):
+        if progress is not None:
+            progress(Progress(number, len(chunks), 0))
+        reported = time.monotonic()
+        written = 0
         words = _word_target(prepared.summary_tokens, chunk, counter)
         messages = summary_request(content, chunk, prepared.focus, words)
         request = ModelRequest(
@@ -233,6 +260,10 @@ async def summarize(router: Router, prepared: PreparedCompaction) -> Summary:
             used = model
             if isinstance(event, TextDelta):
                 parts.append(event.text)
+                written += len(event.text)
+                if progress is not None and time.monotonic() - reported >= PROGRESS_SECONDS:
+                    reported = time.monotonic()
+                    progress(Progress(number, len(chunks), written))
             elif isinstance(event, UsageReport):
                 usage = event.plus(usage)
             elif isinstance(event, Finish) and event.reason in TRUNCATED:
@@ -244,6 +275,7 @@ async def summarize(router: Router, prepared: PreparedCompaction) -> Summary:
             text = _complete_part(text) + SUMMARY_CUT_MARK
         if not text:
             raise CompactionFailed("empty_summary", "the summarization model answered nothing")
+        _check(text)
         # Not every upstream honours max_tokens: the next call folds this in, so it must fit.
         content = _fit(text, counter, prepared.summary_tokens)
         cut = cut or reached_limit or content != text
@@ -252,7 +284,24 @@ async def summarize(router: Router, prepared: PreparedCompaction) -> Summary:
     # budget would crowd out the turns after it (or, over the budget, be cut at every ask).
     reader = prepared.reader_counting.counter
     fitted = _fit(content, reader, prepared.reader_tokens)
+    tokens, replaced = reader.count(fitted), replaced_tokens(plan, reader)
+    if tokens >= replaced:
+        raise CompactionFailed(
+            "summary_not_shorter",
+            f"the summary has {tokens} tokens, no fewer than the {replaced} of the history it "
+            "would replace: nothing was committed, and the context goes on with windowing",
+            {"summary_tokens": tokens, "replaced_tokens": replaced},
+        )
     return Summary(fitted, used, usage, len(chunks), cut or fitted != content)
+
+
+def _check(text: str) -> None:
+    problem = summary_problem(text)
+    if problem is not None:
+        raise CompactionFailed(
+            "summary_echoes_prompt",
+            f"{problem}: nothing was committed, and the context goes on with windowing",
+        )
 
 
 async def commit(

@@ -1,10 +1,12 @@
 """Compaction in the worker: a compaction job's run, and a run compacting its own full context.
 
-Clients see `context.compacting` when the summarizer is called, then `context.compacted`
-(the checkpoint is committed) or `context.compaction_failed` (nothing committed; an ask then
-goes on with windowing, so a failed summary never loses it). An ask never waits longer than its
-policy's `compaction_wait_seconds` for a compaction: past it, it sees `context.compaction_pending`
-and is answered from windowing while the summary is still written, for later asks.
+Clients see `context.compacting` when the summarizer is called (a compaction run then reports
+`context.compaction_progress` while it writes), then `context.compacted` (the checkpoint is
+committed) or `context.compaction_failed` (nothing committed: the model failed or its summary was
+refused; the session goes on with windowing, so a failed summary never loses anything). An ask
+never waits longer than its policy's `compaction_wait_seconds` for a compaction: past it, it sees
+`context.compaction_pending` and is answered from windowing while the summary is still written,
+for later asks.
 """
 
 from __future__ import annotations
@@ -71,6 +73,8 @@ async def compaction_job(runtime: Runtime, run: Run) -> Outcome:
     try:
         summary = await _compact(runtime, run, prepared, "requested", before, SUMMARY_PART)
     except (ProviderError, compaction.CompactionFailed) as exc:
+        log.warning("run %s: compaction failed, nothing committed: %s", run_id, exc)
+        runtime.writer.emit(run_id, EventType.CONTEXT_COMPACTION_FAILED, _failed(exc), urgent=True)
         return Outcome("failed", error=_error(exc), model=prepared.model)
     return Outcome("completed", summary.content, summary.usage, model=summary.model)
 
@@ -233,7 +237,12 @@ async def _compact(
 ) -> compaction.Summary:
     run_id = run.id
     _compacting(runtime, run_id, prepared, reason, tokens_before)
-    summary = await compaction.summarize(runtime.router, prepared)
+
+    def progress(at: compaction.Progress) -> None:
+        data = {"call": at.call, "calls": at.calls, "chars": at.chars}
+        runtime.writer.emit(run_id, EventType.CONTEXT_COMPACTION_PROGRESS, data, urgent=True)
+
+    summary = await compaction.summarize(runtime.router, prepared, progress)
     entry = await compaction.commit(
         runtime.engine, prepared, summary, entry_id(run_id, part), {"run_id": run_id}
     )

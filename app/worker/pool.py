@@ -145,6 +145,7 @@ async def worker_pool(
             asyncio.create_task(_retry_stalled(app, runtime, registered), name="stalled-jobs"),
             asyncio.create_task(handoff.watch_aborts(), name="handoff-aborts"),
             asyncio.create_task(_schedule_retention(app, settings), name="retention-schedule"),
+            asyncio.create_task(warm_local_model(router, settings), name="local-model-warmup"),
             asyncio.create_task(
                 work_queues(
                     lambda: app.run_worker_async(
@@ -180,6 +181,44 @@ async def worker_pool(
             await aclose_shared_client()
             if own_engine:
                 await engine.dispose()
+
+
+# How often the warm-up looks again for the local model's packages (`make run` installs them
+# in the background while the service runs).
+LOCAL_PACKAGES_POLL_SECONDS = 5.0
+
+
+async def warm_local_model(router: Router, settings: Settings) -> None:
+    """Load the local model in the background when it answers by default: the first ask after a
+    start waited for it, silently (34 s once, on a cold disk cache). An ask meanwhile waits for
+    the load as before. Packages still being installed are waited for."""
+    if not settings.default_model.startswith("local:"):
+        return
+    from app.llm.base import ProviderError
+    from app.llm.local_provider import LocalProvider, packages_installed
+
+    provider, _ = router.provider_for(settings.default_model)
+    if not isinstance(provider, LocalProvider):  # a test's router serves local:* otherwise
+        return
+    told = False
+    # Polled: a package appearing on disk sends no event.
+    bundled = settings.local_model_path is None
+    while not await asyncio.to_thread(packages_installed, bundled):
+        if not told:
+            log.info("the local model waits for llama-cpp-python to be installed")
+            told = True
+        await asyncio.sleep(LOCAL_PACKAGES_POLL_SECONDS)
+    log.info("loading the local model (%s)…", settings.default_model)
+    started = time.monotonic()
+    try:
+        await asyncio.to_thread(provider.warm)
+    except ProviderError as exc:
+        log.warning("the local model is unavailable: %s", exc.message)
+        return
+    except Exception:  # the first ask reports it as it fails; the service goes on
+        log.exception("loading the local model failed")
+        return
+    log.info("the local model is ready (%.1f s)", time.monotonic() - started)
 
 
 async def _recover_runs(runtime: runtimes.Runtime) -> None:

@@ -199,6 +199,61 @@ async def test_compaction_streams_its_events(
     assert events[-1].data["text"] == "STREAMED"
 
 
+async def refused_compaction(
+    api: httpx.AsyncClient, upstream: FakeUpstream, summary: str
+) -> tuple[list[Any], dict[str, Any]]:
+    """A /compact whose summarizer answers `summary`: its events, and the failure it ends with."""
+    sid = (await new_session(api))["id"]
+    await converse(api, upstream, sid, 3)
+    before = await history(api, sid)
+    upstream.script(Text(summary))
+    events = await collect(
+        api, "POST", f"/v1/sessions/{sid}/compact", json={"keep_last_turns": 1, "stream": True}
+    )
+    types = [e.type for e in events]
+    assert types[-1] == "run.failed" and "context.compacted" not in types
+    failed = next(e.data for e in events if e.type == "context.compaction_failed")
+    assert failed["fallback"] == "windowing"
+    assert events[-1].data["error"] == failed["error"]
+    journal = await history(api, sid)
+    assert not summaries(journal)  # nothing committed
+    assert [e["kind"] for e in journal[len(before) :]] == ["run_start", "run_end"]
+    # The session goes on: the next ask is answered from the whole (windowed) history.
+    upstream.script(Text("still fine"))
+    assert (await ask(api, sid, "go on"))["text"] == "still fine"
+    sent = str(upstream.requests[-1].body["messages"])
+    assert "question 0 about the billing API" in sent and summary not in sent
+    return events, failed["error"]
+
+
+async def test_a_summary_longer_than_what_it_replaces_is_refused(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    """A small model's "summary" that grew the context (39 -> 192 tokens) was committed."""
+    longer = " ".join(f"The user asked question {i} about the billing API." for i in range(12))
+    _, error = await refused_compaction(api, upstream, longer)
+    assert error["code"] == "summary_not_shorter"
+    found = re.search(r"the summary has (\d+) tokens, no fewer than the (\d+)", error["message"])
+    assert found is not None and int(found[1]) >= int(found[2]) > 0
+
+
+async def test_a_summary_echoing_the_prompt_is_refused(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    """ "Here's the summary with only the requested 40 words:" and role markers were committed."""
+    for leaked, said in (
+        ("Here's the summary with only the requested 40 words: billing.", "preamble"),
+        ("<|im_start|>assistant\nBilling.", "chat marker"),
+        ("[#2] assistant: answer 0", "role label"),
+        ("Billing questions. Use at most 40 words.", "instructions"),
+    ):
+        events, error = await refused_compaction(api, upstream, leaked)
+        assert error["code"] == "summary_echoes_prompt"
+        assert said in error["message"] and "windowing" in error["message"]
+        progress = [e.data for e in events if e.type == "context.compaction_progress"]
+        assert progress and progress[0] == {"call": 1, "calls": 1, "chars": 0}
+
+
 async def test_compaction_refusals(api: httpx.AsyncClient, upstream: FakeUpstream) -> None:
     sid = (await new_session(api))["id"]
     await converse(api, upstream, sid, 1)
@@ -480,7 +535,10 @@ async def test_a_summary_over_its_cap_is_cut_to_fit_the_reading_model(
     api: httpx.AsyncClient, upstream: FakeUpstream
 ) -> None:
     sid = (await new_session(api, config={"context_policy": SMALL_POLICY}))["id"]
-    await converse(api, upstream, sid, 4)
+    # Long enough turns that a summary cut to its cap is still shorter than what it replaces.
+    for i in range(4):
+        upstream.script(Text(f"answer {i}: " + "the billing API is stable. " * 8))
+        await ask(api, sid, f"question {i}: " + "what about the billing API? " * 8)
     # An upstream that ignores max_tokens and answers at length (a finish reason of "stop").
     rambling = "".join(f"Point {i}: the user asked about billing. " for i in range(600))
     upstream.script(Text(rambling))

@@ -141,6 +141,8 @@ async def test_every_config_field_survives_a_patch_and_a_fork(client: httpx.Asyn
         "fallback_model": "anthropic:claude-haiku-4-5",
         "summarization_model": "openai:gpt-4o-mini",
         "system_prompt": "Be brief.",
+        "max_output_tokens": 256,
+        "temperature": 0.5,
         "context_policy": {"preset": "short_context", "include_kinds": ["message"]},
         "tools": [],
         "run_policy": {"max_iterations": 3, "tools_deny": ["calculator"], "on_denied": "stop"},

@@ -481,7 +481,8 @@ def test_compact_with_a_focus_and_the_context_meter(
                 {"kind": "message", "payload": {"role": "assistant", "content": f"Answer {i}"}},
             ]
         assert client.post(f"/v1/sessions/{sid}/entries", json={"entries": turns}).is_success
-    upstream.script(Text("The user asked six numbered questions."))
+    release = threading.Event()  # the summarizer writes once the page has shown its progress
+    upstream.script(Hold(release), Text("The user asked six numbered questions."))
     page = signed_in(browser, served)
     try:
         open_session(page, served, sid)
@@ -490,12 +491,18 @@ def test_compact_with_a_focus_and_the_context_meter(
         expect(meter.get_by_role("img")).to_have_attribute("aria-label", re.compile("% of"))
         page.get_by_label("Focus (optional)").fill("the numbering")
         page.get_by_role("button", name="Compact").click()
+        # The compaction's progress, from its run's events (a small local model takes tens of
+        # seconds): the summarizer has been called.
+        expect(page.get_by_role("status")).to_have_text("Writing the summary…")
+        expect(page.get_by_role("button", name="Compact")).to_be_disabled()
+        release.set()
         expect(page.get_by_role("status")).to_have_text(re.compile("^Compacted"))
         expect(meter).to_contain_text("a summary stands in for older history")
         summary = page.locator(".message.summary")
         expect(summary).to_contain_text("(focus: the numbering)")
         shot(page, "08-compacted")
     finally:
+        release.set()
         page.close()
     focus = upstream.requests[-1].body
     assert "the numbering" in str(focus)

@@ -15,6 +15,8 @@ FULL: dict[str, Any] = {
     "fallback_model": "anthropic:claude-haiku-4-5",
     "summarization_model": "openai:gpt-4o-mini",
     "system_prompt": "Be brief.",
+    "max_output_tokens": 256,
+    "temperature": 0.0,
     "context_policy": {"preset": "short_context", "include_kinds": ["message"]},
     "tools": [{"name": "calculator", "kind": "builtin"}],
     "run_policy": {"max_iterations": 3},

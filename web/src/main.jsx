@@ -538,9 +538,18 @@ function ContextMeter({ context }) {
   );
 }
 
+// What a compaction run's events say while it works: the Compact section's progress line.
+function compactionStep(type, data) {
+  const part = data.calls > 1 ? ` (part ${data.call} of ${data.calls})` : "";
+  if (type === "context.compacting") return `Compacting entries ${data.from_seq}–${data.to_seq} with ${data.model}…`;
+  if (type === "context.compaction_progress") return data.chars ? `Writing the summary${part}: ${data.chars.toLocaleString()} characters so far…` : `Writing the summary${part}…`;
+  return null;
+}
+
 function Compact({ api, session, context, onCompacted, fail }) {
   const [focus, setFocus] = useState("");
   const [state, setState] = useState(null);
+  const [progress, setProgress] = useState(null);
   // Nothing to compact yet (a short chat): the button says why instead of being refused.
   const reason = context && !context.compactable ? context.not_compactable_reason : null;
   const submit = async (event) => {
@@ -549,7 +558,8 @@ function Compact({ api, session, context, onCompacted, fail }) {
     setState("Compacting…");
     try {
       const run = await api.compact(session.id, focus.trim());
-      const done = await api.waitRun(run.id);
+      const done = await api.followRun(run.id, (type, data) => setProgress((shown) => compactionStep(type, data) ?? shown));
+      setProgress(null);
       setState(done.status === "completed" ? "Compacted: a summary now stands in for older history." : `Compaction ${done.status}${done.error ? `: ${done.error.message}` : ""}`);
       setFocus("");
       onCompacted();
@@ -573,7 +583,7 @@ function Compact({ api, session, context, onCompacted, fail }) {
         </button>
       </form>
       {reason && <p className="meta" id="compact-reason">{reason}</p>}
-      {state && <p className="meta" role="status">{state}</p>}
+      {state && <p className="meta" role="status">{state === "Compacting…" && progress ? progress : state}</p>}
     </section>
   );
 }
