@@ -18,11 +18,11 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import Settings
-from app.core.entries import EntryKind
+from app.core.entries import EntryKind, NewEntry
 from app.db.embedded import throwaway_cluster
 from app.db.engine import create_engine
 from app.db.migrate import upgrade_to_head
-from app.services.journal import NewEntry, append_entries, read_history
+from app.services.journal import append_entries, read_history
 from app.services.keys import create_key, tenant_for_key
 from app.services.search import search_history
 from app.services.sessions import create_session, fork_session
@@ -80,8 +80,8 @@ async def median_ms(call: Callable[[], Awaitable[object]], times: int) -> float:
 
 
 async def new_session(engine: AsyncEngine, tenant: str, entries: int) -> str:
-    row = await create_session(engine, tenant, title="bench", metadata={}, config={})
-    session_id = str(row["id"])
+    session = await create_session(engine, tenant, title="bench", metadata={}, config={})
+    session_id = session.id
     for first in range(0, entries, LOAD_BATCH):
         batch = messages(min(LOAD_BATCH, entries - first), first)
         await append_entries(engine, tenant, session_id, batch, expected_rev=None)
@@ -212,7 +212,7 @@ async def bench_read(engine: AsyncEngine, tenant: str, big: str) -> None:
     await newest(small)  # the first call compiles the statements
     small_ms = await median_ms(lambda: newest(small), READS)
     big_ms = await median_ms(lambda: newest(big), READS)
-    fork_ms = await median_ms(lambda: newest(str(fork["id"])), READS)
+    fork_ms = await median_ms(lambda: newest(fork.id), READS)
     report("read", f"newest {PAGE}, 100-entry session", f"median {small_ms:.2f} ms over {READS}")
     report("read", f"newest {PAGE}, {BIG:,}-entry session", f"median {big_ms:.2f} ms over {READS}")
     report("read", f"newest {PAGE}, fork of the {BIG:,}", f"median {fork_ms:.2f} ms over {READS}")

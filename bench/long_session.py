@@ -25,10 +25,10 @@ from typing import Any
 import httpx
 
 from app.config import Settings
-from app.core.entries import EntryKind
+from app.core.entries import EntryKind, JournalEntry
 from app.core.formats import openai_request_tokens
 from app.core.policy import ContextPolicy
-from app.core.projection import JournalEntry, ProjectionInput, project
+from app.core.projection import ProjectionInput, project
 from app.core.tokens import REPLY_PRIMING, TokenCounter
 from app.db.engine import create_engine
 from app.llm.tokenizers import encoding_counter

@@ -47,18 +47,18 @@ from sqlalchemy import RowMapping, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.config import Settings
-from app.core.entries import EntryKind
+from app.core.entries import EntryKind, JournalEntry, NewEntry
 from app.core.formats import to_openai
 from app.core.lineage import Segment
 from app.core.messages import ToolSpec
 from app.core.policy import ContextPolicy
-from app.core.projection import JournalEntry, Projection, ProjectionInput, project
+from app.core.projection import Projection, ProjectionInput, project
 from app.core.tokens import HeuristicCounter, TokenCounter, entry_tokens, message_tokens
 from app.core.tokens import tools_tokens as count_tools
 from app.db import journal as journal_db
 from app.db.engine import create_engine
 from app.llm.tokenizers import encoding_counter, stored_counter
-from app.services.journal import NewEntry, append_entries
+from app.services.journal import append_entries
 from app.services.keys import create_key, tenant_for_key
 from app.services.projection import SessionProjection, project_session
 from app.services.sessions import create_session
@@ -247,8 +247,10 @@ def thread_entries() -> Iterator[NewEntry]:
 
 
 async def loaded_session(engine: AsyncEngine, tenant: str, entries: int) -> str:
-    row = await create_session(engine, tenant, title="bench", metadata={}, config={"model": MODEL})
-    session_id = str(row["id"])
+    session = await create_session(
+        engine, tenant, title="bench", metadata={}, config={"model": MODEL}
+    )
+    session_id = session.id
     stream = thread_entries()
     for first in range(0, entries, LOAD_BATCH):
         batch = list(itertools.islice(stream, min(LOAD_BATCH, entries - first)))
@@ -392,7 +394,7 @@ def counting_ms(entry: NewEntry) -> float:
 async def append_ms(engine: AsyncEngine, tenant: str, entry: NewEntry, times: int) -> float:
     """Median ms of appending `entry` alone, to a fresh session, `times` times."""
     session = await create_session(engine, tenant, title="bench", metadata={}, config={})
-    session_id = str(session["id"])
+    session_id = session.id
 
     async def append() -> None:
         await append_entries(engine, tenant, session_id, [entry], expected_rev=None)

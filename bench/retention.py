@@ -111,7 +111,7 @@ async def run(url: str, source: str) -> None:
         )
         tenant = await tenant_for_key(engine, await create_key(engine, "bench-retention"))
         assert tenant is not None
-        session = (await create_session(engine, tenant, title=None, metadata={}, config={}))["id"]
+        session = (await create_session(engine, tenant, title=None, metadata={}, config={})).id
         await add_runs(engine, tenant, session, LIVE_RUNS, "10 minutes", pruned=False)
         await add_runs(engine, tenant, session, DUE_RUNS, "2 hours", pruned=False)
         async with engine.connect() as conn:

@@ -212,10 +212,10 @@ async def loop_session(runtime: Runtime, tenant: str, size: int) -> LoopSession:
     """`size` entries: filler messages, then an ask (its user message and run_start), whose run
     this process executes as a worker would."""
     engine, settings = runtime.engine, runtime.settings
-    row = await create_session(
+    session = await create_session(
         engine, tenant, title="bench", metadata={}, config={"tools": [NOOP_TOOL]}
     )
-    session_id = str(row["id"])
+    session_id = session.id
     filler = size - 2
     for first in range(0, filler, LOAD_BATCH):
         batch = messages(min(LOAD_BATCH, filler - first), first)

@@ -11,7 +11,7 @@ from app.api.bodies import JSONRoute
 from app.api.deps import Config, Engine, Tenant
 from app.api.errors import error_responses
 from app.api.schemas import MAX_SEQ, AppendRequest, AppendResponse, Entry, EntryPage
-from app.core.entries import EntryKind
+from app.core.entries import EntryKind, NewEntry
 from app.services import journal as service
 from app.services.errors import Invalid
 
@@ -81,7 +81,7 @@ async def append_entries(
         tenant,
         str(session_id),
         [
-            service.NewEntry(
+            NewEntry(
                 kind=EntryKind(e.kind),
                 payload=e.payload.model_dump(mode="json", exclude_none=True),
                 refs=e.refs_json(),

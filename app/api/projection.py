@@ -11,8 +11,8 @@ from app.api.bodies import JSONRoute
 from app.api.deps import Config, Engine, ReadingTenant, Tenant
 from app.api.errors import error_responses
 from app.api.schemas import Compaction, ContextUsage, ProjectionRequest, ProjectionResponse
+from app.core.entries import PendingEntry
 from app.core.formats import to_anthropic, to_neutral, to_openai
-from app.core.projection import PendingEntry
 from app.services.projection import project_session, session_context
 
 router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["context"], route_class=JSONRoute)

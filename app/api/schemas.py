@@ -20,6 +20,7 @@ from pydantic import (
 from sqlalchemy import RowMapping
 
 from app.core import metadata as metadata_rules
+from app.core import sessions
 from app.core.entries import (
     RUN_ENTRY_PREFIX,
     FinishReason,
@@ -224,26 +225,26 @@ class Session(BaseModel):
     updated_at: datetime
 
     @classmethod
-    def from_row(cls, row: RowMapping) -> Session:
+    def of(cls, session: sessions.Session) -> Session:
         return cls(
-            id=str(row["id"]),
-            title=row["title"],
-            metadata=row["metadata"],
-            config=row["config"],
-            status=row["status"],
-            rev=row["rev"],
+            id=session.id,
+            title=session.title,
+            metadata=session.metadata,
+            config=session.config.as_json(),
+            status=session.status.value,
+            rev=session.rev,
             usage=Usage(
-                input_tokens=row["input_tokens"],
-                output_tokens=row["output_tokens"],
-                cached_tokens=row["cached_tokens"],
-                cache_write_tokens=row["cache_write_tokens"],
-                cost_usd=float(row["cost_usd"]),
+                input_tokens=session.input_tokens,
+                output_tokens=session.output_tokens,
+                cached_tokens=session.cached_tokens,
+                cache_write_tokens=session.cache_write_tokens,
+                cost_usd=float(session.cost_usd),
             ),
-            parent_id=str(row["parent_id"]) if row["parent_id"] else None,
-            fork_seq=row["fork_seq"],
-            expires_at=row["expires_at"],
-            created_at=row["created_at"],
-            updated_at=row["updated_at"],
+            parent_id=session.parent_id,
+            fork_seq=session.fork_seq,
+            expires_at=session.expires_at,
+            created_at=session.created_at,
+            updated_at=session.updated_at,
         )
 
 

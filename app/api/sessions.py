@@ -26,7 +26,7 @@ router = APIRouter(prefix="/v1/sessions", tags=["sessions"], route_class=JSONRou
 async def create_session(
     body: SessionCreate, engine: Engine, tenant: Tenant, settings: Config
 ) -> Session:
-    row = await service.create_session(
+    session = await service.create_session(
         engine,
         tenant,
         title=body.title,
@@ -36,7 +36,7 @@ async def create_session(
         ttl_seconds=body.ttl_seconds,
         expires_at=body.expires_at,
     )
-    return Session.from_row(row)
+    return Session.of(session)
 
 
 @router.get("", operation_id="listSessions", responses=error_responses(401, 422))
@@ -78,7 +78,7 @@ async def list_sessions(
         parent_id=str(parent_id) if parent_id is not None else None,
     )
     return SessionList(
-        data=[Session.from_row(r) for r in page.items],
+        data=[Session.of(s) for s in page.items],
         has_more=page.next_cursor is not None,
         next_cursor=page.next_cursor,
     )
@@ -86,7 +86,7 @@ async def list_sessions(
 
 @router.get("/{session_id}", operation_id="getSession", responses=error_responses(401, 404, 422))
 async def get_session(session_id: UUID, engine: Engine, tenant: Tenant) -> Session:
-    return Session.from_row(await service.get_session(engine, tenant, str(session_id)))
+    return Session.of(await service.get_session(engine, tenant, str(session_id)))
 
 
 @router.patch(
@@ -106,8 +106,8 @@ async def update_session(
         changes.pop("metadata", None)
     if changes.get("config") is None:
         changes.pop("config", None)
-    row = await service.update_session(engine, tenant, str(session_id), changes, settings)
-    return Session.from_row(row)
+    session = await service.update_session(engine, tenant, str(session_id), changes, settings)
+    return Session.of(session)
 
 
 @router.delete(
@@ -135,7 +135,7 @@ async def fork_session(
     body: ForkRequest | None = None,
 ) -> Session:
     body = body or ForkRequest()
-    row = await service.fork_session(
+    session = await service.fork_session(
         engine,
         tenant,
         str(session_id),
@@ -144,7 +144,7 @@ async def fork_session(
         metadata=body.metadata,
         settings=settings,
     )
-    return Session.from_row(row)
+    return Session.of(session)
 
 
 def _parse_filter(pairs: list[str]) -> dict[str, str]:

@@ -120,9 +120,7 @@ async def ui_chat(
         found = await ui_chats.find_session(engine, tenant, body.id)
         if found is None:
             raise ui_chats.no_user_message(body.messages)
-        sent = await ui_chats.submit_tool_outputs(
-            engine, tenant, str(found["id"]), body.messages[-1]
-        )
+        sent = await ui_chats.submit_tool_outputs(engine, tenant, found.id, body.messages[-1])
         return _ui_stream(
             engine,
             tenant,
@@ -189,7 +187,7 @@ async def resume_ui_chat(
     session = await ui_chats.find_session(engine, tenant, chat_id)
     if session is None:
         return Response(status_code=204)
-    run = await asks_service.active_run(engine, tenant, str(session["id"]))
+    run = await asks_service.active_run(engine, tenant, session.id)
     if run is None or not await hub.has_more(run.id, 0):
         return Response(status_code=204)
     return _ui_stream(engine, tenant, hub, run.id, settings.sse_heartbeat_seconds, None, None)

@@ -1,1 +1,1 @@
-"""The pure core: no I/O. Entry types, lineage arithmetic, token counting, projection."""
+"""The pure core: no I/O. Entries, the session value, lineage, token counting, projection."""

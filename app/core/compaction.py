@@ -13,11 +13,10 @@ import re
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from app.core.entries import EntryKind
+from app.core.entries import EntryKind, JournalEntry
 from app.core.messages import Message, canonical_json, result_text, text_of
 from app.core.projection import (
     MODEL_KINDS,
-    JournalEntry,
     covered_to,
     cut_to_tokens,
     in_run_order,

@@ -1,7 +1,8 @@
-"""Entry kinds and their payload types: what a journal record may hold."""
+"""Journal entries: their kinds and payload types, and the entry values that carry them."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
@@ -32,6 +33,38 @@ class EntryKind(StrEnum):
 
 
 RUN_ENTRY_PREFIX = "run:"  # ids of the entries runs write (run:<run_id>:<part>): not clients'
+
+
+@dataclass(frozen=True)
+class NewEntry:
+    """An entry to append: the journal gives it its seq; `id` is the client's (an append that
+    sends it again is a replay), None for none."""
+
+    kind: EntryKind
+    payload: dict[str, Any]
+    refs: dict[str, Any]
+    id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class JournalEntry:
+    """A committed entry, as the projector reads it."""
+
+    seq: int
+    kind: str
+    payload: dict[str, Any]
+    refs: dict[str, Any] = field(default_factory=dict)
+    token_count: int = 0
+    id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PendingEntry:
+    """Not yet committed (a dry run's ask): counted in a projection, not read from the journal."""
+
+    kind: str
+    payload: dict[str, Any]
+    refs: dict[str, Any] = field(default_factory=dict)
 
 
 class _Strict(BaseModel):

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from app.core.content import is_reasoning, without_reasoning
-from app.core.entries import EntryKind
+from app.core.entries import EntryKind, JournalEntry, PendingEntry
 from app.core.eviction import READ_TOOL_OUTPUT, output_ref, oversized_page, preview, sizes
 from app.core.formats import MAX_CACHE_BREAKPOINTS
 from app.core.memory import MEMORY_LINES, memory_block
@@ -47,27 +47,6 @@ RECOUNT_SLACK = 1.25
 MODEL_KINDS = frozenset(
     {EntryKind.MESSAGE, EntryKind.TOOL_CALL, EntryKind.TOOL_RESULT, EntryKind.SUMMARY}
 )
-
-
-@dataclass(frozen=True, slots=True)
-class JournalEntry:
-    """An entry as the projector reads it."""
-
-    seq: int
-    kind: str
-    payload: dict[str, Any]
-    refs: dict[str, Any] = field(default_factory=dict)
-    token_count: int = 0
-    id: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class PendingEntry:
-    """Not yet committed (a dry run's ask): counted here, not read from the journal."""
-
-    kind: str
-    payload: dict[str, Any]
-    refs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from app.core.entries import EntryKind
-from app.core.projection import JournalEntry
+from app.core.entries import EntryKind, JournalEntry
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,8 +10,8 @@ from sqlalchemy.dialects.postgresql import UUID
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql import Select
 
+from app.core.entries import JournalEntry
 from app.core.lineage import Segment
-from app.core.projection import JournalEntry
 from app.db.tables import entries, sessions
 
 ENTRY_COLUMNS = (

@@ -9,17 +9,47 @@ from typing import Any
 from sqlalchemy import ColumnElement, RowMapping, func, literal, or_, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.core.lineage import Segment, lineage_from_json, segments
+from app.core.lineage import Lineage, lineage_from_json, lineage_to_json
+from app.core.sessions import Session, SessionConfig, SessionStatus
 from app.db.tables import runs, sessions, tenants
 
 # A session past its expiry is gone for its tenant at once, before the retention job purges it.
 LIVE = or_(sessions.c.expires_at.is_(None), sessions.c.expires_at > func.now())
 
 
-async def insert_session(conn: AsyncConnection, **values: Any) -> RowMapping:
+def _session(row: RowMapping) -> Session:
+    """The row as a typed value. Its config is taken as stored: it was validated on the way in,
+    and is read on every ask."""
+    return Session(
+        id=str(row["id"]),
+        tenant_id=str(row["tenant_id"]),
+        title=row["title"],
+        metadata=row["metadata"],
+        config=SessionConfig.from_json(row["config"]),
+        status=SessionStatus(row["status"]),
+        rev=int(row["rev"]),
+        parent_id=str(row["parent_id"]) if row["parent_id"] is not None else None,
+        fork_seq=row["fork_seq"],
+        lineage=lineage_from_json(row["lineage"]),
+        token_total=int(row["token_total"]),
+        input_tokens=int(row["input_tokens"]),
+        output_tokens=int(row["output_tokens"]),
+        cached_tokens=int(row["cached_tokens"]),
+        cache_write_tokens=int(row["cache_write_tokens"]),
+        cost_usd=row["cost_usd"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        expires_at=row["expires_at"],
+    )
+
+
+def _one_or_none(row: RowMapping | None) -> Session | None:
+    return _session(row) if row is not None else None
+
+
+async def insert_session(conn: AsyncConnection, **values: Any) -> Session:
     result = await conn.execute(sessions.insert().values(**values).returning(sessions))
-    row: RowMapping = result.mappings().one()
-    return row
+    return _session(result.mappings().one())
 
 
 async def get_session(
@@ -29,7 +59,7 @@ async def get_session(
     *,
     lock: bool = False,
     include_expired: bool = False,
-) -> RowMapping | None:
+) -> Session | None:
     """One live (unexpired) session of this tenant; with `lock`, its row is locked for update.
     `include_expired`: expired too (for a run under way: expiry refuses new requests, it does
     not break work already started)."""
@@ -38,7 +68,7 @@ async def get_session(
         query = query.where(LIVE)
     if lock:
         query = query.with_for_update()
-    return (await conn.execute(query)).mappings().one_or_none()
+    return _one_or_none((await conn.execute(query)).mappings().one_or_none())
 
 
 async def list_sessions(
@@ -50,7 +80,7 @@ async def list_sessions(
     metadata: dict[str, str],
     title_contains: str | None = None,
     parent_id: str | None = None,
-) -> list[RowMapping]:
+) -> list[Session]:
     """Newest first; `before` is the (created_at, id) keyset cursor of the previous page."""
     query = select(sessions).where(sessions.c.tenant_id == tenant_id, LIVE)
     if metadata:
@@ -67,20 +97,26 @@ async def list_sessions(
         )
         query = query.where(tuple_(sessions.c.created_at, sessions.c.id) < cursor)
     query = query.order_by(sessions.c.created_at.desc(), sessions.c.id.desc()).limit(limit)
-    return list((await conn.execute(query)).mappings())
+    return [_session(row) for row in (await conn.execute(query)).mappings()]
 
 
-async def update_session(
-    conn: AsyncConnection, session_id: str, values: dict[str, Any]
-) -> RowMapping:
+async def update_session(conn: AsyncConnection, session_id: str, values: dict[str, Any]) -> Session:
     query = (
         update(sessions)
         .where(sessions.c.id == session_id)
         .values(**values, updated_at=func.now())
         .returning(sessions)
     )
-    row: RowMapping = (await conn.execute(query)).mappings().one()
-    return row
+    return _session((await conn.execute(query)).mappings().one())
+
+
+async def set_lineage(conn: AsyncConnection, session_id: str, lineage: Lineage) -> None:
+    query = (
+        update(sessions)
+        .where(sessions.c.id == session_id)
+        .values(lineage=lineage_to_json(lineage), updated_at=func.now())
+    )
+    await conn.execute(query)
 
 
 async def delete_session(conn: AsyncConnection, session_id: str) -> None:
@@ -117,17 +153,15 @@ async def expired_session_ids(conn: AsyncConnection, now: datetime | None, limit
     return [str(i) for i in (await conn.execute(query)).scalars()]
 
 
-async def lock_expired(
-    conn: AsyncConnection, session_id: str, now: datetime | None
-) -> RowMapping | None:
-    """The session, locked, if it is (still) expired at `now`."""
+async def lock_expired(conn: AsyncConnection, session_id: str, now: datetime | None) -> bool:
+    """Lock the session if it is (still) expired at `now`; whether it is."""
     moment = func.now() if now is None else literal(now, sessions.c.expires_at.type)
     query = (
-        select(sessions)
+        select(sessions.c.id)
         .where(sessions.c.id == session_id, sessions.c.expires_at <= moment)
         .with_for_update()
     )
-    return (await conn.execute(query)).mappings().one_or_none()
+    return (await conn.execute(query)).first() is not None
 
 
 # Every transaction that locks several sessions takes the locks in this one order, so forks and
@@ -135,15 +169,18 @@ async def lock_expired(
 LOCK_ORDER = (sessions.c.created_at, sessions.c.id)
 
 
-async def sessions_reading_from(conn: AsyncConnection, session_id: str) -> list[RowMapping]:
-    """Every session whose thread includes entries stored under `session_id`, locked."""
+async def sessions_reading_from(
+    conn: AsyncConnection, session_id: str
+) -> list[tuple[str, Lineage]]:
+    """Every session whose thread includes entries stored under `session_id`, locked: its id
+    and lineage."""
     query = (
         select(sessions.c.id, sessions.c.lineage)
         .where(sessions.c.lineage.contains([{"session_id": session_id}]))
         .order_by(*LOCK_ORDER)
         .with_for_update()
     )
-    return list((await conn.execute(query)).mappings())
+    return [(str(id), lineage_from_json(raw)) for id, raw in (await conn.execute(query)).all()]
 
 
 async def lock_existing(conn: AsyncConnection, session_ids: list[str]) -> int:
@@ -203,8 +240,3 @@ async def current_rev(
         query = query.where(LIVE)
     rev: int | None = (await conn.execute(query)).scalar()
     return rev
-
-
-def thread_of(session: RowMapping) -> list[Segment]:
-    """The storage ranges of a session row's thread: its ancestors' prefixes, then its own."""
-    return segments(str(session["id"]), lineage_from_json(session["lineage"]), int(session["rev"]))

@@ -16,8 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.core.entries import EntryKind
-from app.core.projection import JournalEntry
+from app.core.entries import EntryKind, JournalEntry
 
 Item = dict[str, Any]
 MAX_INPUT_ITEMS = 1000  # a request's input items; input_items reads this far back

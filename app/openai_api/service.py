@@ -13,14 +13,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
-from sqlalchemy import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.api.schemas import Metadata
 from app.config import Settings
 from app.core import tool_choice as tool_choices
-from app.core.entries import EntryKind
-from app.core.projection import JournalEntry, PendingEntry, without_rolled_back
+from app.core.entries import EntryKind, JournalEntry, NewEntry, PendingEntry
+from app.core.projection import without_rolled_back
+from app.core.sessions import Session
 from app.core.tool_choice import ToolChoice
 from app.db import journal as journal_db
 from app.db import sessions as sessions_db
@@ -142,9 +142,9 @@ def tool_definitions(tools: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]
     return out
 
 
-def client_tools(run: Run, session: RowMapping) -> list[dict[str, Any]]:
+def client_tools(run: Run, session: Session) -> list[dict[str, Any]]:
     """The client-side tools a run offered: its own and its session's."""
-    own = {t["name"]: t for t in (session["config"] or {}).get("tools") or []}
+    own = {t["name"]: t for t in session.config.tools or []}
     own |= {t["name"]: t for t in run.params.tools}
     return [t for t in own.values() if t.get("kind", "client") == "client"]
 
@@ -199,7 +199,7 @@ async def load(engine: AsyncEngine, tenant_id: str, given: str, param: str | Non
     parts = mapping.segments(entries, frozenset(t["name"] for t in tools))
     if segment >= len(parts):
         raise missing
-    instructions = (session["config"] or {}).get("system_prompt")
+    instructions = session.config.system_prompt
     return Loaded(run, segment, parts, tools, instructions)
 
 
@@ -481,9 +481,8 @@ def _instructing(tenant_id: str, session_id: str, instructions: str) -> asks.Pre
         session = await sessions_db.get_session(conn, tenant_id, session_id, lock=True)
         if session is None:
             raise not_found("conversation", mapping.conversation_id(session_id))
-        config = dict(session["config"] or {})
-        if config.get("system_prompt") != instructions:
-            config["system_prompt"] = instructions
+        if session.config.system_prompt != instructions:
+            config = {**session.config.as_json(), "system_prompt": instructions}
             await sessions_db.update_session(conn, session_id, {"config": config})
 
     return instruct
@@ -573,7 +572,7 @@ async def delete_response(engine: AsyncEngine, tenant_id: str, given: str) -> No
     before = await _inputs_before(engine, tenant_id, run)
     first = min([first, *(e.seq for e in before)])
     assert run.end_entry_seq is not None
-    rollback = journal.NewEntry(
+    rollback = NewEntry(
         EntryKind.ROLLBACK,
         {"from_seq": first, "to_seq": run.end_entry_seq, "reason": "response deleted"},
         {"run_id": run.id},
@@ -623,26 +622,26 @@ def _checked_metadata(metadata: Any) -> dict[str, str]:
     return checked
 
 
-def conversation_object(session: RowMapping) -> Json:
+def conversation_object(session: Session) -> Json:
     return {
-        "id": mapping.conversation_id(str(session["id"])),
+        "id": mapping.conversation_id(session.id),
         "object": "conversation",
-        "created_at": int(session["created_at"].timestamp()),
-        "metadata": dict(session["metadata"] or {}),
+        "created_at": int(session.created_at.timestamp()),
+        "metadata": dict(session.metadata),
     }
 
 
-def _entries(items: list[dict[str, Any]], param: str) -> list[journal.NewEntry]:
+def _entries(items: list[dict[str, Any]], param: str) -> list[NewEntry]:
     out = []
     for item in mapping.parse_items(items, param):
         if isinstance(item, mapping.ToolOutputItem):
             out.append(
-                journal.NewEntry(
+                NewEntry(
                     EntryKind.TOOL_RESULT, {"content": item.output}, {"tool_call_id": item.call_id}
                 )
             )
         else:
-            out.append(journal.NewEntry(item.kind, item.payload, item.refs))
+            out.append(NewEntry(item.kind, item.payload, item.refs))
     return out
 
 
@@ -665,7 +664,7 @@ async def create_conversation(
             expires_at=sessions_db.tenant_default_expiry(tenant_id),
         )
         if entries:
-            await journal.append_in(conn, tenant_id, str(session["id"]), entries, expected_rev=0)
+            await journal.append_in(conn, tenant_id, session.id, entries, expected_rev=0)
     return conversation_object(session)
 
 
@@ -681,7 +680,7 @@ async def update_conversation(
     session_id = await _conversation(engine, tenant_id, given, "conversation_id")
     checked = _checked_metadata(metadata)
     session = await sessions.get_session(engine, tenant_id, session_id)
-    patch: dict[str, str | None] = {k: None for k in session["metadata"] or {} if k not in checked}
+    patch: dict[str, str | None] = {k: None for k in session.metadata if k not in checked}
     patch |= checked
     updated = await sessions.update_session(engine, tenant_id, session_id, {"metadata": patch})
     return conversation_object(updated)

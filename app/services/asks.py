@@ -23,8 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from app.config import Settings
 from app.core import run_policy as run_policies
 from app.core.content import content_problems
-from app.core.entries import EntryKind
-from app.core.projection import PendingEntry
+from app.core.entries import EntryKind, NewEntry, PendingEntry
 from app.core.tool_choice import ToolChoice
 from app.core.tool_loop import RunTools, next_step
 from app.db import jobs as jobs_db
@@ -37,7 +36,7 @@ from app.services import quotas, runs
 from app.services import reasoning as reasonings
 from app.services.errors import Conflict, Invalid, NotFound, entries_refused, session_not_found
 from app.services.handoff import RunHandoff
-from app.services.journal import NewEntry, append_in
+from app.services.journal import append_in
 from app.services.projection import SessionProjection, project_in, project_session
 from app.telemetry import metrics
 
@@ -256,12 +255,10 @@ async def _commit(
     session = await sessions_db.get_session(conn, tenant_id, session_id, lock=True)
     if session is None:
         raise session_not_found(session_id)
-    policy = run_policies.merged(session["config"].get("run_policy"), params.run_policy)
+    policy = run_policies.merged(session.config.run_policy, params.run_policy)
     # Counting the session's turns is a query: only made when a turn limit is set.
     turns = await runs_db.count_asks(conn, session_id) if policy.max_turns is not None else 0
-    refused = run_policies.violation_before_ask(
-        policy, turns, int(session["input_tokens"]) + int(session["output_tokens"])
-    )
+    refused = run_policies.violation_before_ask(policy, turns, session.tokens_used)
     if refused is not None:
         rule, message = refused
         raise Conflict("policy_violation", message, {"rule": rule})
@@ -269,7 +266,7 @@ async def _commit(
     reasoning = reasonings.check(
         settings,
         model,
-        (session["config"] or {}).get("reasoning"),
+        session.config.reasoning,
         params.reasoning,
         where,
         params.tool_choice,
@@ -323,16 +320,16 @@ async def _commit(
         session_values={"status": "active"},  # the run's
     )
     user_seq = int(appended.entries[len(before)]["seq"])
-    config = session["config"] or {}
+    config = session.config
     # The ask's own, else the session's (its config), else the provider decides.
-    temperature = config.get("temperature") if params.temperature is None else params.temperature
+    temperature = config.temperature if params.temperature is None else params.temperature
     run_params = RunParams(
-        max_output_tokens=params.max_output_tokens or config.get("max_output_tokens"),
+        max_output_tokens=params.max_output_tokens or config.max_output_tokens,
         temperature=temperature,
         context_policy=params.context_policy,
         metadata=params.metadata,
         on_disconnect=params.on_disconnect,
-        fallback_model=config.get("fallback_model"),
+        fallback_model=config.fallback_model,
         run_policy=policy.model_dump(mode="json"),
         tools=params.tools,
         tool_choice=params.tool_choice,

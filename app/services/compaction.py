@@ -31,9 +31,10 @@ from app.core.compaction import (
     summary_request,
     transcript_lines,
 )
-from app.core.entries import EntryKind
+from app.core.entries import EntryKind, NewEntry
 from app.core.policy import ContextPolicy
 from app.core.projection import SUMMARY_CUT_MARK, cut_to_tokens
+from app.core.sessions import SessionConfig
 from app.core.tokens import TokenCounter, request_tokens
 from app.db import journal as journal_db
 from app.db import runs as runs_db
@@ -47,7 +48,7 @@ from app.runs.model import Run, RunKind, RunParams, entry_id
 from app.services import runs
 from app.services.asks import run_by_idempotency_key
 from app.services.errors import Conflict, Invalid, ServiceError, session_not_found
-from app.services.journal import NewEntry, append_in
+from app.services.journal import append_in
 from app.services.projection import resolve_policy
 from app.telemetry import metrics
 
@@ -109,9 +110,9 @@ class Summary:
     cut: bool = False  # longer than its cap (an upstream ignoring max_tokens): cut with a mark
 
 
-def summarization_model(config: Mapping[str, Any], settings: Settings) -> str:
+def summarization_model(config: SessionConfig, settings: Settings) -> str:
     """The session's summarization model, else its model, else the server's default."""
-    return str(config.get("summarization_model") or config.get("model") or settings.default_model)
+    return config.summarization_model or config.model or settings.default_model
 
 
 async def prepare(
@@ -136,14 +137,14 @@ async def prepare(
         session = await sessions_db.get_session(conn, tenant_id, session_id)
         if session is None:
             raise session_not_found(session_id)
-        config = session["config"]
+        config = session.config
         model = model or summarization_model(config, settings)
-        layers = (settings.context_policy, config.get("context_policy"), policy_overrides)
+        layers = (settings.context_policy, config.context_policy, policy_overrides)
         policy = resolve_policy(await context_window_for(settings, model), *layers)
-        reader = answer_model or config.get("model") or settings.default_model
+        reader = answer_model or config.model or settings.default_model
         reader_policy = resolve_policy(await context_window_for(settings, reader), *layers)
         reader_budget = reader_policy.budget
-        thread = sessions_db.thread_of(session)
+        thread = session.thread
         tail, _ = await journal_db.read_tail(conn, thread, reaches_checkpoint)
         # Runs not ended have answers to come: their turns are never summarized.
         active = await runs_db.active_runs(conn, session_id, kind="ask", tenant_id=tenant_id)
@@ -185,7 +186,7 @@ async def prepare(
     return PreparedCompaction(
         tenant_id,
         session_id,
-        int(session["rev"]),
+        session.rev,
         plan,
         model,
         policy,
@@ -326,7 +327,7 @@ async def commit(
         )
         if session is None:
             raise session_not_found(prepared.session_id)
-        thread = sessions_db.thread_of(session)
+        thread = session.thread
         # A summary or rollback appended meanwhile (by a client) changes what the plan covers:
         # committing it anyway would hide that checkpoint or bring rolled-back entries back.
         newer = await journal_db.read_entries(
@@ -355,7 +356,7 @@ async def committed_summary(
         session = await sessions_db.get_session(conn, tenant_id, session_id)
         if session is None:
             return None
-        thread = sessions_db.thread_of(session)
+        thread = session.thread
         if not thread:
             return None
         found = await journal_db.find_by_entry_ids(conn, thread, [summary_id])
@@ -397,7 +398,7 @@ async def request_compaction(
             if prepared is None and not await runs_db.active_runs(
                 conn, session_id, kind="ask", tenant_id=tenant_id
             ):
-                keep = await _kept_turns(settings, session["config"], params)
+                keep = await _kept_turns(settings, session.config, params)
                 raise Conflict(
                     "nothing_to_compact",
                     nothing_to_compact(keep),
@@ -405,7 +406,7 @@ async def request_compaction(
                     {"keep_last_turns": keep},
                 )
             model = prepared.model if prepared else params.model
-            model = model or summarization_model(session["config"], settings)
+            model = model or summarization_model(session.config, settings)
             return await _queue(conn, tenant_id, session_id, model, params), True
     except IntegrityError as exc:
         if "runs_idempotency_key" not in str(exc.orig) or not params.idempotency_key:
@@ -416,13 +417,13 @@ async def request_compaction(
     return earlier, False
 
 
-async def _kept_turns(settings: Settings, config: Mapping[str, Any], params: CompactParams) -> int:
+async def _kept_turns(settings: Settings, config: SessionConfig, params: CompactParams) -> int:
     """The turns a compaction with `params` keeps raw: the request's, else the policy's."""
     if params.keep_last_turns is not None:
         return params.keep_last_turns
     model = params.model or summarization_model(config, settings)
     window = await context_window_for(settings, model)
-    policy = resolve_policy(window, settings.context_policy, config.get("context_policy"))
+    policy = resolve_policy(window, settings.context_policy, config.context_policy)
     return policy.keep_last_turns
 
 

@@ -12,8 +12,8 @@ from sqlalchemy import RowMapping
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from app.core.entries import EntryKind, PayloadError, normalize_entry, range_errors
-from app.core.lineage import lineage_from_json, segments
+from app.core.entries import EntryKind, NewEntry, PayloadError, normalize_entry, range_errors
+from app.core.lineage import segments
 from app.core.messages import text_of
 from app.core.projection import RolledBack, rolled_back
 from app.core.tokens import entry_tokens
@@ -27,14 +27,6 @@ from app.telemetry import metrics
 # A concurrent append of the same entry id loses the unique-index race at most once; the retry
 # then finds the id and answers with the original seq.
 _APPEND_ATTEMPTS = 3
-
-
-@dataclass(frozen=True)
-class NewEntry:
-    kind: EntryKind
-    payload: dict[str, Any]
-    refs: dict[str, Any]
-    id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -216,7 +208,7 @@ async def read_history(
         session = await sessions_db.get_session(conn, tenant_id, session_id)
         if session is None:
             raise session_not_found(session_id)
-        thread = sessions_db.thread_of(session)
+        thread = session.thread
         found = await journal_db.read_entries(
             conn,
             thread,
@@ -226,7 +218,7 @@ async def read_history(
             descending=order == "desc",
             limit=limit + 1,
         )
-    return HistoryPage(found[:limit], len(found) > limit, int(session["rev"]))
+    return HistoryPage(found[:limit], len(found) > limit, session.rev)
 
 
 HISTORY_PAGE = 1000  # entries read per page when reading a whole history
@@ -329,7 +321,7 @@ async def _find_replay(
     )
     if session is None:
         raise session_not_found(session_id)
-    thread = segments(session_id, lineage_from_json(session["lineage"]))
+    thread = segments(session.id, session.lineage)
     existing = await journal_db.find_by_entry_ids(conn, thread, client_ids)
     if not existing:
         return None
@@ -353,4 +345,4 @@ async def _find_replay(
             "entry ids already in the session were sent in a batch that differs from theirs",
             {"existing": {str(e["id"]): int(e["seq"]) for e in existing}},
         )
-    return AppendResult(original, int(session["rev"]), replayed=True)
+    return AppendResult(original, session.rev, replayed=True)

@@ -14,19 +14,12 @@ from app.config import Settings
 from app.core import policy as policies
 from app.core.builtin_tools import with_builtin_schema
 from app.core.compaction import nothing_to_compact, plan_compaction, reaches_checkpoint
-from app.core.entries import EntryKind, PayloadError, normalize_entry
+from app.core.entries import EntryKind, JournalEntry, PayloadError, PendingEntry, normalize_entry
 from app.core.lineage import Segment
 from app.core.memory import MEMORY_TOOLS
 from app.core.messages import ToolSpec
-from app.core.projection import (
-    ContextOverflow,
-    JournalEntry,
-    PendingEntry,
-    Projection,
-    ProjectionInput,
-    project,
-    tail_suffices,
-)
+from app.core.projection import ContextOverflow, Projection, ProjectionInput, project, tail_suffices
+from app.core.sessions import Session, SessionConfig
 from app.core.tokens import STORED_ENCODING
 from app.db import journal as journal_db
 from app.db import sessions as sessions_db
@@ -95,14 +88,14 @@ async def project_session(
 async def project_in(
     conn: AsyncConnection,
     settings: Settings,
-    session: RowMapping,
+    session: Session,
     *,
     pending: Sequence[PendingEntry] = (),
     policy: Mapping[str, Any] | None = None,
     model: str | None = None,
     extra_tools: Sequence[Mapping[str, Any]] = (),
 ) -> SessionProjection:
-    """project_session in the caller's transaction, from the session row it read (locked)
+    """project_session in the caller's transaction, from the session it read (locked)
     there: an ask that writes before it projects (a rollback, a new session) sees its writes."""
     done = await _project(
         conn, settings, session, canonical_pending(pending), policy, model, None, extra_tools
@@ -145,9 +138,9 @@ async def project_for_run(engine: AsyncEngine, settings: Settings, run: Run) -> 
 
 
 async def project_run_in(
-    conn: AsyncConnection, settings: Settings, session: RowMapping, run: Run
+    conn: AsyncConnection, settings: Settings, session: Session, run: Run
 ) -> SessionProjection:
-    """project_for_run in the caller's snapshot (read_snapshot), from the session row it read
+    """project_for_run in the caller's snapshot (read_snapshot), from the session it read
     there: a worker starting a run reads the session once for its own needs and this."""
     ask = run.kind is RunKind.ASK
     done = await _project(
@@ -194,22 +187,20 @@ async def session_context(
 async def _project(
     conn: AsyncConnection,
     settings: Settings,
-    session: RowMapping,
+    session: Session,
     pending: Sequence[PendingEntry],
     overrides: Mapping[str, Any] | None,
     model_override: str | None,
     run_id: str | None,
     extra_tools: Sequence[Mapping[str, Any]],
 ) -> _Projected:
-    config = session["config"]
-    model = model_override or config.get("model") or settings.default_model
+    config = session.config
+    model = model_override or config.model or settings.default_model
     window = await context_window_for(settings, model)
-    policy = resolve_policy(
-        window, settings.context_policy, config.get("context_policy"), overrides
-    )
+    policy = resolve_policy(window, settings.context_policy, config.context_policy, overrides)
     counting = counting_for(model, policy.token_estimator)
     recount = counting.counter.name != STORED_ENCODING
-    thread = sessions_db.thread_of(session)
+    thread = session.thread
 
     def suffices(tail: list[JournalEntry]) -> bool:
         return tail_suffices(tail, policy, recount)
@@ -217,18 +208,18 @@ async def _project(
     tail, complete = await journal_db.read_tail(conn, thread, suffices)
     # Read in the same snapshot as the journal; memory outlives sessions and compaction, so it
     # is looked up by name on every projection rather than carried in the thread.
-    namespace = config.get("memory_namespace")
-    memory = await get_memory(conn, str(session["tenant_id"]), namespace) if namespace else None
+    namespace = config.memory_namespace
+    memory = await get_memory(conn, session.tenant_id, namespace) if namespace else None
     source = ProjectionInput(
         entries=tail,
         complete=complete,
-        rev=int(session["rev"]),
-        token_total=int(session["token_total"]),
+        rev=session.rev,
+        token_total=session.token_total,
         policy=policy,
         counter=counting.counter,
         exact=counting.exact,
         pending=pending,
-        system_prompt=config.get("system_prompt"),
+        system_prompt=config.system_prompt,
         memory=memory["content"] if memory is not None else None,
         memory_namespace=namespace,
         tools=tool_specs(offered_tools(config, extra_tools)),
@@ -269,13 +260,13 @@ def merge_tools(
 
 
 def offered_tools(
-    config: Mapping[str, Any], ask_tools: Sequence[Mapping[str, Any]]
+    config: SessionConfig, ask_tools: Sequence[Mapping[str, Any]]
 ) -> list[Mapping[str, Any]]:
     """The tools a run offers: the memory built-ins when the session names a memory_namespace,
     then the session's, then the ask's (a later definition of the same name wins); built-ins
     with their full schemas, however they were declared."""
-    session_tools: list[Mapping[str, Any]] = list(config.get("tools") or [])
-    if config.get("memory_namespace"):
+    session_tools: list[Mapping[str, Any]] = list(config.tools or [])
+    if config.memory_namespace:
         session_tools = [*MEMORY_TOOLS, *session_tools]
     return [with_builtin_schema(t) for t in merge_tools(session_tools, ask_tools)]
 

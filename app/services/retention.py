@@ -37,7 +37,7 @@ async def purge_expired_sessions(
             batch = await sessions_db.expired_session_ids(conn, now, batch_size)
         for session_id in batch:
             async with engine.begin() as conn:
-                if await sessions_db.lock_expired(conn, session_id, now) is None:
+                if not await sessions_db.lock_expired(conn, session_id, now):
                     continue
                 await delete_locked(conn, session_id)
                 purged += 1

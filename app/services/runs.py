@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import func, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.core.entries import EntryKind
+from app.core.entries import EntryKind, NewEntry
 from app.db import jobs as jobs_db
 from app.db import runs as runs_db
 from app.db import tenants as tenants_db
@@ -27,7 +27,7 @@ from app.llm.catalog import cost_usd
 from app.runs import machine
 from app.runs.model import CancelMode, Outcome, Run, RunKind, RunParams, RunStatus, entry_id
 from app.services import webhooks
-from app.services.journal import NewEntry, append_in
+from app.services.journal import append_in
 from app.telemetry import carried, metrics
 
 # A run whose workers died this many times while running it fails instead of being passed on.

@@ -28,5 +28,5 @@ async def search_history(
         session = await sessions_db.get_session(conn, tenant_id, session_id)
         if session is None:
             raise session_not_found(session_id)
-        thread = sessions_db.thread_of(session)
+        thread = session.thread
         return await journal_db.search_entries(conn, thread, query, kinds=kinds, limit=limit)

@@ -6,20 +6,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import RowMapping
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.config import Settings
-from app.core.lineage import (
-    fork_lineage,
-    inherited_range,
-    is_direct_heir,
-    lineage_from_json,
-    lineage_to_json,
-    without,
-)
+from app.core.lineage import fork_lineage, inherited_range, is_direct_heir, lineage_to_json, without
 from app.core.metadata import MetadataError, merge_patch
+from app.core.sessions import Session
 from app.db import jobs as jobs_db
 from app.db import journal as journal_db
 from app.db import sessions as sessions_db
@@ -38,7 +31,7 @@ MODEL_FIELDS = ("model", "fallback_model", "summarization_model")
 
 @dataclass(frozen=True)
 class SessionPage:
-    items: list[RowMapping]
+    items: list[Session]
     next_cursor: str | None
 
 
@@ -52,7 +45,7 @@ async def create_session(
     settings: Settings | None = None,
     ttl_seconds: int | None = None,
     expires_at: datetime | None = None,
-) -> RowMapping:
+) -> Session:
     """With `settings`, the config's models must name configured providers (else 422) and the
     tenant's session limit holds (else 429). The session expires at `expires_at`, or
     `ttl_seconds` from now, else after the tenant's default TTL (if it has one)."""
@@ -80,12 +73,12 @@ def _expiry(tenant_id: str, ttl_seconds: int | None, expires_at: datetime | None
     return sessions_db.tenant_default_expiry(tenant_id)
 
 
-async def get_session(engine: AsyncEngine, tenant_id: str, session_id: str) -> RowMapping:
+async def get_session(engine: AsyncEngine, tenant_id: str, session_id: str) -> Session:
     async with engine.connect() as conn:
-        row = await sessions_db.get_session(conn, tenant_id, session_id)
-    if row is None:
+        session = await sessions_db.get_session(conn, tenant_id, session_id)
+    if session is None:
         raise session_not_found(session_id)
-    return row
+    return session
 
 
 async def list_sessions(
@@ -100,7 +93,7 @@ async def list_sessions(
 ) -> SessionPage:
     before = decode_cursor(cursor) if cursor else None
     async with engine.connect() as conn:
-        rows = await sessions_db.list_sessions(
+        items = await sessions_db.list_sessions(
             conn,
             tenant_id,
             limit=limit + 1,
@@ -109,10 +102,10 @@ async def list_sessions(
             title_contains=title_contains,
             parent_id=parent_id,
         )
-    more = len(rows) > limit
-    rows = rows[:limit]
-    next_cursor = encode_cursor(rows[-1]["created_at"], rows[-1]["id"]) if more else None
-    return SessionPage(rows, next_cursor)
+    more = len(items) > limit
+    items = items[:limit]
+    next_cursor = encode_cursor(items[-1].created_at, items[-1].id) if more else None
+    return SessionPage(items, next_cursor)
 
 
 async def update_session(
@@ -121,7 +114,7 @@ async def update_session(
     session_id: str,
     changes: dict[str, Any],
     settings: Settings | None = None,
-) -> RowMapping:
+) -> Session:
     """Apply a patch: `title` replaces, `metadata` and `config` merge (a null removes a key).
 
     With `settings`, models the patch sets must name configured providers (else 422).
@@ -129,19 +122,19 @@ async def update_session(
     if settings is not None:
         check_models(settings, changes.get("config") or {})
     async with engine.begin() as conn:
-        row = await sessions_db.get_session(conn, tenant_id, session_id, lock=True)
-        if row is None:
+        session = await sessions_db.get_session(conn, tenant_id, session_id, lock=True)
+        if session is None:
             raise session_not_found(session_id)
         values: dict[str, Any] = {}
         if "title" in changes:
             values["title"] = changes["title"]
         if "metadata" in changes:
             try:
-                values["metadata"] = merge_patch(row["metadata"], changes["metadata"])
+                values["metadata"] = merge_patch(session.metadata, changes["metadata"])
             except MetadataError as exc:
                 raise Invalid("invalid_metadata", str(exc), {"loc": ["body", "metadata"]}) from exc
         if "config" in changes:
-            config = dict(row["config"])
+            config = session.config.as_json()
             for key, value in changes["config"].items():
                 if value is None:
                     config.pop(key, None)
@@ -166,8 +159,7 @@ async def delete_session(engine: AsyncEngine, tenant_id: str, session_id: str) -
     prefix); fork and read stay O(1).
     """
     async with engine.begin() as conn:
-        row = await sessions_db.get_session(conn, tenant_id, session_id, lock=True)
-        if row is None:
+        if await sessions_db.get_session(conn, tenant_id, session_id, lock=True) is None:
             raise session_not_found(session_id)
         await delete_locked(conn, session_id)
 
@@ -176,15 +168,12 @@ async def delete_locked(conn: AsyncConnection, session_id: str) -> None:
     """Delete a session whose row the caller locked, with everything stored under it (entries,
     runs and their events, webhook deliveries and endpoints, its runs' finished jobs), first
     giving its forks their shared prefix: DELETE and the retention purge both end here."""
-    for reader in await sessions_db.sessions_reading_from(conn, session_id):
-        lineage = lineage_from_json(reader["lineage"])
+    for reader_id, lineage in await sessions_db.sessions_reading_from(conn, session_id):
         if is_direct_heir(lineage, session_id):
             shared = inherited_range(lineage, session_id)
             assert shared is not None
-            await journal_db.copy_range(conn, session_id, str(reader["id"]), *shared)
-        await sessions_db.update_session(
-            conn, str(reader["id"]), {"lineage": lineage_to_json(without(lineage, session_id))}
-        )
+            await journal_db.copy_range(conn, session_id, reader_id, *shared)
+        await sessions_db.set_lineage(conn, reader_id, without(lineage, session_id))
     await jobs_db.delete_jobs_of_runs(conn, await sessions_db.run_ids(conn, session_id))
     await sessions_db.delete_session(conn, session_id)
 
@@ -198,7 +187,7 @@ async def fork_session(
     title: str | None,
     metadata: dict[str, str] | None,
     settings: Settings | None = None,
-) -> RowMapping:
+) -> Session:
     """A child sharing the parent's thread up to `at_seq` (default: its rev); no entry is copied.
     With `settings`, the tenant's session limit holds (else 429)."""
     async with engine.begin() as conn:
@@ -223,7 +212,7 @@ async def fork_in(
     metadata: dict[str, str] | None,
     settings: Settings | None = None,
     fork_id: str | None = None,
-) -> RowMapping:
+) -> Session:
     """fork_session in the caller's transaction (an ask that answers in a new fork commits
     the fork with it); `fork_id`: the child's id (else a new one)."""
     for _ in range(_FORK_ATTEMPTS):
@@ -252,19 +241,19 @@ async def _fork_once(
     metadata: dict[str, str] | None,
     settings: Settings | None,
     fork_id: str | None,
-) -> RowMapping | None:
+) -> Session | None:
     """The fork, or None when a session of its lineage was deleted under it (try again)."""
     parent = await sessions_db.get_session(conn, tenant_id, session_id)
     if parent is None:
         raise session_not_found(session_id)
-    fork_seq = parent["rev"] if at_seq is None else at_seq
-    if fork_seq > parent["rev"]:
+    fork_seq = parent.rev if at_seq is None else at_seq
+    if fork_seq > parent.rev:
         raise Invalid(
             "fork_seq_out_of_range",
-            f"at_seq {fork_seq} is beyond the session's rev {parent['rev']}",
-            {"at_seq": fork_seq, "rev": parent["rev"]},
+            f"at_seq {fork_seq} is beyond the session's rev {parent.rev}",
+            {"at_seq": fork_seq, "rev": parent.rev},
         )
-    lineage = fork_lineage(session_id, lineage_from_json(parent["lineage"]), fork_seq)
+    lineage = fork_lineage(session_id, parent.lineage, fork_seq)
     # Hold every session the child will read from, so none is deleted (and its range moved)
     # before the child is committed; a deletion that won the race shows up as a missing row,
     # and the fork starts over from the new lineage. Entries up to the parent's rev are
@@ -278,15 +267,15 @@ async def _fork_once(
         conn,
         **({"id": fork_id} if fork_id is not None else {}),
         tenant_id=tenant_id,
-        title=parent["title"] if title is None else title,
-        metadata=parent["metadata"] if metadata is None else metadata,
-        config=parent["config"],
+        title=parent.title if title is None else title,
+        metadata=parent.metadata if metadata is None else metadata,
+        config=parent.config.as_json(),
         parent_id=session_id,
         fork_seq=fork_seq,
         lineage=lineage_to_json(lineage),
         rev=fork_seq,
         # Only the chunk anchors' coordinate: a phase shift for early forks is fine.
-        token_total=parent["token_total"],
+        token_total=parent.token_total,
         # A fork is a new session: the tenant's default, not its parent's expiry.
         expires_at=sessions_db.tenant_default_expiry(tenant_id),
     )

@@ -16,7 +16,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.config import Settings
-from app.core.entries import EntryKind
+from app.core.entries import EntryKind, NewEntry
+from app.core.sessions import Session
 from app.db import journal as journal_db
 from app.db import runs as runs_db
 from app.db import sessions as sessions_db
@@ -37,7 +38,7 @@ def derived_session_id(tenant_id: str, chat_id: str) -> str:
     return str(uuid.uuid5(CHAT_NAMESPACE, f"{tenant_id}/{chat_id}"))
 
 
-async def find_session(engine: AsyncEngine, tenant_id: str, chat_id: str) -> RowMapping | None:
+async def find_session(engine: AsyncEngine, tenant_id: str, chat_id: str) -> Session | None:
     """The chat's session: the session whose id the chat id is, else the one made for it."""
     async with engine.connect() as conn:
         if is_uuid(chat_id):
@@ -118,7 +119,7 @@ async def live_user_messages(
 class Rollback:
     """A rollback to commit with an ask: the user message it takes out (from it on)."""
 
-    entry: journal.NewEntry
+    entry: NewEntry
     rev: int  # the session's rev when it was read: an entry appended since voids it (409)
     content: str | list[dict[str, Any]]  # the user message taken out
 
@@ -144,7 +145,7 @@ async def rollback_from(
     if not 0 <= position < len(live):
         return None
     entry = live[position]
-    rollback = journal.NewEntry(
+    rollback = NewEntry(
         EntryKind.ROLLBACK, {"from_seq": entry["seq"], "to_seq": rev, "reason": reason}, {}
     )
     return Rollback(rollback, rev, entry["payload"]["content"])
@@ -182,7 +183,7 @@ async def ask(
         nothing = Invalid("nothing_to_regenerate", "the chat has no user message yet", {})
         if session is None:
             raise nothing
-        session_id = str(session["id"])
+        session_id = session.id
         rollback = await rollback_from(engine, tenant_id, session_id, None, "regenerate")
         if rollback is None:
             raise nothing
@@ -195,7 +196,7 @@ async def ask(
             session_id = derived_session_id(tenant_id, chat_id)
             prepare = _making_session(settings, tenant_id, chat_id, session_id)
         else:
-            session_id = str(session["id"])
+            session_id = session.id
             if edited:
                 # useChat sends the messages up to the edited one, which is last. It is the
                 # chat's n-th user message: that one and all after it are rolled back.

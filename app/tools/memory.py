@@ -25,10 +25,10 @@ async def _target(context: ToolContext, tool: str) -> tuple[AsyncEngine, str]:
         session = await sessions_db.get_session(
             conn, context.tenant_id, context.session_id, include_expired=True
         )
-    namespace = session["config"].get("memory_namespace") if session is not None else None
+    namespace = session.config.memory_namespace if session is not None else None
     if not namespace:
         raise RuntimeError("this session has no memory: its config names no memory_namespace")
-    return context.engine, str(namespace)
+    return context.engine, namespace
 
 
 @builtin("read_memory")

@@ -37,7 +37,7 @@ async def read_tool_output(arguments: dict[str, Any], context: ToolContext) -> d
         )
         if session is None:
             raise LookupError("this session was not found")
-        thread = sessions_db.thread_of(session)
+        thread = session.thread
         rows = await journal_db.read_entries(
             conn, thread, after_seq=seq - 1, before_seq=seq + 1, limit=1
         )

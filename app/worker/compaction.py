@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import RowMapping
 
 from app.core.compaction import nothing_to_compact
+from app.core.sessions import SessionConfig
 from app.db import runs as runs_db
 from app.db.engine import autocommit
 from app.eventlog.registry import EventType
@@ -165,7 +166,7 @@ def _pending(pending: PendingCompaction, waited: float) -> dict[str, Any]:
 
 
 async def await_compaction_jobs(
-    runtime: Runtime, run: Run, config: Mapping[str, Any], active: Sequence[Run] | None = None
+    runtime: Runtime, run: Run, config: SessionConfig, active: Sequence[Run] | None = None
 ) -> bool:
     """Before an ask's first model call: wait for the compaction jobs queued before it (they
     run beside asks, on a lock of their own) at most the policy's compaction_wait_seconds.
@@ -178,7 +179,7 @@ async def await_compaction_jobs(
         policy = resolve_policy(
             context_window(run.model),
             runtime.settings.context_policy,
-            config.get("context_policy"),
+            config.context_policy,
             run.params.context_policy,
         )
     except ServiceError:

@@ -18,11 +18,12 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core import tool_choice as tool_choices
-from app.core.entries import EntryKind, FinishReason
+from app.core.entries import EntryKind, FinishReason, JournalEntry, NewEntry
 from app.core.messages import result_text
-from app.core.projection import JournalEntry, ProjectionMeta
+from app.core.projection import ProjectionMeta
 from app.core.reasoning import Reasoning
 from app.core.run_policy import RunPolicy
+from app.core.sessions import SessionConfig
 from app.core.tool_loop import (
     AssembledCall,
     PendingCall,
@@ -55,7 +56,7 @@ from app.runs.machine import committed_events
 from app.runs.model import Outcome, Run, RunKind, entry_id
 from app.services import runs
 from app.services.errors import ServiceError
-from app.services.journal import NewEntry, append_in
+from app.services.journal import append_in
 from app.services.projection import (
     SessionProjection,
     offered_tools,
@@ -297,9 +298,9 @@ async def _converse(runtime: Runtime, run: Run, progress: _Progress) -> Outcome 
                 first = await project_run_in(conn, runtime.settings, session, run)
             except ServiceError as exc:  # the model turn reports it, if there is one
                 first = exc
-    config: dict[str, Any] = session["config"] if session is not None else {}
+    config = session.config if session is not None else SessionConfig()
     tools = offered_tools(config, run.params.tools)
-    tokens_before = int(session["input_tokens"]) + int(session["output_tokens"]) if session else 0
+    tokens_before = session.tokens_used if session is not None else 0
     if any(r.created_at < run.created_at for r in compactions):
         first = None  # a compaction queued before it changes the context: projected again
     if await await_compaction_jobs(runtime, run, config, compactions):

@@ -12,11 +12,11 @@ import httpx
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.core.entries import EntryKind
+from app.core.entries import EntryKind, NewEntry
 from app.core.projection import SUMMARY_CUT_MARK
 from app.core.tool_loop import thread_call_id
 from app.db.tables import sessions
-from app.services.journal import NewEntry, append_entries
+from app.services.journal import append_entries
 from testkit.api import history, new_session
 from testkit.long_session import is_summarization
 from testkit.sse_client import collect

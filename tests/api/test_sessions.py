@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import fields
 
 import httpx
 import pytest
 
+from app.api.schemas import SessionConfig
 from app.config import DEFAULT_LOCAL_MODEL, Settings
+from app.core import sessions
 from testkit.api import append, append_texts, message, new_session
 from tests.conftest import api_with
 
@@ -124,6 +127,37 @@ async def test_patch_merges_metadata_and_config(client: httpx.AsyncClient) -> No
     assert patched["updated_at"] > session["updated_at"]
     untouched = (await client.patch(f"/v1/sessions/{session['id']}", json={})).json()
     assert (untouched["title"], untouched["metadata"]) == ("new", {"b": "2", "c": "3"})
+
+
+def test_the_stored_config_holds_every_field_the_api_accepts() -> None:
+    """A field the API accepted but the stored config did not know would be dropped on read,
+    and lost at the next PATCH or fork."""
+    assert [f.name for f in fields(sessions.SessionConfig)] == list(SessionConfig.model_fields)
+
+
+async def test_every_config_field_survives_a_patch_and_a_fork(client: httpx.AsyncClient) -> None:
+    config = {
+        "model": "anthropic:claude-sonnet-4-5",  # one that can reason
+        "fallback_model": "anthropic:claude-haiku-4-5",
+        "summarization_model": "openai:gpt-4o-mini",
+        "system_prompt": "Be brief.",
+        "max_output_tokens": 256,
+        "temperature": 0.5,
+        "context_policy": {"preset": "short_context", "include_kinds": ["message"]},
+        "tools": [],
+        "run_policy": {"max_iterations": 3, "tools_deny": ["calculator"], "on_denied": "stop"},
+        "memory_namespace": "notes",
+        "reasoning": {"effort": "low"},
+    }
+    created = await new_session(client, config=config)
+    assert created["config"] == config
+    patched = await client.patch(
+        f"/v1/sessions/{created['id']}", json={"config": {"system_prompt": "Be kind."}}
+    )
+    assert patched.json()["config"] == {**config, "system_prompt": "Be kind."}
+    fork = await client.post(f"/v1/sessions/{created['id']}/fork", json={})
+    assert fork.status_code == 201, fork.text
+    assert fork.json()["config"] == {**config, "system_prompt": "Be kind."}
 
 
 async def test_patch_cannot_exceed_metadata_limit(client: httpx.AsyncClient) -> None:

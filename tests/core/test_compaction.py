@@ -19,7 +19,7 @@ from app.core.compaction import (
     summary_request,
     transcript_lines,
 )
-from app.core.projection import JournalEntry
+from app.core.entries import JournalEntry
 from app.core.tokens import HeuristicCounter
 
 

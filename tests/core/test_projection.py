@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.core.entries import EntryKind
+from app.core.entries import EntryKind, JournalEntry, PendingEntry
 from app.core.eviction import READ_TOOL_OUTPUT, output_ref, preview, sizes
 from app.core.formats import (
     MAX_CACHE_BREAKPOINTS,
@@ -25,8 +25,6 @@ from app.core.projection import (
     SUMMARY_CUT_MARK,
     SUMMARY_PREFIX,
     ContextOverflow,
-    JournalEntry,
-    PendingEntry,
     Projection,
     ProjectionInput,
     default_spacing,

@@ -10,10 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.core.content import is_reasoning
+from app.core.entries import PendingEntry
 from app.core.formats import to_anthropic, to_openai
 from app.core.messages import Message
 from app.core.policy import ContextPolicy
-from app.core.projection import ContextOverflow, PendingEntry
+from app.core.projection import ContextOverflow
 from app.core.tokens import request_tokens
 from tests.core.format_oracles import validate_anthropic, validate_openai
 from tests.core.test_projection import O200K, Journal

@@ -25,6 +25,7 @@ ALLOWED = {
     "hmac",  # signing stream tokens (app.core.stream_tokens)
     "operator",
     "decimal",
+    "datetime",  # timestamps as values (app.core.sessions): core never reads the clock
     "unicodedata",
     "base64",  # decoding inline images' headers (app.core.content)
     "binascii",
@@ -59,3 +60,30 @@ def test_the_check_catches_io(tmp_path: Path) -> None:
     sample = tmp_path / "sample.py"
     sample.write_text("import socket\nfrom sqlalchemy import text\nfrom app.db import journal\n")
     assert imported_modules(sample) == {"socket", "sqlalchemy", "app.db"}
+
+
+CLOCK_READS = {"now", "utcnow", "today"}
+
+
+def clock_reads(path: Path) -> list[int]:
+    """Lines calling datetime's clock methods (datetime is allowed for timestamps as values)."""
+    return [
+        node.lineno
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in CLOCK_READS
+    ]
+
+
+def test_core_never_reads_the_clock() -> None:
+    offenders = {
+        path.name: lines for path in sorted(CORE.rglob("*.py")) if (lines := clock_reads(path))
+    }
+    assert offenders == {}
+
+
+def test_the_clock_check_catches_a_read(tmp_path: Path) -> None:
+    sample = tmp_path / "sample.py"
+    sample.write_text("from datetime import UTC, datetime\n\nstamp = datetime.now(UTC)\n")
+    assert clock_reads(sample) == [3]

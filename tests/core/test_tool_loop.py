@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.core.projection import JournalEntry
+from app.core.entries import JournalEntry
 from app.core.tool_loop import (
     CallModel,
     PendingCall,

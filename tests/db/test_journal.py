@@ -7,13 +7,12 @@ import uuid
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.core.entries import EntryKind
-from app.core.lineage import lineage_from_json, segments
+from app.core.entries import EntryKind, JournalEntry, NewEntry
 from app.core.policy import ContextPolicy
-from app.core.projection import JournalEntry, tail_suffices
+from app.core.projection import tail_suffices
 from app.db.journal import read_tail, run_entries
 from app.db.sessions import get_session
-from app.services.journal import NewEntry, append_entries
+from app.services.journal import append_entries
 from app.services.keys import create_key, tenant_for_key
 from app.services.sessions import create_session, fork_session
 
@@ -30,7 +29,7 @@ async def tenant(engine: AsyncEngine) -> str:
 
 
 async def long_session(engine: AsyncEngine, tenant_id: str, entries: int) -> str:
-    sid = str((await create_session(engine, tenant_id, title=None, metadata={}, config={}))["id"])
+    sid = (await create_session(engine, tenant_id, title=None, metadata={}, config={})).id
     for start in range(0, entries, 1000):
         batch = [note(i) for i in range(start, min(start + 1000, entries))]
         await append_entries(engine, tenant_id, sid, batch, expected_rev=None)
@@ -46,8 +45,7 @@ async def tail(
     async with engine.connect() as conn:
         session = await get_session(conn, tenant_id, sid)
         assert session is not None
-        thread = segments(sid, lineage_from_json(session["lineage"]), session["rev"])
-        return await read_tail(conn, thread, suffices)
+        return await read_tail(conn, session.thread, suffices)
 
 
 async def test_the_tail_read_does_not_grow_with_the_thread(engine: AsyncEngine) -> None:
@@ -92,12 +90,12 @@ async def test_token_total_runs_with_appends_and_forks(engine: AsyncEngine) -> N
             text("SELECT sum(token_count) FROM entries WHERE session_id = :id"), {"id": sid}
         )
     assert total == counted > 0
-    assert child["token_total"] == total
+    assert child.token_total == total
 
 
 async def test_a_runs_entries_are_read_by_its_sessions_tenant_only(engine: AsyncEngine) -> None:
     owner, other = await tenant(engine), await tenant(engine)
-    sid = str((await create_session(engine, owner, title=None, metadata={}, config={}))["id"])
+    sid = str((await create_session(engine, owner, title=None, metadata={}, config={})).id)
     run_id = str(uuid.uuid4())
     said = {"role": "assistant", "content": "an answer"}
     answer = NewEntry(EntryKind.MESSAGE, said, {"run_id": run_id})

@@ -26,7 +26,7 @@ async def new_session(engine: AsyncEngine) -> tuple[str, str]:
     tenant = await tenant_for_key(engine, await create_key(engine, f"runs-{uuid.uuid4()}"))
     assert tenant is not None
     session = await create_session(engine, tenant, title=None, metadata={}, config={})
-    return tenant, str(session["id"])
+    return tenant, session.id
 
 
 def run_values(tenant: str, session: str, key: str | None = None) -> dict[str, Any]:

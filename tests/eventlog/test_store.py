@@ -29,7 +29,7 @@ async def run_with_events(engine: AsyncEngine, ended_ago: str | None) -> str:
                 "INSERT INTO runs (id, tenant_id, session_id, model, status, ended_at)"
                 f" VALUES (:id, :tenant, :session, 'openai:x', 'completed', {ended})"
             ),
-            {"id": run_id, "tenant": tenant, "session": session["id"]},
+            {"id": run_id, "tenant": tenant, "session": session.id},
         )
         await event_store.append_events(
             conn, [(run_id, "message.delta", {"text": "x"}) for _ in (1, 2)]

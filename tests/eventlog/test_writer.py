@@ -37,7 +37,7 @@ async def running_runs(engine: AsyncEngine, count: int, attempts: int = 1) -> li
                     "INSERT INTO runs (id, tenant_id, session_id, model, status, attempts)"
                     " VALUES (:id, :tenant, :session, 'openai:x', 'running', :attempts)"
                 ),
-                {"id": run_id, "tenant": tenant, "session": session["id"], "attempts": attempts},
+                {"id": run_id, "tenant": tenant, "session": session.id, "attempts": attempts},
             )
     return ids
 

@@ -11,7 +11,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.core.projection import JournalEntry
+from app.core.entries import JournalEntry
 from app.eventlog.registry import EventType
 from app.openai_api.events import ResponseStream
 from app.openai_api.items import output_items, segments

@@ -10,8 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.core.entries import EntryKind
-from app.core.projection import JournalEntry
+from app.core.entries import EntryKind, JournalEntry
 from app.openai_api.items import (
     ItemError,
     NewItem,

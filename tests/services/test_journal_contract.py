@@ -11,9 +11,9 @@ from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.core.entries import EntryKind
+from app.core.entries import EntryKind, NewEntry
 from app.services.errors import Invalid
-from app.services.journal import NewEntry, append_in
+from app.services.journal import append_in
 from testkit.api import append, append_texts, history, message, new_session, texts
 
 

@@ -11,12 +11,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import Settings
 from app.core.builtin_tools import with_builtin_schema
-from app.core.entries import EntryKind
+from app.core.entries import EntryKind, NewEntry, PendingEntry
 from app.core.memory import MEMORY_LINES, MEMORY_TOOLS
-from app.core.projection import PendingEntry
+from app.core.sessions import SessionConfig
 from app.services import memory as memory_service
 from app.services.errors import PreconditionFailed
-from app.services.journal import NewEntry, append_entries
+from app.services.journal import append_entries
 from app.services.keys import create_key, tenant_for_key
 from app.services.projection import offered_tools, project_session
 from app.services.sessions import create_session, delete_session
@@ -31,14 +31,14 @@ async def _tenant(engine: AsyncEngine) -> str:
 
 
 async def _session(engine: AsyncEngine, tenant_id: str, **config: object) -> str:
-    row = await create_session(
+    session = await create_session(
         engine,
         tenant_id,
         title=None,
         metadata={},
         config={"model": "openai:gpt-4o", **config},
     )
-    return str(row["id"])
+    return session.id
 
 
 def _user(text: str) -> NewEntry:
@@ -164,9 +164,9 @@ async def test_a_recreated_memory_gets_a_new_etag(engine: AsyncEngine) -> None:
 
 
 def test_memory_tools_are_offered_with_a_namespace_only() -> None:
-    names = [t["name"] for t in offered_tools({}, [])]
+    names = [t["name"] for t in offered_tools(SessionConfig(), [])]
     assert names == []
-    with_memory = offered_tools({"memory_namespace": "n"}, [])
+    with_memory = offered_tools(SessionConfig(memory_namespace="n"), [])
     assert [t["name"] for t in with_memory] == ["read_memory", "write_memory", "update_memory"]
     assert all(t["kind"] == "builtin" for t in with_memory)
     # The session's and the ask's definitions of the same name win, in that order.
@@ -175,13 +175,13 @@ def test_memory_tools_are_offered_with_a_namespace_only() -> None:
     extra = {"name": "calculator", "kind": "builtin"}
     merged = {
         t["name"]: t
-        for t in offered_tools({"memory_namespace": "n", "tools": [mine, extra]}, [asked])
+        for t in offered_tools(SessionConfig(memory_namespace="n", tools=[mine, extra]), [asked])
     }
     assert merged["read_memory"] is mine and merged["write_memory"] is asked
     # Built-ins reach the model with their own schema, whoever declared them.
     assert merged["update_memory"] == MEMORY_TOOLS[2]
     assert merged["calculator"] == with_builtin_schema(extra) != extra
-    assert [t["name"] for t in offered_tools({"tools": [extra]}, [asked])] == [
+    assert [t["name"] for t in offered_tools(SessionConfig(tools=[extra]), [asked])] == [
         "calculator",
         "write_memory",
     ]

@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import Settings
-from app.core.entries import EntryKind
+from app.core.entries import EntryKind, NewEntry
 from app.core.formats import to_anthropic, to_openai
 from app.services.errors import Invalid
-from app.services.journal import NewEntry, append_entries
+from app.services.journal import append_entries
 from app.services.keys import create_key, tenant_for_key
 from app.services.projection import project_session
 from app.services.sessions import create_session, fork_session
@@ -55,13 +55,8 @@ def threads(draw: st.DrawFn) -> list[NewEntry]:
 
 
 async def _new(engine: AsyncEngine, tenant_id: str, entries: list[NewEntry]) -> str:
-    sid = str(
-        (
-            await create_session(
-                engine, tenant_id, title=None, metadata={}, config={"model": "openai:gpt-4o"}
-            )
-        )["id"]
-    )
+    config = {"model": "openai:gpt-4o"}
+    sid = (await create_session(engine, tenant_id, title=None, metadata={}, config=config)).id
     if entries:
         await append_entries(engine, tenant_id, sid, entries, expected_rev=None)
     return sid
@@ -78,9 +73,7 @@ async def test_a_fork_projects_like_the_same_thread_unforked(
     parent = await _new(engine, tenant_id, thread[:at])
     divergent = NewEntry(EntryKind.MESSAGE, {"role": "user", "content": "parent only"}, {})
     await append_entries(engine, tenant_id, parent, [divergent], expected_rev=None)
-    child = str(
-        (await fork_session(engine, tenant_id, parent, at_seq=at, title=None, metadata=None))["id"]
-    )
+    child = (await fork_session(engine, tenant_id, parent, at_seq=at, title=None, metadata=None)).id
     if thread[at:]:
         await append_entries(engine, tenant_id, child, thread[at:], expected_rev=None)
     reference = await _new(engine, tenant_id, thread)

@@ -21,7 +21,7 @@ async def _context(engine: AsyncEngine, **config: Any) -> ToolContext:
     tenant_id = await tenant_for_key(engine, await create_key(engine, f"t-{uuid.uuid4()}"))
     assert tenant_id is not None
     session = await create_session(engine, tenant_id, title=None, metadata={}, config=config)
-    return ToolContext(tenant_id, str(session["id"]), "run", "call", engine)
+    return ToolContext(tenant_id, session.id, "run", "call", engine)
 
 
 async def call(context: ToolContext, name: str, **arguments: Any) -> ToolOutcome:

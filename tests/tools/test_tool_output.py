@@ -11,11 +11,11 @@ import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.core.entries import EntryKind
+from app.core.entries import EntryKind, NewEntry
 from app.core.eviction import page, preview
 from app.core.messages import canonical_json
 from app.core.tool_loop import PendingCall
-from app.services.journal import NewEntry, append_entries
+from app.services.journal import append_entries
 from app.services.keys import create_key, tenant_for_key
 from app.services.sessions import create_session, fork_session
 from app.tools.registry import BUILTINS, ToolContext, ToolOutcome, builtin, execute
@@ -34,8 +34,7 @@ async def tenant(engine: AsyncEngine) -> str:
 
 
 async def session(engine: AsyncEngine, tenant_id: str) -> str:
-    row = await create_session(engine, tenant_id, title=None, metadata={}, config={})
-    return str(row["id"])
+    return (await create_session(engine, tenant_id, title=None, metadata={}, config={})).id
 
 
 async def tool_turn(
@@ -119,12 +118,12 @@ async def test_a_fork_reads_its_parents_outputs_up_to_the_fork(engine: AsyncEngi
     tenant_id = await tenant(engine)
     parent = await session(engine, tenant_id)
     _, seq = await tool_turn(engine, tenant_id, parent, "c1", OUTPUT)
-    child = str(
-        (await fork_session(engine, tenant_id, parent, at_seq=seq, title=None, metadata=None))["id"]
-    )
-    grandchild = str(
-        (await fork_session(engine, tenant_id, child, at_seq=None, title=None, metadata=None))["id"]
-    )
+    child = (
+        await fork_session(engine, tenant_id, parent, at_seq=seq, title=None, metadata=None)
+    ).id
+    grandchild = (
+        await fork_session(engine, tenant_id, child, at_seq=None, title=None, metadata=None)
+    ).id
     for sid in (child, grandchild):
         assert await read_all(engine, tenant_id, sid, f"tool_output:{seq}", 50_000) == OUTPUT
     # What the parent wrote after the fork is not the child's: its seqs are the child's own.

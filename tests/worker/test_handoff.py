@@ -145,7 +145,7 @@ async def test_a_run_held_by_a_cancel_is_left_to_the_queue_with_its_claim_undone
         tenant = await tenant_for_key(engine, key)
         assert tenant is not None
         session = await create_session(engine, tenant, title=None, metadata={}, config={})
-        asked = await asks.ask(engine, settings, tenant, str(session["id"]), asks.AskParams("q"))
+        asked = await asks.ask(engine, settings, tenant, session.id, asks.AskParams("q"))
         run_id, job_id = asked.run.id, asked.run.job_id
         assert job_id is not None
         async with engine.begin() as conn:
@@ -292,7 +292,7 @@ async def test_a_cancel_holding_a_claimed_runs_row_ends_it_before_it_starts(
             engine,
             settings,
             tenant,
-            str(session["id"]),
+            session.id,
             asks.AskParams("q"),
             handoff=Reserved(worker_id),
         )
@@ -350,7 +350,7 @@ async def test_a_claimed_job_whose_process_died_before_its_run_started_goes_back
             engine,
             settings,
             tenant,
-            str(session["id"]),
+            session.id,
             asks.AskParams("q"),
             handoff=Reserved(dead),
         )
@@ -394,7 +394,7 @@ async def test_an_ask_whose_worker_registration_was_pruned_is_queued_not_refused
             )
         reserved = Reserved(pruned)
         asked = await asks.ask(
-            engine, settings, tenant, str(session["id"]), asks.AskParams("q"), handoff=reserved
+            engine, settings, tenant, session.id, asks.AskParams("q"), handoff=reserved
         )
         assert asked.created and not asked.claimed and asked.run.job_id is not None
         # offered all the same: the handoff claims it as the queue's worker would, if it can
@@ -404,7 +404,7 @@ async def test_an_ask_whose_worker_registration_was_pruned_is_queued_not_refused
         async with engine.connect() as conn:
             kinds = await conn.scalars(
                 text("SELECT kind FROM entries WHERE session_id = :id ORDER BY seq"),
-                {"id": session["id"]},
+                {"id": session.id},
             )
             assert list(kinds) == ["message", "run_start"]  # committed once, whole
     finally:

@@ -306,7 +306,7 @@ async def test_a_cancel_while_recovery_queues_a_dead_workers_run_again_leaves_it
         tenant = await tenant_for_key(engine, key)
         assert tenant is not None
         session = await create_session(engine, tenant, title=None, metadata={}, config={})
-        asked = await asks.ask(engine, settings, tenant, str(session["id"]), asks.AskParams("q"))
+        asked = await asks.ask(engine, settings, tenant, str(session.id), asks.AskParams("q"))
         run_id, first_job = asked.run.id, asked.run.job_id
         # The first worker takes the job and starts the run under its lease, then dies: its
         # lease (a session advisory lock) goes with its connection.
@@ -351,7 +351,7 @@ async def test_a_cancel_while_recovery_queues_a_dead_workers_run_again_leaves_it
             ended = await runs_db.get_run(conn, run_id)
             ends = await conn.scalar(
                 text("SELECT count(*) FROM entries WHERE session_id = :id AND kind = 'run_end'"),
-                {"id": session["id"]},
+                {"id": session.id},
             )
             terminal = await conn.scalars(
                 text(
