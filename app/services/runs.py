@@ -23,6 +23,7 @@ from app.db import tenants as tenants_db
 from app.db.tables import sessions
 from app.eventlog import store as event_store
 from app.eventlog import writer
+from app.eventlog.registry import TERMINAL_BY_STATUS, EventType
 from app.llm.catalog import cost_usd
 from app.runs import machine
 from app.runs.model import CancelMode, Outcome, Run, RunKind, RunParams, RunStatus, entry_id
@@ -129,7 +130,9 @@ async def await_tool_outputs(
     assert waiting.action_expires_at is not None
     step = machine.await_tool_outputs(run, calls, waiting.action_expires_at.isoformat())
     await writer.append(conn, run.id, step.events)
-    await webhooks.queue_run_event(conn, waiting, "run.requires_action", {"tool_calls": calls})
+    await webhooks.queue_run_event(
+        conn, waiting, EventType.RUN_REQUIRES_ACTION, {"tool_calls": calls}
+    )
     return waiting
 
 
@@ -288,5 +291,5 @@ async def finish(conn: AsyncConnection, run: Run, outcome: Outcome) -> Run:
         )
     await writer.append(conn, run.id, step.events)
     metrics.run_ended(run.kind, step.status, ended.created_at, ended.ended_at, model, usage, cost)
-    await webhooks.queue_run_event(conn, ended, f"run.{ended.status.value}")
+    await webhooks.queue_run_event(conn, ended, TERMINAL_BY_STATUS[ended.status])
     return ended

@@ -169,7 +169,7 @@ async def submit_tool_outputs(
         and isinstance(p.get("toolCallId"), str)
     ]
     async with engine.connect() as conn:
-        seen = (await event_store.read_backlog(conn, run.id, event_store.MAX_SEQ, 1)).last_seq
+        seen = (await event_store.read_backlog(conn, run.id, event_store.MAX_EVENT_SEQ, 1)).last_seq
     await asks.submit_tool_outputs(engine, tenant_id, run.id, outputs)
     return ToolOutputs(run.id, seen)
 

@@ -37,7 +37,7 @@ from app.db import runs as runs_db
 from app.db import sessions as sessions_db
 from app.db.engine import autocommit, read_snapshot
 from app.db.outage import database_unavailable, retrying
-from app.eventlog.registry import EventType
+from app.eventlog.registry import APPROACHING_LIMIT_SHARE, AT_LIMIT_SHARE, EventType
 from app.llm.base import (
     Finish,
     ModelRequest,
@@ -73,7 +73,6 @@ log = logging.getLogger(__name__)
 # Database outages one attempt waits out before it gives up (then its job fails, and the run
 # is picked up again once the database is back: app/worker/pool.py).
 MAX_OUTAGES = 5
-WARNING_SHARE, LIMIT_SHARE = 0.8, 1.0
 PREVIEW_CHARS = 500
 # Why a model call's partial answer was voided: `message.reset`'s reason, the rollback's.
 RESTART_REASON = "provider_retry"
@@ -605,8 +604,9 @@ def _warn_if_full(runtime: Runtime, run_id: str, meta: ProjectionMeta) -> None:
     history no longer fits whole (the projection had to leave some out) or fills it."""
     tokens, budget = meta.estimated_tokens, meta.budget
     share = tokens / budget if budget else 0.0
-    if share >= WARNING_SHARE or meta.truncated:
-        level = "at_limit" if share >= LIMIT_SHARE or meta.truncated else "approaching_limit"
+    if share >= APPROACHING_LIMIT_SHARE or meta.truncated:
+        at_limit = share >= AT_LIMIT_SHARE or meta.truncated
+        level = "at_limit" if at_limit else "approaching_limit"
         runtime.writer.emit(
             run_id,
             EventType.CONTEXT_WARNING,
