@@ -50,7 +50,7 @@ from app.llm.base import (
 )
 from app.runs.machine import committed_events
 from app.runs.model import Outcome, Run, RunKind, entry_id
-from app.services import runs
+from app.services import run_transitions
 from app.services.errors import ServiceError
 from app.services.journal import NewEntry, append_in
 from app.services.projection import (
@@ -215,7 +215,7 @@ async def _finish(runtime: Runtime, run: Run, outcome: Outcome, job_id: int | No
         if locked is None or not locked.active or locked.attempts != run.attempts:
             # ended meanwhile (a cancel after this worker was thought dead), or taken over
             return False
-        await runs.finish(conn, locked, outcome)
+        await run_transitions.finish(conn, locked, outcome)
         if job_id is not None:
             await jobs_db.finish_job(conn, job_id, "succeeded")
     return job_id is not None
@@ -230,13 +230,13 @@ async def _pause(runtime: Runtime, run: Run, pause: Pause) -> None:
         if locked is None or not locked.active or locked.attempts != run.attempts:
             return
         if locked.cancel_mode:
-            await runs.finish(conn, locked, Outcome("cancelled"))
+            await run_transitions.finish(conn, locked, Outcome("cancelled"))
             return
         calls = [
             {"tool_call_id": c.tool_call_id, "name": c.name, "arguments": c.arguments}
             for c in pause.calls
         ]
-        await runs.await_tool_outputs(conn, locked, calls, timeout)
+        await run_transitions.await_tool_outputs(conn, locked, calls, timeout)
 
 
 async def _claim(runtime: Runtime, run_id: str) -> Run | None:
@@ -252,9 +252,9 @@ async def start_locked(conn: AsyncConnection, runtime: Runtime, run: Run | None)
     if run is None or not run.active:
         return None
     if run.cancel_mode:
-        await runs.finish(conn, run, Outcome("cancelled"))
+        await run_transitions.finish(conn, run, Outcome("cancelled"))
         return None
-    started = await runs.start(conn, run, runtime.lease.key)
+    started = await run_transitions.start(conn, run, runtime.lease.key)
     return started if started.active else None
 
 
