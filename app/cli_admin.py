@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, date, datetime
 from typing import Any, TypeVar
 
+from app.cli_database import database
 from app.config import Settings
 
 T = TypeVar("T")
@@ -127,7 +128,6 @@ def run(settings: Settings, args: argparse.Namespace) -> None:
 
 def _with_engine(settings: Settings, work: Callable[[Any], Awaitable[T]]) -> T:
     """Run `work(engine)` against the database (the embedded one if no URL is set), migrated."""
-    from app.cli import database
     from app.db.engine import create_engine
     from app.db.migrate import upgrade_to_head
 

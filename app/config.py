@@ -32,6 +32,10 @@ class CompatEndpoint(BaseModel):
     max_output_tokens: int | None = Field(
         default=None, ge=1, description="The most tokens one answer may ask for."
     )
+    reasoning: bool = Field(
+        default=False,
+        description="Its models can reason: asks may set `reasoning` (else refused with 422).",
+    )
 
 
 class Settings(BaseSettings):
@@ -99,8 +103,9 @@ class Settings(BaseSettings):
         default_factory=dict,
         description='OpenAI-compatible servers for compat:<name> models, as JSON: {"name": '
         '"http://host:port/v1"} (vLLM, Ollama, llama.cpp server), or {"name": {"url": ..., '
-        '"context_window": 32768, "max_output_tokens": 4096}} to set its limits. A name may be '
-        '"name/model" to pick a model on that server.',
+        '"context_window": 32768, "max_output_tokens": 4096, "reasoning": true}} to set its limits '
+        '(and that its models can reason). A name may be "name/model" to pick a model on that '
+        "server.",
     )
     compat_api_key: str | None = Field(default=None, description="Key sent to compat servers.")
     llm_max_retries: int = Field(

@@ -35,14 +35,15 @@ from app.api.limits import BodySizeLimit
 from app.api.openapi_document import install_document
 from app.api.web import install_web
 from app.config import Settings
-from app.db.engine import create_engine
+from app.db.engine import create_engine, libpq_url
 from app.eventlog.hub import EventHub
 from app.llm.tokenizers import stored_counter
 from app.openai_api import routes as openai_routes
+from app.services.handoff import RunHandoff
 from app.telemetry import metrics as metric_hooks
 from app.telemetry import tracing
 from app.telemetry.logging import RequestIds
-from app.worker.pool import libpq_url, worker_pool
+from app.worker.pool import worker_pool
 
 API_VERSION = "0.1.0"
 
@@ -80,7 +81,9 @@ def create_app(settings: Settings | None = None, *, workers: int = 0) -> FastAPI
             if workers:  # `threadline serve`: the worker pool runs in this process too
                 pool = worker_pool(settings, workers, app.state.engine, app.state.hub.publish)
                 async with pool as handoff:
-                    app.state.handoff = handoff
+                    # The asks of every surface hand their runs to it (app/services/handoff.py).
+                    local: RunHandoff = handoff
+                    app.state.handoff = local
                     heap.settle()
                     yield
             else:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import asyncpg
 
 from app.db.embedded import throwaway_cluster
-from app.worker.pool import libpq_url
+from app.db.engine import libpq_url
 from bench.journal import report
 from bench.streams import (
     Pids,

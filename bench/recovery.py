@@ -25,10 +25,9 @@ import httpx
 
 from app.config import Settings
 from app.db.embedded import throwaway_cluster
-from app.db.engine import create_engine
+from app.db.engine import create_engine, libpq_url
 from app.main import create_app
 from app.services.keys import create_key
-from app.worker.pool import libpq_url
 from testkit.server import serve_in_thread, stop_thread_server
 from testkit.sse_client import events
 from testkit.upstream import FakeUpstream, Text

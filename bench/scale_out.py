@@ -33,9 +33,8 @@ import httpx
 
 from app.config import Settings
 from app.db.embedded import throwaway_cluster
-from app.db.engine import create_engine
+from app.db.engine import create_engine, libpq_url
 from app.services.keys import create_key
-from app.worker.pool import libpq_url
 from testkit.database import create_database
 from testkit.pgbouncer import PgBouncer, find_pgbouncer
 from testkit.server import free_port, wait_ready

@@ -57,9 +57,8 @@ from starlette.requests import Request
 
 from app.config import Settings
 from app.db.embedded import throwaway_cluster
-from app.db.engine import create_engine
+from app.db.engine import create_engine, libpq_url
 from app.services.keys import create_key
-from app.worker.pool import libpq_url
 from bench.journal import report
 from testkit.server import free_port, wait_ready
 from testkit.sse_client import TERMINAL, events

@@ -53,7 +53,7 @@ from app.config import Settings
 from app.core.entries import EntryKind
 from app.db import journal as journal_db
 from app.db.embedded import throwaway_cluster
-from app.db.engine import create_engine
+from app.db.engine import create_engine, libpq_url
 from app.db.jobs import cancel_job
 from app.eventlog.registry import EventType
 from app.eventlog.writer import EventWriter
@@ -67,7 +67,6 @@ from app.services.runs import get_run
 from app.services.sessions import create_session
 from app.tools.registry import ToolContext, builtin
 from app.worker.lease import WorkerLease
-from app.worker.pool import libpq_url
 from app.worker.run import execute_run
 from app.worker.runtime import Runtime
 from bench.journal import LOAD_BATCH, database, messages, report
@@ -285,7 +284,9 @@ async def finish_run(engine: AsyncEngine, tenant: str, s: LoopSession) -> str:
     await s.task
     run = await get_run(engine, tenant, s.run_id)
     async with engine.connect() as conn:
-        entries = await journal_db.run_entries(conn, s.session_id, run.input_seq, s.run_id)
+        entries = await journal_db.run_entries(
+            conn, s.session_id, run.input_seq, s.run_id, tenant_id=tenant
+        )
     calls = sum(e.kind == EntryKind.TOOL_CALL for e in entries)
     results = sum(e.kind == EntryKind.TOOL_RESULT for e in entries)
     return f"{run.status.value}, {calls} tool calls and {results} results journaled"

@@ -7,8 +7,8 @@ import uuid
 
 import asyncpg
 
+from app.db.engine import libpq_url
 from app.db.migrate import upgrade_to_head
-from app.worker.pool import libpq_url
 
 
 def create_database(database_url: str, prefix: str, *, migrate: bool = True) -> str:

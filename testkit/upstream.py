@@ -11,11 +11,20 @@ traffic; this server answers them on 127.0.0.1 instead. Each test scripts the ne
 
 Scripts are consumed FIFO, one per request, by either API; with none queued the answer is a
 short "ok". Any Authorization / x-api-key header is accepted.
+
+Anthropic extended thinking is streamed as the API streams it (Thinking, RedactedThinking), and
+checked as the API checks it: the fake signs each block (its text, its place among the turn's
+blocks and their number), and refuses with Anthropic's 400 a request whose final assistant turn
+in a tool loop does not start with its thinking, or sends it back altered, reordered or in part;
+a thinking budget under 1024 or not below max_tokens, and thinking with a forced tool_choice.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
+import hmac
 import json
 import socket
 import threading
@@ -58,6 +67,23 @@ class ToolCall:
 
 
 @dataclass(frozen=True)
+class Thinking:
+    """An Anthropic thinking block: `fragments` thinking_delta pieces, then its signature (one
+    signature_delta), which the fake checks when the block comes back."""
+
+    text: str
+    fragments: int = 3
+
+
+@dataclass(frozen=True)
+class RedactedThinking:
+    """An Anthropic redacted_thinking block: opaque data (the fake's encryption of `text`),
+    whole in its content_block_start."""
+
+    text: str = "reasoning the safety systems flagged"
+
+
+@dataclass(frozen=True)
 class Usage:
     """The usage the upstream reports (wherever the step stands in the script).
 
@@ -69,6 +95,7 @@ class Usage:
     output: int
     cached: int = 0
     written: int = 0
+    reasoning: int = 0  # of the output (OpenAI reports it)
 
 
 @dataclass(frozen=True)
@@ -124,7 +151,20 @@ class Truncate:
     """End the body here, cleanly: no finish reason, no end marker (a proxy that cut it)."""
 
 
-Step = Text | ToolCall | Usage | Fail | FailMidStream | Stall | Hold | Malformed | Chunk | Truncate
+Step = (
+    Text
+    | ToolCall
+    | Thinking
+    | RedactedThinking
+    | Usage
+    | Fail
+    | FailMidStream
+    | Stall
+    | Hold
+    | Malformed
+    | Chunk
+    | Truncate
+)
 
 
 @dataclass(frozen=True)
@@ -425,7 +465,10 @@ class FakeUpstream:
                             "cached_tokens": usage.cached,
                             "audio_tokens": 0,
                         },
-                        "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0},
+                        "completion_tokens_details": {
+                            "reasoning_tokens": usage.reasoning,
+                            "audio_tokens": 0,
+                        },
                     },
                 }
             )
@@ -435,6 +478,9 @@ class FakeUpstream:
         body, script = await self._receive(request)
         if not body.get("stream"):
             return _anthropic_error(400, "bad_request", "the fake upstream only streams")
+        refused = thinking_problem(body)
+        if refused is not None:
+            return _anthropic_error(400, "bad_request", refused)
         fail, steps = await self._lead_in(script)
         if fail is not None:
             return _anthropic_error(fail.status, fail.kind, fail.message)
@@ -466,8 +512,21 @@ class FakeUpstream:
         index = -1
         open_text = False
         used_tools = False
+        blocks = sum(1 for s in steps if isinstance(s, Thinking | RedactedThinking))
+        place = 0  # of the reasoning blocks
         for step in steps:
-            if isinstance(step, Text):
+            if isinstance(step, Thinking | RedactedThinking):
+                if open_text:
+                    yield _event("content_block_stop", _block_stop(index))
+                    open_text = False
+                index += 1
+                for event in self._thinking_events(script, step, index, place, blocks):
+                    if event is None:
+                        await self._sleep(script.token_delay)
+                    else:
+                        yield event
+                place += 1
+            elif isinstance(step, Text):
                 if not open_text:
                     index += 1
                     open_text = True
@@ -521,6 +580,121 @@ class FakeUpstream:
         )
         yield _event("message_stop", {"type": "message_stop"})
 
+    def _thinking_events(
+        self, script: Script, step: Thinking | RedactedThinking, index: int, place: int, of: int
+    ) -> Iterator[str | None]:
+        """A reasoning block's events (None: a pause of the script's token delay)."""
+        if isinstance(step, RedactedThinking):
+            block: Json = {"type": "redacted_thinking", "data": redacted_data(step.text, place, of)}
+            yield _event("content_block_start", _block_start(index, block))
+        else:
+            block = {"type": "thinking", "thinking": "", "signature": ""}
+            yield _event("content_block_start", _block_start(index, block))
+            for piece in _fragments(step.text, step.fragments):
+                yield None
+                delta = {"type": "thinking_delta", "thinking": piece}
+                yield _event("content_block_delta", _block_delta(index, delta))
+            delta = {"type": "signature_delta", "signature": signature(step.text, place, of)}
+            yield _event("content_block_delta", _block_delta(index, delta))
+        yield _event("content_block_stop", _block_stop(index))
+
+
+# --- Anthropic extended thinking: the fake's signatures and the API's checks ---------------
+
+_SECRET = b"threadline-fake-upstream"
+MIN_THINKING_BUDGET = 1024
+
+
+def _mac(text: str, place: int, of: int) -> str:
+    message = f"{place}/{of}\x00{text}".encode()
+    return hmac.new(_SECRET, message, hashlib.sha256).hexdigest()
+
+
+def signature(text: str, place: int, of: int) -> str:
+    """A thinking block's signature: its place among the turn's `of` reasoning blocks, signed
+    with its text (opaque base64, like Anthropic's)."""
+    return base64.b64encode(f"{place}.{of}.{_mac(text, place, of)}".encode()).decode()
+
+
+def redacted_data(text: str, place: int, of: int) -> str:
+    """A redacted block's data: its text and place, sealed (opaque base64)."""
+    sealed = json.dumps([place, of, text, _mac(text, place, of)])
+    return base64.b64encode(sealed.encode()).decode()
+
+
+def _unsealed(block: Json) -> tuple[int, int] | None:
+    """(place, of) of a reasoning block sent back, None if it is not the fake's, unaltered."""
+    try:
+        sealed: list[Any]
+        if block.get("type") == "thinking":
+            sealed = base64.b64decode(block["signature"]).decode().split(".")
+            sealed.insert(2, block["thinking"])
+        else:
+            sealed = json.loads(base64.b64decode(block["data"]))
+        place, of, text, mac = int(sealed[0]), int(sealed[1]), sealed[2], sealed[3]
+        if isinstance(text, str) and hmac.compare_digest(str(mac), _mac(text, place, of)):
+            return place, of
+    except (KeyError, ValueError, TypeError, UnicodeDecodeError):
+        pass
+    return None
+
+
+def thinking_problem(body: Json) -> str | None:
+    """What Anthropic's API would refuse about a request's extended thinking (its message),
+    None if nothing."""
+    thinking = body.get("thinking")
+    enabled = isinstance(thinking, dict) and thinking.get("type") == "enabled"
+    if isinstance(thinking, dict) and enabled:
+        budget = thinking.get("budget_tokens")
+        if not isinstance(budget, int) or budget < MIN_THINKING_BUDGET:
+            return f"thinking.enabled.budget_tokens: Input should be >= {MIN_THINKING_BUDGET}"
+        if not isinstance(body.get("max_tokens"), int) or body["max_tokens"] <= budget:
+            return "`max_tokens` must be greater than `thinking.budget_tokens`"
+        if (body.get("tool_choice") or {}).get("type") in ("any", "tool"):
+            return "Thinking may not be enabled when tool_choice forces tool use."
+    messages = body.get("messages") or []
+    for at, message in enumerate(messages):
+        content = message.get("content")
+        for place, block in enumerate(content if isinstance(content, list) else []):
+            kind = block.get("type") if isinstance(block, dict) else None
+            if kind in ("thinking", "redacted_thinking") and _unsealed(block) is None:
+                return f"messages.{at}.content.{place}: Invalid `signature` in `{kind}` block"
+    if enabled:
+        return _tool_loop_problem(messages)
+    return None
+
+
+def _tool_loop_problem(messages: list[Json]) -> str | None:
+    """In a tool loop (the last message returns tool results), the final assistant message
+    must start with its thinking, every block of it, in order."""
+    if len(messages) < 2 or not _has_block(messages[-1], "tool_result"):
+        return None
+    at = len(messages) - 2
+    content = messages[at].get("content")
+    blocks = content if isinstance(content, list) else []
+    reasoning = [b for b in blocks if b.get("type") in ("thinking", "redacted_thinking")]
+    if not blocks or blocks[0].get("type") not in ("thinking", "redacted_thinking"):
+        found = blocks[0].get("type") if blocks else "nothing"
+        return (
+            f"messages.{at}.content.0.type: Expected `thinking` or `redacted_thinking`, but "
+            f"found `{found}`. When `thinking` is enabled, a final `assistant` message must "
+            "start with a thinking block (preceeding the lastmost set of `tool_use` and "
+            "`tool_result` blocks). We recommend you include thinking blocks from previous "
+            "turns. To avoid this requirement, disable `thinking`."
+        )
+    sealed = [_unsealed(b) for b in reasoning]
+    of = sealed[0][1] if sealed[0] else 0
+    if sealed != [(place, of) for place in range(of)]:
+        return f"messages.{at}.content: Invalid `signature` in `thinking` block"
+    return None
+
+
+def _has_block(message: Json, kind: str) -> bool:
+    content = message.get("content")
+    return isinstance(content, list) and any(
+        isinstance(b, dict) and b.get("type") == kind for b in content
+    )
+
 
 # --- Wire helpers ------------------------------------------------------------------------
 
@@ -555,7 +729,7 @@ def _usage_of(steps: Sequence[Step]) -> Usage:
     for step in steps:
         if isinstance(step, Usage):
             return step
-    produced = sum(1 for s in steps if isinstance(s, Text | ToolCall))
+    produced = sum(1 for s in steps if isinstance(s, Text | ToolCall | Thinking))
     return Usage(input=10, output=max(1, produced))
 
 

@@ -3,6 +3,7 @@ restarts, and no Postgres left behind after a stop."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import signal
@@ -19,6 +20,7 @@ import httpx
 import pytest
 
 from app.config import DEFAULT_LOCAL_MODEL
+from app.db.migrate import head_revision
 from testkit.server import free_port
 
 THREADLINE = str(Path(sys.executable).parent / "threadline")
@@ -40,7 +42,8 @@ class Served:
         try:
             self.key = self._read_key()
             # Keep draining the log so a full pipe never blocks the server.
-            threading.Thread(target=self._drain, daemon=True).start()
+            self.drain = threading.Thread(target=self._drain, daemon=True)
+            self.drain.start()
             self.url = f"http://127.0.0.1:{self.port}"
             self._wait_ready()
         except BaseException:
@@ -71,10 +74,21 @@ class Served:
             time.sleep(0.1)
         raise AssertionError("serve never became ready")
 
+    def wait_for(self, text: str) -> None:
+        """Until a line of the output holds `text` (a background step's report)."""
+        deadline = time.monotonic() + 300
+        while not any(text in line for line in self.output):
+            if time.monotonic() > deadline or self.process.poll() is not None:
+                raise AssertionError(f"serve never said {text!r}:\n" + "".join(self.output))
+            time.sleep(0.1)
+
     def stop(self) -> int:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
-        return self.process.wait(timeout=60)
+        code = self.process.wait(timeout=60)
+        if hasattr(self, "drain"):
+            self.drain.join(timeout=10)  # the output's last lines
+        return code
 
 
 def postgres_processes(data_dir: Path) -> list[str]:
@@ -104,19 +118,60 @@ def test_serve_with_zero_configuration(workdir: Path) -> None:
         assert page.status_code == 200 and page.url.path == "/ui/"
         models = httpx.get(f"{first.url}/v1/models", headers=auth).json()
         assert models["default_model"] == DEFAULT_LOCAL_MODEL
+        first.wait_for("the local model is ready")
     finally:
         assert first.stop() == 0
     assert postgres_processes(data_dir) == []
     assert not (data_dir / "pg" / "postmaster.pid").exists()
+    check_startup_output(first.output, migrated=True)
 
     second = Served(workdir)
     try:
         assert second.key == first.key  # the same dev key is printed again
         again = httpx.get(f"{second.url}/v1/sessions/{created.json()['id']}", headers=auth)
         assert again.status_code == 200 and again.json()["title"] == "kept"
+        second.wait_for("the local model is ready")
     finally:
         assert second.stop() == 0
     assert postgres_processes(data_dir) == []
+    check_startup_output(second.output, migrated=False)
+
+
+def check_startup_output(output: list[str], migrated: bool) -> None:
+    """What serve says as it starts: one line about migrations (a first start wrote alembic's
+    19), a number of runs a person can act on, that the local model loads and when it is
+    ready, and nothing but JSON in the log (llama.cpp wrote raw lines into it)."""
+    head = head_revision()
+    printed = [line.strip() for line in output if not line.startswith("{")]
+    logged = [json.loads(line) for line in output if line.startswith("{")]
+    messages = [entry["message"] for entry in logged]
+    assert not any(
+        "Running upgrade" in m or "alembic" in e["logger"]
+        for e, m in zip(logged, messages, strict=True)
+    )
+    about_migrations = [m for m in messages if m.startswith(("migrated to", "database at"))]
+    if migrated:
+        assert len(about_migrations) == 1 and about_migrations[0].startswith(
+            f"migrated to {head} ("
+        )
+    else:
+        assert about_migrations == [f"database at {head}: no migration to apply"]
+    assert not [line for line in printed if not line.startswith(KNOWN_LINES)], printed
+    runs = next(line for line in printed if line.startswith("Runs at once"))
+    assert "memory and open files allow" in runs and "THREADLINE_WORKER_CONCURRENCY" in runs
+    assert any(line.startswith(f"Local model: {DEFAULT_LOCAL_MODEL}, loading") for line in printed)
+    assert "loading the local model (local:smollm2-135m-instruct)…" in messages
+    assert any(m.startswith("the local model is ready") for m in messages), messages
+
+
+# What serve prints on stdout (the rest of its output is its JSON log).
+KNOWN_LINES = (
+    "Development API key: ",
+    "Threadline serving on ",
+    "Chat in the browser: ",
+    "Runs at once",
+    "Local model: ",
+)
 
 
 @pytest.mark.slow
@@ -177,6 +232,22 @@ def test_serve_takes_a_worker_count_of_zero_or_more() -> None:
     assert parser().parse_args(["serve"]).workers is None  # THREADLINE_WORKER_CONCURRENCY
     with pytest.raises(SystemExit):
         parser().parse_args(["serve", "--workers", "-1"])
+
+
+def test_the_cli_modules_import_each_other_one_way() -> None:
+    """app.cli imports the admin commands and the database they share; neither imports the
+    CLI back (cli_admin took `database` from app.cli: an import circle)."""
+    root = Path(__file__).resolve().parents[1] / "app"
+    for module in ("cli_admin.py", "cli_database.py"):
+        tree = ast.parse((root / module).read_text())
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        imported |= {
+            alias.name
+            for n in ast.walk(tree)
+            if isinstance(n, ast.ImportFrom) and n.module == "app"
+            for alias in n.names
+        }
+        assert "app.cli" not in imported and "cli" not in imported, module
 
 
 def threadline(
@@ -336,7 +407,7 @@ def test_tenants_ttl_sets_the_default_of_new_sessions(database_url: str) -> None
 
     import asyncpg
 
-    from app.worker.pool import libpq_url
+    from app.db.engine import libpq_url
     from tests.e2e import create_database
 
     url = create_database(database_url, "cli_ttl")

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -76,6 +77,35 @@ def test_the_build_context_keeps_only_what_the_image_copies() -> None:
     assert copied and copied <= allowed, copied - allowed
 
 
+def test_what_the_image_copies_builds_a_wheel_with_the_migrations(tmp_path: Path) -> None:
+    """The image installs the wheel built from what its COPY instructions bring in: that is
+    enough to build it, and the wheel holds the top-level migrations/ inside the package."""
+    context = tmp_path / "context"
+    for keyword, rest in instructions():
+        if keyword == "COPY":
+            *sources, target = rest.split()
+            for source in sources:
+                into = context / target / (Path(source).name if target.endswith("/") else "")
+                if (ROOT / source).is_dir():
+                    shutil.copytree(ROOT / source, into, ignore=shutil.ignore_patterns("__py*"))
+                else:
+                    into.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(ROOT / source, into)
+    out = tmp_path / "wheel"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(context)],
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = out.glob("threadline-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    revisions = sorted((ROOT / "migrations" / "versions").glob("*.py"))
+    assert revisions
+    for revision in revisions:
+        assert f"app/db/migrations/versions/{revision.name}" in names
+    assert {"app/db/migrations/env.py", "app/db/migrations/script.py.mako"} <= names
+
+
 @pytest.fixture
 def open_cluster() -> Iterator[str]:
     """A migrated cluster whose socket other users may connect to (the image's user is not
@@ -108,7 +138,10 @@ def test_the_entry_command_serves_as_a_user_whose_home_is_not_writable(
         # This checkout's code, readable by everyone as the image's installed package is
         # (alembic checks the migrations with access(2), which ignores capabilities).
         code = Path(root, "site")
-        shutil.copytree(ROOT / "app", code / "app", ignore=shutil.ignore_patterns("__pycache__"))
+        ignore = shutil.ignore_patterns("__pycache__")
+        shutil.copytree(ROOT / "app", code / "app", ignore=ignore)
+        # where the wheel's build maps them (pyproject.toml's package-dir)
+        shutil.copytree(ROOT / "migrations", code / "app" / "db" / "migrations", ignore=ignore)
         port = free_port()
         env.update(
             PATH=f"{Path(sys.executable).parent}:/usr/bin:/bin",  # where `threadline` is

@@ -65,8 +65,9 @@ def _env(venv: Path, database_url: str, **settings: str) -> dict[str, str]:
 
 
 def test_the_wheel_ships_the_migrations(installed: Path) -> None:
+    """The checkout's top-level migrations/, mapped into the package by the build."""
     names = zipfile.ZipFile(installed).namelist()
-    revisions = sorted((ROOT / "app" / "db" / "migrations" / "versions").glob("*.py"))
+    revisions = sorted((ROOT / "migrations" / "versions").glob("*.py"))
     assert revisions
     for revision in revisions:
         assert f"app/db/migrations/versions/{revision.name}" in names
@@ -79,7 +80,7 @@ def test_the_wheel_ships_the_chat_page(installed: Path) -> None:
     wheel = zipfile.ZipFile(installed)
     static = ROOT / "app" / "web" / "static"
     shipped = sorted(static.iterdir())
-    assert [p.name for p in shipped] == ["app.css", "app.js", "index.html"]
+    assert [p.name for p in shipped] == ["app.css", "app.js", "favicon.svg", "index.html"]
     for asset in shipped:
         assert wheel.read(f"app/web/static/{asset.name}") == asset.read_bytes()
 

@@ -4,20 +4,28 @@ come first, and the walk-through runs as written against a live service with no 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import re
 import subprocess
 import sys
 import uuid
 from asyncio.subprocess import PIPE
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 
 from app.config import Settings
+from app.main import create_app
+from testkit.database import create_database
+from testkit.server import serve_in_thread, stop_thread_server
 from testkit.upstream import FakeUpstream, Text
-from tests.e2e import Service
-from tests.test_cli import Served
+from tests.conftest import issue_key
+from tests.e2e import Service, e2e_env
+from tests.test_cli import Served as ServedCli
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -87,7 +95,7 @@ def test_the_commands_section_lists_every_cli_command() -> None:
 @pytest.mark.slow
 def test_the_walk_through_runs_as_written_with_no_configuration(workdir: Path) -> None:
     """Zero configuration: the embedded database and the local model answer every step."""
-    served = Served(workdir)  # `threadline serve` with no THREADLINE_* variables
+    served = ServedCli(workdir)  # `threadline serve` with no THREADLINE_* variables
     try:
         env = {k: v for k, v in os.environ.items() if not k.startswith("THREADLINE_")}
         result = subprocess.run(
@@ -101,9 +109,17 @@ def test_the_walk_through_runs_as_written_with_no_configuration(workdir: Path) -
         assert result.returncode == 0, result.stderr + result.stdout[-3000:]
         out = result.stdout
         assert "event: run.completed" in out  # the streamed ask
-        assert out.count('"status":"completed"') >= 2  # the followed ask and the compaction
+        assert out.count('"status":"completed"') >= 1  # the followed ask
         at = out.find('"kind":"compaction"')
-        assert '"kind":"compaction","status":"completed"' in out, out[at - 100 : at + 1500]
+        # The local model's summary is committed, or refused as the README says (nothing
+        # committed): a tiny model often echoes the transcript rather than summarize it.
+        compacted = '"kind":"compaction","status":"completed"' in out
+        refused = re.search(
+            r'"kind":"compaction","status":"failed".*?"code":"(summary_not_shorter|'
+            r'summary_echoes_prompt)"',
+            out,
+        )
+        assert compacted or refused, out[at - 100 : at + 1500]
 
         auth = {"Authorization": f"Bearer {served.key}"}
         sessions = httpx.get(f"{served.url}/v1/sessions", headers=auth).json()["data"]
@@ -115,7 +131,7 @@ def test_the_walk_through_runs_as_written_with_no_configuration(workdir: Path) -
             params=[("kinds", "summary"), ("kinds", "message"), ("limit", "100")],
             headers=auth,
         ).json()["data"]
-        assert any(e["kind"] == "summary" for e in entries)
+        assert any(e["kind"] == "summary" for e in entries) == compacted
         answers = [e for e in entries if e["payload"].get("role") == "assistant"]
         assert len(answers) == 3 and all(a["payload"]["content"].strip() for a in answers[1:])
         assert httpx.get(f"{served.url}/v1/memory/user:42", headers=auth).json()["version"] == 1
@@ -161,25 +177,66 @@ async def test_the_use_chat_example_runs_as_written(
     assert out.decode() == "Hello from Threadline\n"
 
 
-async def test_the_openai_sdk_example_runs_as_written(
-    api: httpx.AsyncClient, service: Service, upstream: FakeUpstream
-) -> None:
-    """The README's Python example of the OpenAI SDK, against the served app."""
-    section = README[README.index("### Use it from the OpenAI SDK") :]
-    start = section.index("```python\n") + len("```python\n")
-    example = section[start : section.index("```\n", start)]
-    upstream.script(Text("Cold and clear."))
-    upstream.script(Text("Snow"), Text(" later."))
+def python_blocks_after(heading: str) -> list[str]:
+    """The Python blocks of a section, as written."""
+    section = README[README.index(heading) :]
+    section = section[: section.index("\n### ", 1)]
+    return [part.split("```\n", 1)[0] for part in section.split("```python\n")[1:]]
+
+
+@dataclass
+class Served:
+    url: str
+    key: str
+
+
+@pytest.fixture(scope="module")
+def keyless(database_url: str, upstream: FakeUpstream) -> Iterator[Served]:
+    """A service as `make run` leaves it without a provider key: no OpenAI or Anthropic, its
+    default model served elsewhere (here an OpenAI-compatible endpoint: the fake upstream,
+    standing in for the local model)."""
+    settings = Settings(
+        _env_file=None,
+        database_url=create_database(database_url, "readme-keyless"),
+        db_pool_size=5,
+        **{
+            **e2e_env(upstream),
+            "openai_api_key": None,
+            "anthropic_api_key": None,
+            "compat_endpoints": {
+                "local": {"url": upstream.openai_base_url, "context_window": 8192}
+            },
+            "default_model": "compat:local/smollm2",
+        },
+    )
+    server, thread, url = serve_in_thread(create_app(settings, workers=1))
+    try:
+        yield Served(url, issue_key(settings, f"readme-{uuid.uuid4()}"))
+    finally:
+        stop_thread_server(server, thread)
+
+
+def run_python(example: str, served: Served) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("THREADLINE_")}
-    key = api.headers["Authorization"].removeprefix("Bearer ")
-    result = await asyncio.to_thread(
-        subprocess.run,
+    return subprocess.run(
         [sys.executable, "-c", example],
-        env={**env, "API": service.url, "KEY": key},
+        env={**env, "API": served.url, "KEY": served.key},
         capture_output=True,
         text=True,
         timeout=300,
     )
+
+
+async def test_the_openai_sdk_examples_run_as_written(
+    api: httpx.AsyncClient, service: Service, upstream: FakeUpstream, keyless: Served
+) -> None:
+    """The README's Python examples of the OpenAI SDK, against served apps: the first with no
+    provider key (no model named), the second with OpenAI configured (a model named)."""
+    without_key, with_key = python_blocks_after("### Use it from the OpenAI SDK")
+    upstream.clear()
+    upstream.script(Text("Cold and clear."))
+    upstream.script(Text("Snow"), Text(" later."))
+    result = await asyncio.to_thread(run_python, without_key, keyless)
     assert result.returncode == 0, result.stderr
     assert result.stdout == "Cold and clear.\nSnow later.\n"
     assert [m["content"] for m in upstream.requests[-1].body["messages"][1:]] == [
@@ -187,25 +244,72 @@ async def test_the_openai_sdk_example_runs_as_written(
         "Cold and clear.",
         "And tomorrow?",
     ]
+    # Naming an OpenAI model is what a keyless service cannot serve: hence the first form.
+    refused = await asyncio.to_thread(run_python, with_key, keyless)
+    assert refused.returncode != 0 and "not served here" in refused.stderr
+
+    upstream.script(Text("Cold and clear."))
+    key = api.headers["Authorization"].removeprefix("Bearer ")
+    result = await asyncio.to_thread(run_python, with_key, Served(service.url, key))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "Cold and clear.\n"
+    assert upstream.requests[-1].body["model"] == "gpt-4o-mini"
 
 
-@pytest.mark.parametrize("heading", ["### API keys", "### Quotas and limits"])
-def test_the_operating_examples_run_as_written(database_url: str, heading: str) -> None:
-    """The keys and limits commands of "Operating Threadline", on a database of their own."""
-    from testkit.database import create_database
+def test_the_compaction_result_shown_is_what_the_api_returns() -> None:
+    """A compaction run's `result` is the summary itself (a string), as the walk-through shows."""
+    shown = walk_through().split('# -> {"id": "C", ', 1)[1].split("\n", 1)[0]
+    result = json.loads("{" + shown.replace(", ...}", "}"))["result"]
+    assert isinstance(result, str)
+    document = json.loads((ROOT / "openapi" / "openapi.json").read_text())
+    run_result = document["components"]["schemas"]["Run"]["properties"]["result"]
+    assert {"type": "string"} in run_result["anyOf"]
+    assert not any(option.get("type") == "object" for option in run_result["anyOf"])
 
+
+def fresh_shell_env(workdir: Path) -> dict[str, str]:
+    """A new shell in a checkout where `make run` made `.venv`: no THREADLINE_* variables, and
+    the venv not on PATH (the venv running these tests stands in for the checkout's)."""
+    venv_bin = Path(sys.executable).parent
+    (workdir / ".venv").symlink_to(venv_bin.parent)
     env = {k: v for k, v in os.environ.items() if not k.startswith("THREADLINE_")}
-    env["THREADLINE_DATABASE_URL"] = create_database(database_url, "readme-ops")
+    env.pop("VIRTUAL_ENV", None)
+    path = [p for p in env["PATH"].split(os.pathsep) if Path(p) != venv_bin]
+    env["PATH"] = os.pathsep.join(path)
     env["PYTHONPATH"] = str(ROOT)  # `threadline` runs this checkout's code
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
-    subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", "threadline keys create acme >/dev/null"],
+    return env
+
+
+def more_keys_command() -> str:
+    """The walk-through's command for another tenant's key, as written."""
+    found = re.search(r"More keys, one tenant per name: `([^`]+)`", README)
+    assert found is not None
+    return found.group(1)
+
+
+@pytest.mark.parametrize("heading", ["### API keys", "### Quotas and limits", "### Retention"])
+def test_the_operating_examples_run_as_written(
+    database_url: str, heading: str, tmp_path: Path
+) -> None:
+    """The keys, limits and retention commands of "Operating Threadline", and the
+    walk-through's "more keys" command, from a fresh shell in the checkout (the venv not on
+    PATH: `make run` does not put it there), on a database of their own."""
+    env = fresh_shell_env(tmp_path)
+    env["THREADLINE_DATABASE_URL"] = create_database(database_url, "readme-ops")
+    assert subprocess.run(["bash", "-c", "command -v threadline"], env=env).returncode != 0
+    made = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", more_keys_command()],
+        cwd=tmp_path,
         env=env,
-        check=True,
+        capture_output=True,
+        text=True,
         timeout=300,
     )
+    assert made.returncode == 0, made.stderr
+    assert made.stdout.startswith("tl_")
     result = subprocess.run(
         ["bash", "-euo", "pipefail", "-c", sh_block_after(heading)],
+        cwd=tmp_path,
         env=env,
         capture_output=True,
         text=True,
@@ -215,6 +319,8 @@ def test_the_operating_examples_run_as_written(database_url: str, heading: str) 
     if heading == "### API keys":
         assert result.stdout.count("read-only") == 2  # listed twice
         assert "revoked: acme" in result.stdout
-    else:
+    elif heading == "### Quotas and limits":
         assert "requests_per_minute: unlimited  (default)" in result.stdout  # the last command
         assert "max_sessions: 10000\n" in result.stdout
+    else:
+        assert result.stdout.count("tenant acme:") == 2, result.stdout

@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from app.config import Settings
-from app.worker.pool import libpq_url
+from app.db.engine import libpq_url
 from testkit.api import history, new_session
 from testkit.pgbouncer import PgBouncer, find_pgbouncer
 from testkit.server import free_port, wait_ready

@@ -1,5 +1,5 @@
 // Builds the page into app/web/static (or the directory given as the first argument):
-// index.html, app.css and app.js, the one bundle. esbuild's output depends only on the
+// index.html, app.css, favicon.svg and app.js, the one bundle. esbuild's output depends only on the
 // sources and its version (pinned by package-lock.json): the test rebuilds and compares bytes.
 import { build } from "esbuild";
 import { copyFileSync, mkdirSync } from "node:fs";
@@ -22,4 +22,4 @@ await build({
   define: { "process.env.NODE_ENV": '"production"' },
   logLevel: "warning",
 });
-for (const name of ["index.html", "app.css"]) copyFileSync(join(here, "src", name), join(out, name));
+for (const name of ["index.html", "app.css", "favicon.svg"]) copyFileSync(join(here, "src", name), join(out, name));

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from uuid import UUID
 
 from fastapi import APIRouter, Response
@@ -78,27 +77,12 @@ async def ask(
         if isinstance(body.tool_choice, str)
         else NamedTool(body.tool_choice.name),
         parallel_tool_calls=body.parallel_tool_calls,
+        reasoning=body.reasoning.model_dump(exclude_none=True) if body.reasoning else None,
         idempotency_key=idempotency_key,
     )
-    # Room in this process's handoff: the ask's job is committed taken by it, and the handoff
-    # starts its run (app/worker/handoff.py).
-    claim_for = local_workers.reserve() if local_workers is not None else None
-
-    async def commit() -> service.AskResult:
-        try:
-            result = await service.ask(
-                engine, settings, tenant, str(session_id), params, limits, claim_for=claim_for
-            )
-        finally:
-            if local_workers is not None and claim_for is not None:
-                local_workers.release()
-        if result.created and local_workers is not None:
-            local_workers.offer(result.run.id, result.run.job_id, claimed=result.claimed)
-        return result
-
-    # Shielded when the job may be committed taken: a request cancelled after the commit
-    # still hands its run over (no one else would start it while this process lives).
-    result = await (asyncio.shield(commit()) if claim_for is not None else commit())
+    result = await service.ask(
+        engine, settings, tenant, str(session_id), params, limits, handoff=local_workers
+    )
     run_id = result.run.id
     if not body.stream:
         return JSONResponse(Run.of(result.run).model_dump(mode="json"), status_code=202)

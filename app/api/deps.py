@@ -17,10 +17,10 @@ from app.core.stream_tokens import ExpiredToken, InvalidToken, StreamGrant, veri
 from app.eventlog.hub import EventHub
 from app.runs.model import Run
 from app.services.errors import Forbidden
+from app.services.handoff import RunHandoff
 from app.services.keys import Caller, authenticate
 from app.services.quotas import Limits, rate_limited
 from app.telemetry import logging as log_ids
-from app.worker.handoff import Handoff
 
 _bearer = HTTPBearer(auto_error=False, description="An API key: `threadline keys create`.")
 _admin_bearer = HTTPBearer(
@@ -45,9 +45,9 @@ def get_engine(request: Request) -> AsyncEngine:
     return engine
 
 
-def get_handoff(request: Request) -> Handoff | None:
+def get_handoff(request: Request) -> RunHandoff | None:
     """The workers of this process (`threadline serve`), to start its asks' runs at once."""
-    handoff: Handoff | None = request.app.state.handoff
+    handoff: RunHandoff | None = request.app.state.handoff
     return handoff
 
 
@@ -195,7 +195,7 @@ ReadingTenant = Annotated[str, Depends(get_reading_tenant)]
 OwnLimits = Annotated[Limits, Depends(get_own_limits)]
 Hub = Annotated[EventHub, Depends(get_hub)]
 Reader = Annotated[StreamReader, Depends(get_stream_reader)]
-LocalWorkers = Annotated[Handoff | None, Depends(get_handoff)]
+LocalWorkers = Annotated[RunHandoff | None, Depends(get_handoff)]
 IdempotencyKey = Annotated[
     str | None,
     Header(

@@ -81,6 +81,7 @@ async def context(
         "tools": meta.tools_tokens,
         "history": meta.history_tokens,
     }
+    breakdown["overhead"] = meta.estimated_tokens - sum(breakdown.values())
     return ContextUsage(
         model=result.model,
         context_window=result.context_window,
@@ -111,4 +112,6 @@ async def context(
             )
             for row in usage.recent_summaries
         ],
+        compactable=usage.nothing_to_compact is None,
+        not_compactable_reason=usage.nothing_to_compact,
     )

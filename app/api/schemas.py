@@ -23,8 +23,8 @@ from app.core import metadata as metadata_rules
 from app.core.entries import (
     MAX_ENTRY_SEQ,
     RUN_ENTRY_PREFIX,
-    ContentPart,
     FinishReason,
+    InputPart,
     MessagePayload,
     Refs,
     RollbackPayload,
@@ -35,6 +35,7 @@ from app.core.entries import (
 from app.core.memory import MAX_MEMORY_BYTES, NAMESPACE_PATTERN
 from app.core.policy import ContextPolicyPatch
 from app.core.projection import ProjectionMeta
+from app.core.reasoning import Reasoning
 from app.core.run_policy import RunPolicy
 from app.runs import model as runs
 from app.services.webhooks import WebhookEventType
@@ -99,6 +100,16 @@ class SessionConfig(Strict):
         default=None, description="Writes compaction summaries. Default: the session's model."
     )
     system_prompt: Annotated[str, StringConstraints(max_length=200_000)] | None = None
+    max_output_tokens: Annotated[int, Field(ge=1, le=1_000_000)] | None = Field(
+        default=None,
+        description="The longest answer of the session's asks, unless an ask says otherwise. "
+        "Default: the model's (local:* models: 256).",
+    )
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = Field(
+        default=None,
+        description="The sampling temperature of the session's asks, unless an ask says "
+        "otherwise. Default: the provider's (local:* models: 0, greedy).",
+    )
     context_policy: ContextPolicyPatch | None = Field(
         default=None, description="How the context is projected from the journal."
     )
@@ -110,6 +121,11 @@ class SessionConfig(Strict):
         default=None,
         description="Persistent memory to use: its first lines join the system prompt of every "
         "projection, and read_memory / write_memory / update_memory are offered as tools.",
+    )
+    reasoning: Reasoning | None = Field(
+        default=None,
+        description="Let the model think before it answers (asks may override it). Default: "
+        "off. 422 reasoning_not_supported for a model that cannot reason.",
     )
 
 
@@ -402,13 +418,22 @@ class ContextUsage(BaseModel):
     truncated: bool
     needs_summary: bool
     breakdown: dict[str, int] = Field(
-        description="Tokens by segment: system (the prompt), memory, summary, tools, history."
+        description="Tokens by segment: system (the prompt), memory, summary, tools, history, "
+        "and overhead (the reply's priming, and the estimate margin of a model counted only "
+        "approximately); they add up to `tokens`."
     )
     shares: dict[str, float] = Field(
         description="Percent of the context window each segment of the breakdown uses."
     )
     compactions: list[Compaction] = Field(
         description="The newest summary checkpoints (up to 20), newest first."
+    )
+    compactable: bool = Field(
+        description="Whether POST /compact (with the policy's keep_last_turns) would find "
+        "anything to summarize now; false: it answers 409 nothing_to_compact."
+    )
+    not_compactable_reason: str | None = Field(
+        description="Why there is nothing to compact, in words for a person; null when compactable."
     )
 
 
@@ -420,7 +445,7 @@ class NamedToolChoice(Strict):
 
 
 class AskRequest(Strict):
-    input: str | Annotated[list[ContentPart], Field(min_length=1)] = Field(
+    input: str | Annotated[list[InputPart], Field(min_length=1)] = Field(
         description="The user's message: text, or content parts."
     )
     model: ModelName | None = Field(default=None, description="Default: the session's model.")
@@ -454,6 +479,12 @@ class AskRequest(Strict):
     )
     on_disconnect: Literal["continue", "cancel"] = Field(
         default="continue", description="cancel: a stream client going away cancels the run."
+    )
+    reasoning: Reasoning | None = Field(
+        default=None,
+        description="Let the model think before it answers, for this ask (over the session's "
+        'config.reasoning; {"effort": "none"} turns it off). 422 reasoning_not_supported for a '
+        "model that cannot reason.",
     )
 
 

@@ -10,10 +10,9 @@ A stream ends with its run; a run that is over with nothing left to send gets no
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal
 
 from fastapi import Depends, Header, Query
@@ -25,7 +24,7 @@ from sse_starlette import EventSourceResponse
 from app.eventlog.hub import EventHub
 from app.eventlog.registry import PAYLOADS, TERMINAL_EVENTS, EventData, EventType
 from app.eventlog.store import MAX_EVENT_SEQ
-from app.telemetry import metrics
+from app.eventlog.stream import Row, Wire, run_stream
 
 # Where the document keeps the schemas (components) that SSE_RESPONSE refers to.
 SCHEMA_REF = "#/components/schemas/{model}"
@@ -103,6 +102,13 @@ RUN_INSTEAD_OF_STREAM = (
 )
 
 
+class NativeWire(Wire):
+    """Threadline's own frames: each event as it is stored (its seq, type and payload)."""
+
+    async def frames(self, rows: list[Row]) -> list[bytes]:
+        return [frame(row) for row in rows]
+
+
 async def event_stream(
     hub: EventHub,
     run_id: str,
@@ -112,37 +118,14 @@ async def event_stream(
     *,
     created: bool = False,
 ) -> EventSourceResponse | None:
-    """The run's events after `after_seq` as SSE, ending with the run (hub.follow); None when
-    the run is already over and nothing is left to send: the caller answers without a stream
-    (a 204 also stops an EventSource from reconnecting, which an empty 200 would not). A run
-    this request has just `created` always has something to send (its `run.created`, kept
-    for the retention period): it is not asked."""
+    """The run's events after `after_seq` as SSE, ending with the run (app/eventlog/stream.py);
+    None when the run is already over and nothing is left to send: the caller answers without
+    a stream (a 204 also stops an EventSource from reconnecting, which an empty 200 would not).
+    A run this request has just `created` always has something to send (its `run.created`,
+    kept for the retention period): it is not asked."""
     if not created and not await hub.has_more(run_id, after_seq):
         return None
-
-    async def events() -> AsyncIterator[bytes]:
-        finished = False
-        try:
-            async for rows in hub.follow_batches(run_id, after_seq):
-                yield b"".join(map(frame, rows))  # one write for a page of the backlog
-            finished = True
-        except Exception:
-            # Ours, not the client's: e.g. an outage longer than the hub waits. The connection
-            # is dropped (no clean end: that would read as "the run is over"); the client
-            # resumes with Last-Event-ID. Not a reason to cancel the run.
-            finished = True
-            raise
-        finally:
-            # sse-starlette ends the generator with CancelledError when the client leaves;
-            # that is not a cancel of the run, unless the ask asked for it.
-            if not finished and on_client_gone is not None:
-                await asyncio.shield(on_client_gone())
-
-    return EventSourceResponse(
-        metrics.counted_stream(events()),
-        ping=heartbeat_seconds,
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-    )
+    return run_stream(hub, run_id, after_seq, heartbeat_seconds, NativeWire(), on_client_gone)
 
 
 def frame(row: dict[str, Any]) -> bytes:

@@ -10,27 +10,26 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Response
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.ext.asyncio import AsyncEngine
-from sse_starlette import EventSourceResponse, ServerSentEvent
+from sse_starlette import EventSourceResponse
 
 from app.api.bodies import JSONRoute
-from app.api.deps import Config, Engine, Hub, Tenant
+from app.api.deps import Config, Engine, Hub, LocalWorkers, Tenant
 from app.api.errors import error_responses
 from app.api.ui_stream import DONE, HEADER, VERSION, Chunk, UIStream, context_meter
 from app.config import Settings
 from app.eventlog.hub import EventHub
 from app.eventlog.registry import EventType
+from app.eventlog.stream import Row, Wire, run_stream, sse_frame
 from app.services import asks as asks_service
 from app.services import runs as runs_service
 from app.services import ui_chats
-from app.services.errors import Invalid
 from app.services.projection import project_session
-from app.telemetry import metrics
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/ui/chat", tags=["ai-sdk"], route_class=JSONRoute)
@@ -108,11 +107,15 @@ class UiChatRequest(BaseModel):
     responses={**UI_STREAM_RESPONSE, **error_responses(400, 401, 404, 409, 413, 422)},
 )
 async def ui_chat(
-    body: UiChatRequest, engine: Engine, tenant: Tenant, settings: Config, hub: Hub
+    body: UiChatRequest,
+    engine: Engine,
+    tenant: Tenant,
+    settings: Config,
+    hub: Hub,
+    local_workers: LocalWorkers,
 ) -> Response:
     """Journal the chat's new user message (or regenerate the last answer) and stream the run
     in the AI SDK's UI message stream protocol."""
-    content: str | list[dict[str, Any]] | None
     if body.messages and body.messages[-1].get("role") == "assistant":
         # useChat sends the answer back with the outputs of its client-side tools.
         found = await ui_chats.find_session(engine, tenant, body.id)
@@ -131,32 +134,22 @@ async def ui_chat(
             None,
             sent.streamed_through,
         )
-    # Before the rollback or the new chat's session: a refused ask leaves nothing behind.
-    await asks_service.check_quotas(engine, settings, tenant)
-    if body.trigger == "regenerate-message":
-        session = await ui_chats.find_session(engine, tenant, body.id)
-        nothing = Invalid("nothing_to_regenerate", "the chat has no user message yet", {})
-        if session is None:
-            raise nothing
-        session_id = str(session["id"])
-        content = await ui_chats.roll_back_from(engine, tenant, session_id, None, "regenerate")
-        if content is None:
-            raise nothing
-    else:
-        content = ui_chats.new_user_text(body.messages)
-        session_id = str((await ui_chats.chat_session(engine, settings, tenant, body.id))["id"])
-        if body.message_id is not None:
-            # An edit: useChat sends the messages up to the edited one, which is last. It is
-            # the chat's n-th user message: that one and all after it are rolled back.
-            position = sum(1 for m in body.messages if m.get("role") == "user") - 1
-            await ui_chats.roll_back_from(engine, tenant, session_id, position, "edit")
-    params = asks_service.AskParams(
-        content=content, model=body.model, on_disconnect=body.on_disconnect
+    run = await ui_chats.ask(
+        engine,
+        settings,
+        tenant,
+        body.id,
+        body.messages,
+        regenerate=body.trigger == "regenerate-message",
+        edited=body.message_id is not None,
+        params=asks_service.AskParams(
+            content="", model=body.model, on_disconnect=body.on_disconnect
+        ),
+        handoff=local_workers,
     )
-    run = (await asks_service.ask(engine, settings, tenant, session_id, params)).run
 
     async def meter() -> Chunk:
-        return await _context_meter(engine, settings, tenant, session_id, run.model)
+        return await _context_meter(engine, settings, tenant, run.session_id, run.model)
 
     gone = _canceller(engine, tenant, run.id) if body.on_disconnect == "cancel" else None
     return _ui_stream(engine, tenant, hub, run.id, settings.sse_heartbeat_seconds, gone, meter)
@@ -203,6 +196,71 @@ async def resume_ui_chat(
     return _ui_stream(engine, tenant, hub, run.id, settings.sse_heartbeat_seconds, None, None)
 
 
+class _UIWire(Wire):
+    """The run's events as UI message chunks; `[DONE]` after the terminal one, or once the run
+    waits for client-side tool outputs. The `meter`'s part (worked out meanwhile) follows the
+    run's first chunks. Events up to `sent_through` were streamed before (the client continues
+    that message): they are translated, for the ids, but not sent."""
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        tenant: str,
+        run_id: str,
+        meter: Callable[[], Coroutine[Any, Any, Chunk]] | None,
+        sent_through: int,
+    ) -> None:
+        self._engine = engine
+        self._tenant = tenant
+        self._run_id = run_id
+        self._stream = UIStream(run_id)
+        self._sent_through = sent_through
+        self._measuring: asyncio.Task[Chunk] | None = (
+            asyncio.create_task(meter()) if meter is not None else None
+        )
+
+    def opening(self) -> list[bytes]:
+        return [_sse({"type": "start", "messageId": self._run_id})] if self._sent_through else []
+
+    async def frames(self, rows: list[Row]) -> list[bytes]:
+        out: list[bytes] = []
+        for row in rows:
+            if self.ended:
+                break
+            out += await self._row(row)
+        return out
+
+    async def _row(self, row: Row) -> list[bytes]:
+        stream, run_id = self._stream, self._run_id
+        if row["seq"] <= self._sent_through:
+            stream.translate(row["type"], row["data"])  # sent before: for the ids
+            return []
+        if row["type"] == EventType.RUN_REQUIRES_ACTION and await ui_chats.events_after(
+            self._engine, run_id, row["seq"]
+        ):
+            # A replayed wait the client answered already: the calls with their outputs.
+            outputs = await ui_chats.client_tool_outputs(self._engine, self._tenant, run_id)
+            return [_sse(chunk) for chunk in stream.answered(row["data"], outputs)]
+        out = [_sse(chunk) for chunk in stream.translate(row["type"], row["data"])]
+        if stream.waiting:  # for the browser's tool outputs: useChat sends them anew
+            self.ended = True
+            return out
+        if self._measuring is not None:
+            try:
+                out.append(_sse(await self._measuring))
+            except Exception:  # a meter is no reason to fail the stream
+                log.warning("run %s: no context meter", run_id, exc_info=True)
+            self._measuring = None
+        return out
+
+    def closing(self) -> list[bytes]:
+        return [sse_frame(DONE)]
+
+    def close(self) -> None:
+        if self._measuring is not None:
+            self._measuring.cancel()
+
+
 def _ui_stream(
     engine: AsyncEngine,
     tenant: str,
@@ -213,60 +271,12 @@ def _ui_stream(
     meter: Callable[[], Coroutine[Any, Any, Chunk]] | None,
     sent_through: int = 0,
 ) -> EventSourceResponse:
-    """The run's events from its first, translated; `[DONE]` after the terminal one, or once
-    the run waits for client-side tool outputs. The `meter`'s part (worked out meanwhile)
-    follows the run's first chunks. Events up to `sent_through` were streamed before (the
-    client continues that message): they are translated, for the ids, but not sent."""
-
-    async def chunks() -> AsyncIterator[ServerSentEvent]:
-        stream = UIStream(run_id)
-        finished = False
-        measuring: asyncio.Task[Chunk] | None = (
-            asyncio.create_task(meter()) if meter is not None else None
-        )
-        try:
-            if sent_through:
-                yield _sse({"type": "start", "messageId": run_id})
-            async for row in hub.follow(run_id, 0):
-                if row["seq"] <= sent_through:
-                    stream.translate(row["type"], row["data"])  # sent before: for the ids
-                    continue
-                if row["type"] == EventType.RUN_REQUIRES_ACTION and await ui_chats.events_after(
-                    engine, run_id, row["seq"]
-                ):
-                    # A replayed wait the client answered already: the calls with their outputs.
-                    outputs = await ui_chats.client_tool_outputs(engine, tenant, run_id)
-                    for chunk in stream.answered(row["data"], outputs):
-                        yield _sse(chunk)
-                    continue
-                for chunk in stream.translate(row["type"], row["data"]):
-                    yield _sse(chunk)
-                if stream.waiting:  # for the browser's tool outputs: useChat sends them anew
-                    break
-                if measuring is not None:
-                    try:
-                        yield _sse(await measuring)
-                    except Exception:  # a meter is no reason to fail the stream
-                        log.warning("run %s: no context meter", run_id, exc_info=True)
-                    measuring = None
-            finished = True
-            yield ServerSentEvent(data=DONE)
-        except Exception:
-            finished = True  # ours (as in app/api/sse.py): dropped, not a reason to cancel
-            raise
-        finally:
-            if measuring is not None:
-                measuring.cancel()
-            # sse-starlette ends the generator with CancelledError when the client leaves.
-            if not finished and on_client_gone is not None:
-                await asyncio.shield(on_client_gone())
-
-    return EventSourceResponse(
-        metrics.counted_stream(chunks()),
-        ping=heartbeat_seconds,
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", HEADER: VERSION},
+    """The run's events from its first, as a UI message stream (_UIWire)."""
+    wire = _UIWire(engine, tenant, run_id, meter, sent_through)
+    return run_stream(
+        hub, run_id, 0, heartbeat_seconds, wire, on_client_gone, headers={HEADER: VERSION}
     )
 
 
-def _sse(chunk: Chunk) -> ServerSentEvent:
-    return ServerSentEvent(data=json.dumps(chunk, separators=(",", ":")))
+def _sse(chunk: Chunk) -> bytes:
+    return sse_frame(json.dumps(chunk, separators=(",", ":")))

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fastapi import FastAPI
-from fastapi.responses import RedirectResponse
+from fastapi.responses import FileResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.middleware.gzip import GZipMiddleware
 
@@ -26,3 +26,9 @@ def install_web(app: FastAPI) -> None:
         # Relative, as the page's calls to the API are: behind a reverse proxy that serves
         # Threadline under a path, /chat/ leads to /chat/ui/.
         return RedirectResponse(f".{UI_URL}/", status_code=307)
+
+    @app.get("/favicon.ico", include_in_schema=False)
+    async def favicon() -> FileResponse:
+        # Where browsers look when a page names no icon (the docs pages, a bare URL); the
+        # chat page names its own, relative, so that it also comes through a proxy's path.
+        return FileResponse(ASSETS / "favicon.svg", media_type="image/svg+xml")

@@ -28,7 +28,7 @@ class ApiError(ChatError):
 
     def __init__(self, status: int, code: str, message: str, details: Any = None) -> None:
         super().__init__(f"{message} ({status} {code})")
-        self.status, self.code, self.details = status, code, details
+        self.status, self.code, self.message, self.details = status, code, message, details
 
 
 class Unreachable(ChatError):

@@ -112,7 +112,7 @@ class Chat:
             case commands.Say(text):
                 self.ask(text)
             case commands.Compact(focus):
-                self.follow(self.client.compact(self.session_id, focus))
+                self.compact(focus)
             case commands.Context():
                 self.context()
             case commands.Fork(at_seq):
@@ -131,6 +131,14 @@ class Chat:
 
     def ask(self, text: str) -> None:
         self.follow(self.client.ask(self.session_id, text))
+
+    def compact(self, focus: str | None) -> None:
+        try:
+            self.follow(self.client.compact(self.session_id, focus))
+        except ApiError as exc:
+            if exc.code != "nothing_to_compact":
+                raise
+            self.console.print(shown(exc.message), style="yellow")  # a short chat: not an error
 
     def follow(self, stream: Stream) -> None:
         """Show a run as it streams. Ctrl-C cancels it and shows how it ended; a second
@@ -241,6 +249,8 @@ class Chat:
             f"summaries" + (f" · {', '.join(flags)}" if flags else ""),
             highlight=False,
         )
+        if not ctx["compactable"]:
+            self.console.print(shown(ctx["not_compactable_reason"]), style="dim")
 
     def fork(self, at_seq: int | None) -> None:
         child = self.client.fork(self.session_id, at_seq)
@@ -355,7 +365,8 @@ def prompt_reader(console: Console) -> Callable[[], str]:
 
 def main(url: str | None, key: str | None, resume: str | None, fork: str | None) -> int:
     """`threadline chat`: the exit status (1 with a message when it cannot start)."""
-    console = Console(highlight=False)
+    # Piped, lines are not wrapped at a width no one set (the header's session id stays whole).
+    console = Console(highlight=False, soft_wrap=not sys.stdout.isatty())
     errors = Console(stderr=True, highlight=False)
     client: Client | None = None
     try:

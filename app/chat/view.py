@@ -61,6 +61,7 @@ class RunView:
         self.text = ""  # the final text (an answer, or a compaction's summary)
         self._live: Live | None = None
         self._plain_open = False  # plain mode: an answer line is being written
+        self._progress: Text | None = None  # the compaction's progress line, updated in place
 
     def __enter__(self) -> RunView:
         if self.live_mode:
@@ -122,6 +123,21 @@ class RunView:
                 self._plain_open = False
             self.console.print(text, style=style, markup=False, highlight=False)
 
+    def progress(self, text: str, first: bool) -> None:
+        """A progress line that each report replaces (live mode); as plain text, only the
+        `first` report of each step is written, so a pipe gets no line a second."""
+        if self._live is None:
+            if first:
+                self.note(text)
+            return
+        line = Text(printable(text), style="dim")
+        if self._progress is not None and self.blocks and self.blocks[-1] is self._progress:
+            self.blocks[-1] = line
+        else:
+            self.blocks.append(line)
+        self._progress = line
+        self._changed()
+
     def reset(self) -> None:
         """The model turn starts over: what it streamed so far is void."""
         del self.blocks[self.turn_start :]
@@ -154,6 +170,11 @@ class RunView:
                 f"compacting entries {data.get('from_seq')}-{data.get('to_seq')} "
                 f"with {data.get('model')}{focus}…"
             )
+        elif kind == EventType.CONTEXT_COMPACTION_PROGRESS:
+            call, calls, chars = data.get("call"), data.get("calls"), data.get("chars") or 0
+            part = f" (part {call} of {calls})" if calls != 1 else ""
+            written = f": {chars:,} characters so far" if chars else "…"
+            self.progress(f"writing the summary{part}{written}", first=not chars)
         elif kind == EventType.CONTEXT_COMPACTED:
             self.note(
                 f"compacted entries {data.get('from_seq')}-{data.get('to_seq')} into a summary "

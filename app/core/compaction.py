@@ -9,6 +9,7 @@ run. History itself is never rewritten: the summary is a new entry the projector
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
@@ -22,7 +23,7 @@ from app.core.projection import (
     in_run_order,
     without_rolled_back,
 )
-from app.core.tokens import TokenCounter
+from app.core.tokens import TokenCounter, entry_tokens
 
 # A tool result longer than this is shown to the summarizer clipped (head and tail): its full
 # text stays in the journal, where search_history and read_tool_output still find it.
@@ -121,6 +122,24 @@ def _boundary(
     return None
 
 
+def nothing_to_compact(keep_last_turns: int | None) -> str:
+    """Why a compaction keeping `keep_last_turns` turns (None: the policy's) found nothing to
+    summarize, in words for the person who asked (the 409, GET /context, the chat surfaces)."""
+    if keep_last_turns == 0:
+        return "Nothing to compact: the conversation has nothing left to summarize."
+    kept = (
+        "the newest turns"
+        if keep_last_turns is None
+        else "the newest turn"
+        if keep_last_turns == 1
+        else f"the newest {keep_last_turns} turns"
+    )
+    return (
+        f"Nothing to compact yet: {kept} always stay as written, and nothing before them is "
+        "left to summarize."
+    )
+
+
 def _latest_summary(kept: Sequence[JournalEntry]) -> JournalEntry | None:
     return next((e for e in reversed(kept) if e.kind == EntryKind.SUMMARY), None)
 
@@ -180,6 +199,57 @@ def summary_request(
     if focus:
         parts.append(f"IMPORTANT: Focus the summary on: {focus}")
     return (Message("system", INSTRUCTIONS), Message("user", "\n\n".join(parts)))
+
+
+# What a summary must not contain, because it is the prompt coming back rather than a summary
+# (small models echo it): the chat markers of a prompt format, the transcript's role labels
+# opening a line, a preamble announcing the summary, or the summarizer prompt's own sentences.
+_TEMPLATE_MARKER = re.compile(
+    r"<\|[A-Za-z_]+\|>|<(?:start|end)_of_turn>|\[/?INST\]|<</?SYS>>", re.IGNORECASE
+)
+_ROLE_LABEL = re.compile(
+    r"^[ \t]*(?:\[#\d+\][ \t]*)?(?:system|user|assistant|tool)[ \t]*:", re.IGNORECASE | re.MULTILINE
+)
+_PREAMBLE = re.compile(
+    r"^\W*(?:here(?:'s|\s+is)|below\s+is|sure\b)[^\n]*\bsummary\b", re.IGNORECASE
+)
+PROMPT_PHRASES = (
+    "The summary so far:",
+    "The conversation since then:",
+    "The conversation:",
+    "Write the updated summary",
+    "Write the summary",
+    "Use at most",
+    "Focus the summary on",
+    "Output only the summary",
+    "You compact a conversation",
+)
+
+
+def summary_problem(text: str) -> str | None:
+    """Why `text` is not a usable summary (it carries prompt text or role markers), or None."""
+    if not text.strip():
+        return "the summary is empty"
+    if found := _TEMPLATE_MARKER.search(text):
+        return f"the summary contains the chat marker {found[0]!r}"
+    if found := _ROLE_LABEL.search(text):
+        return f"the summary repeats the transcript's role label {found[0].strip()!r}"
+    if found := _PREAMBLE.search(text):
+        return f"the summary opens with a preamble ({found[0].strip()!r})"
+    lowered = text.lower()
+    for phrase in PROMPT_PHRASES:
+        if phrase.lower() in lowered:
+            return f"the summary repeats the summarizer's instructions ({phrase!r})"
+    return None
+
+
+def replaced_tokens(plan: CompactionPlan, counter: TokenCounter) -> int:
+    """The tokens of what a summary for `plan` stands in for, by `counter`: the entries it
+    covers and the previous summary it folds in."""
+    tokens = sum(entry_tokens(EntryKind(e.kind), e.payload, e.refs, counter) for e in plan.entries)
+    if plan.previous is not None:
+        tokens += counter.count(str(plan.previous.payload["content"]))
+    return tokens
 
 
 def chunk_lines(lines: Sequence[str], counter: TokenCounter, limit: int) -> list[list[str]]:

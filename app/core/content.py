@@ -11,6 +11,9 @@ Messages accept.
   side (Anthropic refuses larger).
 - A list of parts is not empty, and a text part has non-whitespace text (Anthropic refuses
   empty text blocks; OpenAI refuses an empty content array).
+- Reasoning parts (a model's thinking: `thinking` with its signature, `redacted_thinking` with
+  its data) only in assistant messages, their opaque fields non-empty: the provider checks them,
+  so they are kept byte for byte, and a projection decides per provider what is sent back.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from typing import Any
 IMAGE_MEDIA_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
 MAX_IMAGE_SIDE = 8000
 IMAGE_ROLES = frozenset({"user"})
+REASONING_TYPES = frozenset({"thinking", "redacted_thinking"})
+REASONING_ROLES = frozenset({"assistant"})
 _DATA_URL = re.compile(r"data:([^;,]*);base64,(.*)", re.DOTALL)
 # A host, then no whitespace or control characters anywhere (both providers fetch it).
 _WEB_URL = re.compile(r"https?://[^\s/?#\x00-\x1f\x7f]+[^\s\x00-\x1f\x7f]*")
@@ -42,9 +47,11 @@ IMAGE_BYTES = "image_type_mismatch"
 IMAGE_SIDE = "image_too_large"
 NOT_A_PART = "invalid_part"
 UNKNOWN_PART = "unknown_part_type"
+REASONING_ROLE = "reasoning_not_allowed_in_role"
+REASONING_FIELDS = "invalid_reasoning"
 RULES = frozenset(
     {EMPTY_CONTENT, BLANK_TEXT, IMAGE_ROLE, IMAGE_URL, IMAGE_MEDIA_TYPE, IMAGE_BASE64}
-    | {IMAGE_BYTES, IMAGE_SIDE, NOT_A_PART, UNKNOWN_PART}
+    | {IMAGE_BYTES, IMAGE_SIDE, NOT_A_PART, UNKNOWN_PART, REASONING_ROLE, REASONING_FIELDS}
 )
 
 
@@ -99,7 +106,33 @@ def part_problems(role: str, part: Any) -> list[ContentProblem]:
                 )
             ]
         return [ContentProblem(("url",), r, m) for r, m in _url_problems(part.get("url"))]
+    if kind in REASONING_TYPES:
+        return _reasoning_problems(role, part)
     return [ContentProblem(("type",), UNKNOWN_PART, f"unknown part type {kind!r}")]
+
+
+def _reasoning_problems(role: str, part: dict[str, Any]) -> list[ContentProblem]:
+    if role not in REASONING_ROLES:
+        message = f"{role} messages cannot carry reasoning (only assistant)"
+        return [ContentProblem(("type",), REASONING_ROLE, message)]
+    # What the provider needs back unchanged: a thinking block's text and its signature, a
+    # redacted block's encrypted data.
+    required = ("thinking", "signature") if part["type"] == "thinking" else ("data",)
+    for name in required:
+        value = part.get(name)
+        if not isinstance(value, str) or (name != "thinking" and not value):
+            message = f"a {part['type']} part needs {name} (a non-empty string from the provider)"
+            return [ContentProblem((name,), REASONING_FIELDS, message)]
+    return []
+
+
+def is_reasoning(part: Any) -> bool:
+    return isinstance(part, dict) and part.get("type") in REASONING_TYPES
+
+
+def without_reasoning(content: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The parts that are not reasoning: what a provider that takes no reasoning back gets."""
+    return [p for p in content if not is_reasoning(p)]
 
 
 def _url_problems(url: Any) -> list[tuple[str, str]]:

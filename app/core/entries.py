@@ -60,7 +60,28 @@ class ImagePart(_Strict):
     detail: Literal["auto", "low", "high"] | None = None
 
 
-ContentPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
+class ThinkingPart(_Strict):
+    """A model's thinking (Anthropic extended thinking): only in assistant messages, kept byte
+    for byte with the signature the provider checks when it is sent back."""
+
+    type: Literal["thinking"]
+    thinking: Annotated[str, Field(max_length=2_000_000)]
+    signature: Annotated[str, Field(min_length=1, max_length=200_000)]
+
+
+class RedactedThinkingPart(_Strict):
+    """Thinking the provider encrypted (Anthropic redacted_thinking): `data` is sent back
+    unchanged."""
+
+    type: Literal["redacted_thinking"]
+    data: Annotated[str, Field(min_length=1, max_length=2_000_000)]
+
+
+# What a person may say (an ask's input); message content may also hold a model's reasoning.
+InputPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
+ContentPart = Annotated[
+    TextPart | ImagePart | ThinkingPart | RedactedThinkingPart, Field(discriminator="type")
+]
 
 
 # Why a model turn ended, whichever provider said it: stop (a complete answer), length (cut off

@@ -10,7 +10,7 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from app.core.content import sendable_parts
+from app.core.content import is_reasoning, sendable_parts, without_reasoning
 from app.core.messages import Content, Message, ToolCall, ToolSpec, canonical_json, text_of
 from app.core.tokens import (
     JOINED_ROLES,
@@ -99,7 +99,8 @@ def _openai_message(message: Message) -> Json:
 def _openai_content(role: str, content: Content) -> str | list[Json]:
     if isinstance(content, str):
         return content
-    parts = [_openai_part(p) for p in sendable_parts(role, content)]
+    # Chat Completions takes no reasoning back (its models' is not ours to send).
+    parts = [_openai_part(p) for p in sendable_parts(role, without_reasoning(content))]
     if role in JOINED_ROLES:
         # Only text is sendable in these roles; it goes as one string: OpenAI reads text parts
         # joined as they are, and OpenAI-compatible servers (llama.cpp's among them) refuse a
@@ -191,7 +192,8 @@ def _marked(blocks: list[Json], mark: bool) -> list[Json]:
     if not mark:
         return blocks
     for index in range(len(blocks) - 1, -1, -1):
-        if _nonblank([blocks[index]]):
+        # Anthropic refuses cache_control on thinking blocks.
+        if _nonblank([blocks[index]]) and not is_reasoning(blocks[index]):
             blocks[index] = {**blocks[index], "cache_control": dict(CACHE_CONTROL)}
             break
     return blocks
@@ -241,6 +243,11 @@ def _sendable_text(message: Message) -> str:
 def _anthropic_part(part: Json) -> Json:
     if part.get("type") == "text":
         return _text_block(str(part.get("text", "")))
+    # Reasoning goes back exactly as the model wrote it: Anthropic checks the signature.
+    if part.get("type") == "thinking":
+        return {"type": "thinking", "thinking": part["thinking"], "signature": part["signature"]}
+    if part.get("type") == "redacted_thinking":
+        return {"type": "redacted_thinking", "data": part["data"]}
     if part.get("type") == "image_url":
         return {"type": "image", "source": _image_source(str(part["url"]))}
     raise ValueError(f"unknown content part type: {part.get('type')!r}")

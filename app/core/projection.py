@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from app.core.content import is_reasoning, without_reasoning
 from app.core.entries import EntryKind
 from app.core.eviction import READ_TOOL_OUTPUT, output_ref, oversized_page, preview, sizes
 from app.core.formats import MAX_CACHE_BREAKPOINTS
@@ -29,6 +30,7 @@ from app.core.tokens import (
     has_images,
     images_of,
     message_overhead,
+    reasoning_tokens,
     tools_tokens,
 )
 
@@ -83,6 +85,10 @@ class ProjectionInput:
     memory_namespace: str | None = None  # named in the memory block's header
     tools: Sequence[ToolSpec] = ()
     run_id: str | None = None  # projecting for this run: later asks are not its business
+    # The model takes its reasoning back (Anthropic): the newest turn's tool loop's is sent and
+    # counted (a loop left unfinished before it included). Older turns' never is (Anthropic
+    # ignores it there); nor is any to other providers.
+    send_reasoning: bool = False
 
 
 @dataclass(frozen=True)
@@ -196,6 +202,11 @@ def project(source: ProjectionInput) -> Projection:
     tools = _with_output_reader(source.tools, groups)
     tool_tokens = tools_tokens(tools, counter)
     older, required = _split_at_newest_turn(groups)
+    unfinished = _unfinished_loop_start(older)
+    for at, group in enumerate(older):
+        _settle_reasoning(group, source.send_reasoning and at >= unfinished, counter)
+    for group in required:
+        _settle_reasoning(group, source.send_reasoning, counter)
     required_tokens = sum(g.tokens for g in required)
     margin = 0.0 if source.exact else policy.estimate_margin
     budget = math.floor(policy.budget / (1 + margin))
@@ -288,6 +299,31 @@ def _split_at_newest_turn(groups: list[_Group]) -> tuple[list[_Group], list[_Gro
     first_pending = next((i for i, g in enumerate(groups) if g.pending), len(groups))
     newest = min(turn_starts[-1] if turn_starts else len(groups), first_pending)
     return groups[:newest], groups[newest:]
+
+
+def _unfinished_loop_start(older: list[_Group]) -> int:
+    """Where the tool loop the newest turn continues starts in `older` (len: none). A loop
+    without a final answer (a fork inside it, a run stopped in it) goes on in the newest user
+    message: Anthropic reads that message, which opens with the loop's tool results, as part
+    of the loop, and wants the loop's thinking back."""
+    start = len(older)
+    while start and older[start - 1].messages[-1].role == "tool":
+        start -= 1
+    return start
+
+
+def _settle_reasoning(group: _Group, send: bool, counter: TokenCounter) -> None:
+    """The group's reasoning parts sent and counted (entries' stored counts leave them out), or
+    taken out of its messages."""
+    for at, message in enumerate(group.messages):
+        content = message.content
+        if isinstance(content, str) or not any(is_reasoning(p) for p in content):
+            continue
+        if send:
+            group.tokens += sum(reasoning_tokens(p, counter) for p in content if is_reasoning(p))
+        else:
+            rest = tuple(without_reasoning(content))
+            group.messages[at] = replace(message, content=rest or "")
 
 
 def _with_output_reader(tools: Sequence[ToolSpec], history: list[_Group]) -> tuple[ToolSpec, ...]:

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from app.core.content import image_of, sendable_parts
+from app.core.content import image_of, is_reasoning, sendable_parts, without_reasoning
 from app.core.entries import EntryKind
 from app.core.messages import Content, Message, ToolCall, ToolSpec, canonical_json, result_text
 
@@ -210,18 +210,38 @@ JOINED_ROLES = frozenset({"system", "assistant"})
 
 
 def content_tokens(content: Content, counter: TokenCounter, role: str | None = None) -> int:
+    """Content as sent, reasoning parts included (a projection leaves out those it does not
+    send)."""
     if isinstance(content, str):
         return counter.count(content)
+    thought = sum(reasoning_tokens(p, counter) for p in content if is_reasoning(p))
+    content = tuple(without_reasoning(content))
     if role in JOINED_ROLES:
-        sent = sendable_parts(role, content)
-        return counter.count("".join(str(p.get("text", "")) for p in sent))
-    total = 0
+        # Reasoning alone: nothing else is sent (a projection that leaves it out sends "").
+        sent = sendable_parts(role, content) if content or not thought else []
+        return thought + counter.count("".join(str(p.get("text", "")) for p in sent))
+    total = thought
     for part in content:
         if part.get("type") == "text":
             total += counter.count(str(part.get("text", "")))
         else:
             total += part_image_tokens(str(part.get("url", "")), part.get("detail"), counter)
     return total
+
+
+def _unreasoned(content: Sequence[dict[str, Any]]) -> Content:
+    """Content without its reasoning, as a projection that leaves the reasoning out sends it:
+    "" when nothing else was said."""
+    rest = tuple(without_reasoning(content))
+    return rest if rest or not any(is_reasoning(p) for p in content) else ""
+
+
+def reasoning_tokens(part: dict[str, Any], counter: TokenCounter) -> int:
+    """A reasoning part's tokens: its thinking text; a redacted block's encrypted data counts
+    as the text it stands for (base64 of about as many bytes, four to a token)."""
+    if part.get("type") == "thinking":
+        return counter.count(str(part.get("thinking", "")))
+    return math.ceil(len(str(part.get("data", ""))) * 3 / 4 / 4)
 
 
 def call_tokens(call: ToolCall, counter: TokenCounter) -> int:
@@ -290,8 +310,10 @@ def entry_tokens(
     of re-tokenizing history.
     """
     if kind == EntryKind.MESSAGE:
+        # Reasoning is not counted here: a projection sends it only within the tool loop it
+        # belongs to, and counts it there (app.core.projection).
         content = payload["content"]
-        parts = content if isinstance(content, str) else tuple(content)
+        parts = content if isinstance(content, str) else _unreasoned(content)
         role = str(payload.get("role"))
         return content_tokens(parts, counter, role) + name_tokens(payload.get("name"), counter)
     if kind == EntryKind.TOOL_CALL:

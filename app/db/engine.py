@@ -62,6 +62,15 @@ def create_direct_engine(settings: Settings) -> AsyncEngine:
     return create_async_engine(to_asyncpg_url(settings.direct_url), poolclass=NullPool)
 
 
+def libpq_url(database_url: str) -> str:
+    """The URL as libpq (psycopg, asyncpg.connect) takes it: plain postgresql://, without
+    SQLAlchemy's driver suffix. procrastinate's connector and the event hub's LISTEN use it."""
+    for prefix in ("postgresql+asyncpg://", "postgres://"):
+        if database_url.startswith(prefix):
+            return "postgresql://" + database_url[len(prefix) :]
+    return database_url
+
+
 def _statement_options(settings: Settings) -> dict[str, Any]:
     """Behind a transaction pooler, consecutive transactions of one client connection may run on
     different server connections: a statement prepared (and cached) on one is missing on the

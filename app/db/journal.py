@@ -12,7 +12,7 @@ from sqlalchemy.sql import Select
 
 from app.core.lineage import Segment
 from app.core.projection import JournalEntry
-from app.db.tables import entries
+from app.db.tables import entries, sessions
 
 ENTRY_COLUMNS = (
     entries.c.seq,
@@ -167,15 +167,20 @@ async def count_kind(conn: AsyncConnection, segments: Sequence[Segment], kind: s
 
 
 async def run_entries(
-    conn: AsyncConnection, session_id: str, from_seq: int, run_id: str
+    conn: AsyncConnection, session_id: str, from_seq: int, run_id: str, *, tenant_id: str
 ) -> list[JournalEntry]:
-    """The entries a run wrote, in order: they live in the session's own range, after its input."""
+    """The entries a run wrote, in order: they live in the session's own range, after its input;
+    none if the session is not the tenant's."""
+    owned = select(sessions.c.id).where(
+        sessions.c.id == session_id, sessions.c.tenant_id == tenant_id
+    )
     query = (
         select(*ENTRY_COLUMNS)
         .where(
             entries.c.session_id == session_id,
             entries.c.seq >= from_seq,
             entries.c.refs.contains({"run_id": run_id}),
+            owned.exists(),
         )
         .order_by(entries.c.seq)
     )

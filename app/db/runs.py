@@ -101,11 +101,17 @@ async def find_by_idempotency_key(conn: AsyncConnection, session_id: str, key: s
     return _run((await conn.execute(query)).mappings().one_or_none())
 
 
-async def active_runs(conn: AsyncConnection, session_id: str, kind: str | None = None) -> list[Run]:
-    """Unfinished runs of a session (of one kind, if given), oldest first."""
+async def active_runs(
+    conn: AsyncConnection, session_id: str, kind: str | None = None, *, tenant_id: str
+) -> list[Run]:
+    """Unfinished runs of a tenant's session (of one kind, if given), oldest first."""
     query = (
         select(runs)
-        .where(runs.c.session_id == session_id, runs.c.status.in_(_ACTIVE))
+        .where(
+            runs.c.session_id == session_id,
+            runs.c.tenant_id == tenant_id,
+            runs.c.status.in_(_ACTIVE),
+        )
         .order_by(runs.c.created_at, runs.c.id)
     )
     if kind is not None:
@@ -163,11 +169,34 @@ HELD_LEASES = (
 )
 
 
+# After a database restart, how long the workers (alive, but their leases dropped with their
+# connections) have to take their leases again before their attempts count as abandoned.
+LEASE_GRACE_SECONDS = 5.0
+# An attempt whose worker is gone: its lease (the SQL expression `{lease}`) is set and no
+# longer held, past the grace that follows a database restart.
+LEASE_LOST = (
+    "({lease} IS NOT NULL AND {lease} NOT IN (" + HELD_LEASES + ")"
+    " AND pg_postmaster_start_time() < now() - make_interval(secs => :grace))"
+)
+
+
 async def lease_held(conn: AsyncConnection, lease: int | None) -> bool:
     if lease is None:
         return False
     query = text(f"SELECT CAST(:lease AS bigint) IN ({HELD_LEASES})")
     return bool((await conn.execute(query, {"lease": lease})).scalar_one())
+
+
+async def lease_lost(
+    conn: AsyncConnection, lease: int | None, grace_seconds: float = LEASE_GRACE_SECONDS
+) -> bool:
+    """Whether the worker of the attempt under `lease` is gone (LEASE_LOST); False for no
+    lease: no attempt is under way (a run queued, or queued again between two attempts)."""
+    if lease is None:
+        return False
+    query = text("SELECT " + LEASE_LOST.format(lease="CAST(:lease AS bigint)"))
+    params = {"lease": lease, "grace": grace_seconds}
+    return bool((await conn.execute(query, params)).scalar_one())
 
 
 @dataclass(frozen=True)
@@ -179,7 +208,7 @@ class Orphan:
 
 
 async def orphaned_runs(
-    conn: AsyncConnection, lease_grace_seconds: float, limit: int = 100
+    conn: AsyncConnection, lease_grace_seconds: float = LEASE_GRACE_SECONDS, limit: int = 100
 ) -> list[Orphan]:
     """Runs `queued` or `running` whose job has ended (failed, aborted, or succeeded without
     ending the run) or is gone, and runs `running` whose lease is no longer held; locked
@@ -192,9 +221,7 @@ async def orphaned_runs(
         " LEFT JOIN procrastinate_jobs j ON j.id = r.job_id"
         " WHERE r.status IN ('queued', 'running') AND ("
         "  j.id IS NULL OR j.status NOT IN ('todo', 'doing')"
-        "  OR (r.status = 'running' AND r.lease IS NOT NULL"
-        "   AND r.lease NOT IN (" + HELD_LEASES + ")"
-        "   AND pg_postmaster_start_time() < now() - make_interval(secs => :grace))"
+        "  OR (r.status = 'running' AND " + LEASE_LOST.format(lease="r.lease") + ")"
         " ) ORDER BY r.created_at LIMIT :limit FOR UPDATE OF r SKIP LOCKED"
     )
     params = {"limit": limit, "grace": lease_grace_seconds}

@@ -168,9 +168,11 @@ async def advance_rev(
     expected_rev: int | None,
     include_expired: bool = False,
     values: Mapping[str, Any] | None = None,
+    title: str | None = None,
 ) -> int | None:
     """Reserve `count` seqs by moving rev forward; the row lock serializes appenders.
-    `values`: more of the session's columns to set in the same statement (its status...).
+    `values`: more of the session's columns to set in the same statement (its status...);
+    `title`: the session's title if it has none.
 
     Returns the new rev, or None when the session's rev is not `expected_rev` (or the tenant has
     no such session). The lock is held until the transaction ends, so the seqs stay dense.
@@ -185,6 +187,7 @@ async def advance_rev(
         token_total=sessions.c.token_total + tokens,
         updated_at=func.now(),
         **(values or {}),
+        **({"title": func.coalesce(sessions.c.title, title)} if title else {}),
     ).returning(sessions.c.rev)
     rev: int | None = (await conn.execute(query)).scalar()
     return rev

@@ -1,4 +1,4 @@
-"""The schema as SQLAlchemy Core tables; app/db/migrations creates it, queries are built from it."""
+"""The schema as SQLAlchemy Core tables; migrations/ creates it, queries are built from it."""
 
 from __future__ import annotations
 

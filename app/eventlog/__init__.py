@@ -1,1 +1,1 @@
-"""The run event log: its registry of event types, its writer, its storage and its fan-out hub."""
+"""The run event log: its event types, writer, storage, fan-out hub and the one stream path."""

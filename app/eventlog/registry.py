@@ -12,6 +12,7 @@ that drifts from its model fails the tests rather than surprising clients.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any, ClassVar, Literal, Self, get_args
@@ -30,9 +31,11 @@ class EventType(StrEnum):
     MESSAGE_RESET = "message.reset"
     CONTEXT_WARNING = "context.warning"
     CONTEXT_COMPACTING = "context.compacting"
+    CONTEXT_COMPACTION_PROGRESS = "context.compaction_progress"
     CONTEXT_COMPACTED = "context.compacted"
     CONTEXT_COMPACTION_FAILED = "context.compaction_failed"
     CONTEXT_COMPACTION_PENDING = "context.compaction_pending"
+    REASONING_DELTA = "reasoning.delta"
     MESSAGE_DELTA = "message.delta"
     TOOL_CALL_DELTA = "tool_call.delta"
     TOOL_CALL = "tool_call"
@@ -133,6 +136,10 @@ class TokenUsage(_Payload):
         description="True when the provider reported no usage and the service counted the "
         "tokens with its tokenizer."
     )
+    reasoning_tokens: int | Omitted = sometimes(
+        "Of the output, tokens the model reasoned with, where the provider reports them "
+        "(OpenAI's reasoning models)."
+    )
 
 
 class PendingToolCall(_Payload):
@@ -223,6 +230,17 @@ class ContextCompactingData(EventData):
     focus: str | None = Field(description="What the summary concentrates on, if asked.")
 
 
+class ContextCompactionProgressData(EventData):
+    """A compaction run's summarizer is writing (after `context.compacting`): sent as each
+    summarizer call starts and about once a second while it writes, so a slow model shows
+    progress."""
+
+    event_type = EventType.CONTEXT_COMPACTION_PROGRESS
+    call: int = Field(description="The summarizer call under way, from 1: one per chunk.")
+    calls: int = Field(description="How many calls the compaction makes.")
+    chars: int = Field(description="Characters of summary this call has written so far.")
+
+
 class ContextCompactedData(EventData):
     """The summary checkpoint was committed (after its `entry.committed`); the context now
     starts from it."""
@@ -243,12 +261,15 @@ class ContextCompactedData(EventData):
 
 
 class ContextCompactionFailedData(EventData):
-    """An ask's compaction failed and nothing was committed: the ask goes on, answered from
-    the windowed context (the newest history that fits)."""
+    """A compaction failed and nothing was committed: the model failed, or its summary was
+    refused (`summary_not_shorter`: no shorter than the history it would replace, by the
+    reading model's count; `summary_echoes_prompt`: prompt text or role markers in it). The
+    session goes on with the windowed context (the newest history that fits); an ask goes on
+    answered from it, a compaction run then ends `run.failed` with the same error."""
 
     event_type = EventType.CONTEXT_COMPACTION_FAILED
     error: EventError = Field(description="Why the compaction failed.")
-    fallback: Literal["windowing"] = Field(description="How the ask goes on: `windowing`.")
+    fallback: Literal["windowing"] = Field(description="How the session goes on: `windowing`.")
 
 
 class ContextCompactionPendingData(EventData):
@@ -270,6 +291,29 @@ class ContextCompactionPendingData(EventData):
         if given not in {(True, True, False), (False, False, True)}:
             raise ValueError("either from_seq and to_seq (auto-compaction) or run_id (a job)")
         return self
+
+
+class ReasoningDeltaData(EventData):
+    """A piece of the model's reasoning (its thinking before it answers, when the ask's
+    `reasoning` is on), as the model thinks it: not part of the answer. Pieces with the same
+    `index` are one reasoning block of the model turn, between its `start` and its `end`
+    (deltas of a block that arrive close together are sent as one). Kept in the journal as
+    parts of the assistant message, once the model turn completes."""
+
+    event_type = EventType.REASONING_DELTA
+    index: int = Field(
+        description="The block of the model turn the piece belongs to (the provider's "
+        "content block index; a turn's text and tool calls have their own)."
+    )
+    text: str = Field(
+        description="Reasoning text to append to the block (empty for a block's boundary "
+        "or a redacted block)."
+    )
+    start: Literal[True] | Omitted = sometimes("The block's first piece.")
+    end: Literal[True] | Omitted = sometimes("The block is complete.")
+    redacted: Literal[True] | Omitted = sometimes(
+        "The provider encrypted this block's reasoning: it has no text to show."
+    )
 
 
 class MessageDeltaData(EventData):
@@ -351,6 +395,10 @@ class UsageData(EventData):
     estimated: bool = Field(
         description="True when the provider reported no usage and the service counted them."
     )
+    reasoning_tokens: int | Omitted = sometimes(
+        "Of the output, tokens the model reasoned with, where the provider reports them "
+        "(OpenAI's reasoning models)."
+    )
     cost_usd: float | None = Field(description="The price in USD (null: the model's is unknown).")
 
 
@@ -409,9 +457,11 @@ PAYLOADS: Mapping[EventType, type[EventData]] = {
         MessageResetData,
         ContextWarningData,
         ContextCompactingData,
+        ContextCompactionProgressData,
         ContextCompactedData,
         ContextCompactionFailedData,
         ContextCompactionPendingData,
+        ReasoningDeltaData,
         MessageDeltaData,
         ToolCallDeltaData,
         ToolCallData,
@@ -498,7 +548,7 @@ def _type(prop: dict[str, Any], defs: dict[str, Any]) -> str:
         target = defs[prop["$ref"].rsplit("/", 1)[-1]]
         return "object" if "properties" in target else _type(target, defs)
     if "const" in prop:
-        return f'`"{prop["const"]}"`'
+        return f"`{json.dumps(prop['const'])}`"
     if "enum" in prop:
         return r" \| ".join(f'`"{value}"`' for value in prop["enum"])
     if prop.get("type") == "array":

@@ -147,11 +147,19 @@ async def last_seq(conn: AsyncConnection, run_id: str) -> int:
 
 
 async def read_events(
-    conn: AsyncConnection, run_id: str, after_seq: int, limit: int = 1000
+    conn: AsyncConnection, run_id: str, after_seq: int, limit: int = 1000, *, tenant_id: str
+) -> list[RowMapping]:
+    """A tenant's run's events after `after_seq`, in order; none if the run is not the tenant's."""
+    owned = select(runs.c.id).where(runs.c.id == run_id, runs.c.tenant_id == tenant_id)
+    return await _events_after(conn, run_id, after_seq, limit, owned.exists())
+
+
+async def _events_after(
+    conn: AsyncConnection, run_id: str, after_seq: int, limit: int, *conditions: Any
 ) -> list[RowMapping]:
     query = (
         select(run_events.c.run_id, run_events.c.seq, run_events.c.type, run_events.c.data)
-        .where(run_events.c.run_id == run_id, run_events.c.seq > after_seq)
+        .where(run_events.c.run_id == run_id, run_events.c.seq > after_seq, *conditions)
         .order_by(run_events.c.seq)
         .limit(limit)
     )
@@ -172,7 +180,9 @@ async def read_backlog(
     conn: AsyncConnection, run_id: str, after_seq: int, limit: int = 1000
 ) -> Backlog:
     """The run's state, then its events after `after_seq`. The order matters: a run's terminal
-    event commits with its final status, so events read after seeing it ended are complete."""
+    event commits with its final status, so events read after seeing it ended are complete.
+    By run id alone: the event hub reads for every tenant's followers of its process, each
+    subscribed once its request found the run in its tenant."""
     # ended_at is set with the final status, by the transaction that commits the terminal event.
     ended = func.coalesce(
         select(runs.c.ended_at.is_not(None)).where(runs.c.id == run_id).scalar_subquery(), True
@@ -183,7 +193,9 @@ async def read_backlog(
         .scalar_subquery()
     )
     state = (await conn.execute(select(ended, top))).one()
-    rows = [dict(r) for r in await read_events(conn, run_id, min(after_seq, MAX_EVENT_SEQ), limit)]
+    rows = [
+        dict(r) for r in await _events_after(conn, run_id, min(after_seq, MAX_EVENT_SEQ), limit)
+    ]
     return Backlog(rows, bool(state[0]), int(state[1]))
 
 

@@ -18,6 +18,7 @@ from app.eventlog.registry import Event, EventType
 
 log = logging.getLogger(__name__)
 DELTA = EventType.MESSAGE_DELTA
+REASONING = EventType.REASONING_DELTA
 # Told the rows of each committed tick ({run_id, seq, type, data}): this process's followers.
 Committed = Callable[[list[dict[str, Any]]], None]
 
@@ -29,10 +30,23 @@ async def append(conn: AsyncConnection, run_id: str, events: Sequence[Event]) ->
     return last.get(run_id, 0)
 
 
+def _same_open_block(queued: Event, data: dict[str, Any]) -> bool:
+    """A reasoning piece that continues the queued one's block (not yet ended)."""
+    kind, earlier = queued
+    return (
+        kind == REASONING
+        and earlier["index"] == data["index"]
+        and not earlier.get("end")
+        and not data.get("start")
+        and not data.get("redacted")
+    )
+
+
 class EventWriter:
     """Buffers the events of the runs a worker executes and commits them every tick. Text
     deltas queued in one tick are coalesced into one event; the first delta of a run is
-    flushed at once, so the first token is never held back a tick.
+    flushed at once, so the first token is never held back a tick. Reasoning deltas of one
+    block are coalesced likewise.
 
     With `on_committed` (`threadline serve`: the API's event hub), each tick's rows are handed
     to this process's followers from memory once committed, besides the NOTIFY that tells every
@@ -67,6 +81,11 @@ class EventWriter:
         queue = self._pending.setdefault(run_id, [])
         if kind == DELTA and queue and queue[-1][0] == DELTA:
             queue[-1][1]["text"] += data["text"]  # coalesced: one event
+            return
+        if kind == REASONING and queue and _same_open_block(queue[-1], data):
+            queue[-1][1]["text"] += data["text"]  # coalesced within its block
+            if data.get("end"):
+                queue[-1][1]["end"] = True
             return
         queue.append((kind, dict(data)))
         if urgent or (kind == DELTA and run_id not in self._first_delta_sent):

@@ -12,6 +12,13 @@ Anthropic caches a prompt prefix only where a block asks for it.
 request.temperature is not sent: the Messages API version this SDK speaks has no such
 parameter.
 
+Reasoning is extended thinking: `thinking: {type: enabled, budget_tokens}`, with max_tokens the
+budget plus the answer's own cap (the API counts thinking in max_tokens and requires it above
+the budget). Thinking blocks stream as ReasoningDelta pieces, then, once closed, as one
+ReasoningBlock: the thinking with its signature (thinking_delta, signature_delta), or a
+redacted_thinking block's data, byte for byte, since the API checks them when they come back
+in a tool loop (app.core.formats.to_anthropic sends them).
+
 As in the OpenAI provider, the SDK makes the call and decodes the stream but hands over each
 event as parsed JSON, read here (_State.read), not as a pydantic model.
 """
@@ -31,6 +38,8 @@ from app.llm.base import (
     Finish,
     ModelRequest,
     ProviderError,
+    ReasoningBlock,
+    ReasoningDelta,
     StreamEvent,
     TextDelta,
     ToolCallDelta,
@@ -79,14 +88,22 @@ class AnthropicProvider:
         )
         # As in the OpenAI provider: cast_to=object has the SDK hand over each event as parsed
         # JSON rather than build a pydantic model of it. The body is create()'s, in its order.
+        answer = request.max_output_tokens or DEFAULT_MAX_TOKENS
+        reasoning = request.reasoning
+        if reasoning is not None and _loop_without_thinking(wire["messages"]):
+            # A tool loop that began without thinking (reasoning was off, then turned on) goes
+            # on without: the API refuses thinking when the loop's turn has none to send back.
+            reasoning = None
         body: dict[str, Any] = {
-            "max_tokens": request.max_output_tokens or DEFAULT_MAX_TOKENS,
+            "max_tokens": answer + (reasoning.budget if reasoning else 0),
             "messages": wire["messages"],
             "model": request.model,
             "stream": True,
         }
         if "system" in wire:
             body["system"] = wire["system"]
+        if reasoning is not None:
+            body["thinking"] = {"type": "enabled", "budget_tokens": reasoning.budget}
         if choice is not None:
             body["tool_choice"] = choice
         if "tools" in wire:
@@ -121,10 +138,12 @@ class _State:
     stop_reason: str | None = None
     # Tool-use blocks (by index) whose input has not had a fragment yet.
     empty_tool_blocks: set[int] = field(default_factory=set)
+    # Open reasoning blocks by index: their part as received so far (pieces concatenated).
+    reasoning: dict[int, dict[str, str]] = field(default_factory=dict)
 
     def read(self, event: object) -> list[StreamEvent]:
         """One streamed event (parsed JSON); ProviderError("bad_response") when it is not one
-        of the Messages API's. Event types it does not know (thinking, ...) are skipped, as are
+        of the Messages API's. Event and block types it does not know are skipped, as are
         parts it does not use; a part of the wrong type is never guessed at."""
         if type(event) is not dict:
             raise _bad(event)
@@ -148,6 +167,8 @@ class _State:
                     return []
                 self.empty_tool_blocks.discard(index)
                 return [ToolCallDelta(index, None, None, partial)]
+            if delta_type in ("thinking_delta", "signature_delta"):
+                return self._reasoning_delta(event, delta, str(delta_type))
             if type(delta_type) is not str:
                 raise _bad(event)
         elif kind == "content_block_start":
@@ -161,8 +182,22 @@ class _State:
                     raise _bad(event)
                 self.empty_tool_blocks.add(index)
                 return [ToolCallDelta(index, call_id, name, "")]
+            if block.get("type") == "thinking":
+                thinking, signature = block.get("thinking", ""), block.get("signature", "")
+                if type(thinking) is not str or type(signature) is not str:
+                    raise _bad(event)
+                part = {"type": "thinking", "thinking": thinking, "signature": signature}
+                self.reasoning[index] = part
+                return [ReasoningDelta(index, thinking)] if thinking else []
+            if block.get("type") == "redacted_thinking":
+                data = block.get("data")
+                if type(data) is not str or not data:
+                    raise _bad(event)
+                self.reasoning[index] = {"type": "redacted_thinking", "data": data}
         elif kind == "content_block_stop":
             index = _index(event)
+            if index in self.reasoning:
+                return [self._reasoning_block(index)]
             if index in self.empty_tool_blocks:
                 # A call without parameters streams no JSON at all; OpenAI's would say "{}".
                 self.empty_tool_blocks.discard(index)
@@ -186,6 +221,30 @@ class _State:
             raise _bad(event)
         return []
 
+    def _reasoning_delta(
+        self, event: dict[str, Any], delta: dict[str, Any], delta_type: str
+    ) -> list[StreamEvent]:
+        """A piece of an open thinking block's text or signature (appended as it comes)."""
+        index = _index(event)
+        field_name = "thinking" if delta_type == "thinking_delta" else "signature"
+        piece = delta.get(field_name)
+        if type(piece) is not str:
+            raise _bad(event)
+        part = self.reasoning.get(index)
+        if part is None or part["type"] != "thinking":
+            return []  # of no thinking block: nothing to keep it with
+        part[field_name] += piece
+        if field_name == "thinking" and piece:
+            return [ReasoningDelta(index, piece)]
+        return []
+
+    def _reasoning_block(self, index: int) -> ReasoningBlock:
+        part = self.reasoning.pop(index)
+        if part["type"] == "thinking" and not part["signature"]:
+            # Unsigned, it could never be sent back: the API would refuse the next request.
+            raise ProviderError("bad_response", "a thinking block ended without its signature")
+        return ReasoningBlock(index, dict(part))
+
     def _count(self, usage: object, event: object) -> None:
         # message_start and message_delta both carry usage; later counts are cumulative.
         if type(usage) is not dict:
@@ -208,6 +267,18 @@ class _State:
         return UsageReport(
             prompt, self.output_tokens, self.cache_read, cache_write_tokens=self.cache_write
         )
+
+
+def _loop_without_thinking(messages: list[dict[str, Any]]) -> bool:
+    """The request goes on with a tool loop (its last message returns tool results) whose
+    final assistant turn does not start with thinking."""
+    if len(messages) < 2:
+        return False
+    last, turn = messages[-1]["content"], messages[-2]["content"]
+    if not isinstance(last, list) or not any(b.get("type") == "tool_result" for b in last):
+        return False
+    first = turn[0].get("type") if isinstance(turn, list) and turn else "text"
+    return first not in ("thinking", "redacted_thinking")
 
 
 def _index(event: dict[str, Any]) -> int:

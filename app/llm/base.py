@@ -9,6 +9,7 @@ from typing import Any, Literal, Protocol
 
 from app.core.entries import FinishReason
 from app.core.messages import Message, ToolSpec
+from app.core.reasoning import Reasoning
 from app.core.tool_choice import ToolChoice
 
 
@@ -32,6 +33,9 @@ class ModelRequest:
     # whether it may call several at once.
     tool_choice: ToolChoice = "auto"
     parallel_tool_calls: bool = True
+    # Think before answering (None: no reasoning); providers whose models cannot ignore it
+    # (asks are refused before they get here: app.llm.catalog.can_reason).
+    reasoning: Reasoning | None = None
 
 
 def prompt_cache_key(session_id: str) -> str:
@@ -56,6 +60,25 @@ class ToolCallDelta:
 
 
 @dataclass(frozen=True, slots=True)
+class ReasoningDelta:
+    """A piece of the readable text of a reasoning block, as the model thinks it; pieces with
+    the same index (the provider's content block) are one block."""
+
+    index: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReasoningBlock:
+    """A reasoning block the provider closed: the content part to keep, byte for byte, with
+    what the provider checks when it comes back ({"type": "thinking", "thinking", "signature"}
+    or {"type": "redacted_thinking", "data"})."""
+
+    index: int
+    part: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
 class UsageReport:
     input_tokens: int  # the whole prompt, cache reads and writes included
     output_tokens: int
@@ -65,6 +88,9 @@ class UsageReport:
     # Of the input, written to the provider's prompt cache (Anthropic bills these above the
     # input price; OpenAI caches without a charge and reports none).
     cache_write_tokens: int = 0
+    # Of the output, tokens the model reasoned with, where the provider says (OpenAI's
+    # reasoning models; Anthropic counts thinking in the output without saying how much).
+    reasoning_tokens: int = 0
 
     def plus(self, other: UsageReport | None) -> UsageReport:
         """Usage summed over several model calls (estimated if any of them was)."""
@@ -76,6 +102,7 @@ class UsageReport:
             self.cached_tokens + other.cached_tokens,
             self.estimated or other.estimated,
             self.cache_write_tokens + other.cache_write_tokens,
+            self.reasoning_tokens + other.reasoning_tokens,
         )
 
 
@@ -106,7 +133,7 @@ _NEUTRAL_FINISH: dict[str, FinishReason] = {
 }
 
 
-StreamEvent = TextDelta | ToolCallDelta | UsageReport | Finish
+StreamEvent = TextDelta | ToolCallDelta | ReasoningDelta | ReasoningBlock | UsageReport | Finish
 
 
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
@@ -118,6 +145,9 @@ def storable(event: StreamEvent) -> StreamEvent:
     its answer could never be written, and the run would never end."""
     if isinstance(event, TextDelta) and _LONE_SURROGATE.search(event.text):
         return TextDelta(_LONE_SURROGATE.sub("\ufffd", event.text))
+    if isinstance(event, ReasoningDelta) and _LONE_SURROGATE.search(event.text):
+        # Shown only: the block itself (ReasoningBlock) is kept as signed.
+        return ReasoningDelta(event.index, _LONE_SURROGATE.sub("\ufffd", event.text))
     if isinstance(event, ToolCallDelta) and (
         _LONE_SURROGATE.search(event.arguments) or _LONE_SURROGATE.search(event.name or "")
     ):

@@ -1,5 +1,6 @@
 """What we know about models: context windows (genai-prices with our own corrections, the local
-GGUF's metadata, what a compat server says or is configured with) and prices."""
+GGUF's metadata, what a compat server says or is configured with), prices, which can reason,
+and the names metrics label them by."""
 
 from __future__ import annotations
 
@@ -7,13 +8,16 @@ import asyncio
 import logging
 import time
 from decimal import Decimal
-from functools import cache
-from typing import Any
+from functools import cache, lru_cache
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from app.config import Settings
+from app.config import DEFAULT_LOCAL_MODEL, Settings
 from app.core.policy import DEFAULT_CONTEXT_WINDOW
+
+if TYPE_CHECKING:
+    from genai_prices.types import ModelInfo
 
 log = logging.getLogger(__name__)
 
@@ -28,8 +32,26 @@ WINDOW_OVERRIDES: dict[str, int] = {
 # usual local servers, so history is windowed rather than refused by the server.
 COMPAT_DEFAULT_WINDOW = 8192
 LOCAL_FALLBACK_WINDOW = 8192  # a local model whose GGUF cannot be read (not installed)
+# Models that can reason (think before they answer), by the longest matching prefix; a model
+# none matches cannot. Anthropic: extended thinking (Claude 3.7 Sonnet and the Claude 4
+# family); OpenAI: the o-series and GPT-5 (not its chat model).
+REASONING: dict[str, bool] = {
+    "anthropic:claude-3-7-sonnet": True,
+    "anthropic:claude-sonnet-4": True,
+    "anthropic:claude-opus-4": True,
+    "anthropic:claude-haiku-4-5": True,
+    "openai:o1": True,
+    "openai:o3": True,
+    "openai:o4-mini": True,
+    "openai:gpt-5": True,
+    "openai:gpt-5-chat": False,
+}
 DISCOVERY_TIMEOUT_SECONDS = 3.0
 DISCOVERY_RETRY_SECONDS = 60.0  # a server that did not answer is asked again after this
+# The metrics' name of a model the catalog does not know: clients may send any model string,
+# and each label value would be a time series of its own.
+OTHER_MODEL = "other"
+HOSTED_PROVIDERS = ("openai", "anthropic")
 
 # Discovered windows by base URL: (window or None, monotonic time of the answer).
 _DISCOVERED: dict[str, tuple[int | None, float]] = {}
@@ -59,16 +81,38 @@ def context_window(model: str) -> int:
     if matches:
         return WINDOW_OVERRIDES[max(matches, key=len)]
     provider, _, name = model.partition(":")
-    if provider in ("openai", "anthropic"):
-        from genai_prices import data_snapshot
-
-        try:
-            _, info = data_snapshot.get_snapshot().find_provider_model(name, None, provider, None)
-        except LookupError:
-            return DEFAULT_CONTEXT_WINDOW
-        if info.context_window:
+    if provider in HOSTED_PROVIDERS:
+        info = _hosted_model(provider, name)
+        if info is not None and info.context_window:
             return int(info.context_window)
     return DEFAULT_CONTEXT_WINDOW
+
+
+def _hosted_model(provider: str, name: str) -> ModelInfo | None:
+    """genai-prices' entry for a hosted model (dated and aliased names find theirs), or None."""
+    from genai_prices import data_snapshot
+
+    try:
+        _, info = data_snapshot.get_snapshot().find_provider_model(name, None, provider, None)
+    except LookupError:
+        return None
+    return info
+
+
+# Bounded: the names come from clients.
+@lru_cache(maxsize=1024)
+def catalog_model(provider: str, name: str) -> str:
+    """The name metrics label the model `name` of `provider` (a route's: "openai", "compat:vllm")
+    by: a hosted model's id in genai-prices (gpt-4o-mini-2024-07-18 is gpt-4o-mini), the local
+    model, a compat endpoint's own model (named by its endpoint); OTHER_MODEL for any other."""
+    if provider in HOSTED_PROVIDERS:
+        info = _hosted_model(provider, name)
+        return OTHER_MODEL if info is None else str(info.id)
+    if provider == "local":
+        return name if f"local:{name}" == DEFAULT_LOCAL_MODEL else OTHER_MODEL
+    if provider.startswith("compat:"):
+        return name if name == provider.removeprefix("compat:") else OTHER_MODEL
+    return OTHER_MODEL
 
 
 async def _compat_window(settings: Settings, rest: str) -> int:
@@ -184,6 +228,30 @@ def cost_usd(
         return Decimal(calc_price(usage, model_ref=name, provider_id=provider).total_price)
     except LookupError:
         return None
+
+
+def can_reason(settings: Settings, model: str) -> bool:
+    """Whether `model` ("provider:name") can reason: a hosted model as published (REASONING),
+    a compat endpoint as configured (its `reasoning`); a local model cannot."""
+    provider, _, rest = model.partition(":")
+    if provider == "compat":
+        from app.llm.base import ProviderError
+        from app.llm.router import compat_endpoint_of
+
+        try:
+            name, _ = compat_endpoint_of(settings, rest)
+        except ProviderError:  # not configured: the ask fails as unavailable anyway
+            return False
+        endpoint = settings.compat_endpoint(name)
+        return endpoint is not None and endpoint.reasoning
+    matches = [p for p in REASONING if model.startswith(p)]
+    return bool(matches) and REASONING[max(matches, key=len)]
+
+
+def takes_reasoning_back(model: str) -> bool:
+    """Whether the model's own reasoning goes back to it in later requests of a tool loop
+    (Anthropic requires it, signed); other providers' requests carry none."""
+    return model.partition(":")[0] == "anthropic"
 
 
 def offered_models(settings: Settings) -> list[str]:

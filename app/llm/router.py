@@ -37,6 +37,7 @@ from app.llm.base import (
     StreamEvent,
     storable,
 )
+from app.llm.catalog import can_reason
 from app.llm.local_provider import LocalProvider
 from app.telemetry import metrics, tracing
 
@@ -252,6 +253,9 @@ class Router:
         route = self.route(model)
         provider = self._provider(route)
         routed = replace(request, model=route.model)
+        if routed.reasoning is not None and not can_reason(self._settings, model):
+            # A fallback model that cannot reason answers without (Anthropic would refuse it).
+            routed = replace(routed, reasoning=None)
         retries = 0
         while True:
             self._check_breaker(route.key)

@@ -226,6 +226,9 @@ def entry_item(entry: JournalEntry, item_id: str) -> Item | None:
         parts = [{"type": "text", "text": content}] if isinstance(content, str) else content
         out_parts: list[Item] = []
         for part in parts:
+            if part["type"] in ("thinking", "redacted_thinking"):
+                # Reasoning is not a message part in OpenAI's shape; the message keeps its text.
+                continue
             if part["type"] == "text":
                 text_part: Item = {"type": text_type, "text": part["text"]}
                 if role == "assistant":

@@ -8,7 +8,6 @@ Streams are the Responses API's events (`event:` the type, `data:` the event as 
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any, Literal
@@ -19,6 +18,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from app.api.deps import Config, Engine, Hub, LocalWorkers, Tenant, get_tenant
 from app.eventlog.hub import EventHub
+from app.eventlog.stream import Row, Wire, run_stream, sse_frame
 from app.openai_api import service
 from app.openai_api.errors import OpenAIError, OpenAIRoute, unsupported
 from app.openai_api.events import ResponseStream, ended_stream
@@ -40,6 +40,31 @@ Order = Annotated[Literal["asc", "desc"], Query(description="By position: desc (
 Limit = Annotated[int, Query(ge=1, le=100)]
 
 
+class _ResponseWire(Wire):
+    """The run's events as the Responses API's events (each with its sequence_number), those
+    after `starting_after`; over once the response is (the run ended, or waits for the
+    outputs of its function calls)."""
+
+    def __init__(self, stream: ResponseStream, starting_after: int) -> None:
+        self._stream = stream
+        self._after = starting_after
+
+    async def frames(self, rows: list[Row]) -> list[bytes]:
+        out: list[bytes] = []
+        for row in rows:
+            if self.ended:
+                break
+            for event in self._stream.translate(row["type"], row["data"]):
+                if event["sequence_number"] > self._after:
+                    out.append(_frame(event))
+            self.ended = self._stream.done
+        return out
+
+
+def _frame(event: Json) -> bytes:
+    return sse_frame(json.dumps(event, separators=(",", ":")), event["type"])
+
+
 def _sse(
     hub: EventHub,
     stream: ResponseStream,
@@ -47,29 +72,8 @@ def _sse(
     heartbeat: float,
     on_client_gone: Callable[[], Awaitable[Any]] | None = None,
 ) -> EventSourceResponse:
-    async def events() -> AsyncIterator[ServerSentEvent]:
-        finished = False
-        try:
-            async for row in hub.follow(stream.run_id, 0):
-                for event in stream.translate(row["type"], row["data"]):
-                    if event["sequence_number"] > starting_after:
-                        yield ServerSentEvent(
-                            data=json.dumps(event, separators=(",", ":")), event=event["type"]
-                        )
-                if stream.done:
-                    break
-            finished = True
-        except Exception:
-            finished = True  # ours (as in app/api/sse.py): dropped, not a reason to cancel
-            raise
-        finally:
-            # sse-starlette ends the generator with CancelledError when the client leaves.
-            if not finished and on_client_gone is not None:
-                await asyncio.shield(on_client_gone())
-
-    return EventSourceResponse(
-        events(), ping=heartbeat, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    )
+    wire = _ResponseWire(stream, starting_after)
+    return run_stream(hub, stream.run_id, 0, heartbeat, wire, on_client_gone)
 
 
 async def _replayed(events: list[Json]) -> AsyncIterator[ServerSentEvent]:
@@ -136,8 +140,8 @@ async def get_response(
             return EventSourceResponse(
                 _replayed([e for e in ended if e["sequence_number"] > starting_after])
             )
-        run_stream = service.stream_of(loaded, service.base_of(loaded))
-        return _sse(hub, run_stream, starting_after, settings.sse_heartbeat_seconds)
+        response_stream = service.stream_of(loaded, service.base_of(loaded))
+        return _sse(hub, response_stream, starting_after, settings.sse_heartbeat_seconds)
     return JSONResponse(await service.current(engine, loaded))
 
 

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 from sqlalchemy import RowMapping
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.api.schemas import Metadata
 from app.config import Settings
@@ -22,6 +23,7 @@ from app.core.entries import EntryKind
 from app.core.projection import JournalEntry, PendingEntry, without_rolled_back
 from app.core.tool_choice import ToolChoice
 from app.db import journal as journal_db
+from app.db import sessions as sessions_db
 from app.db.journal import journal_entry
 from app.eventlog import store as event_store
 from app.eventlog.hub import EventHub
@@ -42,8 +44,8 @@ from app.openai_api.schemas import ResponseCreate
 from app.runs.model import Run, RunKind, RunStatus, entry_id
 from app.services import asks, journal, runs, sessions
 from app.services.errors import NotFound
+from app.services.handoff import RunHandoff
 from app.tools.registry import BUILTINS
-from app.worker.handoff import Handoff
 
 ITEM_KINDS = [str(EntryKind.MESSAGE), str(EntryKind.TOOL_CALL), str(EntryKind.TOOL_RESULT)]
 DELETED_PART = "deleted"  # the part of the id of the rollback that deletes a response
@@ -186,7 +188,9 @@ async def load(engine: AsyncEngine, tenant_id: str, given: str, param: str | Non
     if run.kind is not RunKind.ASK:
         raise missing
     async with engine.connect() as conn:
-        entries = await journal_db.run_entries(conn, run.session_id, run.input_seq, run.id)
+        entries = await journal_db.run_entries(
+            conn, run.session_id, run.input_seq, run.id, tenant_id=tenant_id
+        )
     if any(e.id == entry_id(run.id, DELETED_PART) for e in entries):
         raise missing
     # What the run took back (a model turn that started over) was never its answer.
@@ -251,7 +255,9 @@ async def current(engine: AsyncEngine, loaded: Loaded, base: Json | None = None)
     after = 0
     while not stream.done:
         async with engine.connect() as conn:
-            rows = await event_store.read_events(conn, loaded.run.id, after)
+            rows = await event_store.read_events(
+                conn, loaded.run.id, after, tenant_id=loaded.run.tenant_id
+            )
         if not rows:
             break
         for row in rows:
@@ -283,7 +289,7 @@ async def create_response(
     settings: Settings,
     tenant_id: str,
     body: ResponseCreate,
-    local_workers: Handoff | None,
+    handoff: RunHandoff | None,
 ) -> Created:
     if body.store is False:
         raise unsupported(
@@ -313,9 +319,7 @@ async def create_response(
             )
         loaded = await _answer_calls(engine, tenant_id, body, given, model, tools, choice)
     else:
-        loaded = await _ask(engine, settings, tenant_id, body, given, model, tools, choice)
-        if local_workers is not None and loaded.run.job_id is not None:
-            local_workers.offer(loaded.run.id, loaded.run.job_id)
+        loaded = await _ask(engine, settings, tenant_id, body, given, model, tools, choice, handoff)
     return Created(loaded, base_of(loaded, body.previous_response_id))
 
 
@@ -392,68 +396,103 @@ async def _ask(
     model: str | None,
     tools: list[dict[str, Any]],
     choice: ToolChoice,
+    handoff: RunHandoff | None,
 ) -> Loaded:
+    """The response's ask. The session made for it (a new conversation, or a fork at the
+    previous response) and its instructions are committed with the ask (asks.ask): a refused
+    response leaves neither."""
     assert given.content is not None
-    made: str | None = None  # a session (or fork) made for this response alone
-    restore: Any = _UNCHANGED  # the system prompt the instructions replaced
+    steps: list[asks.Prepare] = []
     if body.previous_response_id is not None:
-        session_id, forked = await _continuing(engine, tenant_id, body.previous_response_id)
-        made = session_id if forked else None
+        session_id, fork_at = await _continuing(engine, tenant_id, body.previous_response_id)
+        if fork_at is not None:
+            parent_id, session_id = session_id, str(uuid.uuid4())
+            steps.append(_forking(tenant_id, parent_id, fork_at, session_id))
     elif body.conversation is not None:
         given_id = body.conversation if isinstance(body.conversation, str) else body.conversation.id
         session_id = await _conversation(engine, tenant_id, given_id, "conversation")
     else:
+        session_id = str(uuid.uuid4())
         config = {"system_prompt": body.instructions} if body.instructions is not None else {}
-        session = await sessions.create_session(
-            engine, tenant_id, title=None, metadata={}, config=config
-        )
-        session_id = made = str(session["id"])
-    try:
-        if body.instructions is not None:
-            session = await sessions.get_session(engine, tenant_id, session_id)
-            prompt = (session["config"] or {}).get("system_prompt")
-            if prompt != body.instructions:
-                await _set_prompt(engine, tenant_id, session_id, body.instructions)
-                restore = prompt
-        params = asks.AskParams(
-            content=given.content,
-            model=model,
-            max_output_tokens=body.max_output_tokens,
-            temperature=body.temperature,
-            metadata=dict(body.metadata or {}),
-            tools=tools,
-            tool_choice=choice,
-            parallel_tool_calls=body.parallel_tool_calls is not False,
-            on_disconnect="continue" if body.background else "cancel",
-            before=tuple(PendingEntry(str(e.kind), e.payload, e.refs) for e in given.before),
-        )
-        result = await asks.ask(engine, settings, tenant_id, session_id, params)
-    except Exception:
-        # Nothing of a refused response is kept: not the session made for it, nor its
-        # instructions.
-        if made is not None:
-            await sessions.delete_session(engine, tenant_id, made)
-        elif restore is not _UNCHANGED:
-            await _set_prompt(engine, tenant_id, session_id, restore)
-        raise
+        steps.append(_making(tenant_id, session_id, config))
+    if body.instructions is not None:
+        steps.append(_instructing(tenant_id, session_id, body.instructions))
+
+    async def prepare(conn: AsyncConnection) -> None:
+        for step in steps:
+            await step(conn)
+
+    params = asks.AskParams(
+        content=given.content,
+        model=model,
+        max_output_tokens=body.max_output_tokens,
+        temperature=body.temperature,
+        metadata=dict(body.metadata or {}),
+        tools=tools,
+        tool_choice=choice,
+        parallel_tool_calls=body.parallel_tool_calls is not False,
+        on_disconnect="continue" if body.background else "cancel",
+        before=tuple(PendingEntry(str(e.kind), e.payload, e.refs) for e in given.before),
+    )
+    result = await asks.ask(
+        engine,
+        settings,
+        tenant_id,
+        session_id,
+        params,
+        handoff=handoff,
+        prepare=prepare if steps else None,
+    )
     return await load(engine, tenant_id, mapping.response_id(result.run.id))
 
 
-_UNCHANGED = object()
+def _making(tenant_id: str, session_id: str, config: dict[str, Any]) -> asks.Prepare:
+    """A new conversation for the response."""
+
+    async def make(conn: AsyncConnection) -> None:
+        await sessions_db.insert_session(
+            conn,
+            id=session_id,
+            tenant_id=tenant_id,
+            title=None,
+            metadata={},
+            config=config,
+            expires_at=sessions_db.tenant_default_expiry(tenant_id),
+        )
+
+    return make
 
 
-async def _set_prompt(
-    engine: AsyncEngine, tenant_id: str, session_id: str, prompt: str | None
-) -> None:
-    """The session's system prompt (None: none)."""
-    change = {"config": {"system_prompt": prompt}}
-    await sessions.update_session(engine, tenant_id, session_id, change)
+def _forking(tenant_id: str, parent_id: str, at_seq: int, fork_id: str) -> asks.Prepare:
+    """The fork of the previous response's conversation at that response's end."""
+
+    async def fork(conn: AsyncConnection) -> None:
+        await sessions.fork_in(
+            conn, tenant_id, parent_id, at_seq=at_seq, title=None, metadata=None, fork_id=fork_id
+        )
+
+    return fork
 
 
-async def _continuing(engine: AsyncEngine, tenant_id: str, given: str) -> tuple[str, bool]:
+def _instructing(tenant_id: str, session_id: str, instructions: str) -> asks.Prepare:
+    """The response's instructions as its conversation's system prompt from now on."""
+
+    async def instruct(conn: AsyncConnection) -> None:
+        session = await sessions_db.get_session(conn, tenant_id, session_id, lock=True)
+        if session is None:
+            raise not_found("conversation", mapping.conversation_id(session_id))
+        config = dict(session["config"] or {})
+        if config.get("system_prompt") != instructions:
+            config["system_prompt"] = instructions
+            await sessions_db.update_session(conn, session_id, {"config": config})
+
+    return instruct
+
+
+async def _continuing(engine: AsyncEngine, tenant_id: str, given: str) -> tuple[str, int | None]:
     """The session a new message after response `given` goes to: its own when that response
-    is the latest there, else a fork at the response's end (nothing is copied); and whether
-    it is a new fork."""
+    is the latest there, else a fork of it at the response's end (nothing is copied; the ask
+    makes it): the session and that seq."""
     previous = await load(engine, tenant_id, given, "previous_response_id")
     run = previous.run
     if run.status is RunStatus.REQUIRES_ACTION:
@@ -491,11 +530,8 @@ async def _continuing(engine: AsyncEngine, tenant_id: str, given: str) -> tuple[
         order="asc",
     )
     if not later.entries:
-        return run.session_id, False
-    fork = await sessions.fork_session(
-        engine, tenant_id, run.session_id, at_seq=end, title=None, metadata=None
-    )
-    return str(fork["id"]), True
+        return run.session_id, None
+    return run.session_id, end
 
 
 async def _conversation(engine: AsyncEngine, tenant_id: str, given: str, param: str) -> str:
@@ -618,17 +654,18 @@ async def create_conversation(
 ) -> Json:
     checked = _checked_metadata(metadata or {})
     entries = _entries(items, "items") if items else []
-    session = await sessions.create_session(
-        engine, tenant_id, title=None, metadata=checked, config={}
-    )
-    if entries:
-        try:
-            await journal.append_entries(
-                engine, tenant_id, str(session["id"]), entries, expected_rev=0
-            )
-        except Exception:
-            await sessions.delete_session(engine, tenant_id, str(session["id"]))
-            raise
+    # One transaction: refused items leave no conversation behind.
+    async with engine.begin() as conn:
+        session = await sessions_db.insert_session(
+            conn,
+            tenant_id=tenant_id,
+            title=None,
+            metadata=checked,
+            config={},
+            expires_at=sessions_db.tenant_default_expiry(tenant_id),
+        )
+        if entries:
+            await journal.append_in(conn, tenant_id, str(session["id"]), entries, expected_rev=0)
     return conversation_object(session)
 
 

@@ -54,6 +54,8 @@ class RunParams:
     # call several
     tool_choice: ToolChoice = "auto"
     parallel_tool_calls: bool = True
+    # the reasoning the run's model turns use (the ask's, else the session's; None: off)
+    reasoning: dict[str, Any] | None = None
     # a compaction's
     focus: str | None = None
     keep_last_turns: int | None = None
@@ -74,6 +76,7 @@ class RunParams:
             tools=list(data.get("tools") or []),
             tool_choice=tool_choices.parse(data.get("tool_choice") or "auto"),
             parallel_tool_calls=data.get("parallel_tool_calls", True),
+            reasoning=data.get("reasoning"),
             focus=data.get("focus"),
             keep_last_turns=data.get("keep_last_turns"),
             telemetry=dict(data.get("telemetry") or {}),
@@ -91,6 +94,7 @@ class RunParams:
             "tools": self.tools,
             "tool_choice": tool_choices.as_json(self.tool_choice),
             "parallel_tool_calls": self.parallel_tool_calls,
+            "reasoning": self.reasoning,
             "telemetry": self.telemetry,
         }
 
@@ -196,6 +200,9 @@ class Outcome:
     error: dict[str, str] | None = None  # {"code", "message"} for failed runs
     model: str | None = None  # the model that answered (a fallback, maybe)
     finish_reason: FinishReason | None = None  # why the model's last turn ended
+    # The answer's content parts when the model reasoned (its reasoning blocks among its
+    # text); else the text is the content. Only a completed answer keeps them.
+    parts: tuple[dict[str, Any], ...] = ()
 
 
 def entry_id(run_id: str, part: str) -> str:

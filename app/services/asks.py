@@ -1,5 +1,8 @@
 """Asks and cancels: validate, then commit the user's entry, the run and its job at once.
 
+`ask` is the one ask of every surface (native, AI SDK chat, OpenAI Responses): what a surface
+needs written with its ask (a session, a rollback, instructions) goes in the same transaction.
+
 Validate → commit → project: a rejected ask (bad input, policy, busy session, context overflow)
 writes nothing; an accepted one is committed before any model is called, so a failed call still
 leaves the user's words in the journal.
@@ -10,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -28,10 +32,12 @@ from app.db import sessions as sessions_db
 from app.llm.router import tool_choice_problem
 from app.runs.model import CancelMode, Run, RunKind, RunParams, entry_id
 from app.services import quotas
+from app.services import reasoning as reasonings
 from app.services import run_transitions as runs  # named so until the ask path is rewritten
 from app.services.errors import Conflict, Invalid, entries_refused, session_not_found
+from app.services.handoff import RunHandoff
 from app.services.journal import NewEntry, append_in
-from app.services.projection import project_session
+from app.services.projection import SessionProjection, project_in, project_session
 from app.telemetry import metrics
 
 Strategy = Literal["reject", "enqueue", "interrupt", "rollback"]
@@ -54,6 +60,7 @@ class AskParams:
     tools: list[dict[str, Any]] = field(default_factory=list)
     tool_choice: ToolChoice = "auto"  # forced choices hold for the first model turn only
     parallel_tool_calls: bool = True
+    reasoning: dict[str, Any] | None = None  # over the session's config.reasoning
     # Entries committed with the ask, before its user message (a client that sends history
     # along with its question); each gets refs.request_id = the run's id.
     before: tuple[PendingEntry, ...] = ()
@@ -63,7 +70,13 @@ class AskParams:
 class AskResult:
     run: Run
     created: bool  # False: an earlier ask with the same Idempotency-Key
-    claimed: bool = False  # its job was taken at once by `claim_for` (ask()): it must start it
+    claimed: bool = False  # its job was committed taken by the handoff's worker (ask())
+
+
+# What a surface writes with its ask, in the ask's transaction and before the ask's own rows:
+# the session it makes for the ask, a rollback, new instructions. The ask is validated against
+# what it wrote; a refusal (raised here or later) rolls all of it back: nothing to undo.
+Prepare = Callable[[AsyncConnection], Awaitable[None]]
 
 
 @metrics.counted_ask
@@ -74,52 +87,86 @@ async def ask(
     session_id: str,
     params: AskParams,
     own_limits: quotas.Limits | None = None,
-    claim_for: int | None = None,
+    handoff: RunHandoff | None = None,
+    prepare: Prepare | None = None,
 ) -> AskResult:
-    """`own_limits`: the tenant's own limits when the caller read them already (with the
-    request's key); else the quota check reads them. `claim_for`: a procrastinate worker id of
-    this process with room for the run: its job is committed taken by that worker when the
-    session's queue allows (then `claimed`: the caller starts the run, app/worker/handoff.py)."""
+    """The one ask of every surface: validate, commit (`prepare`'s writes, the user entry, the
+    run and its job) in one transaction, then hand the run to this process's workers.
+
+    `own_limits`: the tenant's own limits when the caller read them already (with the
+    request's key); else the quota check reads them. `handoff`: this process's workers
+    (`threadline serve`): with room, the job is committed taken by one of them and the run
+    started at once; else it waits for the queue. `prepare`: see Prepare; the session it
+    makes, if any, is `session_id`."""
     if params.idempotency_key:
         key = params.idempotency_key
         earlier = await run_by_idempotency_key(engine, tenant_id, session_id, key)
         if earlier is not None:
             return AskResult(earlier, created=False)
-    user_payload = {"role": "user", "content": params.content}
     # Validation, before anything is written: the content suits every provider, the policy
     # resolves, and the ask fits.
     refused = [p.as_error("input") for p in content_problems("user", params.content)]
     if refused:
         raise entries_refused(refused)
-    checked = await project_session(
-        engine,
-        settings,
-        tenant_id,
-        session_id,
-        pending=[*params.before, PendingEntry("message", user_payload)],
-        policy=params.context_policy,
-        model=params.model,
-        extra_tools=params.tools,
-    )
-    offered = [t.name for t in checked.projection.tool_spec]
-    unserved = tool_choice_problem(checked.model, params.tool_choice, offered)
-    if unserved is not None:
-        details = {"loc": ["body", "tool_choice"], "model": checked.model, "tools": offered}
-        raise Invalid("invalid_tool_choice", unserved, details)
+    model: str | None = None
+    if prepare is None:
+        # Projected before the transaction: the session's row is locked only to commit.
+        checked = await project_session(
+            engine,
+            settings,
+            tenant_id,
+            session_id,
+            pending=_pending(params),
+            policy=params.context_policy,
+            model=params.model,
+            extra_tools=params.tools,
+        )
+        model = _served(checked, params)
     if params.multitask_strategy == "rollback":
         # Before stopping anything: a refused ask leaves the running run alone.
         await check_quotas(
             engine, settings, tenant_id, replacing_runs_of=session_id, own_limits=own_limits
         )
         await _stop_active_runs(engine, tenant_id, session_id, "rollback")
+    claim_for = handoff.reserve() if handoff is not None else None
 
     async def commit(claim: int | None) -> AskResult:
         async with engine.begin() as conn:
+            resolved = model
+            if prepare is not None:
+                await prepare(conn)
+                resolved = await _validated_in(conn, settings, tenant_id, session_id, params)
+            assert resolved is not None
             queued = await _commit(
-                conn, settings, tenant_id, session_id, params, checked.model, own_limits, claim
+                conn, settings, tenant_id, session_id, params, resolved, own_limits, claim
             )
         return AskResult(queued.run, True, queued.claimed)
 
+    async def committed() -> AskResult:
+        try:
+            result = await _committing(engine, tenant_id, session_id, params, commit, claim_for)
+        finally:
+            if handoff is not None and claim_for is not None:
+                handoff.release()
+        if result.created and handoff is not None:
+            handoff.offer(result.run.id, result.run.job_id, claimed=result.claimed)
+        return result
+
+    # Shielded when the job may be committed taken: a request cancelled after the commit
+    # still hands its run over (no one else would start it while this process lives).
+    return await (asyncio.shield(committed()) if claim_for is not None else committed())
+
+
+async def _committing(
+    engine: AsyncEngine,
+    tenant_id: str,
+    session_id: str,
+    params: AskParams,
+    commit: Callable[[int | None], Awaitable[AskResult]],
+    claim_for: int | None,
+) -> AskResult:
+    """`commit`, taken by `claim_for` if it can be; the run of a concurrent ask with the same
+    Idempotency-Key if that one won."""
     try:
         try:
             return await commit(claim_for)
@@ -132,10 +179,43 @@ async def ask(
     except IntegrityError as exc:
         if "runs_idempotency_key" not in str(exc.orig) or not params.idempotency_key:
             raise
-    # A concurrent ask with the same key won the race: answer with its run.
     earlier = await run_by_idempotency_key(engine, tenant_id, session_id, params.idempotency_key)
     assert earlier is not None
     return AskResult(earlier, created=False)
+
+
+def _pending(params: AskParams) -> list[PendingEntry]:
+    return [*params.before, PendingEntry("message", {"role": "user", "content": params.content})]
+
+
+def _served(checked: SessionProjection, params: AskParams) -> str:
+    """The model the ask runs on, once its tool choice is known to be one it can serve."""
+    offered = [t.name for t in checked.projection.tool_spec]
+    unserved = tool_choice_problem(checked.model, params.tool_choice, offered)
+    if unserved is not None:
+        details = {"loc": ["body", "tool_choice"], "model": checked.model, "tools": offered}
+        raise Invalid("invalid_tool_choice", unserved, details)
+    return checked.model
+
+
+async def _validated_in(
+    conn: AsyncConnection, settings: Settings, tenant_id: str, session_id: str, params: AskParams
+) -> str:
+    """The ask validated in its own transaction, against what its surface wrote there (its
+    session's row locked first: nothing is appended under the projection)."""
+    session = await sessions_db.get_session(conn, tenant_id, session_id, lock=True)
+    if session is None:
+        raise session_not_found(session_id)
+    checked = await project_in(
+        conn,
+        settings,
+        session,
+        pending=_pending(params),
+        policy=params.context_policy,
+        model=params.model,
+        extra_tools=params.tools,
+    )
+    return _served(checked, params)
 
 
 async def check_quotas(
@@ -150,7 +230,7 @@ async def check_quotas(
     session whose active ask runs the ask will stop (they do not count against it)."""
     async with engine.begin() as conn:
         replacing = (
-            len(await runs_db.active_runs(conn, replacing_runs_of, kind="ask"))
+            len(await runs_db.active_runs(conn, replacing_runs_of, kind="ask", tenant_id=tenant_id))
             if replacing_runs_of is not None
             else 0
         )
@@ -180,8 +260,17 @@ async def _commit(
     if refused is not None:
         rule, message = refused
         raise Conflict("policy_violation", message, {"rule": rule})
+    where = ["body", "reasoning"] if params.reasoning is not None else ["config", "reasoning"]
+    reasoning = reasonings.check(
+        settings,
+        model,
+        (session["config"] or {}).get("reasoning"),
+        params.reasoning,
+        where,
+        params.tool_choice,
+    )
     # A compaction in flight is no reason to refuse: the ask's job queues behind it.
-    active = await runs_db.active_runs(conn, session_id, kind="ask")
+    active = await runs_db.active_runs(conn, session_id, kind="ask", tenant_id=tenant_id)
     if active and params.multitask_strategy == "reject":
         raise Conflict(
             "session_busy",
@@ -229,17 +318,21 @@ async def _commit(
         session_values={"status": "active"},  # the run's
     )
     user_seq = int(appended.entries[len(before)]["seq"])
+    config = session["config"] or {}
+    # The ask's own, else the session's (its config), else the provider decides.
+    temperature = config.get("temperature") if params.temperature is None else params.temperature
     run_params = RunParams(
-        max_output_tokens=params.max_output_tokens,
-        temperature=params.temperature,
+        max_output_tokens=params.max_output_tokens or config.get("max_output_tokens"),
+        temperature=temperature,
         context_policy=params.context_policy,
         metadata=params.metadata,
         on_disconnect=params.on_disconnect,
-        fallback_model=(session["config"] or {}).get("fallback_model"),
+        fallback_model=config.get("fallback_model"),
         run_policy=policy.model_dump(mode="json"),
         tools=params.tools,
         tool_choice=params.tool_choice,
         parallel_tool_calls=params.parallel_tool_calls,
+        reasoning=reasoning.model_dump(exclude_none=True) if reasoning else None,
     )
     return await runs.create(
         conn,
@@ -262,14 +355,14 @@ async def _stop_active_runs(
     """Cancel the session's active runs and wait until they have ended (rollback needs their
     last entry before it can append the new user message)."""
     async with engine.begin() as conn:
-        for run in await runs_db.active_runs(conn, session_id, kind="ask"):
+        for run in await runs_db.active_runs(conn, session_id, kind="ask", tenant_id=tenant_id):
             locked = await runs_db.get_run(conn, run.id, tenant_id=tenant_id, lock=True)
             if locked is not None and locked.active:
                 await runs.request_cancel(conn, locked, mode)
     deadline = time.monotonic() + ROLLBACK_WAIT_SECONDS
     while True:
         async with engine.connect() as conn:
-            if not await runs_db.active_runs(conn, session_id, kind="ask"):
+            if not await runs_db.active_runs(conn, session_id, kind="ask", tenant_id=tenant_id):
                 return
         if time.monotonic() > deadline:
             raise Conflict(

@@ -8,8 +8,9 @@ A run also compacts on its own when its context fills up (app/worker/compaction.
 from __future__ import annotations
 
 import math
+import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,8 +23,11 @@ from app.core.compaction import (
     MIN_CHUNK_TOKENS,
     CompactionPlan,
     chunk_lines,
+    nothing_to_compact,
     plan_compaction,
     reaches_checkpoint,
+    replaced_tokens,
+    summary_problem,
     summary_request,
     transcript_lines,
 )
@@ -60,8 +64,23 @@ TRUNCATED = frozenset({"length", "max_tokens"})
 SUMMARY_MAX_TOKENS = 4_000
 
 
+# How often a compaction reports its progress while the summarizer writes (a small local model
+# takes tens of seconds).
+PROGRESS_SECONDS = 1.0
+
+
 class CompactionFailed(ServiceError):
     """The summarizer gave nothing usable."""
+
+
+@dataclass(frozen=True)
+class Progress:
+    call: int  # the summarizer call under way (1-based): one per transcript chunk
+    calls: int
+    chars: int  # characters of summary the call has written so far
+
+
+ProgressHook = Callable[[Progress], None]
 
 
 @dataclass(frozen=True)
@@ -127,9 +146,8 @@ async def prepare(
         thread = sessions_db.thread_of(session)
         tail, _ = await journal_db.read_tail(conn, thread, reaches_checkpoint)
         # Runs not ended have answers to come: their turns are never summarized.
-        open_runs = {
-            r.id for r in await runs_db.active_runs(conn, session_id, kind="ask") if r.id != run_id
-        }
+        active = await runs_db.active_runs(conn, session_id, kind="ask", tenant_id=tenant_id)
+        open_runs = {r.id for r in active if r.id != run_id}
     keep = policy.keep_last_turns if keep_last_turns is None else keep_last_turns
     plan = plan_compaction(tail, keep, run_id, open_runs)
     if plan is None:
@@ -207,17 +225,26 @@ def _complete_part(text: str) -> str:
 
 
 @metrics.timed_compaction
-async def summarize(router: Router, prepared: PreparedCompaction) -> Summary:
-    """Fold the transcript into the summary so far, one chunk per call (usually a single one).
+async def summarize(
+    router: Router, prepared: PreparedCompaction, progress: ProgressHook | None = None
+) -> Summary:
+    """Fold the transcript into the summary so far, one chunk per call (usually a single one);
+    `progress` hears at each call's start and about once a second while it writes.
 
-    Raises ProviderError when the model fails, CompactionFailed when it answers with nothing."""
+    Raises ProviderError when the model fails, CompactionFailed when its answer is not a usable
+    summary: empty, echoing the prompt (see summary_problem), or no shorter than what it would
+    replace, by the count of the model that reads it (it would grow the context)."""
     plan, counter = prepared.plan, prepared.counting.counter
     content = prepared.previous
     usage: UsageReport | None = None
     used = prepared.model
     cut = False
     chunks = chunk_lines(transcript_lines(plan.entries), counter, prepared.chunk_tokens)
-    for chunk in chunks:
+    for number, chunk in enumerate(chunks, 1):
+        if progress is not None:
+            progress(Progress(number, len(chunks), 0))
+        reported = time.monotonic()
+        written = 0
         words = _word_target(prepared.summary_tokens, chunk, counter)
         messages = summary_request(content, chunk, prepared.focus, words)
         request = ModelRequest(
@@ -231,6 +258,10 @@ async def summarize(router: Router, prepared: PreparedCompaction) -> Summary:
             used = model
             if isinstance(event, TextDelta):
                 parts.append(event.text)
+                written += len(event.text)
+                if progress is not None and time.monotonic() - reported >= PROGRESS_SECONDS:
+                    reported = time.monotonic()
+                    progress(Progress(number, len(chunks), written))
             elif isinstance(event, UsageReport):
                 usage = event.plus(usage)
             elif isinstance(event, Finish) and event.reason in TRUNCATED:
@@ -242,6 +273,7 @@ async def summarize(router: Router, prepared: PreparedCompaction) -> Summary:
             text = _complete_part(text) + SUMMARY_CUT_MARK
         if not text:
             raise CompactionFailed("empty_summary", "the summarization model answered nothing")
+        _check(text)
         # Not every upstream honours max_tokens: the next call folds this in, so it must fit.
         content = _fit(text, counter, prepared.summary_tokens)
         cut = cut or reached_limit or content != text
@@ -250,7 +282,24 @@ async def summarize(router: Router, prepared: PreparedCompaction) -> Summary:
     # budget would crowd out the turns after it (or, over the budget, be cut at every ask).
     reader = prepared.reader_counting.counter
     fitted = _fit(content, reader, prepared.reader_tokens)
+    tokens, replaced = reader.count(fitted), replaced_tokens(plan, reader)
+    if tokens >= replaced:
+        raise CompactionFailed(
+            "summary_not_shorter",
+            f"the summary has {tokens} tokens, no fewer than the {replaced} of the history it "
+            "would replace: nothing was committed, and the context goes on with windowing",
+            {"summary_tokens": tokens, "replaced_tokens": replaced},
+        )
     return Summary(fitted, used, usage, len(chunks), cut or fitted != content)
+
+
+def _check(text: str) -> None:
+    problem = summary_problem(text)
+    if problem is not None:
+        raise CompactionFailed(
+            "summary_echoes_prompt",
+            f"{problem}: nothing was committed, and the context goes on with windowing",
+        )
 
 
 async def commit(
@@ -345,12 +394,15 @@ async def request_compaction(
             session = await sessions_db.get_session(conn, tenant_id, session_id, lock=True)
             if session is None:
                 raise session_not_found(session_id)
-            if prepared is None and not await runs_db.active_runs(conn, session_id, kind="ask"):
+            if prepared is None and not await runs_db.active_runs(
+                conn, session_id, kind="ask", tenant_id=tenant_id
+            ):
+                keep = await _kept_turns(settings, session["config"], params)
                 raise Conflict(
                     "nothing_to_compact",
-                    "nothing precedes the turns a compaction keeps; lower keep_last_turns to "
-                    "summarize them too",
-                    {"keep_last_turns": params.keep_last_turns},
+                    nothing_to_compact(keep),
+                    # for a client: a lower keep_last_turns summarizes some of the kept turns
+                    {"keep_last_turns": keep},
                 )
             model = prepared.model if prepared else params.model
             model = model or summarization_model(session["config"], settings)
@@ -362,6 +414,16 @@ async def request_compaction(
     earlier = await run_by_idempotency_key(engine, tenant_id, session_id, key, "compaction")
     assert earlier is not None
     return earlier, False
+
+
+async def _kept_turns(settings: Settings, config: Mapping[str, Any], params: CompactParams) -> int:
+    """The turns a compaction with `params` keeps raw: the request's, else the policy's."""
+    if params.keep_last_turns is not None:
+        return params.keep_last_turns
+    model = params.model or summarization_model(config, settings)
+    window = await context_window_for(settings, model)
+    policy = resolve_policy(window, settings.context_policy, config.get("context_policy"))
+    return policy.keep_last_turns
 
 
 async def _queue(

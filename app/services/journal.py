@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.core.entries import EntryKind, PayloadError, normalize_entry, range_errors
 from app.core.lineage import lineage_from_json, segments
+from app.core.messages import text_of
 from app.core.projection import RolledBack, rolled_back
 from app.core.tokens import entry_tokens
 from app.db import journal as journal_db
@@ -89,6 +90,7 @@ async def append_in(
     *,
     fresh_ids: bool = False,
     session_values: Mapping[str, Any] | None = None,
+    expected_rev: int | None = None,
 ) -> AppendResult:
     """Append inside the caller's transaction (a use case writing entries with other rows: it
     checked the session, or a run under way writes, which a session's expiry does not stop).
@@ -98,6 +100,7 @@ async def append_in(
     made up): the replay lookup, two statements, is skipped. The unique index still refuses a
     duplicate. `session_values`: more of the session's columns (its status, its totals), set
     with its rev (no statement of their own; not on a replay, which writes nothing).
+    `expected_rev`: as for append_entries.
     """
     rows = _prepare(new_entries)
     return await _append_rows(
@@ -105,7 +108,7 @@ async def append_in(
         tenant_id,
         session_id,
         rows,
-        None,
+        expected_rev,
         fresh_ids=fresh_ids,
         include_expired=True,
         session_values=session_values,
@@ -140,6 +143,7 @@ async def _append_rows(
         expected_rev,
         include_expired,
         session_values,
+        title=untitled_title(rows),
     )
     if rev is None:
         current = await sessions_db.current_rev(conn, tenant_id, session_id, include_expired)
@@ -171,6 +175,30 @@ async def _append_rows(
         ],
     )
     return AppendResult(stored, rev, replayed=False)
+
+
+# A title made from a message is cut at a word boundary near this many characters.
+TITLE_CHARS = 60
+
+
+def untitled_title(rows: Sequence[Mapping[str, Any]]) -> str | None:
+    """The title an untitled session takes when these entries are appended: the text of the
+    first user message among them, on one line and cut short (its first user message commits
+    with it, so the session is named from it, on every path: asks, appends, the AI SDK chat,
+    the OpenAI API). Set in the append's own rev update, where the title is still null."""
+    for row in rows:
+        payload = row["payload"]
+        if row["kind"] != EntryKind.MESSAGE or payload.get("role") != "user":
+            continue
+        words = " ".join(text_of(payload.get("content") or "").split())
+        if not words:
+            continue  # an image alone: a later message may name it
+        if len(words) <= TITLE_CHARS:
+            return words
+        head = words[: TITLE_CHARS + 1]
+        cut = head.rsplit(" ", 1)[0] if " " in head else words[:TITLE_CHARS]
+        return cut.rstrip(" ,.;:") + "…"
+    return None
 
 
 async def read_history(

@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from app.config import Settings
 from app.core import policy as policies
 from app.core.builtin_tools import with_builtin_schema
+from app.core.compaction import nothing_to_compact, plan_compaction, reaches_checkpoint
 from app.core.entries import EntryKind, PayloadError, normalize_entry
 from app.core.lineage import Segment
 from app.core.memory import MEMORY_TOOLS
@@ -31,7 +32,7 @@ from app.db import journal as journal_db
 from app.db import sessions as sessions_db
 from app.db.engine import read_snapshot
 from app.db.memory import get_memory
-from app.llm.catalog import context_window_for
+from app.llm.catalog import context_window_for, takes_reasoning_back
 from app.llm.tokenizers import counting_for
 from app.runs.model import Run, RunKind
 from app.services.errors import Invalid, entries_refused, session_not_found
@@ -53,6 +54,15 @@ class SessionContext:
     projected: SessionProjection
     summaries: int  # summary checkpoints (compactions) in the whole thread
     recent_summaries: list[RowMapping]  # the newest of them, newest first
+    nothing_to_compact: str | None  # why a compaction now would find nothing, else None
+
+
+@dataclass(frozen=True)
+class _Projected:
+    projected: SessionProjection
+    thread: list[Segment]
+    tail: list[JournalEntry]  # the entries read for it, ascending
+    complete: bool  # the tail reaches the thread's start
 
 
 async def project_session(
@@ -78,10 +88,26 @@ async def project_session(
         )
         if session is None:
             raise session_not_found(session_id)
-        projected, _ = await _project(
-            conn, settings, session, pending, policy, model, run_id, extra_tools
-        )
-        return projected
+        done = await _project(conn, settings, session, pending, policy, model, run_id, extra_tools)
+        return done.projected
+
+
+async def project_in(
+    conn: AsyncConnection,
+    settings: Settings,
+    session: RowMapping,
+    *,
+    pending: Sequence[PendingEntry] = (),
+    policy: Mapping[str, Any] | None = None,
+    model: str | None = None,
+    extra_tools: Sequence[Mapping[str, Any]] = (),
+) -> SessionProjection:
+    """project_session in the caller's transaction, from the session row it read (locked)
+    there: an ask that writes before it projects (a rollback, a new session) sees its writes."""
+    done = await _project(
+        conn, settings, session, canonical_pending(pending), policy, model, None, extra_tools
+    )
+    return done.projected
 
 
 def canonical_pending(pending: Sequence[PendingEntry]) -> list[PendingEntry]:
@@ -124,7 +150,7 @@ async def project_run_in(
     """project_for_run in the caller's snapshot (read_snapshot), from the session row it read
     there: a worker starting a run reads the session once for its own needs and this."""
     ask = run.kind is RunKind.ASK
-    projected, _ = await _project(
+    done = await _project(
         conn,
         settings,
         session,
@@ -134,7 +160,7 @@ async def project_run_in(
         run.id if ask else None,
         run.params.tools if ask else [],
     )
-    return projected
+    return done.projected
 
 
 async def session_context(
@@ -145,13 +171,23 @@ async def session_context(
         session = await sessions_db.get_session(conn, tenant_id, session_id)
         if session is None:
             raise session_not_found(session_id)
-        projected, thread = await _project(conn, settings, session, (), None, None, None, ())
+        done = await _project(conn, settings, session, (), None, None, None, ())
+        thread = done.thread
+        # The tail read for the projection answers it when it reaches the latest checkpoint
+        # (or the start); when it stopped short at the budget, what it left out is older
+        # history a compaction would summarize.
+        keep = done.projected.policy.keep_last_turns
+        refused = None
+        exact = done.complete or reaches_checkpoint(done.tail)
+        if exact and plan_compaction(done.tail, keep) is None:
+            refused = nothing_to_compact(keep)
         return SessionContext(
-            projected,
+            done.projected,
             await journal_db.count_kind(conn, thread, "summary"),
             await journal_db.read_entries(
                 conn, thread, kinds=["summary"], descending=True, limit=RECENT_COMPACTIONS
             ),
+            refused,
         )
 
 
@@ -164,7 +200,7 @@ async def _project(
     model_override: str | None,
     run_id: str | None,
     extra_tools: Sequence[Mapping[str, Any]],
-) -> tuple[SessionProjection, list[Segment]]:
+) -> _Projected:
     config = session["config"]
     model = model_override or config.get("model") or settings.default_model
     window = await context_window_for(settings, model)
@@ -197,12 +233,13 @@ async def _project(
         memory_namespace=namespace,
         tools=tool_specs(offered_tools(config, extra_tools)),
         run_id=run_id,
+        send_reasoning=takes_reasoning_back(model),
     )
     try:
         projection = project(source)
     except ContextOverflow as exc:
         raise Invalid("context_overflow", str(exc), {**exc.details, "model": model}) from exc
-    return SessionProjection(model, window, policy, projection), thread
+    return _Projected(SessionProjection(model, window, policy, projection), thread, tail, complete)
 
 
 def resolve_policy(window: int, *layers: Mapping[str, Any] | None) -> policies.ContextPolicy:

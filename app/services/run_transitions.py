@@ -149,11 +149,13 @@ async def resume(conn: AsyncConnection, run: Run, committed: Sequence[Any]) -> R
 
 async def request_cancel(conn: AsyncConnection, run: Run, mode: CancelMode) -> Run:
     """With the run row locked: mark it, and end it now when no worker has it; a worker that
-    has it stops and commits what it received."""
+    has it stops and commits what it received. Who has it is its job's state, unless the
+    attempt's worker died (its lease is lost): the job is then ended here. A run queued again
+    between two attempts has no lease: its job may be a live worker's, which finishes it."""
     run = await runs_db.update_run(conn, run.id, {"cancel_mode": mode})
     if run.job_id is None:
         return await finish(conn, run, Outcome("cancelled"))
-    if run.status is RunStatus.RUNNING and not await runs_db.lease_held(conn, run.lease):
+    if run.status is RunStatus.RUNNING and await runs_db.lease_lost(conn, run.lease):
         await jobs_db.end_job(conn, run.job_id)  # its worker died: nobody else will end it
         return await finish(conn, run, Outcome("cancelled"))
     if await jobs_db.cancel_job(conn, run.job_id):  # no worker had taken it yet
@@ -170,7 +172,8 @@ async def finish(conn: AsyncConnection, run: Run, outcome: Outcome) -> Run:
     model = outcome.model or run.model
     entries: list[NewEntry] = []
     if run.answers and (outcome.text or outcome.status == "completed"):
-        payload: dict[str, Any] = {"role": "assistant", "content": outcome.text}
+        content = list(outcome.parts) if outcome.parts else outcome.text
+        payload: dict[str, Any] = {"role": "assistant", "content": content}
         if outcome.status != "completed":
             payload["status"] = "incomplete"
         if outcome.finish_reason is not None:
@@ -200,6 +203,8 @@ async def finish(conn: AsyncConnection, run: Run, outcome: Outcome) -> Run:
         }
         if usage.estimated:
             usage_payload["estimated"] = True
+        if usage.reasoning_tokens:
+            usage_payload["reasoning_tokens"] = usage.reasoning_tokens
         if cost is not None:
             usage_payload["cost_usd"] = float(cost)
         entries.append(
@@ -210,7 +215,8 @@ async def finish(conn: AsyncConnection, run: Run, outcome: Outcome) -> Run:
         end["error"] = outcome.error
     entries.append(NewEntry(EntryKind.RUN_END, end, {"run_id": run.id}, entry_id(run.id, "end")))
     # The session's status and totals, set with the append's rev (one statement).
-    still_active = [r for r in await runs_db.active_runs(conn, run.session_id) if r.id != run.id]
+    active = await runs_db.active_runs(conn, run.session_id, tenant_id=run.tenant_id)
+    still_active = [r for r in active if r.id != run.id]
     session_values: dict[str, Any] = {}
     if not still_active:
         session_values["status"] = "idle"
@@ -253,6 +259,7 @@ async def finish(conn: AsyncConnection, run: Run, outcome: Outcome) -> Run:
             "cache_write_tokens": usage.cache_write_tokens,
             "estimated": usage.estimated,
         }
+        | ({"reasoning_tokens": usage.reasoning_tokens} if usage.reasoning_tokens else {})
         if usage
         else None
     )

@@ -38,7 +38,7 @@ async def active_run(engine: AsyncEngine, tenant_id: str, session_id: str) -> Ru
         session = await sessions_db.get_session(conn, tenant_id, session_id)
         if session is None:
             raise session_not_found(session_id)
-        active = await runs_db.active_runs(conn, session_id)
+        active = await runs_db.active_runs(conn, session_id, tenant_id=tenant_id)
     return active[0] if active else None
 
 
@@ -76,7 +76,9 @@ async def submit_tool_outputs(
                 {"status": run.status.value},
             )
         session_id = run.session_id
-        done = await journal_db.run_entries(conn, session_id, run.input_seq, run_id)
+        done = await journal_db.run_entries(
+            conn, session_id, run.input_seq, run_id, tenant_id=tenant_id
+        )
         step = next_step(done, max_iterations=10**9)
         waiting = {c.tool_call_id: c for c in step.calls} if isinstance(step, RunTools) else {}
         given = [o.tool_call_id for o in outputs]

@@ -26,6 +26,7 @@ from app.db import sessions as sessions_db
 from app.llm.base import ProviderError
 from app.llm.router import Router
 from app.services import quotas
+from app.services import reasoning as reasonings
 from app.services.cursors import decode_cursor, encode_cursor
 from app.services.errors import Conflict, Invalid, session_not_found
 
@@ -57,6 +58,7 @@ async def create_session(
     `ttl_seconds` from now, else after the tenant's default TTL (if it has one)."""
     if settings is not None:
         check_models(settings, config)
+        _check_reasoning(settings, config)
     async with engine.begin() as conn:
         if settings is not None:
             await quotas.check_new_session(conn, settings, tenant_id)
@@ -146,6 +148,8 @@ async def update_session(
                 else:
                     config[key] = value
             values["config"] = config
+            if settings is not None:
+                _check_reasoning(settings, config)
         if changes.get("ttl_seconds") is not None:
             values["expires_at"] = sessions_db.ttl_expiry(int(changes["ttl_seconds"]))
         elif "expires_at" in changes:  # null: never expires
@@ -197,51 +201,102 @@ async def fork_session(
 ) -> RowMapping:
     """A child sharing the parent's thread up to `at_seq` (default: its rev); no entry is copied.
     With `settings`, the tenant's session limit holds (else 429)."""
+    async with engine.begin() as conn:
+        return await fork_in(
+            conn,
+            tenant_id,
+            session_id,
+            at_seq=at_seq,
+            title=title,
+            metadata=metadata,
+            settings=settings,
+        )
+
+
+async def fork_in(
+    conn: AsyncConnection,
+    tenant_id: str,
+    session_id: str,
+    *,
+    at_seq: int | None,
+    title: str | None,
+    metadata: dict[str, str] | None,
+    settings: Settings | None = None,
+    fork_id: str | None = None,
+) -> RowMapping:
+    """fork_session in the caller's transaction (an ask that answers in a new fork commits
+    the fork with it); `fork_id`: the child's id (else a new one)."""
     for _ in range(_FORK_ATTEMPTS):
         try:
-            async with engine.begin() as conn:
-                parent = await sessions_db.get_session(conn, tenant_id, session_id)
-                if parent is None:
-                    raise session_not_found(session_id)
-                fork_seq = parent["rev"] if at_seq is None else at_seq
-                if fork_seq > parent["rev"]:
-                    raise Invalid(
-                        "fork_seq_out_of_range",
-                        f"at_seq {fork_seq} is beyond the session's rev {parent['rev']}",
-                        {"at_seq": fork_seq, "rev": parent["rev"]},
-                    )
-                lineage = fork_lineage(session_id, lineage_from_json(parent["lineage"]), fork_seq)
-                # Hold every session the child will read from, so none is deleted (and its
-                # range moved) before the child is committed; a deletion that won the race
-                # shows up as a missing row, and the fork starts over from the new lineage.
-                # Entries up to the parent's rev are committed and immutable: no parent lock.
-                readable = [a.session_id for a in lineage]
-                if await sessions_db.lock_existing(conn, readable) != len(readable):
-                    continue
-                if settings is not None:
-                    await quotas.check_new_session(conn, settings, tenant_id)
-                return await sessions_db.insert_session(
-                    conn,
-                    tenant_id=tenant_id,
-                    title=parent["title"] if title is None else title,
-                    metadata=parent["metadata"] if metadata is None else metadata,
-                    config=parent["config"],
-                    parent_id=session_id,
-                    fork_seq=fork_seq,
-                    lineage=lineage_to_json(lineage),
-                    rev=fork_seq,
-                    # Only the chunk anchors' coordinate: a phase shift for early forks is fine.
-                    token_total=parent["token_total"],
-                    # A fork is a new session: the tenant's default, not its parent's expiry.
-                    expires_at=sessions_db.tenant_default_expiry(tenant_id),
+            async with conn.begin_nested():
+                forked = await _fork_once(
+                    conn, tenant_id, session_id, at_seq, title, metadata, settings, fork_id
                 )
         except IntegrityError:
             continue  # the parent was deleted between our read and the insert
+        if forked is not None:
+            return forked
     raise Conflict(
         "fork_conflict",
         "the session's lineage kept changing while forking; retry",
         {"session_id": session_id},
     )
+
+
+async def _fork_once(
+    conn: AsyncConnection,
+    tenant_id: str,
+    session_id: str,
+    at_seq: int | None,
+    title: str | None,
+    metadata: dict[str, str] | None,
+    settings: Settings | None,
+    fork_id: str | None,
+) -> RowMapping | None:
+    """The fork, or None when a session of its lineage was deleted under it (try again)."""
+    parent = await sessions_db.get_session(conn, tenant_id, session_id)
+    if parent is None:
+        raise session_not_found(session_id)
+    fork_seq = parent["rev"] if at_seq is None else at_seq
+    if fork_seq > parent["rev"]:
+        raise Invalid(
+            "fork_seq_out_of_range",
+            f"at_seq {fork_seq} is beyond the session's rev {parent['rev']}",
+            {"at_seq": fork_seq, "rev": parent["rev"]},
+        )
+    lineage = fork_lineage(session_id, lineage_from_json(parent["lineage"]), fork_seq)
+    # Hold every session the child will read from, so none is deleted (and its range moved)
+    # before the child is committed; a deletion that won the race shows up as a missing row,
+    # and the fork starts over from the new lineage. Entries up to the parent's rev are
+    # committed and immutable: no parent lock.
+    readable = [a.session_id for a in lineage]
+    if await sessions_db.lock_existing(conn, readable) != len(readable):
+        return None
+    if settings is not None:
+        await quotas.check_new_session(conn, settings, tenant_id)
+    return await sessions_db.insert_session(
+        conn,
+        **({"id": fork_id} if fork_id is not None else {}),
+        tenant_id=tenant_id,
+        title=parent["title"] if title is None else title,
+        metadata=parent["metadata"] if metadata is None else metadata,
+        config=parent["config"],
+        parent_id=session_id,
+        fork_seq=fork_seq,
+        lineage=lineage_to_json(lineage),
+        rev=fork_seq,
+        # Only the chunk anchors' coordinate: a phase shift for early forks is fine.
+        token_total=parent["token_total"],
+        # A fork is a new session: the tenant's default, not its parent's expiry.
+        expires_at=sessions_db.tenant_default_expiry(tenant_id),
+    )
+
+
+def _check_reasoning(settings: Settings, config: dict[str, Any]) -> None:
+    """Refuse a config whose reasoning its model cannot do (422, nothing written)."""
+    model = str(config.get("model") or settings.default_model)
+    where = ["body", "config", "reasoning"]
+    reasonings.check(settings, model, config.get("reasoning"), None, where)
 
 
 def check_models(settings: Settings, config: dict[str, Any]) -> None:

@@ -1,4 +1,5 @@
-"""AI SDK chats as sessions: a chat id names a session, a regenerate is a rollback and an ask.
+"""AI SDK chats as sessions: a chat id names a session, a regenerate is a rollback and an ask
+(committed together: asks.ask).
 
 The frontend (`useChat`) keeps its own copy of the conversation and sends all of it; the
 session's journal stays the source of truth, so only the newest user message is taken from it.
@@ -7,12 +8,12 @@ session's journal stays the source of truth, so only the newest user message is 
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy import RowMapping
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.config import Settings
 from app.core.entries import EntryKind
@@ -20,8 +21,10 @@ from app.db import journal as journal_db
 from app.db import runs as runs_db
 from app.db import sessions as sessions_db
 from app.eventlog import store as event_store
-from app.services import journal, quotas, runs
+from app.runs.model import Run
+from app.services import asks, journal, quotas, runs
 from app.services.errors import Conflict, Invalid, session_not_found
+from app.services.handoff import RunHandoff
 from app.services.ids import is_uuid
 
 # Sessions made for chats get ids derived from this namespace, the tenant and the chat id.
@@ -46,32 +49,30 @@ async def find_session(engine: AsyncEngine, tenant_id: str, chat_id: str) -> Row
         )
 
 
-async def chat_session(
-    engine: AsyncEngine, settings: Settings, tenant_id: str, chat_id: str
-) -> RowMapping:
-    """The chat's session, made on the chat's first message (with the default config), within
-    the tenant's session limit."""
-    found = await find_session(engine, tenant_id, chat_id)
-    if found is not None:
-        return found
-    session_id = derived_session_id(tenant_id, chat_id)
-    try:
-        async with engine.begin() as conn:
-            await quotas.check_new_session(conn, settings, tenant_id)
-            return await sessions_db.insert_session(
-                conn,
-                id=session_id,
-                tenant_id=tenant_id,
-                title=None,
-                metadata={CHAT_ID_KEY: chat_id},
-                config={},
-                expires_at=sessions_db.tenant_default_expiry(tenant_id),
-            )
-    except IntegrityError:  # a concurrent first message made it, or it expired
-        again = await find_session(engine, tenant_id, chat_id)
-        if again is None:  # expired: gone for the tenant, though not purged yet
-            raise session_not_found(session_id) from None
-        return again
+def _making_session(
+    settings: Settings, tenant_id: str, chat_id: str, session_id: str
+) -> asks.Prepare:
+    """The chat's session, made in its first ask's transaction (with the default config),
+    within the tenant's session limit."""
+
+    async def make(conn: AsyncConnection) -> None:
+        await quotas.check_new_session(conn, settings, tenant_id)
+        try:
+            async with conn.begin_nested():
+                await sessions_db.insert_session(
+                    conn,
+                    id=session_id,
+                    tenant_id=tenant_id,
+                    title=None,
+                    metadata={CHAT_ID_KEY: chat_id},
+                    config={},
+                    expires_at=sessions_db.tenant_default_expiry(tenant_id),
+                )
+        except IntegrityError:  # a concurrent first message made it, or it expired
+            if await sessions_db.get_session(conn, tenant_id, session_id) is None:
+                raise session_not_found(session_id) from None  # expired: gone for the tenant
+
+    return make
 
 
 def no_user_message(messages: list[dict[str, Any]]) -> Invalid:
@@ -113,15 +114,24 @@ async def live_user_messages(
     return [m for m in messages if m["payload"].get("role") == "user"], rev
 
 
-async def roll_back_from(
+@dataclass(frozen=True)
+class Rollback:
+    """A rollback to commit with an ask: the user message it takes out (from it on)."""
+
+    entry: journal.NewEntry
+    rev: int  # the session's rev when it was read: an entry appended since voids it (409)
+    content: str | list[dict[str, Any]]  # the user message taken out
+
+
+async def rollback_from(
     engine: AsyncEngine, tenant_id: str, session_id: str, position: int | None, reason: str
-) -> str | list[dict[str, Any]] | None:
-    """Take the chat's user message at `position` (0-based among the chat's user messages;
-    None: the last one) and everything after it out of the session's context, for a
-    regenerate or an edit; returns that message's content. None when there is no such
-    message (nothing to take out). `reason`: the rollback entry's."""
+) -> Rollback | None:
+    """A rollback of the chat's user message at `position` (0-based among the chat's user
+    messages; None: the last one) and everything after it, for a regenerate or an edit; None
+    when there is no such message (nothing to take out). Only read: the ask commits it.
+    `reason`: the rollback entry's."""
     async with engine.connect() as conn:
-        active = await runs_db.active_runs(conn, session_id, kind="ask")
+        active = await runs_db.active_runs(conn, session_id, kind="ask", tenant_id=tenant_id)
     if active:
         raise Conflict(
             "session_busy",
@@ -137,10 +147,67 @@ async def roll_back_from(
     rollback = journal.NewEntry(
         EntryKind.ROLLBACK, {"from_seq": entry["seq"], "to_seq": rev, "reason": reason}, {}
     )
-    # expected_rev: an entry appended meanwhile would not be one the client meant to void.
-    await journal.append_entries(engine, tenant_id, session_id, [rollback], expected_rev=rev)
-    content: str | list[dict[str, Any]] = entry["payload"]["content"]
-    return content
+    return Rollback(rollback, rev, entry["payload"]["content"])
+
+
+def _rolling_back(tenant_id: str, session_id: str, rollback: Rollback) -> asks.Prepare:
+    async def roll_back(conn: AsyncConnection) -> None:
+        # expected_rev: an entry appended meanwhile would not be one the client meant to void.
+        await journal.append_in(
+            conn, tenant_id, session_id, [rollback.entry], expected_rev=rollback.rev
+        )
+
+    return roll_back
+
+
+async def ask(
+    engine: AsyncEngine,
+    settings: Settings,
+    tenant_id: str,
+    chat_id: str,
+    messages: list[dict[str, Any]],
+    *,
+    regenerate: bool,
+    edited: bool,
+    params: asks.AskParams,
+    handoff: RunHandoff | None,
+) -> Run:
+    """The chat's ask: its new user message (made the chat's session on its first), or the
+    last one again (`regenerate`), or an edited one (`edited`: the chat's user messages up to
+    it are `messages`); a regenerate or an edit rolls back from the message it replaces. All
+    of it is committed with the ask, or nothing is (asks.ask). `params.content` is ignored."""
+    prepare: asks.Prepare | None = None
+    if regenerate:
+        session = await find_session(engine, tenant_id, chat_id)
+        nothing = Invalid("nothing_to_regenerate", "the chat has no user message yet", {})
+        if session is None:
+            raise nothing
+        session_id = str(session["id"])
+        rollback = await rollback_from(engine, tenant_id, session_id, None, "regenerate")
+        if rollback is None:
+            raise nothing
+        content = rollback.content
+        prepare = _rolling_back(tenant_id, session_id, rollback)
+    else:
+        content = new_user_text(messages)
+        session = await find_session(engine, tenant_id, chat_id)
+        if session is None:
+            session_id = derived_session_id(tenant_id, chat_id)
+            prepare = _making_session(settings, tenant_id, chat_id, session_id)
+        else:
+            session_id = str(session["id"])
+            if edited:
+                # useChat sends the messages up to the edited one, which is last. It is the
+                # chat's n-th user message: that one and all after it are rolled back.
+                position = sum(1 for m in messages if m.get("role") == "user") - 1
+                rollback = await rollback_from(engine, tenant_id, session_id, position, "edit")
+                if rollback is not None:
+                    prepare = _rolling_back(tenant_id, session_id, rollback)
+    asked = replace(params, content=content)
+    result = await asks.ask(
+        engine, settings, tenant_id, session_id, asked, handoff=handoff, prepare=prepare
+    )
+    return result.run
 
 
 @dataclass(frozen=True)
@@ -187,7 +254,9 @@ async def client_tool_outputs(
     with whether it is an error), from the journal."""
     run = await runs.get_run(engine, tenant_id, run_id)
     async with engine.connect() as conn:
-        entries = await journal_db.run_entries(conn, run.session_id, run.input_seq, run_id)
+        entries = await journal_db.run_entries(
+            conn, run.session_id, run.input_seq, run_id, tenant_id=tenant_id
+        )
     return {
         e.refs["tool_call_id"]: (e.payload.get("content"), bool(e.payload.get("is_error")))
         for e in entries

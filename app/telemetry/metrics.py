@@ -33,6 +33,8 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from app.llm.catalog import HOSTED_PROVIDERS, OTHER_MODEL, catalog_model
+
 if TYPE_CHECKING:
     from app.llm.base import UsageReport
 
@@ -133,14 +135,24 @@ def configure(enabled: bool) -> None:
     _enabled = enabled
 
 
-def split_model(model: str) -> tuple[str, str]:
-    """("openai", "gpt-4o-mini") of "openai:gpt-4o-mini"; compat models keep their endpoint
-    in the provider ("compat:vllm", "<name>")."""
+# The provider labels of model strings besides compat:<endpoint> (the router's own providers).
+PROVIDER_PREFIXES = (*HOSTED_PROVIDERS, "local")
+
+
+def model_labels(model: str) -> tuple[str, str]:
+    """The provider and model labels of a model string: ("openai", "gpt-4o-mini") of
+    "openai:gpt-4o-mini-2024-07-18". Compat models keep their endpoint in the provider
+    ("compat:vllm"); a prefix no provider serves is "other"; the model is the catalog's name
+    of it, or "other" (catalog_model): clients choose these strings, labels must stay few."""
     prefix, _, rest = model.partition(":")
     if prefix == "compat":
         endpoint, _, name = rest.partition("/")
-        return f"compat:{endpoint}", name or endpoint
-    return prefix, rest
+        provider, name = f"compat:{endpoint}", name or endpoint
+    elif prefix in PROVIDER_PREFIXES:
+        provider, name = prefix, rest
+    else:
+        return OTHER_MODEL, OTHER_MODEL
+    return provider, catalog_model(provider, name)
 
 
 # --- Hooks (one call at each site) ---------------------------------------------------------
@@ -189,7 +201,7 @@ def run_ended(
     RUNS_ENDED.labels(kind, status).inc()
     if created_at is not None and ended_at is not None:
         RUN_DURATION.labels(kind, status).observe(max(0.0, (ended_at - created_at).total_seconds()))
-    provider, name = split_model(model)
+    provider, name = model_labels(model)
     if usage is not None:
         for kind_of, count in (
             ("input", usage.input_tokens),
@@ -207,7 +219,7 @@ def first_token(created_at: datetime, model: str) -> bool:
     """The first output of a run's first attempt; returns True (the caller's "seen" flag)."""
     if _enabled:
         waited = (datetime.now(created_at.tzinfo) - created_at).total_seconds()
-        FIRST_TOKEN.labels(split_model(model)[0]).observe(max(0.0, waited))
+        FIRST_TOKEN.labels(model_labels(model)[0]).observe(max(0.0, waited))
     return True
 
 
@@ -232,16 +244,17 @@ def provider_call(key: str, model: str, error: Any | None) -> None:
     """One model call's end; `error` a ProviderError or None. `key` is the route's provider."""
     if not _enabled:
         return
-    PROVIDER_CALLS.labels(key, model, "error" if error is not None else "ok").inc()
+    name = catalog_model(key, model)
+    PROVIDER_CALLS.labels(key, name, "error" if error is not None else "ok").inc()
     if error is not None:
-        PROVIDER_ERRORS.labels(key, model, error.kind).inc()
+        PROVIDER_ERRORS.labels(key, name, error.kind).inc()
     else:
         BREAKER_OPEN.labels(key).set(0)
 
 
 def provider_retry(key: str, model: str) -> None:
     if _enabled:
-        PROVIDER_RETRIES.labels(key, model).inc()
+        PROVIDER_RETRIES.labels(key, catalog_model(key, model)).inc()
 
 
 def breaker_tripped(key: str) -> None:

@@ -1,10 +1,12 @@
 """Compaction in the worker: a compaction job's run, and a run compacting its own full context.
 
-Clients see `context.compacting` when the summarizer is called, then `context.compacted`
-(the checkpoint is committed) or `context.compaction_failed` (nothing committed; an ask then
-goes on with windowing, so a failed summary never loses it). An ask never waits longer than its
-policy's `compaction_wait_seconds` for a compaction: past it, it sees `context.compaction_pending`
-and is answered from windowing while the summary is still written, for later asks.
+Clients see `context.compacting` when the summarizer is called (a compaction run then reports
+`context.compaction_progress` while it writes), then `context.compacted` (the checkpoint is
+committed) or `context.compaction_failed` (nothing committed: the model failed or its summary was
+refused; the session goes on with windowing, so a failed summary never loses anything). An ask
+never waits longer than its policy's `compaction_wait_seconds` for a compaction: past it, it sees
+`context.compaction_pending` and is answered from windowing while the summary is still written,
+for later asks.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 
 from sqlalchemy import RowMapping
 
+from app.core.compaction import nothing_to_compact
 from app.db import runs as runs_db
 from app.db.engine import autocommit
 from app.eventlog.registry import EventType
@@ -62,15 +65,15 @@ async def compaction_job(runtime: Runtime, run: Run) -> Outcome:
     except ServiceError as exc:
         return Outcome("failed", error={"code": exc.code, "message": exc.message})
     if prepared is None:  # the ask it waited for added nothing compactable
-        error = {
-            "code": "nothing_to_compact",
-            "message": "nothing precedes the turns a compaction keeps",
-        }
+        message = nothing_to_compact(params.keep_last_turns)
+        error = {"code": "nothing_to_compact", "message": message}
         return Outcome("failed", error=error)
     before = await _tokens(runtime, run)
     try:
         summary = await _compact(runtime, run, prepared, "requested", before, SUMMARY_PART)
     except (ProviderError, compaction.CompactionFailed) as exc:
+        log.warning("run %s: compaction failed, nothing committed: %s", run_id, exc)
+        runtime.writer.emit(run_id, EventType.CONTEXT_COMPACTION_FAILED, _failed(exc), urgent=True)
         return Outcome("failed", error=_error(exc), model=prepared.model)
     return Outcome("completed", summary.content, summary.usage, model=summary.model)
 
@@ -185,7 +188,9 @@ async def await_compaction_jobs(
     while True:
         if active is None:
             async with autocommit(runtime.engine) as conn:
-                active = await runs_db.active_runs(conn, run.session_id, kind="compaction")
+                active = await runs_db.active_runs(
+                    conn, run.session_id, kind="compaction", tenant_id=run.tenant_id
+                )
         earlier = [r for r in active if r.created_at < run.created_at]
         active = None  # looked at: the next look reads them again
         if not earlier:
@@ -217,7 +222,9 @@ async def await_earlier_asks(runtime: Runtime, run_id: str) -> None:
         return
     while True:
         async with autocommit(runtime.engine) as conn:
-            active = await runs_db.active_runs(conn, run.session_id, kind="ask")
+            active = await runs_db.active_runs(
+                conn, run.session_id, kind="ask", tenant_id=run.tenant_id
+            )
         if not any(r.created_at < run.created_at and r.status is RunStatus.RUNNING for r in active):
             return
         await asyncio.sleep(POLL_SECONDS)
@@ -233,7 +240,12 @@ async def _compact(
 ) -> compaction.Summary:
     run_id = run.id
     _compacting(runtime, run_id, prepared, reason, tokens_before)
-    summary = await compaction.summarize(runtime.router, prepared)
+
+    def progress(at: compaction.Progress) -> None:
+        data = {"call": at.call, "calls": at.calls, "chars": at.chars}
+        runtime.writer.emit(run_id, EventType.CONTEXT_COMPACTION_PROGRESS, data, urgent=True)
+
+    summary = await compaction.summarize(runtime.router, prepared, progress)
     entry = await compaction.commit(
         runtime.engine, prepared, summary, entry_id(run_id, part), {"run_id": run_id}
     )

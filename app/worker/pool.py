@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.config import Settings
 from app.db import jobs as jobs_db
 from app.db import runs as runs_db
-from app.db.engine import create_direct_engine, create_engine
+from app.db.engine import create_direct_engine, create_engine, libpq_url
 from app.db.jobs import (
     MAINTENANCE_QUEUE,
     RETENTION_TASK,
@@ -41,17 +41,6 @@ from app.worker.run import execute_run, execute_started, start_locked
 from app.worker.webhooks import deliver
 
 log = logging.getLogger(__name__)
-# After a database restart, how long the workers (alive, but their leases dropped with their
-# connections) have to take their leases again before their runs count as orphaned.
-LEASE_GRACE_SECONDS = 5.0
-
-
-def libpq_url(database_url: str) -> str:
-    """procrastinate's connector speaks psycopg, which wants a plain postgresql:// URL."""
-    for prefix in ("postgresql+asyncpg://", "postgres://"):
-        if database_url.startswith(prefix):
-            return "postgresql://" + database_url[len(prefix) :]
-    return database_url
 
 
 def queue_pool_size(concurrency: int) -> int:
@@ -135,7 +124,7 @@ async def worker_pool(
     runtime = runtimes.Runtime(engine, settings, router, writer, lease)
     app = queue_app(settings, runtime, concurrency)
     registered = keep_registered(app, engine)
-    # Only asks are handed over (app/api/asks.py): their runs need no compaction check.
+    # Only asks are handed over (app/services/asks.py): their runs need no compaction check.
     handoff = Handoff(runtime, registered, concurrency, start_locked, execute_started)
     async with app.open_async():
         background = [
@@ -145,6 +134,7 @@ async def worker_pool(
             asyncio.create_task(_retry_stalled(app, runtime, registered), name="stalled-jobs"),
             asyncio.create_task(handoff.watch_aborts(), name="handoff-aborts"),
             asyncio.create_task(_schedule_retention(app, settings), name="retention-schedule"),
+            asyncio.create_task(warm_local_model(router, settings), name="local-model-warmup"),
             asyncio.create_task(
                 work_queues(
                     lambda: app.run_worker_async(
@@ -182,6 +172,44 @@ async def worker_pool(
                 await engine.dispose()
 
 
+# How often the warm-up looks again for the local model's packages (`make run` installs them
+# in the background while the service runs).
+LOCAL_PACKAGES_POLL_SECONDS = 5.0
+
+
+async def warm_local_model(router: Router, settings: Settings) -> None:
+    """Load the local model in the background when it answers by default: the first ask after a
+    start waited for it, silently (34 s once, on a cold disk cache). An ask meanwhile waits for
+    the load as before. Packages still being installed are waited for."""
+    if not settings.default_model.startswith("local:"):
+        return
+    from app.llm.base import ProviderError
+    from app.llm.local_provider import LocalProvider, packages_installed
+
+    provider, _ = router.provider_for(settings.default_model)
+    if not isinstance(provider, LocalProvider):  # a test's router serves local:* otherwise
+        return
+    told = False
+    # Polled: a package appearing on disk sends no event.
+    bundled = settings.local_model_path is None
+    while not await asyncio.to_thread(packages_installed, bundled):
+        if not told:
+            log.info("the local model waits for llama-cpp-python to be installed")
+            told = True
+        await asyncio.sleep(LOCAL_PACKAGES_POLL_SECONDS)
+    log.info("loading the local model (%s)…", settings.default_model)
+    started = time.monotonic()
+    try:
+        await asyncio.to_thread(provider.warm)
+    except ProviderError as exc:
+        log.warning("the local model is unavailable: %s", exc.message)
+        return
+    except Exception:  # the first ask reports it as it fails; the service goes on
+        log.exception("loading the local model failed")
+        return
+    log.info("the local model is ready (%.1f s)", time.monotonic() - started)
+
+
 async def _recover_runs(runtime: runtimes.Runtime) -> None:
     """Every tick, queue again the runs nobody will finish: their worker died (its lease is
     gone: a kill is seen within a tick) or their job ended without ending them (a database
@@ -189,12 +217,22 @@ async def _recover_runs(runtime: runtimes.Runtime) -> None:
     while True:
         await asyncio.sleep(runtime.settings.recovery_check_seconds)
         try:
-            async with runtime.engine.begin() as conn:
-                for orphan in await runs_db.orphaned_runs(conn, LEASE_GRACE_SECONDS):
-                    log.warning("run %s has nobody to finish it: queued again", orphan.run.id)
-                    await run_transitions.recover(conn, orphan)
+            await recover_orphaned_runs(runtime.engine)
         except Exception:
             log.exception("looking for runs to recover failed")
+
+
+async def recover_orphaned_runs(
+    engine: AsyncEngine, lease_grace_seconds: float = runs_db.LEASE_GRACE_SECONDS
+) -> list[str]:
+    """One pass of the run recovery, in one transaction; returns the ids of the runs it
+    queued again or ended (those cancelled meanwhile)."""
+    async with engine.begin() as conn:
+        orphans = await runs_db.orphaned_runs(conn, lease_grace_seconds)
+        for orphan in orphans:
+            log.warning("run %s has nobody to finish it: queued again", orphan.run.id)
+            await run_transitions.recover(conn, orphan)
+    return [orphan.run.id for orphan in orphans]
 
 
 async def _schedule_retention(app: procrastinate.App, settings: Settings) -> None:

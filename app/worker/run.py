@@ -21,6 +21,7 @@ from app.core import tool_choice as tool_choices
 from app.core.entries import EntryKind, FinishReason
 from app.core.messages import result_text
 from app.core.projection import JournalEntry, ProjectionMeta
+from app.core.reasoning import Reasoning
 from app.core.run_policy import RunPolicy
 from app.core.tool_loop import (
     AssembledCall,
@@ -42,6 +43,8 @@ from app.llm.base import (
     Finish,
     ModelRequest,
     ProviderError,
+    ReasoningBlock,
+    ReasoningDelta,
     Restart,
     TextDelta,
     ToolCallDelta,
@@ -83,6 +86,9 @@ class _Progress:
     """What a run has received so far: committed as incomplete if it is stopped."""
 
     text: list[str] = field(default_factory=list)  # the current model turn's
+    # The current model turn's content in stream order: text pieces and the reasoning blocks
+    # it closed (journaled with the turn only once it completed: never a half block).
+    parts: list[dict[str, Any]] = field(default_factory=list)
     restarts: int = 0  # model calls asked again after their output began (this attempt)
     first_output: bool = False  # its first output was seen (the first-token latency)
     usage: UsageReport | None = None  # summed over the run's model turns
@@ -186,7 +192,7 @@ async def _attempt(runtime: Runtime, run: Run, progress: _Progress) -> Outcome |
             outages += 1
             log.warning("run %s: the database cannot be reached; resuming once it is back", run.id)
         await retrying(lambda: _ping(runtime))
-        progress.text = []
+        progress.text, progress.parts = [], []
         runtime.writer.emit(
             run.id, EventType.MESSAGE_RESET, {"reason": "retry", "attempt": run.attempts}
         )
@@ -279,9 +285,11 @@ async def _converse(runtime: Runtime, run: Run, progress: _Progress) -> Outcome 
         session = await sessions_db.get_session(
             conn, run.tenant_id, session_id, include_expired=True
         )
-        compactions = await runs_db.active_runs(conn, session_id, kind="compaction")
+        compactions = await runs_db.active_runs(
+            conn, session_id, kind="compaction", tenant_id=run.tenant_id
+        )
         written: list[JournalEntry] | None = await journal_db.run_entries(
-            conn, session_id, run.input_seq, run.id
+            conn, session_id, run.input_seq, run.id, tenant_id=run.tenant_id
         )
         if session is not None:
             try:
@@ -301,7 +309,9 @@ async def _converse(runtime: Runtime, run: Run, progress: _Progress) -> Outcome 
             done, written = written, None
         else:
             async with autocommit(runtime.engine) as conn:
-                done = await journal_db.run_entries(conn, session_id, run.input_seq, run.id)
+                done = await journal_db.run_entries(
+                    conn, session_id, run.input_seq, run.id, tenant_id=run.tenant_id
+                )
         step = _over_budget(policy, tokens_before, progress) or next_step(
             done, policy.max_iterations
         )
@@ -384,8 +394,10 @@ async def _model_turn(
         cache_key=prompt_cache_key(run.session_id),
         tool_choice=tool_choices.for_turn(params.tool_choice, iteration),
         parallel_tool_calls=params.parallel_tool_calls,
+        reasoning=Reasoning.model_validate(params.reasoning) if params.reasoning else None,
     )
-    progress.text = []
+    progress.text, progress.parts = [], []
+    thinking: set[int] = set()  # reasoning blocks whose start was announced
     pieces: list[tuple[int, str | None, str | None, str]] = []
     user_seq = run.input_seq
     finish: FinishReason | None = None
@@ -401,13 +413,16 @@ async def _model_turn(
             progress.model = model
             if isinstance(event, Restart):
                 await _void_attempt(runtime, run, iteration, progress, event.error)
-                pieces, positions, finish = [], {}, None
+                pieces, positions, finish, thinking = [], {}, None, set()
             elif isinstance(event, TextDelta) and event.text:
                 progress.first_output = progress.first_output or metrics.first_token(
                     run.created_at, model
                 )
                 progress.text.append(event.text)
+                _add_text(progress.parts, event.text)
                 runtime.writer.emit(run_id, EventType.MESSAGE_DELTA, {"text": event.text})
+            elif isinstance(event, ReasoningDelta | ReasoningBlock):
+                _reasoning_event(runtime, run_id, event, thinking, progress.parts)
             elif isinstance(event, ToolCallDelta):
                 pieces.append((event.index, event.id, event.name, event.arguments))
                 delta = {"index": event.index, "arguments": event.arguments}
@@ -429,15 +444,60 @@ async def _model_turn(
             "failed", "".join(progress.text), progress.usage, error=error, model=progress.model
         )
     calls = assemble_calls(pieces, user_seq, iteration)
+    content = _turn_content("".join(progress.text), progress.parts)
     if not calls:
         text = "".join(progress.text)
+        parts = tuple(content) if isinstance(content, list) else ()
         return Outcome(
-            "completed", text, progress.usage, model=progress.model, finish_reason=finish
+            "completed",
+            text,
+            progress.usage,
+            model=progress.model,
+            finish_reason=finish,
+            parts=parts,
         )
-    turn = _tool_turn(run_id, iteration, "".join(progress.text), calls, finish)
+    turn = _tool_turn(run_id, iteration, content, calls, finish)
     await _commit(runtime, run, turn)
-    progress.text = []  # committed with its calls: not part of the final answer
+    progress.text, progress.parts = [], []  # committed with its calls: not the final answer
     return None
+
+
+def _add_text(parts: list[dict[str, Any]], text: str) -> None:
+    if parts and parts[-1]["type"] == "text":
+        parts[-1]["text"] += text
+    else:
+        parts.append({"type": "text", "text": text})
+
+
+def _reasoning_event(
+    runtime: Runtime,
+    run_id: str,
+    event: ReasoningDelta | ReasoningBlock,
+    thinking: set[int],
+    parts: list[dict[str, Any]],
+) -> None:
+    """Stream a reasoning piece (`reasoning.delta`, with its block's start and end) and keep
+    a closed block in the turn's content, where it stands among the text."""
+    data: dict[str, Any] = {"index": event.index, "text": ""}
+    if event.index not in thinking:
+        thinking.add(event.index)
+        data["start"] = True
+    if isinstance(event, ReasoningDelta):
+        data["text"] = event.text
+    else:
+        parts.append(dict(event.part))
+        data["end"] = True
+        if event.part["type"] == "redacted_thinking":
+            data["redacted"] = True
+    runtime.writer.emit(run_id, EventType.REASONING_DELTA, data)
+
+
+def _turn_content(text: str, parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
+    """A model turn's content as journaled: its text, or, when it reasoned, its parts in the
+    order they came (blank text left out: providers refuse it, and it says nothing)."""
+    if not any(p["type"] != "text" for p in parts):
+        return text
+    return [p for p in parts if p["type"] != "text" or p["text"].strip()]
 
 
 async def _void_attempt(
@@ -447,7 +507,7 @@ async def _void_attempt(
     what it wrote is journaled as an incomplete answer and rolled back at once, so that no
     projection (nor a summary) ever sends it, and clients are told to drop it."""
     progress.restarts += 1
-    text, progress.text = "".join(progress.text), []
+    text, progress.text, progress.parts = "".join(progress.text), [], []
     log.warning(
         "run %s: the model call failed after its output began (%s: %s); asked again",
         run.id,
@@ -484,15 +544,15 @@ async def _project(runtime: Runtime, run: Run) -> SessionProjection:
 def _tool_turn(
     run_id: str,
     iteration: int,
-    text: str,
+    content: str | list[dict[str, Any]],
     calls: list[AssembledCall],
     finish: FinishReason | None,
 ) -> list[NewEntry]:
     turn = f"{run_id}:{iteration}"
     refs: dict[str, Any] = {"run_id": run_id, "call_id": turn, "iteration": iteration}
     entries = []
-    if text:
-        said: dict[str, Any] = {"role": "assistant", "content": text}
+    if content:  # its text and reasoning: one assistant message, before its calls
+        said: dict[str, Any] = {"role": "assistant", "content": content}
         if finish is not None:
             said["finish_reason"] = finish
         entries.append(

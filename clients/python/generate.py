@@ -1,4 +1,4 @@
-"""Generate the Python client from openapi/openapi.json: `make clients` runs this.
+"""Generate the Python client from openapi/openapi.json: `make client-python` runs this.
 
     python clients/python/generate.py [OUTPUT]   # default: clients/python/threadline_client
 

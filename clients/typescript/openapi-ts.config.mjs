@@ -1,4 +1,4 @@
-// `npm run generate` (`make clients` runs it): the client, from the service's OpenAPI document,
+// `npm run generate` (`make client-typescript` runs it): the client, from the service's OpenAPI document,
 // into src/generated (not committed). OPENAPI_DOCUMENT overrides the document's path.
 import { fileURLToPath } from "node:url";
 

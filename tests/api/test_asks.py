@@ -53,12 +53,14 @@ async def test_ask_streams_and_commits(api: httpx.AsyncClient, upstream: FakeUps
     assert session["status"] == "idle"
     assert session["usage"]["input_tokens"] == 12 and session["usage"]["output_tokens"] == 3
     assert session["usage"]["cost_usd"] > 0  # gpt-4o-mini is priced by genai-prices
+    assert session["title"] == "Hi there"  # untitled: named by its first user message
 
     upstream.script(Text("Again"))
     await streamed_ask(api, sid, "And again")
     sent = upstream.requests[-1].body["messages"]
     assert [m["role"] for m in sent] == ["system", "user", "assistant", "user"]
     assert sent[2]["content"] == "Hello, world" and sent[3]["content"] == "And again"
+    assert (await api.get(f"/v1/sessions/{sid}")).json()["title"] == "Hi there"
 
 
 async def test_anthropic_sessions_stream_through_the_anthropic_sdk(
@@ -440,3 +442,28 @@ async def test_a_named_tool_may_be_one_the_ask_brings(
     assert events[-1].type == "run.completed"
     sent = upstream.requests[-1].body["tool_choice"]
     assert sent == {"type": "function", "function": {"name": "calculator"}}
+
+
+async def test_the_session_sets_the_answer_length_and_temperature_an_ask_may_override(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    """Per session, not only per ask: a small local model's defaults (256 tokens, greedy) are
+    for it to lift, and any model's for it to set."""
+    config = {"max_output_tokens": 40, "temperature": 0.7}
+    sid = (await new_session(api, config=config))["id"]
+    upstream.script(Text("one"))
+    await streamed_ask(api, sid, "first")
+    sent = upstream.requests[-1].body
+    assert sent["max_completion_tokens"] == 40 and sent["temperature"] == 0.7
+    upstream.script(Text("two"))
+    await streamed_ask(api, sid, "second", max_output_tokens=12, temperature=0)
+    sent = upstream.requests[-1].body
+    assert sent["max_completion_tokens"] == 12 and sent["temperature"] == 0
+    patched = await api.patch(f"/v1/sessions/{sid}", json={"config": {"temperature": None}})
+    assert patched.status_code == 200, patched.text
+    upstream.script(Text("three"))
+    await streamed_ask(api, sid, "third")
+    sent = upstream.requests[-1].body
+    assert sent["max_completion_tokens"] == 40 and "temperature" not in sent
+    bad = await api.post("/v1/sessions", json={"config": {"temperature": 3}})
+    assert bad.status_code == 422

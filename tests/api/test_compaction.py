@@ -199,6 +199,61 @@ async def test_compaction_streams_its_events(
     assert events[-1].data["text"] == "STREAMED"
 
 
+async def refused_compaction(
+    api: httpx.AsyncClient, upstream: FakeUpstream, summary: str
+) -> tuple[list[Any], dict[str, Any]]:
+    """A /compact whose summarizer answers `summary`: its events, and the failure it ends with."""
+    sid = (await new_session(api))["id"]
+    await converse(api, upstream, sid, 3)
+    before = await history(api, sid)
+    upstream.script(Text(summary))
+    events = await collect(
+        api, "POST", f"/v1/sessions/{sid}/compact", json={"keep_last_turns": 1, "stream": True}
+    )
+    types = [e.type for e in events]
+    assert types[-1] == "run.failed" and "context.compacted" not in types
+    failed = next(e.data for e in events if e.type == "context.compaction_failed")
+    assert failed["fallback"] == "windowing"
+    assert events[-1].data["error"] == failed["error"]
+    journal = await history(api, sid)
+    assert not summaries(journal)  # nothing committed
+    assert [e["kind"] for e in journal[len(before) :]] == ["run_start", "run_end"]
+    # The session goes on: the next ask is answered from the whole (windowed) history.
+    upstream.script(Text("still fine"))
+    assert (await ask(api, sid, "go on"))["text"] == "still fine"
+    sent = str(upstream.requests[-1].body["messages"])
+    assert "question 0 about the billing API" in sent and summary not in sent
+    return events, failed["error"]
+
+
+async def test_a_summary_longer_than_what_it_replaces_is_refused(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    """A small model's "summary" that grew the context (39 -> 192 tokens) was committed."""
+    longer = " ".join(f"The user asked question {i} about the billing API." for i in range(12))
+    _, error = await refused_compaction(api, upstream, longer)
+    assert error["code"] == "summary_not_shorter"
+    found = re.search(r"the summary has (\d+) tokens, no fewer than the (\d+)", error["message"])
+    assert found is not None and int(found[1]) >= int(found[2]) > 0
+
+
+async def test_a_summary_echoing_the_prompt_is_refused(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    """ "Here's the summary with only the requested 40 words:" and role markers were committed."""
+    for leaked, said in (
+        ("Here's the summary with only the requested 40 words: billing.", "preamble"),
+        ("<|im_start|>assistant\nBilling.", "chat marker"),
+        ("[#2] assistant: answer 0", "role label"),
+        ("Billing questions. Use at most 40 words.", "instructions"),
+    ):
+        events, error = await refused_compaction(api, upstream, leaked)
+        assert error["code"] == "summary_echoes_prompt"
+        assert said in error["message"] and "windowing" in error["message"]
+        progress = [e.data for e in events if e.type == "context.compaction_progress"]
+        assert progress and progress[0] == {"call": 1, "calls": 1, "chars": 0}
+
+
 async def test_compaction_refusals(api: httpx.AsyncClient, upstream: FakeUpstream) -> None:
     sid = (await new_session(api))["id"]
     await converse(api, upstream, sid, 1)
@@ -212,6 +267,47 @@ async def test_compaction_refusals(api: httpx.AsyncClient, upstream: FakeUpstrea
     before = await history(api, sid)
     assert (await api.post(f"/v1/sessions/{sid}/compact", json={"model": "x"})).status_code == 422
     assert await history(api, sid) == before
+
+
+async def test_a_short_chat_says_plainly_that_there_is_nothing_to_compact(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    """GET /context tells a client (the page, the terminal chat) before it asks, in the words
+    the 409 uses: for a person, with the jargon in the details."""
+    sid = (await new_session(api))["id"]
+
+    async def context() -> dict[str, Any]:
+        return (await api.get(f"/v1/sessions/{sid}/context")).json()  # type: ignore[no-any-return]
+
+    empty = await context()
+    assert empty["compactable"] is False and empty["not_compactable_reason"]
+    await converse(api, upstream, sid, 2)
+    short = await context()
+    assert short["compactable"] is False
+    reason = short["not_compactable_reason"]
+    assert reason == (
+        "Nothing to compact yet: the newest 3 turns always stay as written, and nothing "
+        "before them is left to summarize."
+    )
+    refused = await api.post(f"/v1/sessions/{sid}/compact", json={"focus": "billing"})
+    assert refused.status_code == 409
+    error = refused.json()["error"]
+    assert error["code"] == "nothing_to_compact" and error["message"] == reason
+    assert error["details"] == {"keep_last_turns": 3}
+    upstream.script(Text("A billing question."))
+    # Two turns, one kept: the first is summarized.
+    assert (await compact(api, sid, keep_last_turns=1))["status"] == "completed"
+    await converse(api, upstream, sid, 2, first=2)
+    assert (await context())["not_compactable_reason"] == reason  # 3 turns since the summary
+    await converse(api, upstream, sid, 1, first=4)
+    longer = await context()
+    assert longer["compactable"] is True and longer["not_compactable_reason"] is None
+    upstream.script(Text("Billing questions."))
+    assert (await compact(api, sid, keep_last_turns=2))["status"] == "completed"
+    # After the checkpoint: two raw turns, fewer than the three the policy keeps.
+    after = await context()
+    assert after["summaries"] == 2 and after["compactable"] is False
+    assert after["not_compactable_reason"] == reason
 
 
 async def test_an_idempotent_compaction_is_queued_once(
@@ -439,7 +535,10 @@ async def test_a_summary_over_its_cap_is_cut_to_fit_the_reading_model(
     api: httpx.AsyncClient, upstream: FakeUpstream
 ) -> None:
     sid = (await new_session(api, config={"context_policy": SMALL_POLICY}))["id"]
-    await converse(api, upstream, sid, 4)
+    # Long enough turns that a summary cut to its cap is still shorter than what it replaces.
+    for i in range(4):
+        upstream.script(Text(f"answer {i}: " + "the billing API is stable. " * 8))
+        await ask(api, sid, f"question {i}: " + "what about the billing API? " * 8)
     # An upstream that ignores max_tokens and answers at length (a finish reason of "stop").
     rambling = "".join(f"Point {i}: the user asked about billing. " for i in range(600))
     upstream.script(Text(rambling))

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from app.config import DEFAULT_LOCAL_MODEL, Settings
-from testkit.api import append_texts, new_session
+from testkit.api import append, append_texts, message, new_session
 from tests.conftest import api_with
 
 
@@ -32,6 +32,44 @@ async def test_create_and_read(client: httpx.AsyncClient) -> None:
     }
     assert fetched["config"]["tools"][0]["kind"] == "client"  # defaults are filled in
     assert (fetched["parent_id"], fetched["fork_seq"]) == (None, None)
+
+
+async def test_an_untitled_session_is_named_by_its_first_user_message(
+    client: httpx.AsyncClient,
+) -> None:
+    """Server-side, whoever appends it (the CLI chat, the clients, an import): the page's
+    session list then shows what each one is about rather than "Untitled session"."""
+
+    async def title(sid: str) -> str | None:
+        return (await client.get(f"/v1/sessions/{sid}")).json()["title"]  # type: ignore[no-any-return]
+
+    sid = (await new_session(client))["id"]
+    await append(
+        client,
+        sid,
+        message("You are terse.", role="system"),
+        {
+            "kind": "message",
+            "payload": {
+                "role": "user",
+                "content": [{"type": "image_url", "url": "https://example.com/a.png"}],
+            },
+        },
+    )
+    assert await title(sid) is None  # no words of the user's yet
+    await append_texts(client, sid, "  Weather in\n Oslo   tomorrow?  ", "And Bergen?")
+    assert await title(sid) == "Weather in Oslo tomorrow?"
+    await append_texts(client, sid, "Something else entirely")
+    assert await title(sid) == "Weather in Oslo tomorrow?"  # the first one names it
+
+    long = "Plan a three week trip through Norway, Sweden and Finland by train in late spring"
+    sid = (await new_session(client))["id"]
+    await append_texts(client, sid, long)
+    assert await title(sid) == "Plan a three week trip through Norway, Sweden and Finland by…"
+
+    named = (await new_session(client, title="Trip planning"))["id"]
+    await append_texts(client, named, "Weather in Oslo?")
+    assert await title(named) == "Trip planning"  # a title given is kept
 
 
 async def test_list_is_newest_first_with_cursor_pages(client: httpx.AsyncClient) -> None:

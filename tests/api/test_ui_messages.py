@@ -331,6 +331,30 @@ async def test_an_edited_message_rolls_back_from_it_and_asks_the_new_text(
     assert rollback["from_seq"] == journal[0]["seq"] and rollback["reason"] == "edit"
 
 
+async def test_a_refused_regenerate_or_edit_leaves_no_rollback(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    """The rollback is committed with the ask or not at all: an ask the session's run policy
+    refuses (its one turn is spent) leaves the journal as it was."""
+    session = await new_session(api, config={"run_policy": {"max_turns": 1}})
+    upstream.script(Text("A joke"))
+    first = {"id": session["id"], "messages": [user("Tell me a joke")]}
+    async with api.stream("POST", "/v1/ui/chat", json=first) as response:
+        assert response.status_code == 200
+        assert (await response.aread()).decode().rstrip().endswith("data: [DONE]")
+    before = await history(api, session["id"])
+    answered = {**first, "messages": [user("Tell me a joke", "m1")]}
+    for body in (
+        {**answered, "trigger": "regenerate-message"},
+        {**answered, "messageId": "m1"},  # an edit of the first message
+    ):
+        refused = await api.post("/v1/ui/chat", json=body)
+        assert refused.status_code == 409, refused.text
+        assert refused.json()["error"]["code"] == "policy_violation"
+    after = await history(api, session["id"])
+    assert after == before and "rollback" not in [e["kind"] for e in after]
+
+
 async def test_stop_cancels_the_run(
     api: httpx.AsyncClient, upstream: FakeUpstream, ai_sdk: None, release: threading.Event
 ) -> None:

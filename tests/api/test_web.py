@@ -67,6 +67,7 @@ def test_the_shipped_assets_are_what_the_sources_build_to(tmp_path: Path) -> Non
         == [
             "app.css",
             "app.js",
+            "favicon.svg",
             "index.html",
         ]
     )
@@ -90,6 +91,12 @@ async def test_the_page_is_served_at_ui_and_the_root_sends_browsers_there(
     assert script.status_code == 200 and "javascript" in script.headers["content-type"]
     assert (await anonymous.get("/ui/app.css")).status_code == 200
     assert (await anonymous.get("/ui/missing.js")).status_code == 404
+    # The page's icon, and the one browsers look for at the root when a page names none.
+    assert 'rel="icon" href="favicon.svg"' in page.text
+    for path in ("/ui/favicon.svg", "/favicon.ico"):
+        icon = await anonymous.get(path)
+        assert icon.status_code == 200 and icon.headers["content-type"] == "image/svg+xml"
+        assert icon.content == (ASSETS / "favicon.svg").read_bytes()
     # Nothing from elsewhere (no CDN): the page's own assets only.
     assert "//" not in page.text.replace("<!doctype html>", "")
     assert "Bearer ${" in script.text  # the key the user typed, sent as a Bearer token
@@ -474,7 +481,8 @@ def test_compact_with_a_focus_and_the_context_meter(
                 {"kind": "message", "payload": {"role": "assistant", "content": f"Answer {i}"}},
             ]
         assert client.post(f"/v1/sessions/{sid}/entries", json={"entries": turns}).is_success
-    upstream.script(Text("The user asked six numbered questions."))
+    release = threading.Event()  # the summarizer writes once the page has shown its progress
+    upstream.script(Hold(release), Text("The user asked six numbered questions."))
     page = signed_in(browser, served)
     try:
         open_session(page, served, sid)
@@ -483,15 +491,59 @@ def test_compact_with_a_focus_and_the_context_meter(
         expect(meter.get_by_role("img")).to_have_attribute("aria-label", re.compile("% of"))
         page.get_by_label("Focus (optional)").fill("the numbering")
         page.get_by_role("button", name="Compact").click()
+        # The compaction's progress, from its run's events (a small local model takes tens of
+        # seconds): the summarizer has been called.
+        expect(page.get_by_role("status")).to_have_text("Writing the summary…")
+        expect(page.get_by_role("button", name="Compact")).to_be_disabled()
+        release.set()
         expect(page.get_by_role("status")).to_have_text(re.compile("^Compacted"))
         expect(meter).to_contain_text("a summary stands in for older history")
         summary = page.locator(".message.summary")
         expect(summary).to_contain_text("(focus: the numbering)")
         shot(page, "08-compacted")
     finally:
+        release.set()
         page.close()
     focus = upstream.requests[-1].body
     assert "the numbering" in str(focus)
+
+
+def test_a_short_chat_says_there_is_nothing_to_compact_and_the_meter_adds_up(
+    browser: Browser, served: Served
+) -> None:
+    """The Compact button is off with the service's reason (no refusal banner); the meter's
+    legend adds up to the tokens it states; the list names the untitled session by its first
+    message and counts "1 entry"."""
+    question = f"Weather in Oslo? ({uuid.uuid4().hex[:8]})"
+    with api(served) as client:
+        sid = client.post("/v1/sessions", json={}).json()["id"]
+        first = {"kind": "message", "payload": {"role": "user", "content": question}}
+        assert client.post(f"/v1/sessions/{sid}/entries", json={"entries": [first]}).is_success
+        context = client.get(f"/v1/sessions/{sid}/context").json()
+    assert context["compactable"] is False
+    page = signed_in(browser, served)
+    try:
+        open_session(page, served, sid)
+        listed = page.locator(".session", has_text=question)
+        expect(listed).to_contain_text(re.compile(r"· 1 entry$"))
+        compact = page.get_by_role("button", name="Compact")
+        expect(compact).to_be_disabled()
+        expect(compact).to_have_accessible_description(context["not_compactable_reason"])
+        meter = page.get_by_role("region", name="Context")
+        expect(meter).to_contain_text(f"holds {context['tokens']} of")
+        expect(meter).to_contain_text("1 message from 1 of 1 entry ·")
+        legend = page.locator(".legend dd").all_inner_texts()
+        assert len(legend) == 6
+        assert sum(int(v.replace(",", "")) for v in legend) == context["tokens"]
+        assert context["breakdown"]["overhead"] > 0
+        expect(page.locator(".banner")).to_have_count(0)
+        icon = page.evaluate(
+            "fetch(document.querySelector('link[rel=icon]').href).then((r) => r.status)"
+        )
+        assert icon == 200
+        shot(page, "09-nothing-to-compact")
+    finally:
+        page.close()
 
 
 def test_search_sessions_and_history(browser: Browser, served: Served) -> None:

@@ -403,6 +403,21 @@ async def test_the_prompt_recalls_lines_of_earlier_chats(
     assert child.exit_status() == 0
 
 
+def test_the_piped_header_keeps_the_session_id_whole(
+    service: Service, key: str, tmp_path: Path
+) -> None:
+    """Piped, nothing is wrapped at a width no one set: the resume command can be copied."""
+    result = piped_chat(tmp_path, "/context\n", "--url", service.url, "--key", key)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    sid = lines[0].rpartition(" ")[2]
+    assert lines[0] == f"Threadline chat · session {sid}" and len(sid) == 36
+    assert lines[2] == f"/help for commands · later: threadline chat --resume {sid}"
+    # /context says what it counts: the segments add up to the total, and nothing to compact.
+    assert "overhead" in result.stdout
+    assert result.stdout.rstrip().endswith("nothing before them is left to summarize.")
+
+
 def test_refused_commands_say_why_and_the_chat_goes_on(
     service: Service, key: str, tmp_path: Path
 ) -> None:
@@ -418,11 +433,16 @@ def test_refused_commands_say_why_and_the_chat_goes_on(
     result = piped_chat(tmp_path, "\n".join(lines) + "\n", "--url", service.url, "--key", key)
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stdout + result.stderr
-    out = " ".join(result.stdout.split())  # the console wraps long lines
+    out = result.stdout
     assert "error: at_seq 999999 is beyond the session's rev 0 (422 fork_seq_out_of_range)" in out
     assert "error: invalid request at body.config.model" in out
     assert "error: invalid request at query.q" in out
     assert """nothing matches '"unbalanced -'""" in out
-    assert "(409 nothing_to_compact)" in out
+    # Said plainly, as the service words it for a person: not an error, no jargon.
+    assert (
+        "\nNothing to compact yet: the newest 3 turns always stay as written, and nothing "
+        "before them is left to summarize.\n"
+    ) in out
+    assert "nothing_to_compact" not in out and "keep_last_turns" not in out
     assert "no answer to stop" in out
     assert "no entries yet" in out

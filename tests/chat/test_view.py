@@ -106,6 +106,51 @@ def test_a_compaction_shows_its_summary() -> None:
     assert out.getvalue().startswith("- the summary\n")
 
 
+COMPACTING: dict[str, Any] = {
+    "reason": "requested",
+    "from_seq": 1,
+    "to_seq": 6,
+    "entries": 6,
+    "kept_turns": 1,
+    "tokens": 90,
+    "model": "local:smollm2-135m-instruct",
+    "focus": None,
+}
+
+
+def test_a_compaction_shows_its_progress_then_why_it_was_refused() -> None:
+    run = events(
+        ("context.compacting", COMPACTING),
+        ("context.compaction_progress", {"call": 1, "calls": 1, "chars": 0}),
+        ("context.compaction_progress", {"call": 1, "calls": 1, "chars": 120}),
+        ("context.compaction_progress", {"call": 1, "calls": 1, "chars": 480}),
+        (
+            "context.compaction_failed",
+            {
+                "error": {"code": "summary_not_shorter", "message": "the summary has 192 tokens"},
+                "fallback": "windowing",
+            },
+        ),
+    )
+    screen, out = console(terminal=True)
+    view = RunView(screen)
+    show(view, run)
+    shown = [str(b) for b in view.blocks]
+    # One progress line, updated in place: the latest report.
+    assert [line for line in shown if line.startswith("writing the summary")] == [
+        "writing the summary: 480 characters so far"
+    ]
+    assert "compaction failed: the summary has 192 tokens (summary_not_shorter)" in shown
+
+    screen, out = console(terminal=False)
+    show(RunView(screen), run)
+    lines = out.getvalue().splitlines()
+    assert lines[1:] == [  # a pipe gets each step once, not a line a second
+        "writing the summary…",
+        "compaction failed: the summary has 192 tokens (summary_not_shorter)",
+    ]
+
+
 def test_what_the_service_sends_cannot_drive_the_terminal() -> None:
     """An answer (or a tool result) holding escape sequences: retitle, clear, clipboard."""
     hostile = "Hi\x1b]0;pwned\x07 \x1b[2J\x1b]52;c;ZXZpbA==\x07there\x9b31m"

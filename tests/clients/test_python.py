@@ -1,4 +1,4 @@
-"""The generated Python client (`make clients`: openapi-python-client, plus the streaming
+"""The generated Python client (`make client-python`: openapi-python-client, plus the streaming
 helper) drives a whole conversation against a live `threadline serve`: create, ask and stream,
 disconnect and resume, fork, compact, history, search."""
 
@@ -30,7 +30,7 @@ GENERATE = ROOT / "clients" / "python" / "generate.py"
 
 @pytest.fixture(scope="module")
 def threadline_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModuleType]:
-    """The client as `make clients` generates it, importable as `threadline_client`."""
+    """The client as `make client-python` generates it, importable as `threadline_client`."""
     root = tmp_path_factory.mktemp("python-client")
     spec = importlib.util.spec_from_file_location("generate_client", GENERATE)
     assert spec is not None and spec.loader is not None

@@ -178,6 +178,7 @@ def validate_anthropic(request: Json) -> list[str]:
         blocks = _blocks_of(message.get("content"))
         problems += _anthropic_content_problems(at, blocks)
         problems += _anthropic_image_problems(at, message.get("role"), blocks)
+        problems += _anthropic_thinking_problems(at, message.get("role"), blocks)
         problems += _tool_use_problems(at, message, blocks, seen_ids)
         problems += _tool_result_problems(at, message, blocks, messages[at - 1] if at else None)
         following = messages[at + 1] if at + 1 < len(messages) else None
@@ -236,6 +237,29 @@ def _anthropic_content_problems(at: int, blocks: list[Json]) -> list[str]:
         is_error_result = block.get("type") == "tool_result" and block.get("is_error")
         if is_error_result and not _blocks_text(block.get("content")).strip():
             problems.append(f"messages[{at}]: error tool_result without content")
+    return problems
+
+
+REASONING_BLOCKS = ("thinking", "redacted_thinking")
+
+
+def _anthropic_thinking_problems(at: int, role: Any, blocks: list[Json]) -> list[str]:
+    """Thinking blocks: assistant only, whole (thinking with its signature, redacted with its
+    data), never cache_control, and before the message's text and tool_use blocks."""
+    kinds = [b.get("type") for b in blocks]
+    thinking = [b for b in blocks if b.get("type") in REASONING_BLOCKS]
+    if not thinking:
+        return []
+    if role != "assistant":
+        return [f"messages[{at}]: thinking outside an assistant message"]
+    problems: list[str] = []
+    for block in thinking:
+        fields = {"thinking", "signature"} if block["type"] == "thinking" else {"data"}
+        if set(block) != {"type", *fields} or not all(isinstance(block[f], str) for f in fields):
+            problems.append(f"messages[{at}]: a {block['type']} block is not whole: {block!r}")
+    first_other = next((i for i, k in enumerate(kinds) if k not in REASONING_BLOCKS), len(kinds))
+    if any(k in REASONING_BLOCKS for k in kinds[first_other:]):
+        problems.append(f"messages[{at}]: thinking after text or tool_use")
     return problems
 
 

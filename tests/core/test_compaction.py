@@ -14,6 +14,8 @@ from app.core.compaction import (
     chunk_lines,
     plan_compaction,
     reaches_checkpoint,
+    replaced_tokens,
+    summary_problem,
     summary_request,
     transcript_lines,
 )
@@ -218,3 +220,47 @@ def test_a_range_stored_past_its_entry_covers_only_what_precedes_it() -> None:
     assert plan is not None
     assert (plan.from_seq, plan.to_seq) == (1, 11)
     assert [e.seq for e in plan.entries] == [8, 9, 10, 11]
+
+
+@pytest.mark.parametrize(
+    "summary",
+    [
+        "Here's the summary with only the requested 40 words: the user likes tea.",
+        "Sure! Below is a summary of the chat.",
+        "<|im_start|>assistant\nThe user likes tea.<|im_end|>",
+        "<start_of_turn>model The user likes tea.",
+        "The user likes tea.\n[#3] user: What did I ask you first?",
+        "- the user likes tea\nassistant: I was just a helpful AI",
+        "The summary so far:\nThe user likes tea.",
+        "The user likes tea. Use at most 40 words.",
+        "IMPORTANT: Focus the summary on: tea",
+        "   ",
+    ],
+)
+def test_a_summary_echoing_the_prompt_has_a_problem(summary: str) -> None:
+    assert summary_problem(summary) is not None
+
+
+@pytest.mark.parametrize(
+    "summary",
+    [
+        "The user asked for the capital of France (Paris) and what 2+2 is (4).",
+        "- Goal: plan a trip to Oslo [#3]\n- Decided: train, not plane (#5)\n- Open: hotel",
+        "The user prefers short answers; the assistant's summary of the API: GET /v1/users.",
+        "User goals: ship the billing API. Assistant notes: tests pass.",
+    ],
+)
+def test_a_plain_summary_has_no_problem(summary: str) -> None:
+    assert summary_problem(summary) is None
+
+
+def test_replaced_tokens_count_the_entries_and_the_folded_summary() -> None:
+    counter = HeuristicCounter()
+    thread = Thread()
+    thread.add("summary", {"from_seq": 1, "to_seq": 1, "content": "earlier summary text"})
+    for i in range(3):
+        thread.turn(i)
+    plan = plan_compaction(thread.entries, keep_last_turns=1)
+    assert plan is not None and plan.previous is not None
+    entries = sum(counter.count(str(e.payload["content"])) for e in plan.entries)
+    assert replaced_tokens(plan, counter) == entries + counter.count("earlier summary text")

@@ -49,3 +49,54 @@ def test_token_count_heuristic() -> None:
     }
     assert count_entry_tokens(EntryKind.MESSAGE, parts) == 8
     assert count_entry_tokens(EntryKind.RUN_START, {"run_id": "r"}) == 0
+
+
+THOUGHT = {"type": "thinking", "thinking": "Let me think.", "signature": "c2lnbmF0dXJl"}
+REDACTED = {"type": "redacted_thinking", "data": "ZW5jcnlwdGVk"}
+
+
+def test_reasoning_parts_are_kept_byte_for_byte_in_an_assistant_message() -> None:
+    odd = {**THOUGHT, "thinking": "  spaces kept \n\u00e9\U0001f914 ", "signature": "a+b/c=="}
+    content = [odd, REDACTED, {"type": "text", "text": "Done."}]
+
+    payload, _ = normalize_entry(EntryKind.MESSAGE, {"role": "assistant", "content": content}, {})
+
+    assert payload["content"] == content
+
+
+@pytest.mark.parametrize(
+    ("role", "part", "where", "rule"),
+    [
+        ("user", THOUGHT, ["payload", "content", 0, "type"], "reasoning_not_allowed_in_role"),
+        ("system", REDACTED, ["payload", "content", 0, "type"], "reasoning_not_allowed_in_role"),
+        ("assistant", {**THOUGHT, "signature": ""}, None, "string_too_short"),
+        ("assistant", {"type": "thinking", "thinking": "x"}, None, "missing"),
+        ("assistant", {**THOUGHT, "signature": 7}, None, "string_type"),
+        ("assistant", {**THOUGHT, "extra": 1}, None, "extra_forbidden"),
+        ("assistant", {"type": "redacted_thinking", "data": ""}, None, "string_too_short"),
+        ("assistant", {**THOUGHT, "signature": "s" * 200_001}, None, "string_too_long"),
+    ],
+)
+def test_hostile_reasoning_parts_are_refused_clearly(
+    role: str, part: dict[str, object], where: list[object] | None, rule: str
+) -> None:
+    with pytest.raises(PayloadError) as refused:
+        normalize_entry(EntryKind.MESSAGE, {"role": role, "content": [part]}, {})
+
+    [error] = [e for e in refused.value.errors if e["type"] == rule and 0 in e["loc"]]
+    assert error["loc"][:2] == ["payload", "content"]
+    if where is not None:
+        assert error["loc"] == where
+
+
+def test_reasoning_is_not_in_an_entrys_stored_count() -> None:
+    counter = HeuristicCounter()
+    text = {"type": "text", "text": "Done."}
+    with_reasoning = {"role": "assistant", "content": [THOUGHT, REDACTED, text]}
+    without = {"role": "assistant", "content": [text]}
+
+    assert entry_tokens(EntryKind.MESSAGE, with_reasoning, {}, counter) == entry_tokens(
+        EntryKind.MESSAGE, without, {}, counter
+    )
+    alone = {"role": "assistant", "content": [THOUGHT]}
+    assert entry_tokens(EntryKind.MESSAGE, alone, {}, counter) == 0

@@ -771,3 +771,41 @@ def test_the_anthropic_validator_allows_four_cache_breakpoints() -> None:
     for block in blocks[:5]:
         block["cache_control"] = {"type": "ephemeral"}
     assert validate_anthropic(request) == ["cache_control: 5 breakpoints, at most 4 are allowed"]
+
+
+THOUGHT = {"type": "thinking", "thinking": " Let me look. ", "signature": "c2ln/+=="}
+REDACTED = {"type": "redacted_thinking", "data": "ZW5j"}
+
+
+def _thinking_turn() -> list[Message]:
+    call = ToolCall("toolu_1", "get_weather", {"city": "Oslo"})
+    said = (THOUGHT, REDACTED, {"type": "text", "text": "Looking."})
+    return [
+        Message("user", "Weather in Oslo?"),
+        Message("assistant", said, tool_calls=(call,)),
+        Message("tool", "rain", tool_call_id="toolu_1"),
+    ]
+
+
+def test_anthropic_sends_thinking_back_unchanged_first_and_in_order() -> None:
+    wire = to_anthropic(_thinking_turn(), (), cache_breakpoints=(1,))
+
+    blocks = wire["messages"][1]["content"]
+    assert [b["type"] for b in blocks] == ["thinking", "redacted_thinking", "text", "tool_use"]
+    assert blocks[0] == THOUGHT and blocks[1] == REDACTED
+    assert "cache_control" in blocks[3]  # the mark goes on the last block, never on thinking
+    assert validate_anthropic(wire) == []
+    thinking_only = [Message("user", "Hi"), Message("assistant", (THOUGHT,))]
+    marked = to_anthropic(thinking_only, (), cache_breakpoints=(1,))["messages"][1]["content"]
+    assert marked == [THOUGHT]
+
+
+def test_openai_gets_no_reasoning() -> None:
+    wire = to_openai(_thinking_turn(), ())
+
+    assistant = wire["messages"][1]
+    assert assistant["content"] == "Looking."
+    assert "thinking" not in json.dumps(wire) and "ZW5j" not in json.dumps(wire)
+    assert validate_openai(wire) == []
+    alone = to_openai([Message("user", "Hi"), Message("assistant", (THOUGHT,))], ())
+    assert alone["messages"][1]["content"] == "(empty)"

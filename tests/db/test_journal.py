@@ -11,7 +11,7 @@ from app.core.entries import EntryKind
 from app.core.lineage import lineage_from_json, segments
 from app.core.policy import ContextPolicy
 from app.core.projection import JournalEntry, tail_suffices
-from app.db.journal import read_tail
+from app.db.journal import read_tail, run_entries
 from app.db.sessions import get_session
 from app.services.journal import NewEntry, append_entries
 from app.services.keys import create_key, tenant_for_key
@@ -93,3 +93,16 @@ async def test_token_total_runs_with_appends_and_forks(engine: AsyncEngine) -> N
         )
     assert total == counted > 0
     assert child["token_total"] == total
+
+
+async def test_a_runs_entries_are_read_by_its_sessions_tenant_only(engine: AsyncEngine) -> None:
+    owner, other = await tenant(engine), await tenant(engine)
+    sid = str((await create_session(engine, owner, title=None, metadata={}, config={}))["id"])
+    run_id = str(uuid.uuid4())
+    said = {"role": "assistant", "content": "an answer"}
+    answer = NewEntry(EntryKind.MESSAGE, said, {"run_id": run_id})
+    await append_entries(engine, owner, sid, [answer], expected_rev=None)
+    async with engine.connect() as conn:
+        mine = await run_entries(conn, sid, 1, run_id, tenant_id=owner)
+        assert [e.payload["content"] for e in mine] == ["an answer"]
+        assert await run_entries(conn, sid, 1, run_id, tenant_id=other) == []

@@ -15,11 +15,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db import jobs as jobs_db
 from app.db import runs as runs_db
+from app.db.engine import libpq_url
 from app.eventlog import store as event_store
 from app.runs.model import RunKind, RunStatus
 from app.services.keys import create_key, tenant_for_key
 from app.services.sessions import create_session
-from app.worker.pool import libpq_url
 
 
 async def new_session(engine: AsyncEngine) -> tuple[str, str]:
@@ -97,7 +97,7 @@ async def test_the_run_its_job_and_its_first_event_are_written_and_announced_tog
             .mappings()
             .one()
         )
-        events = await event_store.read_events(conn, run.id, 0)
+        events = await event_store.read_events(conn, run.id, 0, tenant_id=tenant)
         stored = await runs_db.get_run(conn, run.id)
     assert dict(job) == {
         "lock": jobs_db.session_lock(session),
@@ -263,3 +263,15 @@ async def wait_for_lock_wait(engine: AsyncEngine) -> None:
                 return
             await asyncio.sleep(0.1)
     raise AssertionError("the insert never waited for the other transaction")
+
+
+async def test_a_sessions_active_runs_are_found_by_its_tenant_only(engine: AsyncEngine) -> None:
+    tenant, session = await new_session(engine)
+    other, _ = await new_session(engine)
+    values = run_values(tenant, session)
+    async with engine.begin() as conn:
+        run = (await runs_db.insert_queued_run(conn, created(values), **values)).run
+    async with engine.connect() as conn:
+        mine = await runs_db.active_runs(conn, session, tenant_id=tenant)
+        assert [r.id for r in mine] == [run.id]
+        assert await runs_db.active_runs(conn, session, kind="ask", tenant_id=other) == []

@@ -8,8 +8,8 @@ import asyncpg
 from alembic import command
 from alembic.script import ScriptDirectory
 
+from app.db.engine import libpq_url
 from app.db.migrate import alembic_config
-from app.worker.pool import libpq_url
 from testkit.database import create_database
 
 USAGE_REVISION = "f2b8c0de0012"

@@ -14,10 +14,10 @@ from asyncpg.exceptions import CannotConnectNowError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import Settings
+from app.db.engine import libpq_url
 from app.eventlog import hub as hub_module
 from app.eventlog import store as event_store
 from app.eventlog.hub import PAGE, EventHub
-from app.worker.pool import libpq_url
 from testkit.api import new_session
 from testkit.sse_client import SAFETY_NET_SECONDS, collect
 from testkit.upstream import FakeUpstream, Stall, Text

@@ -34,7 +34,9 @@ from testkit.upstream import (
     FailMidStream,
     FakeUpstream,
     Hold,
+    RedactedThinking,
     Text,
+    Thinking,
     ToolCall,
     Usage,
 )
@@ -142,6 +144,7 @@ async def test_every_event_on_the_wire_matches_its_model_and_every_type_is_seen(
 ) -> None:
     wire = Wire(api, (await api.get("/openapi.json")).json())
     await answers(wire, upstream)
+    await reasoning(wire, upstream)
     await builtin_tool(wire, upstream)
     await client_tool(wire, upstream)
     await failures(wire, upstream)
@@ -166,6 +169,16 @@ async def answers(wire: Wire, upstream: FakeUpstream) -> None:
     upstream.script(Text("Counted."), report_usage=False)
     run = await wire.ask(sid, "and now?")
     assert data(run, "usage")["estimated"] is True
+
+
+async def reasoning(wire: Wire, upstream: FakeUpstream) -> None:
+    config = {"model": "anthropic:claude-sonnet-4-5", "reasoning": {"effort": "low"}}
+    sid = (await new_session(wire.api, config=config))["id"]
+    upstream.script(Thinking("Hmm."), RedactedThinking(), Text("Hi"))
+    run = await wire.ask(sid, "hi")
+    assert run[-1].type == "run.completed" and run[-1].data["text"] == "Hi"
+    pieces = [e.data for e in run if e.type == "reasoning.delta"]
+    assert pieces[0]["start"] is True and pieces[-1]["redacted"] is True
 
 
 async def builtin_tool(wire: Wire, upstream: FakeUpstream) -> None:

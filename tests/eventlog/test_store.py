@@ -11,10 +11,10 @@ import asyncpg
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.db.engine import libpq_url
 from app.eventlog import store as event_store
 from app.services.keys import create_key, tenant_for_key
 from app.services.sessions import create_session
-from app.worker.pool import libpq_url
 
 
 async def run_with_events(engine: AsyncEngine, ended_ago: str | None) -> str:
@@ -90,8 +90,8 @@ async def test_append_allocates_dense_seqs_per_run_in_order(engine: AsyncEngine)
         assert await event_store.append_events(conn, [(a, "usage", {})]) == {a: 5}
         assert await event_store.append_events(conn, []) == {}
     async with engine.connect() as conn:
-        rows = await event_store.read_events(conn, a, 0)
-        other = await event_store.read_events(conn, b, 0)
+        rows = (await event_store.read_backlog(conn, a, 0)).rows
+        other = (await event_store.read_backlog(conn, b, 0)).rows
     assert [(r["seq"], r["type"]) for r in rows][2:] == [
         (3, "message.delta"),
         (4, "message.delta"),
@@ -178,3 +178,16 @@ async def test_an_append_announces_each_runs_last_seq_when_it_commits(
         assert heard.empty()  # the fenced append told nobody anything
     finally:
         await listener.close()
+
+
+async def test_a_runs_events_are_read_by_its_tenant_only(engine: AsyncEngine) -> None:
+    run_id = await run_with_events(engine, None)
+    other = await tenant_for_key(engine, await create_key(engine, f"ev-{uuid.uuid4()}"))
+    assert other is not None
+    async with engine.connect() as conn:
+        owner = str(
+            await conn.scalar(text("SELECT tenant_id FROM runs WHERE id = :id"), {"id": run_id})
+        )
+        mine = await event_store.read_events(conn, run_id, 0, tenant_id=owner)
+        assert [r["seq"] for r in mine] == [1, 2]
+        assert await event_store.read_events(conn, run_id, 0, tenant_id=other) == []

@@ -13,12 +13,12 @@ import asyncpg
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.db.engine import libpq_url
 from app.eventlog import store as event_store
 from app.eventlog.registry import EventType
 from app.eventlog.writer import EventWriter
 from app.services.keys import create_key, tenant_for_key
 from app.services.sessions import create_session
-from app.worker.pool import libpq_url
 
 DELTA = EventType.MESSAGE_DELTA
 # Only bounds a broken test: every wait here ends as soon as its condition holds.
@@ -44,7 +44,7 @@ async def running_runs(engine: AsyncEngine, count: int, attempts: int = 1) -> li
 
 async def stored(engine: AsyncEngine, run_id: str) -> list[tuple[int, str, dict[str, Any]]]:
     async with engine.connect() as conn:
-        rows = await event_store.read_events(conn, run_id, 0)
+        rows = (await event_store.read_backlog(conn, run_id, 0)).rows
     return [(r["seq"], r["type"], r["data"]) for r in rows]
 
 
@@ -197,3 +197,34 @@ async def test_a_failed_flush_keeps_its_events_in_front(engine: AsyncEngine) -> 
             raise AssertionError("the database accepted a NUL in jsonb")
         writer.emit(run_id, DELTA, {"text": later})
     assert await stored(engine, run_id) == []
+
+
+async def test_reasoning_deltas_coalesce_within_a_block_never_across_its_boundaries(
+    engine: AsyncEngine,
+) -> None:
+    [run] = await running_runs(engine, 1)
+    writer = EventWriter(engine)
+    writer.open(run, 1)
+    reasoning = EventType.REASONING_DELTA
+    writer.emit(run, reasoning, {"index": 0, "text": "Let ", "start": True})
+    writer.emit(run, reasoning, {"index": 0, "text": "me "})
+    writer.emit(run, reasoning, {"index": 0, "text": "", "end": True})
+    writer.emit(
+        run, reasoning, {"index": 1, "text": "", "start": True, "end": True, "redacted": True}
+    )
+    writer.emit(run, reasoning, {"index": 2, "text": "So", "start": True})
+    writer.emit(run, DELTA, {"text": "Hi"})
+    writer.emit(run, reasoning, {"index": 2, "text": "!"})
+    await writer.flush()
+
+    assert await stored(engine, run) == [
+        (1, "reasoning.delta", {"index": 0, "text": "Let me ", "start": True, "end": True}),
+        (
+            2,
+            "reasoning.delta",
+            {"index": 1, "text": "", "start": True, "end": True, "redacted": True},
+        ),
+        (3, "reasoning.delta", {"index": 2, "text": "So", "start": True}),
+        (4, "message.delta", {"text": "Hi"}),
+        (5, "reasoning.delta", {"index": 2, "text": "!"}),
+    ]

@@ -22,6 +22,8 @@ from app.llm.base import (
     Finish,
     ModelRequest,
     ProviderError,
+    ReasoningBlock,
+    ReasoningDelta,
     StreamEvent,
     TextDelta,
     ToolCallDelta,
@@ -378,7 +380,7 @@ async def test_events_the_api_may_send_are_read_as_before(
     block = {"type": "thinking", "thinking": "", "signature": ""}
     upstream.script(
         Chunk({"type": "content_block_start", "index": 0, "content_block": block}),
-        _delta({"type": "thinking_delta", "thinking": "Hmm."}),  # not passed on
+        _delta({"type": "thinking_delta", "thinking": "Hmm."}),
         _delta({"type": "signature_delta", "signature": "c2ln"}),
         Chunk({"type": "content_block_stop", "index": 0}),
         Chunk({"type": "a_future_event", "whatever": [1]}),
@@ -389,7 +391,10 @@ async def test_events_the_api_may_send_are_read_as_before(
 
     events = await collect(provider.stream(replace(HELLO, tools=(CLOCK,))))
 
-    assert events[:3] == [
+    thought = {"type": "thinking", "thinking": "Hmm.", "signature": "c2ln"}
+    assert events[:5] == [
+        ReasoningDelta(0, "Hmm."),
+        ReasoningBlock(0, thought),
         TextDelta("Hi"),
         ToolCallDelta(0, "toolu_1", "now", ""),
         ToolCallDelta(0, None, None, "{}"),
@@ -471,9 +476,15 @@ def _events(any_part: bool) -> Strategy:
         shaped("text_delta", {"text": text}, {"text"})
         | shaped("input_json_delta", {"partial_json": text}, {"partial_json"})
         | shaped("thinking_delta", {"thinking": text}, {"thinking"})
+        | shaped("signature_delta", {"signature": text}, {"signature"})
     )
-    blocks = shaped("text", {"text": text}, {"text"}) | shaped(
-        "tool_use", {"id": text, "name": text, "input": st.just({})}, {"id", "name", "input"}
+    blocks = (
+        shaped("text", {"text": text}, {"text"})
+        | shaped(
+            "tool_use", {"id": text, "name": text, "input": st.just({})}, {"id", "name", "input"}
+        )
+        | shaped("thinking", {"thinking": text, "signature": text}, {"thinking", "signature"})
+        | shaped("redacted_thinking", {"data": text}, {"data"})
     )
     stop = shaped(None, {"stop_reason": st.sampled_from(["end_turn", "tool_use"])}, ())
     message = shaped(None, {"usage": usage}, {"usage"}).map(lambda m: {**MESSAGE, **m})
@@ -501,6 +512,14 @@ class TypedState(_State):
             if block.type == "tool_use":
                 self.empty_tool_blocks.add(event.index)
                 return [ToolCallDelta(event.index, block.id, block.name, "")]
+            if block.type == "thinking":
+                thought = {"type": "thinking", "thinking": block.thinking}
+                self.reasoning[event.index] = {**thought, "signature": block.signature}
+                return [ReasoningDelta(event.index, block.thinking)] if block.thinking else []
+            if block.type == "redacted_thinking":
+                if not block.data:  # nothing to send back: not a block the API makes
+                    raise ProviderError("bad_response", "an empty redacted_thinking block")
+                self.reasoning[event.index] = {"type": "redacted_thinking", "data": block.data}
         elif event.type == "content_block_delta":
             delta = event.delta
             if delta.type == "text_delta" and delta.text:
@@ -508,7 +527,19 @@ class TypedState(_State):
             if delta.type == "input_json_delta" and delta.partial_json:
                 self.empty_tool_blocks.discard(event.index)
                 return [ToolCallDelta(event.index, None, None, delta.partial_json)]
+            open_block = self.reasoning.get(event.index)
+            if open_block is not None and open_block["type"] == "thinking":
+                if delta.type == "thinking_delta":
+                    open_block["thinking"] += delta.thinking
+                    return [ReasoningDelta(event.index, delta.thinking)] if delta.thinking else []
+                if delta.type == "signature_delta":
+                    open_block["signature"] += delta.signature
         elif event.type == "content_block_stop":
+            if event.index in self.reasoning:
+                closed = self.reasoning.pop(event.index)
+                if closed["type"] == "thinking" and not closed["signature"]:
+                    raise ProviderError("bad_response", "a thinking block without its signature")
+                return [ReasoningBlock(event.index, dict(closed))]
             if event.index in self.empty_tool_blocks:
                 self.empty_tool_blocks.discard(event.index)
                 return [ToolCallDelta(event.index, None, None, "{}")]
@@ -545,7 +576,9 @@ def test_any_events_are_read_as_the_sdks_types_have_them_or_are_a_bad_response(
             read = state.read(event)
         except ProviderError as error:
             assert error.kind == "bad_response"
-            assert typed is None  # only what the API's own types refuse is refused
+            if typed is not None:  # beyond the API's types, only what cannot be sent back
+                with pytest.raises(ProviderError):
+                    typed_state.read(typed)
             return
         if typed is None:
             return  # let through, leniently; what the typed reading would make of it is moot

@@ -71,3 +71,38 @@ async def test_a_local_model_that_cannot_be_read_still_gets_a_window(tmp_path: P
     settings = Settings(_env_file=None, local_model_path=tmp_path / "missing.gguf")
 
     assert await context_window_for(settings, "local:x") == catalog.LOCAL_FALLBACK_WINDOW
+
+
+@pytest.mark.parametrize(
+    ("model", "reasons"),
+    [
+        ("anthropic:claude-sonnet-4-5", True),
+        ("anthropic:claude-opus-4-1-20250805", True),
+        ("anthropic:claude-haiku-4-5", True),
+        ("anthropic:claude-3-7-sonnet-latest", True),
+        ("anthropic:claude-3-5-haiku-latest", False),
+        ("anthropic:claude-test", False),
+        ("openai:o3-mini", True),
+        ("openai:gpt-5-mini", True),
+        ("openai:gpt-5-chat-latest", False),
+        ("openai:gpt-4o-mini", False),
+        ("local:qwen", False),
+        ("compat:nowhere", False),
+    ],
+)
+def test_which_models_can_reason(model: str, reasons: bool) -> None:
+    assert catalog.can_reason(Settings(_env_file=None), model) is reasons
+
+
+def test_a_compat_endpoint_reasons_only_when_configured_to() -> None:
+    settings = Settings(
+        _env_file=None,
+        compat_endpoints={
+            "plain": "http://127.0.0.1:1/v1",
+            "r1": {"url": "http://127.0.0.1:1/v1", "reasoning": True},
+        },
+    )
+
+    assert not catalog.can_reason(settings, "compat:plain")
+    assert catalog.can_reason(settings, "compat:r1")
+    assert catalog.can_reason(settings, "compat:r1/deepseek-r1")

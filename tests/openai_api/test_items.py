@@ -129,3 +129,21 @@ def test_refused_input_names_its_place(value: Any, param: str) -> None:
     with pytest.raises(ItemError) as refused:
         parse_input(value)
     assert refused.value.param == param
+
+
+def test_an_assistant_message_with_thinking_reads_as_its_text() -> None:
+    """Reasoning parts (Anthropic's thinking) are no message content in OpenAI's shape: listing
+    such a session's items raised KeyError (a 500) before they were left out."""
+    payload = {
+        "role": "assistant",
+        "content": [
+            {"type": "thinking", "thinking": "Let me see.", "signature": "sig"},
+            {"type": "redacted_thinking", "data": "opaque"},
+            {"type": "text", "text": "Four."},
+        ],
+    }
+    read = entry_item(JournalEntry(2, EntryKind.MESSAGE, payload, {}), "msg_2")
+    assert read is not None
+    assert read["content"] == [
+        {"type": "output_text", "text": "Four.", "annotations": [], "logprobs": []}
+    ]

@@ -715,6 +715,35 @@ async def test_instructions_are_the_conversation_s_prompt_unless_the_response_is
     assert ("system", "B") in prompt_texts(upstream)
 
 
+async def test_a_response_refused_once_its_conversation_is_made_leaves_nothing_behind(
+    client: AsyncOpenAI, upstream: FakeUpstream, api: httpx.AsyncClient
+) -> None:
+    """Refused by what only the made conversation can tell (a tool_choice naming a function
+    none of its tools is): the new conversation, the fork and the instructions were written
+    in the ask's transaction, and are gone with it."""
+    upstream.script(Text("A1"))
+    first = await client.responses.create(model="gpt-4o-mini", instructions="A", input="Q1")
+    upstream.script(Text("A2"))
+    await client.responses.create(model="gpt-4o-mini", previous_response_id=first.id, input="Q2")
+    assert first.conversation is not None
+    session = session_of(first.conversation.id)
+    sessions = (await api.get("/v1/sessions")).json()["data"]
+    entries = await history(api, session)
+    unserved: Any = {"type": "function", "name": "nowhere"}
+    for previous in (None, first.id):  # a new conversation, a fork
+        with pytest.raises(openai.BadRequestError):
+            await client.responses.create(
+                model="gpt-4o-mini",
+                previous_response_id=previous,
+                instructions="B",
+                input="Hi",
+                tool_choice=unserved,
+            )
+    assert (await api.get("/v1/sessions")).json()["data"] == sessions
+    assert await history(api, session) == entries
+    assert (await api.get(f"/v1/sessions/{session}")).json()["config"]["system_prompt"] == "A"
+
+
 async def test_a_model_turn_that_started_over_is_not_in_the_output(
     client: AsyncOpenAI, upstream: FakeUpstream
 ) -> None:

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import threading
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 
 import httpx
@@ -73,6 +74,35 @@ async def test_an_ask_moves_asks_runs_latencies_tokens_and_cost(
     assert grew("threadline_cost_usd_total", MODEL) > 0
     # the user entry and run_start, the answer, usage and run_end: appended in batches
     assert grew("threadline_journal_append_seconds_count") >= 2
+
+
+async def test_the_model_label_is_the_catalogs_name_or_other(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    """Clients choose model strings; each label value is a time series of its own, so the
+    label is the catalog's name of the model (a dated name is its model's), else "other"."""
+    made_up = f"made-up-{uuid.uuid4().hex}"
+    other = {"provider": "openai", "model": "other"}
+    before = await ascrape(api)
+    for model in (f"openai:{made_up}", "openai:gpt-4o-mini-2024-07-18"):
+        sid = (await new_session(api, config={"model": model}))["id"]
+        upstream.script(Text("hi"), Usage(10, 2))
+        assert (await streamed_ask(api, sid, "hello"))[-1].type == "run.completed"
+
+    def grew(s: Samples, name: str, labels: dict[str, str]) -> float:
+        return s.get(name, labels) - before.get(name, labels)
+
+    def ended(s: Samples) -> bool:
+        input_tokens = "threadline_tokens_total"
+        return (
+            grew(s, input_tokens, {**other, "type": "input"}) >= 10
+            and grew(s, input_tokens, {**MODEL, "type": "input"}) >= 10
+        )
+
+    after = await eventually(api, ended)
+    assert made_up not in after.text
+    assert grew(after, "threadline_provider_calls_total", {**other, "outcome": "ok"}) >= 1
+    assert grew(after, "threadline_provider_calls_total", {**MODEL, "outcome": "ok"}) >= 1
 
 
 async def test_a_replayed_and_a_refused_ask_are_counted_as_such(api: httpx.AsyncClient) -> None:

@@ -199,6 +199,24 @@ async def test_a_run_held_by_a_cancel_is_left_to_the_queue_with_its_claim_undone
         await engine.dispose()
 
 
+class Reserved:
+    """This process's handoff as an ask sees it, with room under `worker_id`; it starts
+    nothing (the test does, or no one: a process that died)."""
+
+    def __init__(self, worker_id: int) -> None:
+        self.worker_id = worker_id
+        self.offered: list[tuple[str, int | None, bool]] = []
+
+    def reserve(self) -> int | None:
+        return self.worker_id
+
+    def release(self) -> None:
+        pass
+
+    def offer(self, run_id: str, job_id: int | None, claimed: bool = False) -> None:
+        self.offered.append((run_id, job_id, claimed))
+
+
 async def register_worker(engine: AsyncEngine, heartbeat_age_seconds: float = 0) -> int:
     async with engine.begin() as conn:
         query = text(
@@ -270,7 +288,12 @@ async def test_a_cancel_holding_a_claimed_runs_row_ends_it_before_it_starts(
         session = await create_session(engine, tenant, title=None, metadata={}, config={})
         worker_id = await register_worker(engine)
         asked = await asks.ask(
-            engine, settings, tenant, str(session["id"]), asks.AskParams("q"), claim_for=worker_id
+            engine,
+            settings,
+            tenant,
+            str(session["id"]),
+            asks.AskParams("q"),
+            handoff=Reserved(worker_id),
         )
         assert asked.claimed and asked.run.job_id is not None
         run_id, job_id = asked.run.id, asked.run.job_id
@@ -323,7 +346,12 @@ async def test_a_claimed_job_whose_process_died_before_its_run_started_goes_back
         # The dead process's registration: its last heartbeat long past the stall threshold.
         dead = await register_worker(engine, settings.stalled_after_seconds * 100)
         asked = await asks.ask(
-            engine, settings, tenant, str(session["id"]), asks.AskParams("q"), claim_for=dead
+            engine,
+            settings,
+            tenant,
+            str(session["id"]),
+            asks.AskParams("q"),
+            handoff=Reserved(dead),
         )
         assert asked.claimed
         assert (await job_row(engine, asked.run.job_id)).status == "doing"
@@ -363,10 +391,13 @@ async def test_an_ask_whose_worker_registration_was_pruned_is_queued_not_refused
             await conn.execute(
                 text("DELETE FROM procrastinate_workers WHERE id = :id"), {"id": pruned}
             )
+        reserved = Reserved(pruned)
         asked = await asks.ask(
-            engine, settings, tenant, str(session["id"]), asks.AskParams("q"), claim_for=pruned
+            engine, settings, tenant, str(session["id"]), asks.AskParams("q"), handoff=reserved
         )
         assert asked.created and not asked.claimed and asked.run.job_id is not None
+        # offered all the same: the handoff claims it as the queue's worker would, if it can
+        assert reserved.offered == [(asked.run.id, asked.run.job_id, False)]
         job = await job_row(engine, asked.run.job_id)
         assert job.status == "todo"
         async with engine.connect() as conn:

@@ -7,18 +7,36 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
 import httpx
 import pytest
+from procrastinate.jobs import Status
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import Settings
-from app.worker.pool import libpq_url
+from app.db import runs as runs_db
+from app.db.engine import create_engine, libpq_url
+from app.db.jobs import RUN_QUEUE
+from app.eventlog.writer import EventWriter
+from app.llm.router import Router
+from app.runs.model import RunStatus
+from app.services import asks, runs
+from app.services.keys import tenant_for_key
+from app.services.sessions import create_session
+from app.worker.lease import WorkerLease
+from app.worker.pool import queue_app, recover_orphaned_runs
+from app.worker.run import execute_run, start_locked
+from app.worker.runtime import Runtime
 from testkit.api import ended_run, new_session
 from testkit.sse_client import TERMINAL, collect
 from testkit.upstream import FakeUpstream, Hold, Text
+from tests.conftest import issue_key
+from tests.e2e import create_database, e2e_env
 from tests.worker.conftest import Workers
 
 # Heartbeats would take over after an hour: only a lease can explain a takeover within a test.
@@ -186,10 +204,10 @@ async def test_a_worker_deregistered_behind_its_back_takes_the_next_job(
     assert first["status"] == "completed", first
     await until_registered(crash_settings, 1)
     await deregister_all(crash_settings)
-    for text in ("second", "third"):
-        upstream.script(Text(text))
+    for answer in ("second", "third"):
+        upstream.script(Text(answer))
         run = await ended_run(api_only, (await ask(api_only, sid))["id"], within=120)
-        assert (run["status"], run["result"]) == ("completed", text), run
+        assert (run["status"], run["result"]) == ("completed", answer), run
     await until_registered(crash_settings, 1)
 
 
@@ -258,3 +276,92 @@ async def test_a_worker_whose_job_fetch_fails_is_started_again(
         await until_failed(conn, 2)  # the worker was started again, and fetched again
     done = await ended_run(api_only, run["id"], within=120)
     assert (done["status"], done["result"]) == ("completed", "after the fault"), done
+
+
+@pytest.fixture
+def recovery_settings(database_url: str, upstream: FakeUpstream) -> tuple[Settings, str]:
+    """A database of its own (no other test's workers take these runs), and a key."""
+    settings = Settings(database_url=create_database(database_url, "recovery"), **e2e_env(upstream))
+    return settings, issue_key(settings, f"recovery-{uuid.uuid4()}")
+
+
+async def job_status(engine: AsyncEngine, job_id: int | None) -> str:
+    async with engine.connect() as conn:
+        query = text("SELECT status FROM procrastinate_jobs WHERE id = :id")
+        return str((await conn.execute(query, {"id": job_id})).scalar_one())
+
+
+async def test_a_cancel_while_recovery_queues_a_dead_workers_run_again_leaves_its_job_to_the_worker(
+    recovery_settings: tuple[Settings, str],
+) -> None:
+    """A worker died mid-run; the recovery queued the run again (a new job, no lease) and a
+    worker took that job; then the run was cancelled, before that worker started it. The
+    cancel took the run for one nobody held and ended its job, so the worker's own finish of
+    the job failed: "Job was not found or not in "doing" or "todo" status" (ConnectorException,
+    "Task exception was never retrieved"). The job is the worker's: it ends the run cancelled,
+    then finishes the job as procrastinate's worker does."""
+    settings, key = recovery_settings
+    engine = create_engine(settings)
+    try:
+        tenant = await tenant_for_key(engine, key)
+        assert tenant is not None
+        session = await create_session(engine, tenant, title=None, metadata={}, config={})
+        asked = await asks.ask(engine, settings, tenant, str(session["id"]), asks.AskParams("q"))
+        run_id, first_job = asked.run.id, asked.run.job_id
+        # The first worker takes the job and starts the run under its lease, then dies: its
+        # lease (a session advisory lock) goes with its connection.
+        dead_lease = WorkerLease(engine)
+        await dead_lease.acquire()
+        dead = Runtime(engine, settings, Router(settings), EventWriter(engine), dead_lease)
+        app = queue_app(settings, dead, 1)
+        async with app.open_async():
+            dead_worker = await app.job_manager.register_worker()
+            taken = await app.job_manager.fetch_job(queues=[RUN_QUEUE], worker_id=dead_worker)
+            assert taken is not None and taken.id == first_job
+            async with engine.begin() as conn:
+                started = await start_locked(
+                    conn, dead, await runs_db.get_run(conn, run_id, lock=True)
+                )
+            assert started is not None and started.lease == dead_lease.key
+            await dead_lease.release()
+
+            # The recovery queues the run again: a new job, the dead one's ended.
+            assert await recover_orphaned_runs(engine, lease_grace_seconds=0) == [run_id]
+            async with engine.connect() as conn:
+                requeued = await runs_db.get_run(conn, run_id)
+            assert requeued is not None and requeued.lease is None
+            assert requeued.job_id != first_job
+            assert await job_status(engine, first_job) == "failed"
+
+            # A live worker takes the new job; the cancel comes before it starts the run.
+            lease = WorkerLease(engine)
+            await lease.acquire()
+            runtime = Runtime(engine, settings, Router(settings), EventWriter(engine), lease)
+            worker = await app.job_manager.register_worker()
+            job = await app.job_manager.fetch_job(queues=[RUN_QUEUE], worker_id=worker)
+            assert job is not None and job.id == requeued.job_id
+            await runs.cancel_run(engine, tenant, run_id)
+
+            # The worker runs its job, then finishes it (procrastinate's worker does both).
+            await execute_run(runtime, run_id, lambda: None)
+            await app.job_manager.finish_job(job=job, status=Status.SUCCEEDED, delete_job=False)
+            await lease.release()
+        assert await job_status(engine, job.id) == "succeeded"
+        async with engine.connect() as conn:
+            ended = await runs_db.get_run(conn, run_id)
+            ends = await conn.scalar(
+                text("SELECT count(*) FROM entries WHERE session_id = :id AND kind = 'run_end'"),
+                {"id": session["id"]},
+            )
+            terminal = await conn.scalars(
+                text(
+                    "SELECT type FROM run_events WHERE run_id = :id"
+                    " AND type IN ('run.completed', 'run.failed', 'run.cancelled')"
+                ),
+                {"id": run_id},
+            )
+            assert list(terminal) == ["run.cancelled"]
+        assert ended is not None and ended.status is RunStatus.CANCELLED
+        assert ends == 1
+    finally:
+        await engine.dispose()

@@ -67,6 +67,37 @@ export function makeApi(key) {
         "Idempotency-Key": `ui-compact-${crypto.randomUUID()}`,
       }),
     waitRun: (id) => call("GET", `/v1/runs/${id}?wait=true&timeout=600`),
+    // A run's events (SSE) to onEvent(type, data) as they come, up to its terminal one; then the
+    // run. Without a stream (events already pruned), the run once it has ended.
+    async followRun(id, onEvent) {
+      const response = await fetch(apiUrl(`/v1/runs/${id}/events`), { headers: { ...auth, Accept: "text/event-stream" } });
+      if (response.ok && response.body) {
+        const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+        let buffer = "";
+        for (;;) {
+          const { value, done } = await reader.read();
+          if (done) break;
+          buffer = (buffer + value).replace(/\r\n/g, "\n");
+          let end;
+          while ((end = buffer.indexOf("\n\n")) >= 0) {
+            const frame = buffer.slice(0, end);
+            buffer = buffer.slice(end + 2);
+            let type = "message";
+            let data = "";
+            for (const line of frame.split("\n")) {
+              if (line.startsWith("event:")) type = line.slice(6).trim();
+              else if (line.startsWith("data:")) data += line.slice(5).trim();
+            }
+            if (data) onEvent(type, JSON.parse(data));
+            if (["run.completed", "run.failed", "run.cancelled"].includes(type)) {
+              reader.cancel().catch(() => {});
+              return call("GET", `/v1/runs/${id}?wait=true&timeout=600`);
+            }
+          }
+        }
+      }
+      return call("GET", `/v1/runs/${id}?wait=true&timeout=600`);
+    },
     cancelRun: (id) => call("POST", `/v1/runs/${id}/cancel`),
     memories: () => call("GET", "/v1/memory?limit=100"),
     memory: (namespace) => call("GET", `/v1/memory/${encodeURIComponent(namespace)}`),

@@ -257,7 +257,7 @@ function Sessions({ api, models, current, onOpen, version, fail }) {
                 <span className="session-title">{s.title || "Untitled session"}</span>
                 <span className="meta">
                   {s.parent_id ? "branch · " : ""}
-                  {new Date(s.created_at).toLocaleString()} · {s.rev} entries
+                  {new Date(s.created_at).toLocaleString()} · {s.rev} {s.rev === 1 ? "entry" : "entries"}
                 </span>
               </button>
             </li>
@@ -334,9 +334,8 @@ function Conversation({ api, apiKey, session, initial, rejoin, onChanged, onOpen
     const words = text.trim();
     if (!words || busy) return;
     setText("");
-    if (!session.title) {
-      api.updateSession(session.id, { title: words.slice(0, 60) }).then(onChanged, fail);
-    }
+    // An untitled session is named by the service from this first message (data-threadline-run
+    // then refreshes the list and the bar).
     sendMessage({ text: words });
   };
 
@@ -483,20 +482,8 @@ function Part({ part }) {
 }
 
 function Details({ api, session, version, onOpen, onCompacted, fail }) {
-  return (
-    <aside className="details" id="details" aria-label="Session details">
-      <ContextMeter api={api} session={session} version={version} fail={fail} />
-      <Compact api={api} session={session} onCompacted={onCompacted} fail={fail} />
-      <Branches api={api} session={session} version={version} onOpen={onOpen} fail={fail} />
-      <HistorySearch api={api} session={session} fail={fail} />
-      <MemoryView api={api} session={session} fail={fail} />
-    </aside>
-  );
-}
-
-const SEGMENTS = ["system", "memory", "summary", "tools", "history"];
-
-function ContextMeter({ api, session, version, fail }) {
+  // One reading of GET /context serves the meter and the Compact button (whether there is
+  // anything to compact yet).
   const [context, setContext] = useState(null);
   useEffect(() => {
     let live = true;
@@ -505,6 +492,22 @@ function ContextMeter({ api, session, version, fail }) {
       live = false;
     };
   }, [api, session.id, version, fail]);
+  return (
+    <aside className="details" id="details" aria-label="Session details">
+      <ContextMeter context={context} />
+      <Compact api={api} session={session} context={context} onCompacted={onCompacted} fail={fail} />
+      <Branches api={api} session={session} version={version} onOpen={onOpen} fail={fail} />
+      <HistorySearch api={api} session={session} fail={fail} />
+      <MemoryView api={api} session={session} fail={fail} />
+    </aside>
+  );
+}
+
+// The breakdown's segments, which add up to the prompt's tokens: overhead is the reply's
+// priming and, for a model counted approximately, the estimate margin.
+const SEGMENTS = ["system", "memory", "summary", "tools", "history", "overhead"];
+
+function ContextMeter({ context }) {
   if (!context) return <section aria-label="Context"><h2>Context</h2><p className="meta">Measuring…</p></section>;
   const share = (tokens) => `${Math.min(100, (100 * tokens) / context.budget)}%`;
   const percent = Math.round((100 * context.tokens) / context.budget);
@@ -528,28 +531,45 @@ function ContextMeter({ api, session, version, fail }) {
         ))}
       </dl>
       <p className="meta">
-        {context.messages} {context.messages === 1 ? "message" : "messages"} from {context.entries_included} of {context.entries_total} entries · compacts itself past {context.threshold_tokens.toLocaleString()}
+        {context.messages} {context.messages === 1 ? "message" : "messages"} from {context.entries_included} of {context.entries_total} {context.entries_total === 1 ? "entry" : "entries"} · compacts itself past {context.threshold_tokens.toLocaleString()}
         {context.summary_used ? " · a summary stands in for older history" : ""}
       </p>
     </section>
   );
 }
 
-function Compact({ api, session, onCompacted, fail }) {
+// What a compaction run's events say while it works: the Compact section's progress line.
+function compactionStep(type, data) {
+  const part = data.calls > 1 ? ` (part ${data.call} of ${data.calls})` : "";
+  if (type === "context.compacting") return `Compacting entries ${data.from_seq}–${data.to_seq} with ${data.model}…`;
+  if (type === "context.compaction_progress") return data.chars ? `Writing the summary${part}: ${data.chars.toLocaleString()} characters so far…` : `Writing the summary${part}…`;
+  return null;
+}
+
+function Compact({ api, session, context, onCompacted, fail }) {
   const [focus, setFocus] = useState("");
   const [state, setState] = useState(null);
+  const [progress, setProgress] = useState(null);
+  // Nothing to compact yet (a short chat): the button says why instead of being refused.
+  const reason = context && !context.compactable ? context.not_compactable_reason : null;
   const submit = async (event) => {
     event.preventDefault();
+    if (reason) return;
     setState("Compacting…");
     try {
       const run = await api.compact(session.id, focus.trim());
-      const done = await api.waitRun(run.id);
+      const done = await api.followRun(run.id, (type, data) => setProgress((shown) => compactionStep(type, data) ?? shown));
+      setProgress(null);
       setState(done.status === "completed" ? "Compacted: a summary now stands in for older history." : `Compaction ${done.status}${done.error ? `: ${done.error.message}` : ""}`);
       setFocus("");
       onCompacted();
     } catch (error) {
-      setState(null);
-      fail(error);
+      // A refusal (e.g. nothing to compact after all) is said here, in the service's words.
+      if (error instanceof ApiError && error.status === 409) setState(error.message);
+      else {
+        setState(null);
+        fail(error);
+      }
     }
   };
   return (
@@ -558,9 +578,12 @@ function Compact({ api, session, onCompacted, fail }) {
       <form onSubmit={submit} className="inline">
         <label htmlFor="compact-focus">Focus (optional)</label>
         <input id="compact-focus" value={focus} onChange={(e) => setFocus(e.target.value)} placeholder="What the summary should keep" />
-        <button type="submit" disabled={state === "Compacting…"}>Compact</button>
+        <button type="submit" disabled={state === "Compacting…" || Boolean(reason)} aria-describedby={reason ? "compact-reason" : undefined}>
+          Compact
+        </button>
       </form>
-      {state && <p className="meta" role="status">{state}</p>}
+      {reason && <p className="meta" id="compact-reason">{reason}</p>}
+      {state && <p className="meta" role="status">{state === "Compacting…" && progress ? progress : state}</p>}
     </section>
   );
 }

@@ -1,0 +1,67 @@
+"""The reasoning setting (a model thinking before it answers): effort or token budget, how a
+session's and an ask's combine, and the budget each effort stands for."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Effort = Literal["none", "low", "medium", "high"]
+# Anthropic's extended thinking takes at least 1024 budget tokens.
+MIN_BUDGET_TOKENS = 1024
+MAX_BUDGET_TOKENS = 128_000
+# The thinking budget each effort stands for where a provider takes a budget (Anthropic).
+EFFORT_BUDGETS: Mapping[str, int] = {"low": 1024, "medium": 4096, "high": 16384}
+
+
+class Reasoning(BaseModel):
+    """Let the model think before it answers: an effort, or a token budget for its thinking."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    effort: Effort | None = Field(
+        default=None,
+        description="low, medium or high (Anthropic: a thinking budget of "
+        f"{EFFORT_BUDGETS['low']}, {EFFORT_BUDGETS['medium']} or {EFFORT_BUDGETS['high']} "
+        "tokens); none: no reasoning (turns off a session's setting for one ask).",
+    )
+    budget_tokens: Annotated[int, Field(ge=MIN_BUDGET_TOKENS, le=MAX_BUDGET_TOKENS)] | None = Field(
+        default=None, description="The most tokens the model may think with."
+    )
+
+    @model_validator(mode="after")
+    def _one_of(self) -> Self:
+        if (self.effort is None) == (self.budget_tokens is None):
+            raise ValueError("give effort or budget_tokens (one of them)")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return self.effort != "none"
+
+    @property
+    def budget(self) -> int:
+        """The thinking budget in tokens (an effort's, or the one given)."""
+        if self.budget_tokens is not None:
+            return self.budget_tokens
+        return EFFORT_BUDGETS.get(self.effort or "", 0)
+
+
+def effective(session: Mapping[str, Any] | None, ask: Mapping[str, Any] | None) -> Reasoning | None:
+    """The reasoning a run uses: the ask's setting if it has one, else the session's; None when
+    off. Both are stored JSON, validated when they were accepted."""
+    chosen = ask if ask is not None else session
+    if chosen is None:
+        return None
+    reasoning = Reasoning.model_validate(dict(chosen))
+    return reasoning if reasoning.enabled else None
+
+
+def unsupported(model: str) -> str:
+    """Why an ask with reasoning on cannot go to `model` (one that cannot reason)."""
+    return (
+        f"{model} cannot reason: ask another model, or turn reasoning off "
+        '(reasoning: {"effort": "none"}, or no reasoning in the session\'s config)'
+    )

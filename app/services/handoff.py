@@ -1,0 +1,27 @@
+"""What an ask needs of this process's workers: the protocol the worker's handoff implements.
+
+`threadline serve` runs workers in the API process; an ask that finds room there commits its
+job already taken by one of them and hands the run over at once (app/worker/handoff.py, wired
+by app/main.py). An API-only process has none: its asks' jobs wait for the queue.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class RunHandoff(Protocol):
+    def reserve(self) -> int | None:
+        """Room for one more run, held until `offer` or `release`: the worker id the ask's job
+        may be committed taken by; None: no room (the job is queued as usual)."""
+        ...
+
+    def release(self) -> None:
+        """Give back a reservation (the ask is committed, or failed): called before `offer`."""
+        ...
+
+    def offer(self, run_id: str, job_id: int | None, claimed: bool = False) -> None:
+        """Start the run now if there is room; never waits, never fails the ask. `claimed`: its
+        job was committed taken by the reserved worker: the run must be started (or its job
+        ended)."""
+        ...
