@@ -59,10 +59,11 @@ from app.eventlog.registry import EventType
 from app.eventlog.writer import EventWriter
 from app.llm.base import Finish, ModelRequest, StreamEvent, TextDelta, ToolCallDelta
 from app.llm.router import Route, Router
-from app.services.asks import AskParams, ask, get_run
+from app.services.asks import AskParams, ask
 from app.services.journal import append_entries
 from app.services.keys import create_key, tenant_for_key
 from app.services.projection import project_for_run
+from app.services.runs import get_run
 from app.services.sessions import create_session
 from app.tools.registry import ToolContext, builtin
 from app.worker.lease import WorkerLease

@@ -21,7 +21,7 @@ class Event:
     data: dict[str, Any]
 
 
-TERMINAL = frozenset(str(t) for t in events_registry.TERMINAL)  # the run is over
+TERMINAL = frozenset(str(t) for t in events_registry.TERMINAL_EVENTS)  # the run is over
 
 
 async def events(response: httpx.Response) -> AsyncIterator[Event]:

@@ -23,6 +23,7 @@ from app.api.schemas import AskRequest, Run
 from app.api.sse import RUN_INSTEAD_OF_STREAM, SSE_RESPONSE, ResumeAfter, event_stream
 from app.core.tool_choice import NamedTool
 from app.services import asks as service
+from app.services import runs as runs_service
 
 router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["runs"], route_class=JSONRoute)
 
@@ -87,14 +88,14 @@ async def ask(
         return JSONResponse(Run.of(result.run).model_dump(mode="json"), status_code=202)
 
     async def cancel_run() -> None:
-        await service.cancel_run(engine, tenant, run_id)
+        await runs_service.cancel_run(engine, tenant, run_id)
 
     gone = cancel_run if body.on_disconnect == "cancel" else None
     stream = await event_stream(
         hub, run_id, 0, settings.sse_heartbeat_seconds, gone, created=result.created
     )
     if stream is None:  # a repeated Idempotency-Key's run, over and its events gone
-        run = await service.get_run(engine, tenant, run_id)
+        run = await runs_service.get_run(engine, tenant, run_id)
         return JSONResponse(Run.of(run).model_dump(mode="json"), status_code=202)
     return stream
 
@@ -122,7 +123,7 @@ async def join_stream(
     Last-Event-ID (or starting_after), then live ones. With an API key, or a stream token of
     this session as `?token=` (for EventSource)."""
     reader.check_session(str(session_id))
-    run = await service.active_run(engine, reader.tenant_id, str(session_id))
+    run = await runs_service.active_run(engine, reader.tenant_id, str(session_id))
     if run is None:
         return Response(status_code=204)
     stream = await event_stream(hub, run.id, after, settings.sse_heartbeat_seconds)

@@ -12,8 +12,8 @@ from app.api.deps import Config, Engine, Hub, IdempotencyKey, Tenant
 from app.api.errors import error_responses
 from app.api.schemas import CompactRequest, Run
 from app.api.sse import RUN_INSTEAD_OF_STREAM, SSE_RESPONSE, event_stream
-from app.services import asks as asks_service
 from app.services import compaction as service
+from app.services import runs as runs_service
 
 router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["context"], route_class=JSONRoute)
 
@@ -57,6 +57,6 @@ async def compact(
         return JSONResponse(Run.of(run).model_dump(mode="json"), status_code=202)
     stream = await event_stream(hub, run.id, 0, settings.sse_heartbeat_seconds)
     if stream is None:  # a repeated Idempotency-Key's run, over and its events gone
-        run = await asks_service.get_run(engine, tenant, run.id)
+        run = await runs_service.get_run(engine, tenant, run.id)
         return JSONResponse(Run.of(run).model_dump(mode="json"), status_code=202)
     return stream

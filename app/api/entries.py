@@ -10,8 +10,8 @@ from fastapi import APIRouter, Query, Response
 from app.api.bodies import JSONRoute
 from app.api.deps import Config, Engine, Tenant
 from app.api.errors import error_responses
-from app.api.schemas import MAX_SEQ, AppendRequest, AppendResponse, Entry, EntryPage
-from app.core.entries import EntryKind, NewEntry
+from app.api.schemas import AppendRequest, AppendResponse, Entry, EntryPage
+from app.core.entries import MAX_ENTRY_SEQ, EntryKind, NewEntry
 from app.services import journal as service
 from app.services.errors import Invalid
 
@@ -26,8 +26,8 @@ async def list_entries(
     engine: Engine,
     tenant: Tenant,
     settings: Config,
-    after_seq: Annotated[int | None, Query(ge=0, le=MAX_SEQ)] = None,
-    before_seq: Annotated[int | None, Query(ge=1, le=MAX_SEQ)] = None,
+    after_seq: Annotated[int | None, Query(ge=0, le=MAX_ENTRY_SEQ)] = None,
+    before_seq: Annotated[int | None, Query(ge=1, le=MAX_ENTRY_SEQ)] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     kinds: Annotated[list[EntryKind] | None, Query(description="Only these kinds.")] = None,
     order: Literal["asc", "desc"] = "asc",

@@ -14,7 +14,7 @@ from app.api.deps import Config, Engine, Hub, Reader, Tenant
 from app.api.errors import error_responses
 from app.api.schemas import Run, ToolOutputsRequest
 from app.api.sse import NOTHING_LEFT, SSE_RESPONSE, ResumeAfter, event_stream
-from app.services import asks as service
+from app.services import runs as service
 
 router = APIRouter(prefix="/v1/runs/{run_id}", tags=["runs"], route_class=JSONRoute)
 

@@ -22,6 +22,7 @@ from sqlalchemy import RowMapping
 from app.core import metadata as metadata_rules
 from app.core import sessions
 from app.core.entries import (
+    MAX_ENTRY_SEQ,
     RUN_ENTRY_PREFIX,
     FinishReason,
     InputPart,
@@ -38,12 +39,10 @@ from app.core.projection import ProjectionMeta
 from app.core.reasoning import Reasoning
 from app.core.run_policy import RunPolicy
 from app.runs import model as runs
+from app.services.webhooks import WebhookEventType
 
-# Anything larger is a mistake, not a seq. 2**53 - 1: the largest integer every JSON client
-# (and validator) reads exactly, so the documented maximum is the one enforced.
-MAX_SEQ = 2**53 - 1
-
-Seq = Annotated[int, Field(ge=0, le=MAX_SEQ)]
+# The documented maximum is the one enforced.
+Seq = Annotated[int, Field(ge=0, le=MAX_ENTRY_SEQ)]
 MetadataKey = Annotated[
     str, StringConstraints(min_length=1, max_length=metadata_rules.MAX_KEY_LENGTH)
 ]
@@ -680,9 +679,6 @@ class StreamToken(BaseModel):
         description="The path (and query) of the stream it opens: the session's stream, or the "
         "run's events. Resume with `&starting_after=<last id>` in a new EventSource."
     )
-
-
-WebhookEventType = Literal["run.completed", "run.failed", "run.cancelled", "run.requires_action"]
 
 
 class WebhookCreate(Strict):

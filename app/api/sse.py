@@ -22,14 +22,14 @@ from pydantic.json_schema import models_json_schema
 from sse_starlette import EventSourceResponse
 
 from app.eventlog.hub import EventHub
-from app.eventlog.registry import PAYLOADS, TERMINAL, EventData, EventType
-from app.eventlog.store import MAX_SEQ
+from app.eventlog.registry import PAYLOADS, TERMINAL_EVENTS, EventData, EventType
+from app.eventlog.store import MAX_EVENT_SEQ
 from app.eventlog.stream import Row, Wire, run_stream
 
 # Where the document keeps the schemas (components) that SSE_RESPONSE refers to.
 SCHEMA_REF = "#/components/schemas/{model}"
 RUN_EVENT = "RunEvent"
-_TERMINALS = ", ".join(f"`{t}`" for t in EventType if t in TERMINAL)
+_TERMINALS = ", ".join(f"`{t}`" for t in EventType if t in TERMINAL_EVENTS)
 SSE_DESCRIPTION = (
     "A stream of run events (text/event-stream). Each event has `id:` (the run event's seq, "
     "for Last-Event-ID), `event:` (its type) and `data:` (its payload: one line of JSON). "
@@ -136,9 +136,9 @@ def frame(row: dict[str, Any]) -> bytes:
     return f"id: {row['seq']}\r\nevent: {row['type']}\r\ndata: {data}\r\n\r\n".encode()
 
 
-# Past the largest seq (event_store.MAX_SEQ): a client that has "everything" may say so. A larger
+# Past the largest event seq (MAX_EVENT_SEQ): a client that has "everything" may say so. A larger
 # resume point is no seq at all: refused like any invalid parameter, before a stream starts.
-MAX_RESUME = MAX_SEQ + 1
+MAX_RESUME = MAX_EVENT_SEQ + 1
 LAST_EVENT_ID = (
     f"The last event seen (its `id:`): resume after it. A value that is not a seq (ASCII "
     f"digits) is ignored; a seq above {MAX_RESUME} answers 422."
@@ -165,8 +165,8 @@ def resume_point(last_event_id: str | None, starting_after: int | None) -> int:
                     }
                 ]
             )
-        return min(value, MAX_SEQ)
-    return min(starting_after or 0, MAX_SEQ)
+        return min(value, MAX_EVENT_SEQ)
+    return min(starting_after or 0, MAX_EVENT_SEQ)
 
 
 async def resume_after(

@@ -17,7 +17,7 @@ from app.api.deps import Config, Engine, ReadingTenant, stream_token_secret
 from app.api.errors import error_responses
 from app.api.schemas import DEFAULT_STREAM_TOKEN_SECONDS, StreamToken, StreamTokenRequest
 from app.core.stream_tokens import ScopeKind, StreamGrant, sign
-from app.services import asks as asks_service
+from app.services import runs as runs_service
 from app.services import sessions as sessions_service
 from app.services.errors import Invalid
 
@@ -57,7 +57,7 @@ async def create_stream_token(
     else:
         assert body.run_id is not None
         kind, scope_id = "run", str(UUID(body.run_id))
-        await asks_service.get_run(engine, tenant, scope_id)
+        await runs_service.get_run(engine, tenant, scope_id)
         stream_path = f"/v1/runs/{scope_id}/events"
     expires_at = int(time.time()) + lifetime
     token = sign(stream_token_secret(request), StreamGrant(tenant, kind, scope_id, expires_at))

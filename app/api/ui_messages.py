@@ -27,6 +27,7 @@ from app.eventlog.hub import EventHub
 from app.eventlog.registry import EventType
 from app.eventlog.stream import Row, Wire, run_stream, sse_frame
 from app.services import asks as asks_service
+from app.services import runs as runs_service
 from app.services import ui_chats
 from app.services.projection import project_session
 
@@ -154,7 +155,7 @@ async def ui_chat(
 
 def _canceller(engine: AsyncEngine, tenant: str, run_id: str) -> Callable[[], Awaitable[None]]:
     async def cancel_run() -> None:
-        await asks_service.cancel_run(engine, tenant, run_id)
+        await runs_service.cancel_run(engine, tenant, run_id)
 
     return cancel_run
 
@@ -187,7 +188,7 @@ async def resume_ui_chat(
     session = await ui_chats.find_session(engine, tenant, chat_id)
     if session is None:
         return Response(status_code=204)
-    run = await asks_service.active_run(engine, tenant, session.id)
+    run = await runs_service.active_run(engine, tenant, session.id)
     if run is None or not await hub.has_more(run.id, 0):
         return Response(status_code=204)
     return _ui_stream(engine, tenant, hub, run.id, settings.sse_heartbeat_seconds, None, None)

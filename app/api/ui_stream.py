@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from app.eventlog.registry import EventType
+from app.eventlog.registry import APPROACHING_LIMIT_SHARE, AT_LIMIT_SHARE, EventType
 
 HEADER = "x-vercel-ai-ui-message-stream"
 VERSION = "v1"
@@ -36,8 +36,6 @@ _FINISH_REASONS = {
 }
 
 Chunk = dict[str, Any]
-# From this share of the budget the meter reads `approaching_limit`, as context.warning does.
-WARNING_SHARE = 0.8
 
 
 def context_meter(tokens: int, budget: int, level: str | None = None) -> Chunk:
@@ -46,7 +44,11 @@ def context_meter(tokens: int, budget: int, level: str | None = None) -> Chunk:
     share = tokens / budget if budget else 0.0
     if level is None:
         level = (
-            "at_limit" if share >= 1 else "approaching_limit" if share >= WARNING_SHARE else "ok"
+            "at_limit"
+            if share >= AT_LIMIT_SHARE
+            else "approaching_limit"
+            if share >= APPROACHING_LIMIT_SHARE
+            else "ok"
         )
     meter = {"tokens": tokens, "budget": budget, "percent": round(100 * share, 1), "level": level}
     return {"type": "data-threadline-context", "id": "context", "data": meter}

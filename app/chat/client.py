@@ -11,7 +11,8 @@ from typing import Any
 import httpx
 from httpx_sse import EventSource, connect_sse
 
-TERMINAL = frozenset({"run.completed", "run.failed", "run.cancelled"})
+from app.eventlog.registry import TERMINAL_EVENTS, EventType
+
 # Heartbeats come every 15 s by default: a minute of silence is a dead connection.
 READ_TIMEOUT_SECONDS = 60.0
 # Reconnects in a row before a dropped stream is given up.
@@ -159,7 +160,7 @@ class Client:
                     for event in _run_events(source):
                         after, failures = event.id, 0
                         yield event
-                        if event.event in TERMINAL:
+                        if event.event in TERMINAL_EVENTS:
                             return
                 return  # the server ended the stream: the run is over
             except httpx.TransportError as exc:
@@ -205,9 +206,9 @@ class Stream:
 
     def _seen(self, event: RunEvent) -> RunEvent:
         self.last_id = event.id
-        if event.event == "run.created":
+        if event.event == EventType.RUN_CREATED:
             self.run_id = str(event.data["run_id"])
-        if event.event in TERMINAL:
+        if event.event in TERMINAL_EVENTS:
             self._saw_terminal = True
         return event
 
@@ -229,7 +230,7 @@ class Stream:
                 if event.id <= self.last_id:
                     continue  # a repeated ask replays the run from its start
                 yield self._seen(event)
-                if event.event in TERMINAL:
+                if event.event in TERMINAL_EVENTS:
                     return
         if self.run_id is not None and not self._saw_terminal:
             raise httpx.RemoteProtocolError("the stream ended before the run did")

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# Seqs are JSON-safe integers (the API refuses anything above 2^53 - 1).
-MAX_SEQ = 2**53 - 1
+from app.core.entries import MAX_ENTRY_SEQ
 
 
 @dataclass(frozen=True)
@@ -97,7 +96,7 @@ def parse_seq(text: str) -> int | None:
     if not text.isascii() or not text.isdigit():
         return None
     value = int(text)
-    return value if 1 <= value <= MAX_SEQ else None
+    return value if 1 <= value <= MAX_ENTRY_SEQ else None
 
 
 def parse(line: str) -> Command:

@@ -18,6 +18,7 @@ from rich.text import Text
 from app.chat import commands
 from app.chat.client import ApiError, ChatError, Client, RunEvent, Stream
 from app.chat.view import RunView, one_line, printable
+from app.eventlog.registry import EventType
 
 # Turns shown when a session is resumed, and entries /history shows.
 RESUME_MESSAGES = 6
@@ -164,10 +165,10 @@ class Chat:
             self.console.print("[yellow]the stream ended before the run did[/]")
 
     def _show(self, event: RunEvent, view: RunView) -> None:
-        if event.event == "run.created":
+        if event.event == EventType.RUN_CREATED:
             self.last_run = str(event.data["run_id"])
         view.handle(event)
-        if event.event == "run.requires_action":
+        if event.event == EventType.RUN_REQUIRES_ACTION:
             names = ", ".join(str(c.get("name")) for c in event.data.get("tool_calls", []))
             view.note(
                 f"the model called client-side tools ({names}), which the terminal chat cannot "

@@ -16,6 +16,7 @@ from rich.segment import Segment
 from rich.text import Text
 
 from app.chat.client import RunEvent
+from app.eventlog.registry import TERMINAL_EVENTS, EventType
 
 # C0 controls but tab and newline, DEL and C1 controls: what the service sends (a model's
 # answer, a tool's result) must never move the cursor, retitle the window or write the
@@ -150,44 +151,44 @@ class RunView:
     def handle(self, event: RunEvent) -> None:
         data = event.data
         kind = event.event
-        if kind == "message.delta":
+        if kind == EventType.MESSAGE_DELTA:
             self.delta(str(data.get("text", "")))
-        elif kind == "message.reset":
+        elif kind == EventType.MESSAGE_RESET:
             self.reset()
-        elif kind == "tool_call":
+        elif kind == EventType.TOOL_CALL:
             arguments = json.dumps(data.get("arguments"), ensure_ascii=False)
             self.note(f"⚙ {data.get('name')}({one_line(arguments, 60)})", "cyan")
-        elif kind == "tool_result":
+        elif kind == EventType.TOOL_RESULT:
             style = "red" if data.get("is_error") else "dim cyan"
             self.note(f"  ↳ {one_line(str(data.get('preview', '')), 70)}", style)
             self.turn_start = len(self.blocks)  # a reset voids the next turn, not this one
-        elif kind == "context.warning":
+        elif kind == EventType.CONTEXT_WARNING:
             self.note(f"context {data.get('percent')}% of its budget ({data.get('level')})")
-        elif kind == "context.compacting":
+        elif kind == EventType.CONTEXT_COMPACTING:
             focus = f", focus: {data['focus']}" if data.get("focus") else ""
             self.note(
                 f"compacting entries {data.get('from_seq')}-{data.get('to_seq')} "
                 f"with {data.get('model')}{focus}…"
             )
-        elif kind == "context.compaction_progress":
+        elif kind == EventType.CONTEXT_COMPACTION_PROGRESS:
             call, calls, chars = data.get("call"), data.get("calls"), data.get("chars") or 0
             part = f" (part {call} of {calls})" if calls != 1 else ""
             written = f": {chars:,} characters so far" if chars else "…"
             self.progress(f"writing the summary{part}{written}", first=not chars)
-        elif kind == "context.compacted":
+        elif kind == EventType.CONTEXT_COMPACTED:
             self.note(
                 f"compacted entries {data.get('from_seq')}-{data.get('to_seq')} into a summary "
                 f"of {data.get('summary_tokens')} tokens (seq {data.get('summary_seq')}); "
                 f"context {data.get('tokens_before')} → {data.get('tokens_after')} tokens"
             )
-        elif kind == "context.compaction_failed":
+        elif kind == EventType.CONTEXT_COMPACTION_FAILED:
             self.note(f"compaction failed: {_error(data.get('error'))}", "yellow")
-        elif kind in ("run.completed", "run.failed", "run.cancelled"):
+        elif kind in TERMINAL_EVENTS:
             self._end(kind, data)
 
     def _end(self, kind: str, data: dict[str, Any]) -> None:
         self.ended = kind
-        if kind == "run.completed":
+        if kind == EventType.RUN_COMPLETED:
             self.text = str(data.get("text") or "")
             if self.text and not self.answered:
                 self.delta(self.text)  # a compaction's summary (it streams no deltas)
@@ -199,7 +200,7 @@ class RunView:
             )
             cut = " · cut off (max_output_tokens)" if data.get("finish_reason") == "length" else ""
             self.note(f"{data.get('model')}{tokens}{cut}")
-        elif kind == "run.failed":
+        elif kind == EventType.RUN_FAILED:
             self.note(f"failed: {_error(data.get('error'))}", "bold red")
         else:
             self.note("stopped: the partial answer is kept, marked incomplete", "yellow")

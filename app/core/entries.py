@@ -33,6 +33,9 @@ class EntryKind(StrEnum):
 
 
 RUN_ENTRY_PREFIX = "run:"  # ids of the entries runs write (run:<run_id>:<part>): not clients'
+# The largest entry seq (and session rev) a client may name: anything larger is a mistake, not
+# a seq. 2**53 - 1: the largest integer every JSON client (and validator) reads exactly.
+MAX_ENTRY_SEQ = 2**53 - 1
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from app.db.engine import autocommit
 from app.db.outage import database_unavailable
 from app.eventlog import store as event_store
-from app.eventlog.registry import TERMINAL
+from app.eventlog.registry import TERMINAL_EVENTS
 
 log = logging.getLogger(__name__)
 PAGE = 1000
@@ -144,7 +144,7 @@ class EventHub:
         """follow's events, as they come: a page of the table at once (a replay, or a follower
         catching up after its client stalled), a live row alone. An SSE response sends each
         batch in one write."""
-        after_seq = min(after_seq, event_store.MAX_SEQ)  # a cursor the fetch query can bind
+        after_seq = min(after_seq, event_store.MAX_EVENT_SEQ)  # a cursor the fetch query can bind
         subscriber = _Subscriber(self._buffer)
         feed = self._feeds.setdefault(run_id, _Feed(cursor=after_seq))
         feed.subscribers.add(subscriber)  # before the replay: nothing committed later is missed
@@ -153,7 +153,9 @@ class EventHub:
             backlog = await self._read_through_outages(run_id, last)
             while True:
                 batch = list(backlog.rows)
-                ending = next((i for i, r in enumerate(batch) if r["type"] in TERMINAL), None)
+                ending = next(
+                    (i for i, r in enumerate(batch) if r["type"] in TERMINAL_EVENTS), None
+                )
                 if ending is not None:
                     del batch[ending + 1 :]
                 if batch:
@@ -202,7 +204,7 @@ class EventHub:
                 return event_store.Backlog([row], ended=False, last_seq=row["seq"])
             if row["seq"] > last:  # a gap: refill it from the table
                 return await self._read_through_outages(run_id, last)
-            if row["type"] in TERMINAL:  # one it resumed past: the run is over
+            if row["type"] in TERMINAL_EVENTS:  # one it resumed past: the run is over
                 return event_store.Backlog([], ended=True, last_seq=row["seq"])
 
     async def _read(self, run_id: str, after_seq: int, limit: int = PAGE) -> event_store.Backlog:

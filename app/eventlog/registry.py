@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from enum import StrEnum
-from typing import Any, ClassVar, Literal, Self
+from typing import Any, ClassVar, Literal, Self, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.json_schema import SkipJsonSchema
@@ -52,11 +52,10 @@ Event = tuple[EventType, dict[str, Any]]  # (type, payload): an event as a run e
 
 
 # Exactly one of these ends every run, and with it every stream of the run.
-TERMINAL: frozenset[EventType] = frozenset(
-    {EventType.RUN_COMPLETED, EventType.RUN_FAILED, EventType.RUN_CANCELLED}
-)
+TerminalEvent = Literal[EventType.RUN_COMPLETED, EventType.RUN_FAILED, EventType.RUN_CANCELLED]
+TERMINAL_EVENTS: frozenset[EventType] = frozenset(get_args(TerminalEvent))
 # The terminal event of a run that ends with this status.
-TERMINAL_BY_STATUS: Mapping[str, EventType] = {
+TERMINAL_BY_STATUS: Mapping[str, TerminalEvent] = {
     "completed": EventType.RUN_COMPLETED,
     "failed": EventType.RUN_FAILED,
     "cancelled": EventType.RUN_CANCELLED,
@@ -188,6 +187,10 @@ class MessageResetData(EventData):
         "output began and is asked again."
     )
     attempt: int = Field(description="The run's attempt (a new one after a worker died).")
+
+
+# context.warning's levels, as shares of the context policy's input budget.
+APPROACHING_LIMIT_SHARE, AT_LIMIT_SHARE = 0.8, 1.0
 
 
 class ContextWarningData(EventData):

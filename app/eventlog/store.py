@@ -16,8 +16,8 @@ from app.db.tables import run_events, runs
 CHANNEL = "threadline_run_events"
 # NOTIFY payloads are limited to 8000 bytes; past this a notification just says "look".
 _MAX_PAYLOAD = 7000
-# Seqs are int4: a resume point past this is past every event there can be.
-MAX_SEQ = 2**31 - 1
+# Event seqs are int4: a resume point past this is past every event there can be.
+MAX_EVENT_SEQ = 2**31 - 1
 
 
 async def append_events(
@@ -193,7 +193,9 @@ async def read_backlog(
         .scalar_subquery()
     )
     state = (await conn.execute(select(ended, top))).one()
-    rows = [dict(r) for r in await _events_after(conn, run_id, min(after_seq, MAX_SEQ), limit)]
+    rows = [
+        dict(r) for r in await _events_after(conn, run_id, min(after_seq, MAX_EVENT_SEQ), limit)
+    ]
     return Backlog(rows, bool(state[0]), int(state[1]))
 
 

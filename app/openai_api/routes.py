@@ -29,7 +29,7 @@ from app.openai_api.schemas import (
     ItemsCreate,
     ResponseCreate,
 )
-from app.services import asks
+from app.services import runs
 
 PREFIX = "/openai/v1"
 # Not in Threadline's OpenAPI document: OpenAI's API reference describes this prefix, and its
@@ -104,7 +104,7 @@ async def create_response(
         run_id = loaded.run.id
 
         async def cancel_run() -> None:  # a response not in the background ends with its stream
-            await asks.cancel_run(engine, tenant, run_id)
+            await runs.cancel_run(engine, tenant, run_id)
 
         gone = None if base["background"] else cancel_run
         return _sse(hub, stream, -1, settings.sse_heartbeat_seconds, gone)

@@ -42,7 +42,7 @@ from app.openai_api.objects import (
 )
 from app.openai_api.schemas import ResponseCreate
 from app.runs.model import Run, RunKind, RunStatus, entry_id
-from app.services import asks, journal, sessions
+from app.services import asks, journal, runs, sessions
 from app.services.errors import NotFound
 from app.services.handoff import RunHandoff
 from app.tools.registry import BUILTINS
@@ -181,7 +181,7 @@ async def load(engine: AsyncEngine, tenant_id: str, given: str, param: str | Non
         raise missing
     run_id, segment = parsed
     try:
-        run = await asks.get_run(engine, tenant_id, run_id)
+        run = await runs.get_run(engine, tenant_id, run_id)
         session = await sessions.get_session(engine, tenant_id, run.session_id)
     except NotFound:
         raise missing from None
@@ -382,8 +382,8 @@ async def _answer_calls(
         await sessions.update_session(
             engine, tenant_id, run.session_id, {"config": {"system_prompt": body.instructions}}
         )
-    outputs = [asks.ToolOutput(o.call_id, o.output) for o in given.tool_outputs]
-    await asks.submit_tool_outputs(engine, tenant_id, run.id, outputs)
+    outputs = [runs.ToolOutput(o.call_id, o.output) for o in given.tool_outputs]
+    await runs.submit_tool_outputs(engine, tenant_id, run.id, outputs)
     return await load(engine, tenant_id, mapping.response_id(run.id, previous.segment + 1))
 
 
@@ -551,7 +551,7 @@ async def _conversation(engine: AsyncEngine, tenant_id: str, given: str, param: 
 
 async def cancel_response(engine: AsyncEngine, hub: EventHub, tenant_id: str, given: str) -> Json:
     loaded = await load(engine, tenant_id, given)
-    await asks.cancel_run(engine, tenant_id, loaded.run.id)
+    await runs.cancel_run(engine, tenant_id, loaded.run.id)
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(until_done(hub, loaded), CANCEL_WAIT_SECONDS)
     return response_of(await load(engine, tenant_id, given))

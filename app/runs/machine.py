@@ -1,7 +1,7 @@
 """The run's state machine: which transitions each status allows, and the events each emits.
 
 Pure: every function takes the run as it is and answers the status it moves to and the events
-clients are sent for it; app/services/runs.py applies them to the database. An illegal
+clients are sent for it; app/services/run_transitions.py applies them to the database. An illegal
 transition raises `IllegalTransition`, whoever asks for it.
 """
 

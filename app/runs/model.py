@@ -25,7 +25,8 @@ class RunStatus(StrEnum):
 
 
 ACTIVE = frozenset({RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.REQUIRES_ACTION})
-TERMINAL = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED})
+# The statuses a run ends with, each with its terminal event (app.eventlog.registry).
+ENDED = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED})
 
 
 class RunKind(StrEnum):

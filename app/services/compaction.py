@@ -45,7 +45,7 @@ from app.llm.catalog import context_window_for
 from app.llm.router import Router
 from app.llm.tokenizers import ModelCounting, counting_for
 from app.runs.model import Run, RunKind, RunParams, entry_id
-from app.services import runs
+from app.services import run_transitions
 from app.services.asks import run_by_idempotency_key
 from app.services.errors import Conflict, Invalid, ServiceError, session_not_found
 from app.services.journal import append_in
@@ -439,7 +439,7 @@ async def _queue(
         entry_id(run_id, "start"),
     )
     await append_in(conn, tenant_id, session_id, [start])
-    queued = await runs.create(
+    queued = await run_transitions.create(
         conn,
         id=run_id,
         tenant_id=tenant_id,

@@ -1,299 +1,122 @@
-"""A run's transitions applied to the database, each inside the caller's transaction: the
-row, the journal entries the transition commits, the session's status and totals, and the
-events it emits, together or not at all.
-
-Used by the services (an ask, a cancel, tool outputs) and by the worker (start, wait for
-tools, end). Entry ids derive from the run id; a run is ended only while it is active, under
-its row's lock, so a worker that died after committing its end never writes it twice (the
-unique index of entry ids backs that up).
-"""
+"""A run's use cases: read it, find a session's active one, cancel it, give it its client
+tools' outputs, and fail the runs whose outputs never came. Each owns its transaction; the
+transitions they apply are app/services/run_transitions.py's."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, update
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.core.entries import EntryKind, NewEntry
-from app.db import jobs as jobs_db
+from app.core.tool_loop import RunTools, next_step
+from app.db import journal as journal_db
 from app.db import runs as runs_db
-from app.db import tenants as tenants_db
-from app.db.tables import sessions
-from app.eventlog import store as event_store
-from app.eventlog import writer
-from app.llm.catalog import cost_usd
-from app.runs import machine
-from app.runs.model import CancelMode, Outcome, Run, RunKind, RunParams, RunStatus, entry_id
-from app.services import webhooks
+from app.db import sessions as sessions_db
+from app.runs.model import Outcome, Run, RunStatus, entry_id
+from app.services import run_transitions
+from app.services.errors import Conflict, Invalid, NotFound, session_not_found
 from app.services.journal import append_in
-from app.telemetry import carried, metrics
-
-# A run whose workers died this many times while running it fails instead of being passed on.
-MAX_WORKERS_LOST = 2
 
 
-async def create(
-    conn: AsyncConnection,
-    *,
-    id: str,
-    tenant_id: str,
-    session_id: str,
-    kind: RunKind,
-    model: str,
-    params: RunParams,
-    idempotency_key: str | None,
-    user_entry_seq: int | None = None,
-    session_marked_active: bool = False,
-    claim_for: int | None = None,
-) -> runs_db.QueuedRun:
-    """Insert a queued run, announce it with `run.created` and defer its job: the run and its
-    job are committed together or not at all. `session_marked_active`: the caller has set the
-    session's status (with its append), else it is set here. `claim_for`: this process's
-    worker id, to take the job at once if its session allows (runs_db.insert_queued_run)."""
-    params = carried.into(params, run_id=id, tenant_id=tenant_id, session_id=session_id)
-    created = machine.created_event(id, session_id, kind, user_entry_seq, model)
-    queued = await runs_db.insert_queued_run(
-        conn,
-        event_store.first_event(*created),
-        id=id,
-        tenant_id=tenant_id,
-        session_id=session_id,
-        kind=kind.value,
-        model=model,
-        params=params.ask_json() if kind is RunKind.ASK else params.compaction_json(),
-        idempotency_key=idempotency_key,
-        user_entry_seq=user_entry_seq,
-        claim_for=claim_for,
-    )
-    metrics.run_created(kind.value)
-    if not session_marked_active:
-        await conn.execute(
-            update(sessions)
-            .where(sessions.c.id == session_id)
-            .values(status="active", updated_at=func.now())
-        )
-    return queued
+def run_not_found(run_id: str) -> NotFound:
+    return NotFound("run_not_found", f"no run {run_id}", {"run_id": run_id})
 
 
-async def start(conn: AsyncConnection, run: Run, lease: int) -> Run:
-    """A worker holding `lease` takes the run (locked by the caller, active, not being
-    cancelled). A run whose workers died too often while running it fails instead: whatever
-    it does takes its worker down."""
-    if run.status is RunStatus.RUNNING and run.workers_lost >= MAX_WORKERS_LOST:
-        message = (
-            f"the workers running this run died {run.workers_lost} times (crashed, killed, or "
-            "blocked by a tool); it is not passed on again"
-        )
-        return await finish(
-            conn, run, Outcome("failed", error={"code": "worker_lost", "message": message})
-        )
-    step = machine.start(run)
-    started = await runs_db.start_attempt(conn, run.id, step.status, lease)
-    await writer.append(conn, run.id, step.events)
-    return started
-
-
-async def recover(conn: AsyncConnection, orphan: runs_db.Orphan) -> Run:
-    """An unfinished run nobody will finish (locked by the caller): its worker died (its lease
-    is gone), or its job ended without ending it. Its job is queued again, and the run resumes
-    from the journal on whichever worker takes it."""
-    run = orphan.run
-    if run.status is RunStatus.RUNNING and run.lease is not None:
-        # Its attempt is over: no lease until a worker starts the next one, so the run is
-        # not taken for orphaned again meanwhile (and its worker is counted lost once).
-        lost = run.workers_lost + (not await runs_db.lease_held(conn, run.lease))
-        run = await runs_db.update_run(conn, run.id, {"workers_lost": lost, "lease": None})
-    if run.job_id is not None:
-        await jobs_db.end_job(conn, run.job_id)
-    if run.cancel_mode:
-        return await finish(conn, run, Outcome("cancelled"))
-    job_id = await jobs_db.defer_run(conn, run.id, run.session_id, run.kind.value)
-    return await runs_db.update_run(conn, run.id, {"job_id": job_id})
-
-
-async def await_tool_outputs(
-    conn: AsyncConnection, run: Run, calls: Sequence[dict[str, Any]], timeout_seconds: float
-) -> Run:
-    """Park the run until the client posts its tools' outputs, or the time runs out."""
-    expires = func.now() + func.make_interval(0, 0, 0, 0, 0, 0, timeout_seconds)
-    waiting = await runs_db.update_run(
-        conn,
-        run.id,
-        {
-            "status": machine.target(run, machine.Transition.AWAIT_TOOL_OUTPUTS),
-            "action_expires_at": expires,
-        },
-    )
-    assert waiting.action_expires_at is not None
-    step = machine.await_tool_outputs(run, calls, waiting.action_expires_at.isoformat())
-    await writer.append(conn, run.id, step.events)
-    await webhooks.queue_run_event(conn, waiting, "run.requires_action", {"tool_calls": calls})
-    return waiting
-
-
-async def resume(conn: AsyncConnection, run: Run, committed: Sequence[Any]) -> Run:
-    """The client's outputs are committed: queue the run's job again."""
-    step = machine.resume(run, committed)
-    job_id = await jobs_db.defer_run(conn, run.id, run.session_id)
-    resumed = await runs_db.update_run(
-        conn, run.id, {"status": step.status.value, "action_expires_at": None, "job_id": job_id}
-    )
-    await writer.append(conn, run.id, step.events)
-    return resumed
-
-
-async def request_cancel(conn: AsyncConnection, run: Run, mode: CancelMode) -> Run:
-    """With the run row locked: mark it, and end it now when no worker has it; a worker that
-    has it stops and commits what it received. Who has it is its job's state, unless the
-    attempt's worker died (its lease is lost): the job is then ended here. A run queued again
-    between two attempts has no lease: its job may be a live worker's, which finishes it."""
-    run = await runs_db.update_run(conn, run.id, {"cancel_mode": mode})
-    if run.job_id is None:
-        return await finish(conn, run, Outcome("cancelled"))
-    if run.status is RunStatus.RUNNING and await runs_db.lease_lost(conn, run.lease):
-        await jobs_db.end_job(conn, run.job_id)  # its worker died: nobody else will end it
-        return await finish(conn, run, Outcome("cancelled"))
-    if await jobs_db.cancel_job(conn, run.job_id):  # no worker had taken it yet
-        return await finish(conn, run, Outcome("cancelled"))
+async def get_run(engine: AsyncEngine, tenant_id: str, run_id: str) -> Run:
+    async with engine.connect() as conn:
+        run = await runs_db.get_run(conn, run_id, tenant_id=tenant_id)
+    if run is None:
+        raise run_not_found(run_id)
     return run
 
 
-async def finish(conn: AsyncConnection, run: Run, outcome: Outcome) -> Run:
-    """Commit the end of `run` (locked by the caller, still active): its answer (partial ones
-    marked incomplete), usage and run_end entries, a rollback if one was asked for, its row,
-    the session's status and totals, and its last events. Ending a run twice is refused by
-    the caller's check that it is active: its end entries are written only here."""
-    outcome = machine.settled(run, outcome)
-    model = outcome.model or run.model
-    entries: list[NewEntry] = []
-    if run.answers and (outcome.text or outcome.status == "completed"):
-        content = list(outcome.parts) if outcome.parts else outcome.text
-        payload: dict[str, Any] = {"role": "assistant", "content": content}
-        if outcome.status != "completed":
-            payload["status"] = "incomplete"
-        if outcome.finish_reason is not None:
-            payload["finish_reason"] = outcome.finish_reason
-        entries.append(
-            NewEntry(EntryKind.MESSAGE, payload, {"run_id": run.id}, entry_id(run.id, "answer"))
-        )
-    usage = outcome.usage
-    cost = (
-        cost_usd(
-            model,
-            usage.input_tokens,
-            usage.output_tokens,
-            usage.cached_tokens,
-            usage.cache_write_tokens,
-        )
-        if usage
-        else None
-    )
-    if usage is not None:
-        usage_payload: dict[str, Any] = {
-            "input_tokens": usage.input_tokens,
-            "output_tokens": usage.output_tokens,
-            "cached_tokens": usage.cached_tokens,
-            "cache_write_tokens": usage.cache_write_tokens,
-            "model": model,
-        }
-        if usage.estimated:
-            usage_payload["estimated"] = True
-        if usage.reasoning_tokens:
-            usage_payload["reasoning_tokens"] = usage.reasoning_tokens
-        if cost is not None:
-            usage_payload["cost_usd"] = float(cost)
-        entries.append(
-            NewEntry(EntryKind.USAGE, usage_payload, {"run_id": run.id}, entry_id(run.id, "usage"))
-        )
-    end: dict[str, Any] = {"run_id": run.id, "status": outcome.status}
-    if outcome.error:
-        end["error"] = outcome.error
-    entries.append(NewEntry(EntryKind.RUN_END, end, {"run_id": run.id}, entry_id(run.id, "end")))
-    # The session's status and totals, set with the append's rev (one statement).
-    active = await runs_db.active_runs(conn, run.session_id, tenant_id=run.tenant_id)
-    still_active = [r for r in active if r.id != run.id]
-    session_values: dict[str, Any] = {}
-    if not still_active:
-        session_values["status"] = "idle"
-    if usage is not None:
-        session_values |= {
-            "input_tokens": sessions.c.input_tokens + usage.input_tokens,
-            "output_tokens": sessions.c.output_tokens + usage.output_tokens,
-            "cached_tokens": sessions.c.cached_tokens + usage.cached_tokens,
-            "cache_write_tokens": sessions.c.cache_write_tokens + usage.cache_write_tokens,
-            "cost_usd": sessions.c.cost_usd + (cost or 0),
-        }
-    # Fresh ids: they derive from the run, and only this transition writes them, in the
-    # transaction that ends the run; the run is active (locked by the caller), so none is
-    # stored yet (the unique index would refuse one all the same).
-    appended = await append_in(
-        conn,
-        run.tenant_id,
-        run.session_id,
-        entries,
-        fresh_ids=True,
-        session_values=session_values,
-    )
-    committed = list(appended.entries)
-    end_seq = int(committed[-1]["seq"])
-    if run.cancel_mode == "rollback" and run.user_entry_seq is not None:
-        rollback = NewEntry(
-            EntryKind.ROLLBACK,
-            {"from_seq": run.user_entry_seq, "to_seq": end_seq, "reason": "rollback"},
-            {"run_id": run.id},
-            entry_id(run.id, "rollback"),
-        )
-        more = await append_in(conn, run.tenant_id, run.session_id, [rollback])
-        committed += list(more.entries)
+async def active_run(engine: AsyncEngine, tenant_id: str, session_id: str) -> Run | None:
+    """The run a client reattaching to the session should follow (the oldest unfinished)."""
+    async with engine.connect() as conn:
+        session = await sessions_db.get_session(conn, tenant_id, session_id)
+        if session is None:
+            raise session_not_found(session_id)
+        active = await runs_db.active_runs(conn, session_id, tenant_id=tenant_id)
+    return active[0] if active else None
 
-    usage_data = (
-        {
-            "input_tokens": usage.input_tokens,
-            "output_tokens": usage.output_tokens,
-            "cached_tokens": usage.cached_tokens,
-            "cache_write_tokens": usage.cache_write_tokens,
-            "estimated": usage.estimated,
-        }
-        | ({"reasoning_tokens": usage.reasoning_tokens} if usage.reasoning_tokens else {})
-        if usage
-        else None
-    )
-    step = machine.end(
-        run, outcome, committed, usage_data, float(cost) if cost is not None else None
-    )
-    ended = await runs_db.update_run(
-        conn,
-        run.id,
-        {
-            "status": step.status.value,
-            "result": outcome.text or None,
-            "finish_reason": outcome.finish_reason,
-            "error": outcome.error,
-            "input_tokens": usage.input_tokens if usage else 0,
-            "output_tokens": usage.output_tokens if usage else 0,
-            "cached_tokens": usage.cached_tokens if usage else 0,
-            "cache_write_tokens": usage.cache_write_tokens if usage else 0,
-            "usage_estimated": usage.estimated if usage else False,
-            "cost_usd": cost,
-            "ended_at": func.now(),
-            "end_entry_seq": end_seq,
-        },
-    )
-    if usage is not None:
-        # The tenant's daily usage (quotas, reports): it outlives the session.
-        await tenants_db.add_usage(
-            conn,
-            run.tenant_id,
-            model,
-            input_tokens=usage.input_tokens,
-            output_tokens=usage.output_tokens,
-            cached_tokens=usage.cached_tokens,
-            cache_write_tokens=usage.cache_write_tokens,
-            cost_usd=cost,
+
+async def cancel_run(engine: AsyncEngine, tenant_id: str, run_id: str) -> Run:
+    """Stop a run. A queued one ends here; a running one is asked to stop, and its worker
+    commits the partial answer marked incomplete. Cancelling an ended run changes nothing."""
+    async with engine.begin() as conn:
+        run = await runs_db.get_run(conn, run_id, tenant_id=tenant_id, lock=True)
+        if run is None:
+            raise run_not_found(run_id)
+        if not run.active:
+            return run
+        return await run_transitions.request_cancel(conn, run, "cancel")
+
+
+@dataclass(frozen=True)
+class ToolOutput:
+    tool_call_id: str
+    output: Any
+    is_error: bool = False
+
+
+async def submit_tool_outputs(
+    engine: AsyncEngine, tenant_id: str, run_id: str, outputs: list[ToolOutput]
+) -> Run:
+    """Results of client-side tools: one for every call the run waits on, then it resumes."""
+    async with engine.begin() as conn:
+        run = await runs_db.get_run(conn, run_id, tenant_id=tenant_id, lock=True)
+        if run is None:
+            raise run_not_found(run_id)
+        if run.status is not RunStatus.REQUIRES_ACTION:
+            raise Conflict(
+                "run_not_waiting",
+                f"the run is {run.status.value}, not waiting for tool outputs",
+                {"status": run.status.value},
+            )
+        session_id = run.session_id
+        done = await journal_db.run_entries(
+            conn, session_id, run.input_seq, run_id, tenant_id=tenant_id
         )
-    await writer.append(conn, run.id, step.events)
-    metrics.run_ended(run.kind, step.status, ended.created_at, ended.ended_at, model, usage, cost)
-    await webhooks.queue_run_event(conn, ended, f"run.{ended.status.value}")
-    return ended
+        step = next_step(done, max_iterations=10**9)
+        waiting = {c.tool_call_id: c for c in step.calls} if isinstance(step, RunTools) else {}
+        given = [o.tool_call_id for o in outputs]
+        problems = {
+            "missing": sorted(set(waiting) - set(given)),
+            "unknown": sorted(set(given) - set(waiting)),
+            "duplicated": sorted({i for i in given if given.count(i) > 1}),
+        }
+        if any(problems.values()):
+            raise Invalid(
+                "invalid_tool_outputs",
+                "send exactly one output for every call the run waits on",
+                {**problems, "waiting": sorted(waiting)},
+            )
+        entries = [
+            NewEntry(
+                EntryKind.TOOL_RESULT,
+                {"name": waiting[o.tool_call_id].name, "content": o.output, "is_error": o.is_error},
+                {
+                    "run_id": run_id,
+                    "call_id": f"{run_id}:{waiting[o.tool_call_id].iteration}",
+                    "tool_call_id": o.tool_call_id,
+                    "iteration": waiting[o.tool_call_id].iteration,
+                },
+                entry_id(run_id, f"result:{o.tool_call_id}"),
+            )
+            for o in outputs
+        ]
+        appended = await append_in(conn, tenant_id, session_id, entries)
+        return await run_transitions.resume(conn, run, appended.entries)
+
+
+async def expire_waiting_runs(engine: AsyncEngine) -> int:
+    """Fail runs whose client never sent the tool outputs in time."""
+    expired = 0
+    async with engine.begin() as conn:
+        for run in await runs_db.expired_actions(conn):
+            error = {"code": "tool_outputs_timeout", "message": "no tool outputs arrived in time"}
+            await run_transitions.finish(conn, run, Outcome("failed", error=error))
+            expired += 1
+    return expired

@@ -23,7 +23,7 @@ from app.db import runs as runs_db
 from app.db import sessions as sessions_db
 from app.eventlog import store as event_store
 from app.runs.model import Run
-from app.services import asks, journal, quotas
+from app.services import asks, journal, quotas, runs
 from app.services.errors import Conflict, Invalid, session_not_found
 from app.services.handoff import RunHandoff
 from app.services.ids import is_uuid
@@ -222,13 +222,13 @@ async def submit_tool_outputs(
 ) -> ToolOutputs:
     """The outputs of the client-side tool calls the chat's run waits on, from the assistant
     message useChat sends back once its onToolCall handlers gave them (`addToolOutput`)."""
-    run = await asks.active_run(engine, tenant_id, session_id)
+    run = await runs.active_run(engine, tenant_id, session_id)
     if run is None:
         raise Conflict("run_not_waiting", "the chat has no run waiting for tool outputs", {})
     outputs = [
-        asks.ToolOutput(p["toolCallId"], p.get("errorText", ""), is_error=True)
+        runs.ToolOutput(p["toolCallId"], p.get("errorText", ""), is_error=True)
         if p["state"] == "output-error"
-        else asks.ToolOutput(p["toolCallId"], p.get("output"))
+        else runs.ToolOutput(p["toolCallId"], p.get("output"))
         for p in message.get("parts") or []
         if isinstance(p, dict)
         and (str(p.get("type", "")).startswith("tool-") or p.get("type") == "dynamic-tool")
@@ -237,8 +237,8 @@ async def submit_tool_outputs(
         and isinstance(p.get("toolCallId"), str)
     ]
     async with engine.connect() as conn:
-        seen = (await event_store.read_backlog(conn, run.id, event_store.MAX_SEQ, 1)).last_seq
-    await asks.submit_tool_outputs(engine, tenant_id, run.id, outputs)
+        seen = (await event_store.read_backlog(conn, run.id, event_store.MAX_EVENT_SEQ, 1)).last_seq
+    await runs.submit_tool_outputs(engine, tenant_id, run.id, outputs)
     return ToolOutputs(run.id, seen)
 
 
@@ -253,7 +253,7 @@ async def client_tool_outputs(
 ) -> dict[str, tuple[Any, bool]]:
     """The outputs the client sent for the run's client-side tool calls, by call id (each
     with whether it is an error), from the journal."""
-    run = await asks.get_run(engine, tenant_id, run_id)
+    run = await runs.get_run(engine, tenant_id, run_id)
     async with engine.connect() as conn:
         entries = await journal_db.run_entries(
             conn, run.session_id, run.input_seq, run_id, tenant_id=tenant_id

@@ -9,7 +9,7 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from sqlalchemy import RowMapping
@@ -19,12 +19,13 @@ from app.core.webhook_signing import SECRET_PREFIX
 from app.db import jobs as jobs_db
 from app.db import sessions as sessions_db
 from app.db import webhooks as webhooks_db
+from app.eventlog.registry import EventType, TerminalEvent
 from app.runs.model import Run
 from app.services.cursors import decode_cursor, encode_cursor
 from app.services.errors import Invalid, NotFound, session_not_found
 
 # The events an endpoint can be told of: a run's end, and a run waiting for client tools.
-EVENT_TYPES = ("run.completed", "run.failed", "run.cancelled", "run.requires_action")
+WebhookEventType = Literal[TerminalEvent, EventType.RUN_REQUIRES_ACTION]
 
 
 def webhook_not_found(endpoint_id: str) -> NotFound:
@@ -54,7 +55,7 @@ async def register(
     *,
     url: str,
     session_id: str | None,
-    event_types: list[str] | None,
+    event_types: list[WebhookEventType] | None,
 ) -> RowMapping:
     """A new endpoint with a fresh signing secret (returned here, and by no later read)."""
     check_url(url)
@@ -117,7 +118,10 @@ async def deliveries(
 
 
 async def queue_run_event(
-    conn: AsyncConnection, run: Run, event_type: str, extra: Mapping[str, Any] | None = None
+    conn: AsyncConnection,
+    run: Run,
+    event_type: WebhookEventType,
+    extra: Mapping[str, Any] | None = None,
 ) -> None:
     """Queue `event_type` of `run` (its row as now written) to every endpoint that wants it,
     inside the caller's transaction: committed with the run's new state, or not at all."""

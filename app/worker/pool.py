@@ -30,8 +30,8 @@ from app.db.jobs import (
 from app.eventlog.writer import Committed, EventWriter
 from app.llm.router import Router
 from app.llm.tokenizers import stored_counter
-from app.services import retention, runs
-from app.services.asks import expire_waiting_runs
+from app.services import retention, run_transitions
+from app.services.runs import expire_waiting_runs
 from app.tools.webhook import aclose_shared_client
 from app.worker import runtime as runtimes
 from app.worker.handoff import Handoff
@@ -231,7 +231,7 @@ async def recover_orphaned_runs(
         orphans = await runs_db.orphaned_runs(conn, lease_grace_seconds)
         for orphan in orphans:
             log.warning("run %s has nobody to finish it: queued again", orphan.run.id)
-            await runs.recover(conn, orphan)
+            await run_transitions.recover(conn, orphan)
     return [orphan.run.id for orphan in orphans]
 
 

@@ -39,7 +39,7 @@ from app.db import runs as runs_db
 from app.db import sessions as sessions_db
 from app.db.engine import autocommit, read_snapshot
 from app.db.outage import database_unavailable, retrying
-from app.eventlog.registry import EventType
+from app.eventlog.registry import APPROACHING_LIMIT_SHARE, AT_LIMIT_SHARE, EventType
 from app.llm.base import (
     Finish,
     ModelRequest,
@@ -54,7 +54,7 @@ from app.llm.base import (
 )
 from app.runs.machine import committed_events
 from app.runs.model import Outcome, Run, RunKind, entry_id
-from app.services import runs
+from app.services import run_transitions
 from app.services.errors import ServiceError
 from app.services.journal import append_in
 from app.services.projection import (
@@ -77,7 +77,6 @@ log = logging.getLogger(__name__)
 # Database outages one attempt waits out before it gives up (then its job fails, and the run
 # is picked up again once the database is back: app/worker/pool.py).
 MAX_OUTAGES = 5
-WARNING_SHARE, LIMIT_SHARE = 0.8, 1.0
 PREVIEW_CHARS = 500
 # Why a model call's partial answer was voided: `message.reset`'s reason, the rollback's.
 RESTART_REASON = "provider_retry"
@@ -223,7 +222,7 @@ async def _finish(runtime: Runtime, run: Run, outcome: Outcome, job_id: int | No
         if locked is None or not locked.active or locked.attempts != run.attempts:
             # ended meanwhile (a cancel after this worker was thought dead), or taken over
             return False
-        await runs.finish(conn, locked, outcome)
+        await run_transitions.finish(conn, locked, outcome)
         if job_id is not None:
             await jobs_db.finish_job(conn, job_id, "succeeded")
     return job_id is not None
@@ -238,13 +237,13 @@ async def _pause(runtime: Runtime, run: Run, pause: Pause) -> None:
         if locked is None or not locked.active or locked.attempts != run.attempts:
             return
         if locked.cancel_mode:
-            await runs.finish(conn, locked, Outcome("cancelled"))
+            await run_transitions.finish(conn, locked, Outcome("cancelled"))
             return
         calls = [
             {"tool_call_id": c.tool_call_id, "name": c.name, "arguments": c.arguments}
             for c in pause.calls
         ]
-        await runs.await_tool_outputs(conn, locked, calls, timeout)
+        await run_transitions.await_tool_outputs(conn, locked, calls, timeout)
 
 
 async def _claim(runtime: Runtime, run_id: str) -> Run | None:
@@ -260,9 +259,9 @@ async def start_locked(conn: AsyncConnection, runtime: Runtime, run: Run | None)
     if run is None or not run.active:
         return None
     if run.cancel_mode:
-        await runs.finish(conn, run, Outcome("cancelled"))
+        await run_transitions.finish(conn, run, Outcome("cancelled"))
         return None
-    started = await runs.start(conn, run, runtime.lease.key)
+    started = await run_transitions.start(conn, run, runtime.lease.key)
     return started if started.active else None
 
 
@@ -666,8 +665,9 @@ def _warn_if_full(runtime: Runtime, run_id: str, meta: ProjectionMeta) -> None:
     history no longer fits whole (the projection had to leave some out) or fills it."""
     tokens, budget = meta.estimated_tokens, meta.budget
     share = tokens / budget if budget else 0.0
-    if share >= WARNING_SHARE or meta.truncated:
-        level = "at_limit" if share >= LIMIT_SHARE or meta.truncated else "approaching_limit"
+    if share >= APPROACHING_LIMIT_SHARE or meta.truncated:
+        at_limit = share >= AT_LIMIT_SHARE or meta.truncated
+        level = "at_limit" if at_limit else "approaching_limit"
         runtime.writer.emit(
             run_id,
             EventType.CONTEXT_WARNING,

@@ -7,7 +7,7 @@ from typing import Any
 import httpx
 import pytest
 
-from app.api.schemas import MAX_SEQ
+from app.core.entries import MAX_ENTRY_SEQ
 from testkit.api import append, append_texts, message, new_session
 from tests.api.test_errors import assert_error
 
@@ -160,9 +160,11 @@ async def test_a_tool_result_may_be_null(client: httpx.AsyncClient) -> None:
 
 async def test_the_largest_seq_is_what_the_document_says(client: httpx.AsyncClient) -> None:
     session = await new_session(client)
-    at_max = await client.post(f"/v1/sessions/{session['id']}/fork", json={"at_seq": MAX_SEQ})
+    at_max = await client.post(f"/v1/sessions/{session['id']}/fork", json={"at_seq": MAX_ENTRY_SEQ})
     assert_error(at_max, 422, "fork_seq_out_of_range")
-    over = await client.post(f"/v1/sessions/{session['id']}/fork", json={"at_seq": MAX_SEQ + 1})
+    over = await client.post(
+        f"/v1/sessions/{session['id']}/fork", json={"at_seq": MAX_ENTRY_SEQ + 1}
+    )
     assert_error(over, 422, "validation_error")
     # Every JSON client reads the bound exactly (a double holds it), so it is the one enforced.
-    assert float(MAX_SEQ) == MAX_SEQ and float(MAX_SEQ + 1) != MAX_SEQ
+    assert float(MAX_ENTRY_SEQ) == MAX_ENTRY_SEQ and float(MAX_ENTRY_SEQ + 1) != MAX_ENTRY_SEQ

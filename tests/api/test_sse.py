@@ -286,7 +286,7 @@ async def test_a_client_that_stops_reading_does_not_hold_up_others_and_misses_no
 
 @settings(max_examples=300, deadline=None)
 @given(
-    seq=st.integers(min_value=1, max_value=event_store.MAX_SEQ),
+    seq=st.integers(min_value=1, max_value=event_store.MAX_EVENT_SEQ),
     kind=st.sampled_from([str(t) for t in EventType]),
     data=st.dictionaries(st.text(), st.recursive(JSON_LEAVES, json_nested), max_size=5),
 )

@@ -23,6 +23,7 @@ from app.chat.commands import (
     parse,
     parse_fork_spec,
 )
+from app.core.entries import MAX_ENTRY_SEQ
 
 
 @pytest.mark.parametrize(
@@ -103,7 +104,7 @@ def test_any_line_parses_to_a_command(line: str) -> None:
     if isinstance(result, Say):
         assert result.text and result.text == result.text.strip()  # never a blank message
     if isinstance(result, Fork) and result.at_seq is not None:
-        assert 1 <= result.at_seq <= commands.MAX_SEQ
+        assert 1 <= result.at_seq <= MAX_ENTRY_SEQ
 
 
 @given(st.text(alphabet=st.characters(codec="utf-8"), min_size=1).map(lambda s: "/" + s))

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
 from app.config import Settings
+from app.core.entries import EntryKind
 from app.eventlog import registry as events
 from app.eventlog.registry import (
     PAYLOADS,
-    TERMINAL,
     TERMINAL_BY_STATUS,
+    TERMINAL_EVENTS,
     EventData,
     EventType,
     UnknownEventType,
@@ -20,14 +23,56 @@ from app.eventlog.registry import (
     parse,
 )
 from app.main import create_app
+from app.runs.model import ENDED
+
+APP = Path(__file__).resolve().parents[2] / "app"
+REGISTRY = APP / "eventlog" / "registry.py"
+# Also journal entry kinds (EntryKind): as strings they are the journal's, which no grep can
+# tell from an event type, so only the registry's other names are looked for.
+SHARED_WITH_ENTRY_KINDS = {"tool_call", "tool_result", "usage"}
 
 
 def test_every_type_is_declared_once_with_its_model() -> None:
     assert list(PAYLOADS) == list(EventType)
     assert all(model.event_type is event_type for event_type, model in PAYLOADS.items())
     assert set(EventData.__subclasses__()) == set(PAYLOADS.values())
-    assert set(TERMINAL_BY_STATUS.values()) == TERMINAL
-    assert {t for t, m in PAYLOADS.items() if "status" in m.model_fields} == TERMINAL
+    assert set(TERMINAL_BY_STATUS.values()) == TERMINAL_EVENTS
+    assert {t for t, m in PAYLOADS.items() if "status" in m.model_fields} == TERMINAL_EVENTS
+    assert set(TERMINAL_BY_STATUS) == {status.value for status in ENDED}
+
+
+def spelled_out(source: str) -> list[str]:
+    """The registry's event type names that `source` spells as string literals."""
+    names = [t.value for t in EventType if t.value not in SHARED_WITH_ENTRY_KINDS]
+    quoted = "|".join(re.escape(name) for name in names)
+    return [match.group(0) for match in re.finditer(rf"""(["'])(?:{quoted})\1""", source)]
+
+
+def test_no_event_type_is_spelled_out_of_the_registry() -> None:
+    """Everywhere else names event types by EventType (or the registry's sets), so a renamed
+    or removed type is a failing import or attribute, never a silent mismatch."""
+    assert {t.value for t in EventType} & {k.value for k in EntryKind} == SHARED_WITH_ENTRY_KINDS
+    found = {
+        str(path.relative_to(APP.parent)): spelled_out(path.read_text())
+        for path in sorted(APP.rglob("*.py"))
+        if path != REGISTRY
+    }
+    assert {path: names for path, names in found.items() if names} == {}
+
+
+def test_the_check_sees_each_way_of_spelling_a_type() -> None:
+    sample = (
+        'if kind == "run.completed": pass\n'
+        "TYPES = ('message.delta', 'entry.committed')\n"
+        'kind = "tool_call"  # an entry kind as well: not looked for\n'
+        'ok = "run.completedness", EventType.RUN_FAILED\n'
+    )
+    assert spelled_out(sample) == [
+        '"run.completed"',
+        "'message.delta'",
+        "'entry.committed'",
+    ]
+    assert spelled_out(REGISTRY.read_text())  # the registry itself spells them all
 
 
 def test_every_payload_and_field_is_described_for_clients() -> None:

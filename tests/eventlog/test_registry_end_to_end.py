@@ -25,7 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import Settings
 from app.db.tables import runs
-from app.eventlog.registry import TERMINAL, EventType, UnknownEventType, parse
+from app.eventlog.registry import TERMINAL_EVENTS, EventType, UnknownEventType, parse
 from app.main import create_app
 from testkit.api import new_session
 from testkit.sse_client import Event, events
@@ -126,7 +126,7 @@ class Wire:
         """The run as streamed is whole (seqs 1.., one terminal event, last) and is what a
         client reading it again afterwards gets."""
         assert [e.id for e in run] == list(range(1, len(run) + 1))
-        assert [e.type for e in run if e.type in TERMINAL] == [run[-1].type]
+        assert [e.type for e in run if e.type in TERMINAL_EVENTS] == [run[-1].type]
         replay = await self.stream("GET", f"/v1/runs/{run[0].data['run_id']}/events")
         assert replay == run
 

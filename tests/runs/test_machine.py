@@ -11,7 +11,7 @@ import pytest
 from app.llm.base import UsageReport
 from app.runs import machine
 from app.runs.machine import IllegalTransition, Transition
-from app.runs.model import ACTIVE, TERMINAL, Outcome, Run, RunKind, RunParams, RunStatus
+from app.runs.model import ACTIVE, ENDED, Outcome, Run, RunKind, RunParams, RunStatus
 
 EXPECTED = {  # (transition, from) -> to: written out by hand, so a changed RULES is noticed
     (Transition.START, RunStatus.QUEUED): RunStatus.RUNNING,
@@ -57,11 +57,11 @@ def test_every_transition_from_every_status(transition: Transition, status: RunS
 
 
 def test_ended_runs_allow_nothing_and_no_status_is_unreachable() -> None:
-    for status in TERMINAL:
+    for status in ENDED:
         assert not [t for t in Transition if (t, status) in EXPECTED]
     reached = {RunStatus.QUEUED} | set(EXPECTED.values())  # a run is created queued
     assert reached == set(RunStatus)
-    assert set(RunStatus) == ACTIVE | TERMINAL and not ACTIVE & TERMINAL
+    assert set(RunStatus) == ACTIVE | ENDED and not ACTIVE & ENDED
 
 
 def test_start_from_the_queue_emits_run_started_with_the_next_attempt() -> None:
@@ -79,7 +79,7 @@ def test_a_retry_voids_what_clients_saw_of_the_dead_attempt() -> None:
     ]
 
 
-@pytest.mark.parametrize("status", sorted(TERMINAL | {RunStatus.REQUIRES_ACTION}))
+@pytest.mark.parametrize("status", sorted(ENDED | {RunStatus.REQUIRES_ACTION}))
 def test_start_is_refused_unless_queued_or_running(status: RunStatus) -> None:
     with pytest.raises(IllegalTransition):
         machine.start(a_run(status))
@@ -167,7 +167,7 @@ def test_failure_and_cancel_carry_the_partial_text_error_and_reason() -> None:
         (RunStatus.QUEUED, "completed"),
         (RunStatus.QUEUED, "failed"),
         (RunStatus.REQUIRES_ACTION, "completed"),
-        *[(s, e) for s in TERMINAL for e in ("completed", "failed", "cancelled")],
+        *[(s, e) for s in ENDED for e in ("completed", "failed", "cancelled")],
     ],
 )
 def test_ending_is_refused_from_a_status_that_cannot_end_that_way(

@@ -24,8 +24,7 @@ from app.eventlog.writer import EventWriter
 from app.llm.router import Router
 from app.main import create_app
 from app.runs.model import Run, RunStatus
-from app.services import asks
-from app.services import runs as runs_service
+from app.services import asks, run_transitions
 from app.services.keys import tenant_for_key
 from app.services.sessions import create_session
 from app.worker.handoff import Handoff
@@ -316,7 +315,7 @@ async def test_a_cancel_holding_a_claimed_runs_row_ends_it_before_it_starts(
             assert run is not None
             handoff.offer(run_id, job_id, claimed=True)
             await wait_for_lock_wait(engine, "FOR UPDATE")  # the handoff waits for the run
-            await runs_service.request_cancel(canceller, run, "cancel")  # then the job's lock
+            await run_transitions.request_cancel(canceller, run, "cancel")  # then the job's lock
             await canceller.commit()
         await handoff.close(grace_seconds=60)
         assert executed == [] and handoff.claimed == 1

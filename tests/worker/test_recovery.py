@@ -25,7 +25,7 @@ from app.db.jobs import RUN_QUEUE
 from app.eventlog.writer import EventWriter
 from app.llm.router import Router
 from app.runs.model import RunStatus
-from app.services import asks
+from app.services import asks, runs
 from app.services.keys import tenant_for_key
 from app.services.sessions import create_session
 from app.worker.lease import WorkerLease
@@ -340,7 +340,7 @@ async def test_a_cancel_while_recovery_queues_a_dead_workers_run_again_leaves_it
             worker = await app.job_manager.register_worker()
             job = await app.job_manager.fetch_job(queues=[RUN_QUEUE], worker_id=worker)
             assert job is not None and job.id == requeued.job_id
-            await asks.cancel_run(engine, tenant, run_id)
+            await runs.cancel_run(engine, tenant, run_id)
 
             # The worker runs its job, then finishes it (procrastinate's worker does both).
             await execute_run(runtime, run_id, lambda: None)
