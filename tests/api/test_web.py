@@ -656,6 +656,10 @@ def test_the_keyboard_alone_works_and_every_control_is_labelled(
         expect(assistant_text(page)).to_have_text("Typed, not clicked.")
         expect(page.locator(".message.assistant button.branch")).to_be_visible()
         assert page.evaluate(UNLABELLED) == []
-        tab_to("Compact")  # the side panel is reachable too
+        # The side panel is reachable too. A one-turn chat has nothing to compact: the button
+        # is disabled (out of the Tab order) and says why beside it.
+        tab_to("Focus (optional)")
+        expect(page.get_by_role("button", name="Compact")).to_be_disabled()
+        expect(page.locator("#compact-reason")).to_contain_text("Nothing to compact")
     finally:
         page.close()
