@@ -16,8 +16,9 @@ import time
 from pathlib import Path
 
 from app.core.messages import Message
+from app.core.usage import UsageReport
 from app.llm import local_provider
-from app.llm.base import ModelRequest, TextDelta, UsageReport
+from app.llm.base import ModelRequest, TextDelta
 from app.llm.local_provider import LocalProvider
 
 SYSTEM = "You are a helpful assistant. Answer in one or two short sentences."

@@ -13,9 +13,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.api.errors import Refusal
 from app.config import Settings
+from app.core.runs import Run
 from app.core.stream_tokens import ExpiredToken, InvalidToken, StreamGrant, verify
 from app.eventlog.hub import EventHub
-from app.runs.model import Run
 from app.services.errors import Forbidden
 from app.services.handoff import RunHandoff
 from app.services.keys import Caller, authenticate

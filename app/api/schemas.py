@@ -20,7 +20,7 @@ from pydantic import (
 from sqlalchemy import RowMapping
 
 from app.core import metadata as metadata_rules
-from app.core import sessions
+from app.core import runs, sessions
 from app.core.entries import (
     MAX_ENTRY_SEQ,
     RUN_ENTRY_PREFIX,
@@ -38,7 +38,6 @@ from app.core.policy import ContextPolicyPatch
 from app.core.projection import ProjectionMeta
 from app.core.reasoning import Reasoning
 from app.core.run_policy import RunPolicy
-from app.runs import model as runs
 from app.services.webhooks import WebhookEventType
 
 # The documented maximum is the one enforced.

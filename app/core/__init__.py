@@ -1,1 +1,2 @@
-"""The pure core: no I/O. Entries, the session value, lineage, token counting, projection."""
+"""The pure core: no I/O. Entries, the session and run values, usage, lineage, token counting,
+projection."""

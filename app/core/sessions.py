@@ -25,7 +25,7 @@ class SessionConfig:
     `context_policy` and `run_policy` stay the partial layers the client gave: they are merged
     under the server's and over a request's when a run resolves its policy; `reasoning` stays
     the setting given, which an ask's replaces (app/core/reasoning.effective). `tools` are the
-    tool definitions as JSON, as a run's own are (app/runs/model.RunParams)."""
+    tool definitions as JSON, as a run's own are (app/core/runs.RunParams)."""
 
     model: str | None = None
     fallback_model: str | None = None

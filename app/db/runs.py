@@ -10,10 +10,10 @@ from typing import Any
 from sqlalchemy import Boolean, Integer, column, func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.core.runs import ACTIVE, Run, RunStatus
 from app.db import jobs as jobs_db
 from app.db.sessions import LIVE
 from app.db.tables import runs, sessions
-from app.runs.model import ACTIVE, Run, RunStatus
 
 _ACTIVE = [s.value for s in ACTIVE]
 

@@ -33,6 +33,7 @@ import anthropic
 
 from app.core.formats import to_anthropic
 from app.core.tool_choice import anthropic_tool_choice
+from app.core.usage import UsageReport
 from app.llm.base import (
     ErrorKind,
     Finish,
@@ -43,7 +44,6 @@ from app.llm.base import (
     StreamEvent,
     TextDelta,
     ToolCallDelta,
-    UsageReport,
     classified,
 )
 from app.llm.openai_provider import kind_for_status

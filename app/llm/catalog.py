@@ -272,3 +272,23 @@ def offered_models(settings: Settings) -> list[str]:
         if model not in models:
             models.append(model)
     return models
+
+
+# The provider labels of model strings besides compat:<endpoint> (the router's own providers).
+PROVIDER_PREFIXES = (*HOSTED_PROVIDERS, "local")
+
+
+def model_labels(model: str) -> tuple[str, str]:
+    """The provider and model labels of a model string: ("openai", "gpt-4o-mini") of
+    "openai:gpt-4o-mini-2024-07-18". Compat models keep their endpoint in the provider
+    ("compat:vllm"); a prefix no provider serves is "other"; the model is the catalog's name
+    of it, or "other" (catalog_model): clients choose these strings, labels must stay few."""
+    prefix, _, rest = model.partition(":")
+    if prefix == "compat":
+        endpoint, _, name = rest.partition("/")
+        provider, name = f"compat:{endpoint}", name or endpoint
+    elif prefix in PROVIDER_PREFIXES:
+        provider, name = prefix, rest
+    else:
+        return OTHER_MODEL, OTHER_MODEL
+    return provider, catalog_model(provider, name)

@@ -46,7 +46,8 @@ from typing import Any
 from app.core.formats import CONTINUATION_NOTE, EMPTY_PLACEHOLDER, SYSTEM_NOTE_PREFIX
 from app.core.messages import Message, canonical_json, text_of
 from app.core.tool_choice import ToolChoice, as_json, is_forced
-from app.llm.base import Finish, ModelRequest, ProviderError, StreamEvent, TextDelta, UsageReport
+from app.core.usage import UsageReport
+from app.llm.base import Finish, ModelRequest, ProviderError, StreamEvent, TextDelta
 
 INSTALL_HINT = (
     "on a first `make run` it is being built in the background (a few minutes: tail -f "

@@ -18,6 +18,7 @@ import openai
 
 from app.core.formats import openai_request_tokens, to_openai
 from app.core.tool_choice import openai_fields
+from app.core.usage import UsageReport
 from app.llm.base import (
     ErrorKind,
     Finish,
@@ -26,7 +27,6 @@ from app.llm.base import (
     StreamEvent,
     TextDelta,
     ToolCallDelta,
-    UsageReport,
     classified,
 )
 from app.llm.tokenizers import stored_counter

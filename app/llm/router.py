@@ -37,7 +37,7 @@ from app.llm.base import (
     StreamEvent,
     storable,
 )
-from app.llm.catalog import can_reason
+from app.llm.catalog import can_reason, catalog_model
 from app.llm.local_provider import LocalProvider
 from app.telemetry import metrics, tracing
 
@@ -273,7 +273,7 @@ class Router:
                         yield event
             except ProviderError as error:
                 tracing.end(span, error)
-                metrics.provider_call(route.key, route.model, error)
+                metrics.provider_call(route.key, catalog_model(route.key, route.model), error)
                 if error.retryable:
                     self._record_failure(route.key)
                 given_up = (produced and not restarts) or not error.retryable
@@ -284,14 +284,14 @@ class Router:
                 if produced:
                     restart = error
                 retries += 1
-                metrics.provider_retry(route.key, route.model)
+                metrics.provider_retry(route.key, catalog_model(route.key, route.model))
                 await asyncio.sleep(self._retry_delay(retries))
                 continue
             except BaseException as error:  # the caller stopped reading (a cancel), or a bug
                 tracing.end(span, error)
                 raise
             tracing.end(span)
-            metrics.provider_call(route.key, route.model, None)
+            metrics.provider_call(route.key, catalog_model(route.key, route.model), None)
             return
 
     async def _guarded(

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from app.core import tool_choice as tool_choices
-from app.runs.model import Run, RunStatus
+from app.core.runs import Run, RunStatus
 
 Json = dict[str, Any]
 

@@ -20,6 +20,7 @@ from app.config import Settings
 from app.core import tool_choice as tool_choices
 from app.core.entries import EntryKind, JournalEntry, NewEntry, PendingEntry
 from app.core.projection import without_rolled_back
+from app.core.runs import Run, RunKind, RunStatus, entry_id
 from app.core.sessions import Session
 from app.core.tool_choice import ToolChoice
 from app.db import journal as journal_db
@@ -41,7 +42,6 @@ from app.openai_api.objects import (
     run_usage,
 )
 from app.openai_api.schemas import ResponseCreate
-from app.runs.model import Run, RunKind, RunStatus, entry_id
 from app.services import asks, journal, runs, sessions
 from app.services.errors import NotFound
 from app.services.handoff import RunHandoff

@@ -1,1 +1,2 @@
-"""The run aggregate: its states and transitions (its events: app/eventlog/registry.py)."""
+"""The run aggregate's transitions: what each does to a run and the events it emits (the run's
+value: app/core/runs.py; its events: app/eventlog/registry.py)."""

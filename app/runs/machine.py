@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from app.core.runs import Outcome, Run, RunKind, RunStatus
 from app.eventlog.registry import TERMINAL_BY_STATUS, Event, EventType
-from app.runs.model import Outcome, Run, RunKind, RunStatus
 
 
 class Transition(StrEnum):

@@ -24,16 +24,22 @@ from app.config import Settings
 from app.core import run_policy as run_policies
 from app.core.content import content_problems
 from app.core.entries import EntryKind, NewEntry, PendingEntry
+from app.core.runs import CancelMode, Run, RunKind, RunParams, entry_id
 from app.core.tool_choice import ToolChoice
 from app.db import jobs as jobs_db
 from app.db import runs as runs_db
 from app.db import sessions as sessions_db
 from app.llm.router import tool_choice_problem
-from app.runs.model import CancelMode, Run, RunKind, RunParams, entry_id
 from app.services import quotas
 from app.services import reasoning as reasonings
 from app.services import run_transitions as runs  # named so until the ask path is rewritten
-from app.services.errors import Conflict, Invalid, entries_refused, session_not_found
+from app.services.errors import (
+    Conflict,
+    Invalid,
+    ServiceError,
+    entries_refused,
+    session_not_found,
+)
 from app.services.handoff import RunHandoff
 from app.services.journal import append_in
 from app.services.projection import SessionProjection, project_in, project_session
@@ -78,7 +84,7 @@ class AskResult:
 Prepare = Callable[[AsyncConnection], Awaitable[None]]
 
 
-@metrics.counted_ask
+@metrics.counted_ask(refusals=ServiceError)
 async def ask(
     engine: AsyncEngine,
     settings: Settings,

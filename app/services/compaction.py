@@ -34,17 +34,18 @@ from app.core.compaction import (
 from app.core.entries import EntryKind, NewEntry
 from app.core.policy import ContextPolicy
 from app.core.projection import SUMMARY_CUT_MARK, cut_to_tokens
+from app.core.runs import Run, RunKind, RunParams, entry_id
 from app.core.sessions import SessionConfig
 from app.core.tokens import TokenCounter, request_tokens
+from app.core.usage import UsageReport
 from app.db import journal as journal_db
 from app.db import runs as runs_db
 from app.db import sessions as sessions_db
 from app.db.engine import read_snapshot
-from app.llm.base import Finish, ModelRequest, TextDelta, UsageReport
+from app.llm.base import Finish, ModelRequest, TextDelta
 from app.llm.catalog import context_window_for
 from app.llm.router import Router
 from app.llm.tokenizers import ModelCounting, counting_for
-from app.runs.model import Run, RunKind, RunParams, entry_id
 from app.services import run_transitions
 from app.services.asks import run_by_idempotency_key
 from app.services.errors import Conflict, Invalid, ServiceError, session_not_found

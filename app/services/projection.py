@@ -19,6 +19,7 @@ from app.core.lineage import Segment
 from app.core.memory import MEMORY_TOOLS
 from app.core.messages import ToolSpec
 from app.core.projection import ContextOverflow, Projection, ProjectionInput, project, tail_suffices
+from app.core.runs import Run, RunKind
 from app.core.sessions import Session, SessionConfig
 from app.core.tokens import STORED_ENCODING
 from app.db import journal as journal_db
@@ -27,7 +28,6 @@ from app.db.engine import read_snapshot
 from app.db.memory import get_memory
 from app.llm.catalog import context_window_for, takes_reasoning_back
 from app.llm.tokenizers import counting_for
-from app.runs.model import Run, RunKind
 from app.services.errors import Invalid, entries_refused, session_not_found
 
 

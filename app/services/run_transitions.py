@@ -17,6 +17,7 @@ from sqlalchemy import func, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.entries import EntryKind, NewEntry
+from app.core.runs import CancelMode, Outcome, Run, RunKind, RunParams, RunStatus, entry_id
 from app.db import jobs as jobs_db
 from app.db import runs as runs_db
 from app.db import tenants as tenants_db
@@ -24,9 +25,8 @@ from app.db.tables import sessions
 from app.eventlog import store as event_store
 from app.eventlog import writer
 from app.eventlog.registry import TERMINAL_BY_STATUS, EventType
-from app.llm.catalog import cost_usd
+from app.llm.catalog import cost_usd, model_labels
 from app.runs import machine
-from app.runs.model import CancelMode, Outcome, Run, RunKind, RunParams, RunStatus, entry_id
 from app.services import webhooks
 from app.services.journal import append_in
 from app.telemetry import carried, metrics
@@ -297,6 +297,8 @@ async def finish(conn: AsyncConnection, run: Run, outcome: Outcome) -> Run:
             cost_usd=cost,
         )
     await writer.append(conn, run.id, step.events)
-    metrics.run_ended(run.kind, step.status, ended.created_at, ended.ended_at, model, usage, cost)
+    metrics.run_ended(
+        run.kind, step.status, ended.created_at, ended.ended_at, model_labels(model), usage, cost
+    )
     await webhooks.queue_run_event(conn, ended, TERMINAL_BY_STATUS[ended.status])
     return ended

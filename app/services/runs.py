@@ -10,11 +10,11 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.core.entries import EntryKind, NewEntry
+from app.core.runs import Outcome, Run, RunStatus, entry_id
 from app.core.tool_loop import RunTools, next_step
 from app.db import journal as journal_db
 from app.db import runs as runs_db
 from app.db import sessions as sessions_db
-from app.runs.model import Outcome, Run, RunStatus, entry_id
 from app.services import run_transitions
 from app.services.errors import Conflict, Invalid, NotFound, session_not_found
 from app.services.journal import append_in

@@ -17,12 +17,12 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.config import Settings
 from app.core.entries import EntryKind, NewEntry
+from app.core.runs import Run
 from app.core.sessions import Session
 from app.db import journal as journal_db
 from app.db import runs as runs_db
 from app.db import sessions as sessions_db
 from app.eventlog import store as event_store
-from app.runs.model import Run
 from app.services import asks, journal, quotas, runs
 from app.services.errors import Conflict, Invalid, session_not_found
 from app.services.handoff import RunHandoff

@@ -15,12 +15,12 @@ from urllib.parse import urlsplit
 from sqlalchemy import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from app.core.runs import Run
 from app.core.webhook_signing import SECRET_PREFIX
 from app.db import jobs as jobs_db
 from app.db import sessions as sessions_db
 from app.db import webhooks as webhooks_db
 from app.eventlog.registry import EventType, TerminalEvent
-from app.runs.model import Run
 from app.services.cursors import decode_cursor, encode_cursor
 from app.services.errors import Invalid, NotFound, session_not_found
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from app.telemetry import logging, tracing
 
 if TYPE_CHECKING:
-    from app.runs.model import Run, RunParams
+    from app.core.runs import Run, RunParams
 
 
 def into(params: RunParams, **ids: str) -> RunParams:

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import aclosing
 from datetime import datetime
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, Protocol, TypeVar
 
 from prometheus_client import (
     REGISTRY,
@@ -33,10 +33,19 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from app.llm.catalog import HOSTED_PROVIDERS, OTHER_MODEL, catalog_model
 
-if TYPE_CHECKING:
-    from app.llm.base import UsageReport
+class TokenCounts(Protocol):
+    """A run's usage as the token counters read it (the provider layer's UsageReport)."""
+
+    @property
+    def input_tokens(self) -> int: ...
+    @property
+    def output_tokens(self) -> int: ...
+    @property
+    def cached_tokens(self) -> int: ...
+    @property
+    def cache_write_tokens(self) -> int: ...
+
 
 MULTIPROC_DIR = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
 # No `*_created` timestamp series beside each counter: they double the scrape for nothing here.
@@ -135,26 +144,6 @@ def configure(enabled: bool) -> None:
     _enabled = enabled
 
 
-# The provider labels of model strings besides compat:<endpoint> (the router's own providers).
-PROVIDER_PREFIXES = (*HOSTED_PROVIDERS, "local")
-
-
-def model_labels(model: str) -> tuple[str, str]:
-    """The provider and model labels of a model string: ("openai", "gpt-4o-mini") of
-    "openai:gpt-4o-mini-2024-07-18". Compat models keep their endpoint in the provider
-    ("compat:vllm"); a prefix no provider serves is "other"; the model is the catalog's name
-    of it, or "other" (catalog_model): clients choose these strings, labels must stay few."""
-    prefix, _, rest = model.partition(":")
-    if prefix == "compat":
-        endpoint, _, name = rest.partition("/")
-        provider, name = f"compat:{endpoint}", name or endpoint
-    elif prefix in PROVIDER_PREFIXES:
-        provider, name = prefix, rest
-    else:
-        return OTHER_MODEL, OTHER_MODEL
-    return provider, catalog_model(provider, name)
-
-
 # --- Hooks (one call at each site) ---------------------------------------------------------
 
 P = ParamSpec("P")
@@ -162,23 +151,28 @@ R = TypeVar("R")
 T = TypeVar("T")
 
 
-def counted_ask(ask: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
-    """Count an ask service call by outcome (its result's `created`, or a refusal)."""
-    from app.services.errors import ServiceError
+def counted_ask(
+    refusals: type[Exception],
+) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R]]]:
+    """Count an ask service call by outcome (its result's `created`, or a refusal: one of
+    `refusals`, the services' errors; named by the caller, as telemetry imports no service)."""
 
-    @functools.wraps(ask)
-    async def counted(*args: P.args, **kwargs: P.kwargs) -> R:
-        try:
-            result = await ask(*args, **kwargs)
-        except ServiceError:
+    def decorate(ask: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+        @functools.wraps(ask)
+        async def counted(*args: P.args, **kwargs: P.kwargs) -> R:
+            try:
+                result = await ask(*args, **kwargs)
+            except refusals:
+                if _enabled:
+                    ASKS.labels("refused").inc()
+                raise
             if _enabled:
-                ASKS.labels("refused").inc()
-            raise
-        if _enabled:
-            ASKS.labels("created" if getattr(result, "created", True) else "replayed").inc()
-        return result
+                ASKS.labels("created" if getattr(result, "created", True) else "replayed").inc()
+            return result
 
-    return counted
+        return counted
+
+    return decorate
 
 
 def run_created(kind: str) -> None:
@@ -191,17 +185,19 @@ def run_ended(
     status: str,
     created_at: datetime | None,
     ended_at: datetime | None,
-    model: str,
-    usage: UsageReport | None,
+    labels: tuple[str, str],
+    usage: TokenCounts | None,
     cost: Decimal | None,
 ) -> None:
-    """A run's end (once: a run ends once): its status, duration, tokens, cost."""
+    """A run's end (once: a run ends once): its status, duration, tokens, cost. `labels`: its
+    model's provider and model labels (app.llm.catalog.model_labels: few, whatever clients
+    send)."""
     if not _enabled:
         return
     RUNS_ENDED.labels(kind, status).inc()
     if created_at is not None and ended_at is not None:
         RUN_DURATION.labels(kind, status).observe(max(0.0, (ended_at - created_at).total_seconds()))
-    provider, name = model_labels(model)
+    provider, name = labels
     if usage is not None:
         for kind_of, count in (
             ("input", usage.input_tokens),
@@ -215,11 +211,12 @@ def run_ended(
         COST.labels(provider, name).inc(float(cost))
 
 
-def first_token(created_at: datetime, model: str) -> bool:
-    """The first output of a run's first attempt; returns True (the caller's "seen" flag)."""
+def first_token(created_at: datetime, provider: str) -> bool:
+    """The first output of a run's first attempt; returns True (the caller's "seen" flag).
+    `provider`: its model's provider label (app.llm.catalog.model_labels)."""
     if _enabled:
         waited = (datetime.now(created_at.tzinfo) - created_at).total_seconds()
-        FIRST_TOKEN.labels(model_labels(model)[0]).observe(max(0.0, waited))
+        FIRST_TOKEN.labels(provider).observe(max(0.0, waited))
     return True
 
 
@@ -240,11 +237,11 @@ async def counted_stream(events: AsyncIterator[T]) -> AsyncIterator[T]:
         SSE_STREAMS.dec()
 
 
-def provider_call(key: str, model: str, error: Any | None) -> None:
-    """One model call's end; `error` a ProviderError or None. `key` is the route's provider."""
+def provider_call(key: str, name: str, error: Any | None) -> None:
+    """One model call's end; `error` a ProviderError or None. `key` is the route's provider,
+    `name` the catalog's name of its model (app.llm.catalog.catalog_model)."""
     if not _enabled:
         return
-    name = catalog_model(key, model)
     PROVIDER_CALLS.labels(key, name, "error" if error is not None else "ok").inc()
     if error is not None:
         PROVIDER_ERRORS.labels(key, name, error.kind).inc()
@@ -252,9 +249,9 @@ def provider_call(key: str, model: str, error: Any | None) -> None:
         BREAKER_OPEN.labels(key).set(0)
 
 
-def provider_retry(key: str, model: str) -> None:
+def provider_retry(key: str, name: str) -> None:
     if _enabled:
-        PROVIDER_RETRIES.labels(key, catalog_model(key, model)).inc()
+        PROVIDER_RETRIES.labels(key, name).inc()
 
 
 def breaker_tripped(key: str) -> None:

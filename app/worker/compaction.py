@@ -20,13 +20,13 @@ from typing import Any
 from sqlalchemy import RowMapping
 
 from app.core.compaction import nothing_to_compact
+from app.core.runs import Outcome, Run, RunKind, RunStatus, entry_id
 from app.core.sessions import SessionConfig
 from app.db import runs as runs_db
 from app.db.engine import autocommit
 from app.eventlog.registry import EventType
 from app.llm.base import ProviderError
 from app.llm.catalog import context_window
-from app.runs.model import Outcome, Run, RunKind, RunStatus, entry_id
 from app.services import compaction
 from app.services.errors import ServiceError
 from app.services.projection import SessionProjection, project_for_run, resolve_policy

@@ -31,10 +31,10 @@ from collections.abc import Awaitable, Callable
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.core.runs import Run
 from app.db import jobs as jobs_db
 from app.db import runs as runs_db
 from app.db.outage import retrying
-from app.runs.model import Run
 from app.worker.runtime import Runtime
 
 log = logging.getLogger(__name__)

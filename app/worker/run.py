@@ -23,6 +23,7 @@ from app.core.messages import result_text
 from app.core.projection import ProjectionMeta
 from app.core.reasoning import Reasoning
 from app.core.run_policy import RunPolicy
+from app.core.runs import Outcome, Run, RunKind, entry_id
 from app.core.sessions import SessionConfig
 from app.core.tool_loop import (
     AssembledCall,
@@ -33,6 +34,7 @@ from app.core.tool_loop import (
     next_step,
     thread_call_id,
 )
+from app.core.usage import UsageReport
 from app.db import jobs as jobs_db
 from app.db import journal as journal_db
 from app.db import runs as runs_db
@@ -49,11 +51,10 @@ from app.llm.base import (
     Restart,
     TextDelta,
     ToolCallDelta,
-    UsageReport,
     prompt_cache_key,
 )
+from app.llm.catalog import model_labels
 from app.runs.machine import committed_events
-from app.runs.model import Outcome, Run, RunKind, entry_id
 from app.services import run_transitions
 from app.services.errors import ServiceError
 from app.services.journal import append_in
@@ -417,7 +418,7 @@ async def _model_turn(
                 pieces, positions, finish, thinking = [], {}, None, set()
             elif isinstance(event, TextDelta) and event.text:
                 progress.first_output = progress.first_output or metrics.first_token(
-                    run.created_at, model
+                    run.created_at, model_labels(model)[0]
                 )
                 progress.text.append(event.text)
                 _add_text(progress.parts, event.text)

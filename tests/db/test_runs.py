@@ -13,11 +13,11 @@ from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.core.runs import RunKind, RunStatus
 from app.db import jobs as jobs_db
 from app.db import runs as runs_db
 from app.db.engine import libpq_url
 from app.eventlog import store as event_store
-from app.runs.model import RunKind, RunStatus
 from app.services.keys import create_key, tenant_for_key
 from app.services.sessions import create_session
 

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from app.config import Settings
 from app.core.entries import EntryKind
+from app.core.runs import ENDED
 from app.eventlog import registry as events
 from app.eventlog.registry import (
     PAYLOADS,
@@ -23,7 +24,6 @@ from app.eventlog.registry import (
     parse,
 )
 from app.main import create_app
-from app.runs.model import ENDED
 
 APP = Path(__file__).resolve().parents[2] / "app"
 REGISTRY = APP / "eventlog" / "registry.py"

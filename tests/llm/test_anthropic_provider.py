@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from app.core.formats import to_anthropic
 from app.core.messages import Message, ToolCall, ToolSpec
 from app.core.tool_choice import NamedTool, ToolChoice, anthropic_tool_choice
+from app.core.usage import UsageReport
 from app.llm.anthropic_provider import DEFAULT_MAX_TOKENS, AnthropicProvider, _State
 from app.llm.base import (
     Finish,
@@ -27,7 +28,6 @@ from app.llm.base import (
     StreamEvent,
     TextDelta,
     ToolCallDelta,
-    UsageReport,
 )
 from testkit.upstream import (
     Chunk,

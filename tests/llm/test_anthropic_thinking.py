@@ -12,6 +12,7 @@ import pytest
 from app.core.formats import to_anthropic
 from app.core.messages import Message, ToolCall, ToolSpec
 from app.core.reasoning import EFFORT_BUDGETS, Reasoning
+from app.core.usage import UsageReport
 from app.llm.anthropic_provider import DEFAULT_MAX_TOKENS, AnthropicProvider
 from app.llm.base import (
     Finish,
@@ -22,7 +23,6 @@ from app.llm.base import (
     StreamEvent,
     TextDelta,
     ToolCallDelta,
-    UsageReport,
 )
 from testkit.upstream import Chunk, FakeUpstream, RedactedThinking, Text, Thinking, Usage
 from testkit.upstream import ToolCall as ScriptedCall

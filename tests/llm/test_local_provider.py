@@ -17,7 +17,8 @@ from app.config import DEFAULT_LOCAL_MODEL, Settings
 from app.core.formats import CONTINUATION_NOTE, SYSTEM_NOTE_PREFIX
 from app.core.messages import Message, ToolCall, ToolSpec
 from app.core.tool_choice import NamedTool, ToolChoice
-from app.llm.base import Finish, ModelRequest, ProviderError, Restart, TextDelta, UsageReport
+from app.core.usage import UsageReport
+from app.llm.base import Finish, ModelRequest, ProviderError, Restart, TextDelta
 from app.llm.local_provider import (
     NEUTRAL_SYSTEM,
     PROMPT_BATCH_TOKENS,

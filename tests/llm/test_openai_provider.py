@@ -18,15 +18,8 @@ from openai.types.chat import ChatCompletionChunk
 from app.core.formats import to_openai
 from app.core.messages import Message, ToolCall, ToolSpec
 from app.core.tool_choice import NamedTool, ToolChoice, openai_fields
-from app.llm.base import (
-    Finish,
-    ModelRequest,
-    ProviderError,
-    StreamEvent,
-    TextDelta,
-    ToolCallDelta,
-    UsageReport,
-)
+from app.core.usage import UsageReport
+from app.llm.base import Finish, ModelRequest, ProviderError, StreamEvent, TextDelta, ToolCallDelta
 from app.llm.openai_provider import OpenAIProvider, Read, read_chunk
 from testkit.upstream import (
     Chunk,

@@ -8,10 +8,10 @@ from datetime import UTC, datetime
 
 import pytest
 
-from app.llm.base import UsageReport
+from app.core.runs import ACTIVE, ENDED, Outcome, Run, RunKind, RunParams, RunStatus
+from app.core.usage import UsageReport
 from app.runs import machine
 from app.runs.machine import IllegalTransition, Transition
-from app.runs.model import ACTIVE, ENDED, Outcome, Run, RunKind, RunParams, RunStatus
 
 EXPECTED = {  # (transition, from) -> to: written out by hand, so a changed RULES is noticed
     (Transition.START, RunStatus.QUEUED): RunStatus.RUNNING,

@@ -18,12 +18,12 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import Settings
+from app.core.runs import Run, RunStatus
 from app.db import runs as runs_db
 from app.db.engine import create_engine
 from app.eventlog.writer import EventWriter
 from app.llm.router import Router
 from app.main import create_app
-from app.runs.model import Run, RunStatus
 from app.services import asks, run_transitions
 from app.services.keys import tenant_for_key
 from app.services.sessions import create_session

@@ -19,12 +19,12 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import Settings
+from app.core.runs import RunStatus
 from app.db import runs as runs_db
 from app.db.engine import create_engine, libpq_url
 from app.db.jobs import RUN_QUEUE
 from app.eventlog.writer import EventWriter
 from app.llm.router import Router
-from app.runs.model import RunStatus
 from app.services import asks, runs
 from app.services.keys import tenant_for_key
 from app.services.sessions import create_session

@@ -12,7 +12,7 @@ from typing import Any, Literal
 from app.core import tool_choice as tool_choices
 from app.core.entries import RUN_ENTRY_PREFIX, FinishReason
 from app.core.tool_choice import ToolChoice
-from app.llm.base import UsageReport
+from app.core.usage import UsageReport
 
 
 class RunStatus(StrEnum):

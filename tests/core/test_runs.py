@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from app.core.runs import RunParams
 from app.core.tool_choice import NamedTool, ToolChoice
-from app.runs.model import RunParams
 
 
 @pytest.mark.parametrize("choice", ["auto", "none", "required", NamedTool("get_weather")])
