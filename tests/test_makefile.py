@@ -19,9 +19,12 @@ def planned(target: str, tmp_path: Path) -> str:
     that does not exist yet."""
     if shutil.which("make") is None:
         pytest.fail("make is not installed")
+    # Run as `make test` runs the tests (a sub-make: MAKELEVEL and MAKEFLAGS set), a plan
+    # still prints no "Entering directory" lines, and is the same from a shell.
     result = subprocess.run(
-        ["make", "-n", "-B", target, f"VENV={tmp_path / 'venv'}"],
+        ["make", "--no-print-directory", "-n", "-B", target, f"VENV={tmp_path / 'venv'}"],
         cwd=ROOT,
+        env={k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")},
         capture_output=True,
         text=True,
         check=True,
