@@ -69,6 +69,12 @@ class ResponseCreate(_Body):
     max_output_tokens: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
     metadata: OpenAIMetadata | None = None
+    text: dict[str, Any] | None = Field(
+        default=None,
+        description="`{format: {type: json_schema, name, schema, strict: true}}`: structured "
+        "output, the answer JSON that follows the schema (OpenAI's strict-mode rules); "
+        "`{format: {type: text}}` (the default): free text.",
+    )
 
 
 class ConversationCreate(_Body):

@@ -30,6 +30,7 @@ ALLOWED = {
     "base64",  # decoding inline images' headers (app.core.content)
     "binascii",
     "struct",
+    "jsonschema_rs",  # checking structured answers against their schema (app.core.output_schema)
 }
 
 
