@@ -44,7 +44,8 @@ UI_CHUNK_SCHEMA: dict[str, Any] = {
         "type": {
             "type": "string",
             "description": "`start`, `start-step`, `text-start`, `text-delta`, `text-end`, "
-            "`tool-input-start`, `tool-input-delta`, `tool-input-available`, "
+            "`reasoning-start`, `reasoning-delta`, `reasoning-end`, `tool-input-start`, "
+            "`tool-input-delta`, `tool-input-available`, "
             "`tool-output-available`, `tool-output-error`, `finish-step`, `finish`, `error`, "
             "`abort`, or a data part: `data-threadline-run`, `data-threadline-context`, "
             "`data-threadline-usage`, `data-threadline-reset`.",

@@ -18,9 +18,19 @@ import httpx
 import pytest
 
 from testkit.api import history, new_session
-from testkit.upstream import FailMidStream, FakeUpstream, Hold, Text, ToolCall, Usage
+from testkit.upstream import (
+    FailMidStream,
+    FakeUpstream,
+    Hold,
+    RedactedThinking,
+    Text,
+    Thinking,
+    ToolCall,
+    Usage,
+)
 
-JS = Path(__file__).parent / "ui_chat_js"
+JS = Path(__file__).parent / "ui_chat_js"  # the current major of `ai`, and chat.mjs
+JS_V5 = Path(__file__).parent / "ui_chat_js_v5"  # `ai` 5, for the clients still on it
 HANG_SECONDS = 300
 CALCULATOR = {
     "name": "calculator",
@@ -28,14 +38,21 @@ CALCULATOR = {
     "description": "Arithmetic",
     "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
 }
+THINKING = "anthropic:claude-sonnet-4-5"  # a model that reasons (the fake signs its thinking)
 
 
 def install_ai_sdk() -> None:
-    """The pinned `ai` package (package-lock.json), installed once (`make test` does it too)."""
-    if not (JS / "node_modules" / "ai").is_dir():
-        npm = shutil.which("npm")
-        assert npm is not None, "Node and npm are needed (Node 20 or later)"
-        subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=JS, check=True)
+    """The pinned `ai` packages (package-lock.json), installed once (`make test` does it too)."""
+    for sdk in (JS, JS_V5):
+        if not (sdk / "node_modules" / "ai").is_dir():
+            npm = shutil.which("npm")
+            assert npm is not None, "Node and npm are needed (Node 20 or later)"
+            subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=sdk, check=True)
+
+
+def ai_major(sdk: Path) -> int:
+    version = json.loads((sdk / "node_modules" / "ai" / "package.json").read_text())["version"]
+    return int(version.split(".")[0])
 
 
 @pytest.fixture(scope="module")
@@ -52,9 +69,13 @@ def user(text: str, message_id: str | None = None) -> dict[str, Any]:
 
 
 class Node:
-    """`node chat.mjs` running one scenario; its JSON lines are read as they come."""
+    """`node chat.mjs` running one scenario with the `ai` package installed in `sdk`; its JSON
+    lines are read as they come."""
 
-    def __init__(self, api: httpx.AsyncClient, scenario: str, chat_id: str, **args: Any) -> None:
+    def __init__(
+        self, api: httpx.AsyncClient, scenario: str, chat_id: str, sdk: Path = JS, **args: Any
+    ) -> None:
+        self.sdk = sdk  # where node runs: the `ai` package it loads
         self.args = {
             "api": str(api.base_url.join("/v1/ui/chat")),
             "key": api.headers["Authorization"].removeprefix("Bearer "),
@@ -71,7 +92,7 @@ class Node:
             node,
             str(JS / "chat.mjs"),
             json.dumps(self.args),
-            cwd=JS,
+            cwd=self.sdk,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
         )
@@ -98,8 +119,10 @@ class Node:
             assert self.process.returncode == 0
 
 
-async def run_node(api: httpx.AsyncClient, scenario: str, chat_id: str, **args: Any) -> Any:
-    async with Node(api, scenario, chat_id, **args) as node:
+async def run_node(
+    api: httpx.AsyncClient, scenario: str, chat_id: str, sdk: Path = JS, **args: Any
+) -> Any:
+    async with Node(api, scenario, chat_id, sdk, **args) as node:
         return await node.line()
 
 
@@ -110,6 +133,14 @@ def texts_of(message: dict[str, Any]) -> list[str]:
 def run_id_of(chunks: list[dict[str, Any]]) -> str:
     run: str = next(c for c in chunks if c["type"] == "data-threadline-run")["data"]["runId"]
     return run
+
+
+# The `ai` majors a test runs with: the current one and 5 (for what 5 supports).
+BOTH_MAJORS = pytest.mark.parametrize("sdk", [JS, JS_V5], ids=["ai-current", "ai-5"])
+
+
+def test_the_ai_sdk_projects_hold_the_current_major_and_5(ai_sdk: None) -> None:
+    assert (ai_major(JS), ai_major(JS_V5)) == (7, 5)
 
 
 @pytest.fixture
@@ -170,8 +201,9 @@ async def test_a_streamed_answer_renders_and_only_the_new_message_is_journaled(
     ]
 
 
+@BOTH_MAJORS
 async def test_a_tool_call_renders_as_a_tool_part_and_a_second_step(
-    api: httpx.AsyncClient, upstream: FakeUpstream, ai_sdk: None
+    api: httpx.AsyncClient, upstream: FakeUpstream, ai_sdk: None, sdk: Path
 ) -> None:
     # A chat id that is a session's id is that session (here, one with a tool).
     sid = (await new_session(api, config={"tools": [CALCULATOR]}))["id"]
@@ -181,7 +213,7 @@ async def test_a_tool_call_renders_as_a_tool_part_and_a_second_step(
         Usage(30, 10),
     )
     upstream.script(Text("The result is 12"), Usage(50, 5))
-    result = await run_node(api, "send", sid, messages=[user("Multiply 4 by 3")])
+    result = await run_node(api, "send", sid, sdk, messages=[user("Multiply 4 by 3")])
     parts = result["messages"][-1]["parts"]
     assert [p["type"] for p in parts if not p["type"].startswith("data-")] == [
         "step-start",
@@ -198,8 +230,64 @@ async def test_a_tool_call_renders_as_a_tool_part_and_a_second_step(
     assert result["chunks"][-1] == {"type": "finish", "finishReason": "stop"}
 
 
+@BOTH_MAJORS
+async def test_reasoning_renders_as_reasoning_parts_before_each_turns_text(
+    api: httpx.AsyncClient, upstream: FakeUpstream, ai_sdk: None, sdk: Path
+) -> None:
+    """Thinking streams as reasoning parts (useChat shows them apart from the answer), in
+    their order among each model turn's text and tool calls; a redacted block is an empty
+    part that says so."""
+    config = {"model": THINKING, "tools": [CALCULATOR], "reasoning": {"effort": "medium"}}
+    sid = (await new_session(api, config=config))["id"]
+    upstream.script(
+        Thinking("Four times three."),
+        RedactedThinking(),
+        Text("Computing."),
+        ToolCall("toolu_1", "calculator", '{"expression": "4 * 3"}'),
+    )
+    upstream.script(Thinking("It is twelve."), Text("12"), Usage(40, 9))
+    result = await run_node(api, "send", sid, sdk, messages=[user("Multiply 4 by 3")])
+    assert result["errors"] == []
+    parts = [p for p in result["messages"][-1]["parts"] if not p["type"].startswith("data-")]
+    assert [(p["type"], p.get("text")) for p in parts] == [
+        ("step-start", None),
+        ("reasoning", "Four times three."),
+        ("reasoning", ""),
+        ("text", "Computing."),
+        ("tool-calculator", None),
+        ("step-start", None),
+        ("reasoning", "It is twelve."),
+        ("text", "12"),
+    ]
+    assert all(p["state"] == "done" for p in parts if p["type"] in ("reasoning", "text"))
+    assert parts[2]["providerMetadata"] == {"threadline": {"redacted": True}}
+    assert "providerMetadata" not in parts[1] and "providerMetadata" not in parts[6]
+    assert parts[4]["state"] == "output-available" and parts[4]["output"] == "12"
+    # Each block is opened, written and closed before the turn's text starts.
+    bounds = [
+        (c["type"], c["id"])
+        for c in result["chunks"]
+        if c["type"] in ("reasoning-start", "reasoning-end", "text-start", "text-end")
+    ]
+    assert bounds == [
+        ("reasoning-start", "reasoning-1"),
+        ("reasoning-end", "reasoning-1"),
+        ("reasoning-start", "reasoning-2"),
+        ("reasoning-end", "reasoning-2"),
+        ("text-start", "text-1"),
+        ("text-end", "text-1"),
+        ("reasoning-start", "reasoning-3"),
+        ("reasoning-end", "reasoning-3"),
+        ("text-start", "text-2"),
+        ("text-end", "text-2"),
+    ]
+    # The answer is the text alone: the journal's last answer, and what the model was sent.
+    assert texts_of(result["messages"][-1]) == ["Computing.", "12"]
+
+
+@BOTH_MAJORS
 async def test_a_client_side_tool_runs_in_the_browser_and_the_run_goes_on(
-    api: httpx.AsyncClient, upstream: FakeUpstream, ai_sdk: None
+    api: httpx.AsyncClient, upstream: FakeUpstream, ai_sdk: None, sdk: Path
 ) -> None:
     locate = {"name": "get_location", "kind": "client", "description": "Where the user is"}
     sid = (await new_session(api, config={"tools": [locate]}))["id"]
@@ -207,7 +295,7 @@ async def test_a_client_side_tool_runs_in_the_browser_and_the_run_goes_on(
     upstream.script(Text("You are in Oslo."))
     actions = [{"send": "Where am I?", "until": "You are in Oslo."}]
     outputs = {"get_location": {"city": "Oslo"}}
-    result = await run_node(api, "chat", sid, actions=actions, toolOutputs=outputs)
+    result = await run_node(api, "chat", sid, sdk, actions=actions, toolOutputs=outputs)
     assert result["errors"] == [] and result["status"] == "ready"
     assert [m["role"] for m in result["messages"]] == ["user", "assistant"]
     parts = [p for p in result["messages"][-1]["parts"] if not p["type"].startswith("data-")]

@@ -4,12 +4,20 @@
 //
 //   node chat.mjs '{"api": ".../v1/ui/chat", "key": "...", "chatId": "...", "scenario": "send",
 //                   "trigger": "submit-message", "messages": [...]}'
-import {
+//
+// The `ai` package is the one installed where node runs (its working directory): this
+// directory's (the current major), or ../ui_chat_js_v5's (the `ai` 5 clients still in use).
+import { createRequire } from "node:module";
+import { join } from "node:path";
+import { pathToFileURL } from "node:url";
+
+const here = createRequire(join(process.cwd(), "package.json"));
+const {
   AbstractChat,
   DefaultChatTransport,
   lastAssistantMessageIsCompleteWithToolCalls,
   readUIMessageStream,
-} from "ai";
+} = await import(pathToFileURL(here.resolve("ai")).href);
 
 const args = JSON.parse(process.argv[2]);
 const transport = new DefaultChatTransport({
@@ -99,7 +107,8 @@ async function converse(actions) {
     id: args.chatId,
     transport,
     onToolCall: ({ toolCall }) => {
-      chat.addToolResult({
+      // addToolOutput from `ai` 6 on; `ai` 5 calls it addToolResult.
+      (chat.addToolOutput ?? chat.addToolResult).call(chat, {
         tool: toolCall.toolName,
         toolCallId: toolCall.toolCallId,
         output: args.toolOutputs[toolCall.toolName],
