@@ -522,6 +522,24 @@ async def test_bad_requests_get_json_errors(api: httpx.AsyncClient) -> None:
     response = await api.post("/v1/ui/chat", json=regenerate)
     assert response.status_code == 422
     assert response.json()["error"]["code"] == "nothing_to_regenerate"
+    for file, field in (
+        ({"mediaType": "application/zip", "url": "data:application/zip;base64,UEs="}, "mediaType"),
+        ({"mediaType": "application/pdf", "url": "https://example.com/a.pdf"}, "url"),
+    ):
+        parts = [{"type": "text", "text": "Read this"}, {"type": "file", **file}]
+        message = {"id": "m", "role": "user", "parts": parts}
+        response = await api.post("/v1/ui/chat", json={"id": chat, "messages": [message]})
+        assert response.status_code == 422, response.text
+        error = response.json()["error"]
+        assert error["code"] == "unsupported_file"
+        assert error["details"]["loc"] == ["body", "messages", 0, "parts", 1, field]
+    bad_image = {"type": "file", "mediaType": "image/png", "url": "data:image/png;base64,AAAA"}
+    message = {"id": "m", "role": "user", "parts": [bad_image, {"type": "text", "text": "See"}]}
+    response = await api.post("/v1/ui/chat", json={"id": chat, "messages": [message]})
+    assert response.status_code == 422 and response.json()["error"]["code"] != "unsupported_file"
+    # Nothing refused made the chat's session.
+    found = await api.get("/v1/sessions", params={"metadata": f"ai_sdk_chat_id:{chat}"})
+    assert found.json()["data"] == []
     response = await api.post("/v1/ui/chat", json={"id": chat, "messages": [], "trigger": "x"})
     assert response.status_code == 422 and "error" in response.json()
     anonymous = await httpx.AsyncClient(base_url=api.base_url).post("/v1/ui/chat", json=no_user)
