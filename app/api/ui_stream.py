@@ -22,12 +22,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from app.core.ui_messages import REDACTED
 from app.eventlog.registry import APPROACHING_LIMIT_SHARE, AT_LIMIT_SHARE, EventType
 
 HEADER = "x-vercel-ai-ui-message-stream"
-# A redacted reasoning block (the provider encrypted it: no text) says so in its parts'
-# providerMetadata, which the AI SDK keeps on the reasoning part.
-REDACTED = {"threadline": {"redacted": True}}
 VERSION = "v1"
 DONE = "[DONE]"
 

@@ -130,6 +130,18 @@ def is_reasoning(part: Any) -> bool:
     return isinstance(part, dict) and part.get("type") in REASONING_TYPES
 
 
+def reasoning_text(part: dict[str, Any]) -> str:
+    """What a person may read of a reasoning part: a thinking block's text; nothing for a block
+    the provider redacted (its data is encrypted)."""
+    text = part.get("thinking") if part.get("type") == "thinking" else None
+    return text if isinstance(text, str) else ""
+
+
+def is_redacted(part: dict[str, Any]) -> bool:
+    """A reasoning part the provider encrypted: it has no text to show."""
+    return part.get("type") == "redacted_thinking"
+
+
 def without_reasoning(content: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The parts that are not reasoning: what a provider that takes no reasoning back gets."""
     return [p for p in content if not is_reasoning(p)]

@@ -19,6 +19,7 @@ from app.config import Settings
 from app.core.entries import EntryKind, NewEntry
 from app.core.runs import Run
 from app.core.sessions import Session
+from app.core.ui_messages import KINDS, UIMessage, ui_messages
 from app.db import journal as journal_db
 from app.db import runs as runs_db
 from app.db import sessions as sessions_db
@@ -235,6 +236,16 @@ async def ask(
         engine, settings, tenant_id, session_id, asked, handoff=handoff, prepare=prepare
     )
     return result.run
+
+
+async def chat_messages(engine: AsyncEngine, tenant_id: str, chat_id: str) -> list[UIMessage]:
+    """The chat's history as UI messages (none for a chat with no session yet): what no
+    rollback took out, from the journal."""
+    session = await find_session(engine, tenant_id, chat_id)
+    if session is None:
+        return []
+    rows, _ = await journal.live_entries(engine, tenant_id, session.id, [str(k) for k in KINDS])
+    return ui_messages([journal_db.journal_entry(row) for row in rows])
 
 
 @dataclass(frozen=True)

@@ -285,6 +285,56 @@ async def test_reasoning_renders_as_reasoning_parts_before_each_turns_text(
     assert texts_of(result["messages"][-1]) == ["Computing.", "12"]
 
 
+def shown(part: dict[str, Any]) -> dict[str, Any]:
+    """What a page shows of a part (not how it came: streamed chunks' provider flags)."""
+    keys = ("type", "text", "state", "toolCallId", "input", "output", "errorText")
+    return {k: part[k] for k in (*keys, "providerMetadata") if k in part}
+
+
+@BOTH_MAJORS
+async def test_the_stored_messages_are_what_was_streamed_and_useChat_takes_them(
+    api: httpx.AsyncClient, upstream: FakeUpstream, ai_sdk: None, sdk: Path
+) -> None:
+    """GET .../messages: the chat's history as UI messages, reasoning and tools included, in
+    the shapes the stream rendered; the AI SDK validates them and a Chat continues from them."""
+    config = {"model": THINKING, "tools": [CALCULATOR], "reasoning": {"effort": "medium"}}
+    sid = (await new_session(api, config=config))["id"]
+    upstream.script(
+        Thinking("Four times three."),
+        RedactedThinking(),
+        Text("Computing."),
+        ToolCall("toolu_1", "calculator", '{"expression": "4 * 3"}'),
+    )
+    upstream.script(Thinking("It is twelve."), Text("12"), Usage(40, 9))
+    streamed = await run_node(api, "send", sid, sdk, messages=[user("Multiply 4 by 3", "u1")])
+    upstream.script(Thinking("Easy."), Text("You are welcome."))
+    result = await run_node(api, "history", sid, sdk, send="Thanks")
+    assert result["errors"] == []
+    stored = result["stored"]
+    assert [(m["role"], m["id"]) for m in stored] == [
+        ("user", stored[0]["id"]),
+        ("assistant", run_id_of(streamed["chunks"])),
+    ]
+    assert stored[0]["parts"] == [{"type": "text", "text": "Multiply 4 by 3"}]
+    answer = streamed["messages"][-1]["parts"]
+    # The same parts; a tool's output as the journal has it (the stream sends its preview).
+    assert [shown(p) for p in stored[1]["parts"]] == [
+        {**shown(p), "output": 12} if p["type"] == "tool-calculator" else shown(p)
+        for p in answer
+        if not p["type"].startswith("data-")
+    ]
+    # The Chat went on from the stored history: the new answer, its reasoning first.
+    assert [m["role"] for m in result["messages"]] == ["user", "assistant", "user", "assistant"]
+    last = [p for p in result["messages"][-1]["parts"] if not p["type"].startswith("data-")]
+    assert [(p["type"], p.get("text")) for p in last] == [
+        ("step-start", None),
+        ("reasoning", "Easy."),
+        ("text", "You are welcome."),
+    ]
+    new_chat = await api.get(f"/v1/ui/chat/chat-{uuid.uuid4()}/messages")
+    assert new_chat.status_code == 200 and new_chat.json() == {"messages": []}
+
+
 @BOTH_MAJORS
 async def test_a_client_side_tool_runs_in_the_browser_and_the_run_goes_on(
     api: httpx.AsyncClient, upstream: FakeUpstream, ai_sdk: None, sdk: Path
