@@ -97,7 +97,7 @@ def new_user_content(messages: list[dict[str, Any]]) -> str | list[dict[str, Any
     What the content rules refuse (a PDF that is not one, a size) is checked by the ask."""
     if not messages or messages[-1].get("role") != "user":
         raise no_user_message(messages)
-    where = ["body", "messages", len(messages) - 1, "parts"]
+    where: list[str | int] = ["body", "messages", len(messages) - 1, "parts"]
     content: list[dict[str, Any]] = []
     for at, part in enumerate(messages[-1].get("parts") or []):
         if not isinstance(part, dict):

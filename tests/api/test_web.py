@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Page, expect
+from playwright.sync_api import Browser, FilePayload, Page, expect
 from pypdf import PdfWriter
 
 from app.api.web import ASSETS
@@ -470,9 +470,8 @@ def test_a_dropped_or_attached_file_is_shown_and_only_pdf_or_text_is_taken(
         expect(page.get_by_role("alert")).to_contain_text(
             "Only PDF and plain text files can be attached (not photo.zip)"
         )
-        page.locator("input[type=file]").set_input_files(
-            files=[{"name": "notes.txt", "mimeType": "text/plain", "buffer": b"Buy milk."}]
-        )
+        notes: FilePayload = {"name": "notes.txt", "mimeType": "text/plain", "buffer": b"Milk."}
+        page.locator("input[type=file]").set_input_files(files=[notes])
         expect(attachments.locator("li")).to_have_count(2)
         page.get_by_role("button", name="Remove notes.txt").click()
         expect(attachments.locator("li")).to_have_count(1)

@@ -3,6 +3,8 @@ in their order, attachments as file parts, a failed tool as an error part."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from app.core.entries import JournalEntry
 from app.core.ui_messages import REDACTED, ui_messages
 
@@ -10,7 +12,7 @@ PDF_URL = "data:application/pdf;base64,JVBERi0="
 PNG_URL = "data:image/png;base64,iVBORw0KGgo="
 
 
-def entry(seq: int, kind: str, payload: dict, **refs: str) -> JournalEntry:
+def entry(seq: int, kind: str, payload: dict[str, Any], **refs: str) -> JournalEntry:
     return JournalEntry(seq, kind, payload, refs, id=f"e{seq}")
 
 
