@@ -39,8 +39,12 @@ def ui_messages(entries: Sequence[JournalEntry]) -> list[UIMessage]:
         if entry.kind not in KINDS or (entry.kind == EntryKind.MESSAGE and role != "assistant"):
             continue
         run_id = entry.refs.get("run_id") or entry.id
-        if answer is None or answer["id"] != run_id:
-            answer = {"id": run_id, "role": "assistant", "parts": []}
+        if answer is None or answer["run"] != run_id:
+            # A message steered into a run splits its answer: the part after it gets an id
+            # of its own (ids are unique in a chat).
+            ids = {m["id"] for m in messages}
+            answer_id = run_id if run_id not in ids else f"{run_id}:{entry.seq}"
+            answer = {"id": answer_id, "role": "assistant", "parts": [], "run": run_id}
             calls = {}
             messages.append(answer)
         if entry.kind == EntryKind.MESSAGE:
@@ -61,6 +65,8 @@ def ui_messages(entries: Sequence[JournalEntry]) -> list[UIMessage]:
                 call.update(state="output-error", errorText=text)
             else:
                 call.update(state="output-available", output=output)
+    for message in messages:
+        message.pop("run", None)
     return messages
 
 

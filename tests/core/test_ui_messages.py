@@ -80,3 +80,19 @@ def test_runs_turns_reasoning_tools_and_attachments() -> None:
         {"type": "step-start"},
         {"type": "text", "text": "Welcome.", "state": "done"},
     ]
+
+
+def test_a_message_steered_into_a_run_splits_its_answer_with_unique_ids() -> None:
+    entries = [
+        entry(1, "message", {"role": "user", "content": "Count"}),
+        entry(2, "message", {"role": "assistant", "content": "One."}, run_id="r1"),
+        entry(3, "message", {"role": "user", "content": "Faster"}),
+        entry(4, "message", {"role": "assistant", "content": "Two, three."}, run_id="r1"),
+    ]
+    messages = ui_messages(entries)
+    assert [(m["id"], m["role"]) for m in messages] == [
+        ("e1", "user"),
+        ("r1", "assistant"),
+        ("e3", "user"),
+        ("r1:4", "assistant"),
+    ]
