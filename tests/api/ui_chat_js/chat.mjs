@@ -15,7 +15,6 @@ const here = createRequire(join(process.cwd(), "package.json"));
 const {
   AbstractChat,
   DefaultChatTransport,
-  lastAssistantMessageIsCompleteWithApprovalResponses,
   lastAssistantMessageIsCompleteWithToolCalls,
   readUIMessageStream,
   validateUIMessages,
@@ -101,10 +100,9 @@ class Chat extends AbstractChat {
 
 // A conversation through the Chat class useChat wraps: `actions` run in order
 // ({send: text}, {regenerate: true}, {resume: true}, {send: text, stopOnText: true},
-// {edit: text, userIndex: n}, {rule: {toolName: {approved, reason, input}}}).
+// {edit: text, userIndex: n}).
 async function converse(actions) {
   const errors = [];
-  const asked = []; // the calls that waited for the user's approval
   // Client-side tools: each call gets args.toolOutputs[name], and useChat sends the outputs
   // back on its own (sendAutomaticallyWhen), as an app would set it up.
   const chat = new Chat({
@@ -118,9 +116,7 @@ async function converse(actions) {
         output: args.toolOutputs[toolCall.toolName],
       });
     },
-    sendAutomaticallyWhen: args.toolOutputs
-      ? lastAssistantMessageIsCompleteWithToolCalls
-      : lastAssistantMessageIsCompleteWithApprovalResponses, // undefined in `ai` 5
+    sendAutomaticallyWhen: args.toolOutputs ? lastAssistantMessageIsCompleteWithToolCalls : undefined,
   });
   for (const action of actions) {
     if (action.send !== undefined) {
@@ -141,22 +137,6 @@ async function converse(actions) {
       // useChat's sendMessage({text, messageId}): the user edits one of their messages.
       const edited = chat.messages.filter((m) => m.role === "user")[action.userIndex];
       await chat.sendMessage({ text: action.edit, messageId: edited.id });
-    } else if (action.rule !== undefined) {
-      // The user rules on each call the run waits on (useChat's addToolApprovalResponse), by
-      // tool name: {approved, reason?, input?}; edited arguments go in the request's body.
-      const waiting = chat.lastMessage.parts.filter((p) => p.state === "approval-requested");
-      asked.push(...waiting.map((p) => ({ type: p.type, toolCallId: p.toolCallId, input: p.input })));
-      const edits = {};
-      for (const part of waiting) {
-        const { approved, reason, input } = action.rule[part.type.slice(5)];
-        if (input !== undefined) edits[part.toolCallId] = input;
-        await chat.addToolApprovalResponse({
-          id: part.approval.id,
-          approved,
-          reason,
-          options: { body: { approval_arguments: { ...edits } } },
-        });
-      }
     } else if (action.regenerate) {
       await chat.regenerate();
     } else if (action.resume) {
@@ -180,7 +160,7 @@ async function converse(actions) {
     }
     if (chat.error) errors.push(String(chat.error.message ?? chat.error));
   }
-  return { messages: chat.messages, status: chat.status, errors, asked };
+  return { messages: chat.messages, status: chat.status, errors };
 }
 
 switch (args.scenario) {
