@@ -19,7 +19,15 @@ from app.core.formats import to_openai
 from app.core.messages import Message, ToolCall, ToolSpec
 from app.core.tool_choice import NamedTool, ToolChoice, openai_fields
 from app.core.usage import UsageReport
-from app.llm.base import Finish, ModelRequest, ProviderError, StreamEvent, TextDelta, ToolCallDelta
+from app.llm.base import (
+    Finish,
+    ModelRequest,
+    ProviderError,
+    ReasoningDelta,
+    StreamEvent,
+    TextDelta,
+    ToolCallDelta,
+)
 from app.llm.openai_provider import OpenAIProvider, Read, read_chunk
 from testkit.upstream import (
     Chunk,
@@ -577,7 +585,7 @@ chunks = json_values | _chunks(any_part=False) | _chunks(any_part=True)
 
 def typed_reading(chunk: ChatCompletionChunk) -> Read:
     """How the provider read the SDK's typed chunks before it read parsed JSON."""
-    events: list[TextDelta | ToolCallDelta | Finish] = []
+    events: list[TextDelta | ReasoningDelta | ToolCallDelta | Finish] = []
     for choice in chunk.choices:
         if choice.index != 0:
             continue
@@ -625,6 +633,8 @@ def test_any_chunk_is_read_as_the_sdks_type_has_it_or_is_a_bad_response(chunk: o
         elif isinstance(event, ToolCallDelta):
             assert type(event.index) is int and type(event.arguments) is str
             assert all(v is None or type(v) is str for v in (event.id, event.name))
+        elif isinstance(event, ReasoningDelta):
+            assert type(event.text) is str and event.text
         else:
             assert type(event.reason) is str
     if usage is not None:

@@ -192,12 +192,14 @@ async def test_the_fake_refuses_reasoning_items_missing_reordered_or_altered(
     call = {"type": "function_call", "call_id": "c1", "name": "calculator", "arguments": "{}"}
     output = {"type": "function_call_output", "call_id": "c1", "output": "2"}
     user = {"role": "user", "content": "1+1?"}
-    refused = {
+    refused: dict[str, Any] = {
         "missing": [user, call, output],
         "reordered": [user, wire(second), wire(first), call, output],
         "altered": [user, {**wire(first), "encrypted_content": wire(second)["encrypted_content"]}],
         "partial": [user, wire(second), call, output],
     }
+    thinking: Any = {"effort": "low", "summary": "auto"}
+    accepted_input: Any = [user, wire(first), wire(second), call, output]
     try:
         for what, given in refused.items():
             with pytest.raises(openai.BadRequestError) as refusal:
@@ -206,16 +208,16 @@ async def test_the_fake_refuses_reasoning_items_missing_reordered_or_altered(
                     input=given,
                     stream=True,
                     store=False,
-                    reasoning={"effort": "low", "summary": "auto"},
+                    reasoning=thinking,
                 )
             assert refusal.value.status_code == 400, what
             assert refusal.value.type == "invalid_request_error", what
         accepted = await client.responses.create(
             model="o4-mini",
-            input=[user, wire(first), wire(second), call, output],
+            input=accepted_input,
             stream=True,
             store=False,
-            reasoning={"effort": "low", "summary": "auto"},
+            reasoning=thinking,
         )
         async with accepted:
             assert [e.type async for e in accepted][-1] == "response.completed"
@@ -358,3 +360,27 @@ async def test_the_fake_refuses_reasoning_content_sent_back(upstream: FakeUpstre
         await client.close()
     assert refusal.value.status_code == 400
     assert "reasoning_content" in refusal.value.message
+
+
+async def test_reasoning_tokens_are_kept_apart_on_the_run_the_session_and_tenant_usage(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    sid = (await new_session(api, config={"model": MODEL}))["id"]
+    upstream.script(Thinking("Hm."), Text("Done."), Usage(20, 50, reasoning=42))
+    upstream.script(Thinking("Again."), Text("Done again."), Usage(30, 60, reasoning=8))
+
+    first = await streamed_ask(api, sid, "Think.")
+    second = await streamed_ask(api, sid, "Once more.")
+
+    runs = [(await api.get(f"/v1/runs/{e[-1].data['run_id']}")).json() for e in (first, second)]
+    assert [r["usage"]["reasoning_tokens"] for r in runs] == [42, 8]
+    assert [r["usage"]["output_tokens"] for r in runs] == [50, 60]  # reasoning included
+    session = (await api.get(f"/v1/sessions/{sid}")).json()
+    assert session["usage"]["reasoning_tokens"] == 50
+    assert session["usage"]["output_tokens"] == 110
+    report = (await api.get("/v1/usage")).json()
+    (day,) = [d for d in report["data"] if d["model"] == MODEL]
+    assert day["reasoning_tokens"] == 50 and day["output_tokens"] == 110
+    assert report["totals"]["reasoning_tokens"] == 50
+    # Priced as output tokens (genai-prices knows o4-mini): the output includes the reasoning.
+    assert all(r["usage"]["cost_usd"] > 0 for r in runs)
