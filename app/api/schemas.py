@@ -383,12 +383,16 @@ class ProjectionRequest(Strict):
     tools: Annotated[list[ToolDefinition], Field(max_length=128)] | None = Field(
         default=None, description="An ask's own tools, over the session's (same name wins)."
     )
-    format: Literal["neutral", "openai", "anthropic"] = "neutral"
+    format: Literal["neutral", "openai", "openai_responses", "anthropic"] = Field(
+        default="neutral",
+        description="The wire shape: neutral, openai (Chat Completions), openai_responses "
+        "(the Responses API's input items, as reasoning models get them), anthropic.",
+    )
 
 
 class ProjectionResponse(BaseModel):
     model: str
-    format: Literal["neutral", "openai", "anthropic"]
+    format: Literal["neutral", "openai", "openai_responses", "anthropic"]
     context_window: int
     policy: dict[str, Any] = Field(description="The resolved policy (every field).")
     meta: ProjectionMeta

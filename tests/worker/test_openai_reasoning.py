@@ -292,6 +292,12 @@ async def test_a_fork_inside_a_reasoning_turn(
     assert response.status_code == 201, response.text
     child = response.json()["id"]
     assert await history(api, child) == [e for e in parent if e["seq"] <= result["seq"]]
+    # /projection shows what is sent: the loop's item, in its place, in the Responses shape.
+    projected = await api.post(
+        f"/v1/sessions/{child}/projection", json={"format": "openai_responses"}
+    )
+    assert projected.status_code == 200, projected.text
+    assert projected.json()["request"]["input"][1] == wire(item(0, "Compute it."))
     # The child's next ask continues the loop left without an answer: its item goes back.
     upstream.script(Thinking("Fresh."), Text("Hello from the fork."))
     events = await streamed_ask(api, child, "Now say hello.")
