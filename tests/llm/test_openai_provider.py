@@ -23,6 +23,7 @@ from app.llm.base import (
     Finish,
     ModelRequest,
     ProviderError,
+    ReasoningBlock,
     ReasoningDelta,
     StreamEvent,
     TextDelta,
@@ -35,6 +36,7 @@ from testkit.upstream import (
     FailMidStream,
     FakeUpstream,
     Malformed,
+    ReasoningContent,
     Stall,
     Step,
     Text,
@@ -100,6 +102,29 @@ async def test_reasoning_tokens_are_reported_apart_where_the_server_says(
     events = await collect(provider.stream(HELLO))
 
     assert events[-2] == UsageReport(12, 40, reasoning_tokens=32)
+
+
+async def test_a_compatible_servers_reasoning_streams_as_blocks_in_their_place(
+    provider: OpenAIProvider, upstream: FakeUpstream
+) -> None:
+    upstream.script(
+        ReasoningContent("Think", fragments=2),
+        Text("Hi"),
+        ReasoningContent("More", field="reasoning", fragments=1),
+        Text("!"),
+    )
+
+    events = await collect(provider.stream(HELLO))
+
+    assert events[:7] == [
+        ReasoningDelta(0, "Thi"),
+        ReasoningDelta(0, "nk"),
+        ReasoningBlock(0, {"type": "reasoning_text", "text": "Think"}),
+        TextDelta("Hi"),
+        ReasoningDelta(1, "More"),
+        ReasoningBlock(1, {"type": "reasoning_text", "text": "More"}),
+        TextDelta("!"),
+    ]
 
 
 async def test_sends_the_formatted_conversation(
