@@ -28,6 +28,7 @@ from testkit.upstream import (
     FakeUpstream,
     Malformed,
     RedactedThinking,
+    Step,
     Text,
     Thinking,
     Truncate,
@@ -199,12 +200,12 @@ async def test_an_incomplete_response_finishes_as_length(
 async def test_errors_are_classified_as_for_chat_completions(
     provider: OpenAIResponsesProvider,
     upstream: FakeUpstream,
-    step: object,
+    step: Step,
     kind: str,
     retryable: bool,
 ) -> None:
     # An HTTP error comes before any output; the others after some.
-    upstream.script(*((step,) if isinstance(step, Fail) else (Text("Hal"), step)))  # type: ignore[arg-type]
+    upstream.script(*((step,) if isinstance(step, Fail) else (Text("Hal"), step)))
 
     with pytest.raises(ProviderError) as failure:
         await collect(provider.stream(HELLO))
