@@ -4,7 +4,7 @@ Of the output tokens, those a reasoning model thought with (OpenAI reports them)
 reports show them separately; they are priced as output, and already counted in it.
 
 Revision ID: c4d9e2a7b518
-Revises: a7c3e5f9b214
+Revises: b3d1f0c0e013
 Create Date: 2026-11-28 15:36:00
 """
 
@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "c4d9e2a7b518"
-down_revision: str | None = "a7c3e5f9b214"
+down_revision: str | None = "b3d1f0c0e013"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
