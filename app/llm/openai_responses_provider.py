@@ -18,7 +18,7 @@ The request body is built by request_body (one field per concern) for others to 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,16 +62,20 @@ ENCRYPTED_REASONING = "reasoning.encrypted_content"
 INCOMPLETE_REASONS = {"max_output_tokens": "length", "content_filter": "content_filter"}
 
 
-def request_body(request: ModelRequest) -> dict[str, Any]:
-    """The responses.create arguments (stream aside) for `request`."""
+def request_body(request: ModelRequest, reasons: bool = True) -> dict[str, Any]:
+    """The responses.create arguments (stream aside) for `request`; `reasons`: the model is a
+    reasoning model (others refuse to be asked for encrypted reasoning)."""
     wire = to_openai_responses(request.messages, request.tools)
     body: dict[str, Any] = {
         "model": request.model,
         "input": wire["input"],
         # Stateless: nothing kept at OpenAI; the journal is the history, reasoning included.
         "store": False,
-        "include": [ENCRYPTED_REASONING],
     }
+    if reasons:
+        # Even with reasoning off, a reasoning model reasons (at its default effort): its items
+        # are kept all the same, to go back within their tool loop.
+        body["include"] = [ENCRYPTED_REASONING]
     if request.reasoning is not None:
         body["reasoning"] = {"effort": effort_of(request.reasoning), "summary": "auto"}
     if request.max_output_tokens is not None:
@@ -95,12 +99,20 @@ def request_body(request: ModelRequest) -> dict[str, Any]:
 
 
 class OpenAIResponsesProvider:
-    """OpenAI's Responses API (or a server speaking it)."""
+    """OpenAI's Responses API (or a server speaking it). `reasons` says which models (by their
+    name) are reasoning models: the catalog's can_reason; by default all."""
 
-    def __init__(self, api_key: str, base_url: str | None = None, timeout: float = 120.0) -> None:
+    def __init__(
+        self,
+        api_key: str,
+        base_url: str | None = None,
+        timeout: float = 120.0,
+        reasons: Callable[[str], bool] = lambda model: True,
+    ) -> None:
         self._client = openai.AsyncOpenAI(
             api_key=api_key, base_url=base_url, max_retries=0, timeout=timeout
         )
+        self._reasons = reasons
 
     @property
     def base_url(self) -> str:
@@ -113,7 +125,7 @@ class OpenAIResponsesProvider:
         return classified(self._stream(request), openai.APIError, classify_openai)
 
     async def _stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
-        body = request_body(request)
+        body = request_body(request, self._reasons(request.model))
         events = await self._client.responses.create(stream=True, **body)
         state = _State()
         async with events:

@@ -162,7 +162,12 @@ class Router:
             def responses() -> Provider:
                 from app.llm.openai_responses_provider import OpenAIResponsesProvider
 
-                return OpenAIResponsesProvider(key, settings.openai_base_url, timeout)
+                return OpenAIResponsesProvider(
+                    key,
+                    settings.openai_base_url,
+                    timeout,
+                    reasons=lambda model: can_reason(settings, f"openai:{model}"),
+                )
 
             # Its own instance and breaker: the other API of the same account may be answering.
             return Route("openai:responses", name, responses)

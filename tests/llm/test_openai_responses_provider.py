@@ -239,3 +239,21 @@ async def test_a_reasoning_item_without_its_encrypted_content_is_a_bad_response(
         await collect(provider.stream(HELLO))
 
     assert failure.value.kind == "bad_response"
+
+
+async def test_a_model_that_cannot_reason_is_not_asked_for_encrypted_reasoning(
+    upstream: FakeUpstream,
+) -> None:
+    upstream.clear()
+    provider = OpenAIResponsesProvider(
+        "sk-test", upstream.openai_base_url, timeout=5, reasons=lambda model: model != "gpt-4o"
+    )
+    try:
+        await collect(provider.stream(ModelRequest("gpt-4o", HELLO.messages)))
+        await collect(provider.stream(HELLO))
+    finally:
+        await provider.aclose()
+
+    plain, reasoning = (r.body for r in upstream.requests)
+    assert "include" not in plain and plain["store"] is False
+    assert reasoning["include"] == ["reasoning.encrypted_content"]
