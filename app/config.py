@@ -95,6 +95,13 @@ class Settings(BaseSettings):
     openai_base_url: str | None = Field(
         default=None, description="Override the OpenAI API URL (proxies, tests)."
     )
+    openai_api: Literal["auto", "chat", "responses"] = Field(
+        default="auto",
+        description="Which OpenAI API openai:* models are called through: chat (Chat "
+        "Completions), responses (the Responses API), or auto: the Responses API for the models "
+        "that can reason (o1, o3, o4-mini, gpt-5), whose reasoning it streams and takes back, "
+        "Chat Completions for the others.",
+    )
     anthropic_api_key: str | None = Field(default=None, description="Key for anthropic:* models.")
     anthropic_base_url: str | None = Field(
         default=None, description="Override the Anthropic API URL (proxies, tests)."

@@ -360,6 +360,7 @@ async def test_usage_prints_the_report(database_url: str, engine: Any) -> None:
         "output_tokens": 201,
         "cached_tokens": 100,
         "cache_write_tokens": 0,
+        "reasoning_tokens": 0,
         "unpriced_runs": 1,
         "cost_usd": 0.00027,
     }

@@ -203,6 +203,11 @@ class Usage(BaseModel):
     cache_write_tokens: int = Field(
         description="Prompt tokens written to the provider's cache (Anthropic)."
     )
+    reasoning_tokens: int = Field(
+        default=0,
+        description="Of the output, tokens the model reasoned with, where the provider says "
+        "(OpenAI's reasoning models); priced as output.",
+    )
     cost_usd: float
 
 
@@ -236,6 +241,7 @@ class Session(BaseModel):
                 output_tokens=session.output_tokens,
                 cached_tokens=session.cached_tokens,
                 cache_write_tokens=session.cache_write_tokens,
+                reasoning_tokens=session.reasoning_tokens,
                 cost_usd=float(session.cost_usd),
             ),
             parent_id=session.parent_id,
@@ -377,12 +383,16 @@ class ProjectionRequest(Strict):
     tools: Annotated[list[ToolDefinition], Field(max_length=128)] | None = Field(
         default=None, description="An ask's own tools, over the session's (same name wins)."
     )
-    format: Literal["neutral", "openai", "anthropic"] = "neutral"
+    format: Literal["neutral", "openai", "openai_responses", "anthropic"] = Field(
+        default="neutral",
+        description="The wire shape: neutral, openai (Chat Completions), openai_responses "
+        "(the Responses API's input items, as reasoning models get them), anthropic.",
+    )
 
 
 class ProjectionResponse(BaseModel):
     model: str
-    format: Literal["neutral", "openai", "anthropic"]
+    format: Literal["neutral", "openai", "openai_responses", "anthropic"]
     context_window: int
     policy: dict[str, Any] = Field(description="The resolved policy (every field).")
     meta: ProjectionMeta
@@ -501,6 +511,11 @@ class RunUsage(BaseModel):
     cache_write_tokens: int = Field(
         description="Prompt tokens written to the provider's cache (Anthropic)."
     )
+    reasoning_tokens: int = Field(
+        default=0,
+        description="Of the output, tokens the model reasoned with, where the provider says "
+        "(OpenAI's reasoning models); priced as output.",
+    )
     cost_usd: float | None
     estimated: bool = Field(
         default=False,
@@ -574,6 +589,7 @@ class Run(BaseModel):
                 output_tokens=run.output_tokens,
                 cached_tokens=run.cached_tokens,
                 cache_write_tokens=run.cache_write_tokens,
+                reasoning_tokens=run.reasoning_tokens,
                 cost_usd=float(run.cost_usd) if run.cost_usd is not None else None,
                 estimated=run.usage_estimated,
             ),

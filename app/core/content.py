@@ -11,9 +11,11 @@ Messages accept.
   side (Anthropic refuses larger).
 - A list of parts is not empty, and a text part has non-whitespace text (Anthropic refuses
   empty text blocks; OpenAI refuses an empty content array).
-- Reasoning parts (a model's thinking: `thinking` with its signature, `redacted_thinking` with
-  its data) only in assistant messages, their opaque fields non-empty: the provider checks them,
-  so they are kept byte for byte, and a projection decides per provider what is sent back.
+- Reasoning parts (a model's thinking: Anthropic's `thinking` with its signature and
+  `redacted_thinking` with its data; OpenAI Responses' `reasoning` item with its id,
+  encrypted_content and summary; `reasoning_text`, the readable reasoning an OpenAI-compatible
+  server streams) only in assistant messages, their opaque fields non-empty: the provider checks
+  them, so they are kept byte for byte, and a projection decides per provider what is sent back.
 """
 
 from __future__ import annotations
@@ -29,7 +31,11 @@ from typing import Any
 IMAGE_MEDIA_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
 MAX_IMAGE_SIDE = 8000
 IMAGE_ROLES = frozenset({"user"})
-REASONING_TYPES = frozenset({"thinking", "redacted_thinking"})
+ANTHROPIC_REASONING = frozenset({"thinking", "redacted_thinking"})
+OPENAI_REASONING = frozenset({"reasoning"})  # a Responses API reasoning item
+# Readable reasoning of an OpenAI-compatible server (reasoning_content): those APIs take none back.
+TEXT_REASONING = frozenset({"reasoning_text"})
+REASONING_TYPES = ANTHROPIC_REASONING | OPENAI_REASONING | TEXT_REASONING
 REASONING_ROLES = frozenset({"assistant"})
 _DATA_URL = re.compile(r"data:([^;,]*);base64,(.*)", re.DOTALL)
 # A host, then no whitespace or control characters anywhere (both providers fetch it).
@@ -115,9 +121,11 @@ def _reasoning_problems(role: str, part: dict[str, Any]) -> list[ContentProblem]
     if role not in REASONING_ROLES:
         message = f"{role} messages cannot carry reasoning (only assistant)"
         return [ContentProblem(("type",), REASONING_ROLE, message)]
+    if part["type"] == "reasoning":
+        return _reasoning_item_problems(part)
     # What the provider needs back unchanged: a thinking block's text and its signature, a
-    # redacted block's encrypted data.
-    required = ("thinking", "signature") if part["type"] == "thinking" else ("data",)
+    # redacted block's encrypted data; a text-only reasoning part's text.
+    required = _REQUIRED_FIELDS[part["type"]]
     for name in required:
         value = part.get(name)
         if not isinstance(value, str) or (name != "thinking" and not value):
@@ -126,25 +134,60 @@ def _reasoning_problems(role: str, part: dict[str, Any]) -> list[ContentProblem]
     return []
 
 
+_REQUIRED_FIELDS = {
+    "thinking": ("thinking", "signature"),
+    "redacted_thinking": ("data",),
+    "reasoning_text": ("text",),
+}
+
+
+def _reasoning_item_problems(part: dict[str, Any]) -> list[ContentProblem]:
+    """A Responses reasoning item: its id and encrypted content (what the API decrypts when it
+    comes back), and its summary, a list of summary_text parts."""
+    for name in ("id", "encrypted_content"):
+        value = part.get(name)
+        if not isinstance(value, str) or not value:
+            message = f"a reasoning part needs {name} (a non-empty string from the provider)"
+            return [ContentProblem((name,), REASONING_FIELDS, message)]
+    summary = part.get("summary")
+    if not isinstance(summary, list) or not all(
+        isinstance(s, dict) and s.get("type") == "summary_text" and isinstance(s.get("text"), str)
+        for s in summary
+    ):
+        message = 'a reasoning part\'s summary is a list of {"type": "summary_text", "text"}'
+        return [ContentProblem(("summary",), REASONING_FIELDS, message)]
+    return []
+
+
 def is_reasoning(part: Any) -> bool:
     return isinstance(part, dict) and part.get("type") in REASONING_TYPES
 
 
 def reasoning_text(part: dict[str, Any]) -> str:
-    """What a person may read of a reasoning part: a thinking block's text; nothing for a block
-    the provider redacted (its data is encrypted)."""
-    text = part.get("thinking") if part.get("type") == "thinking" else None
+    """A reasoning part's text to show a person, whatever its provider's type: a thinking
+    block's thinking, a Responses item's summary texts joined, a compat server's text; "" for
+    reasoning the provider encrypted (a redacted block)."""
+    if part.get("type") == "thinking":
+        return str(part.get("thinking") or "")
+    summary = part.get("summary")
+    if isinstance(summary, list):
+        texts = [str(s.get("text", "")) for s in summary if isinstance(s, dict)]
+        return "\n\n".join(t for t in texts if t)
+    text = part.get("text")
     return text if isinstance(text, str) else ""
 
 
 def is_redacted(part: dict[str, Any]) -> bool:
-    """A reasoning part the provider encrypted: it has no text to show."""
+    """A reasoning part the provider encrypted whole: it has no text to show."""
     return part.get("type") == "redacted_thinking"
 
 
-def without_reasoning(content: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The parts that are not reasoning: what a provider that takes no reasoning back gets."""
-    return [p for p in content if not is_reasoning(p)]
+def without_reasoning(
+    content: Sequence[dict[str, Any]], kept: frozenset[str] = frozenset()
+) -> list[dict[str, Any]]:
+    """The parts that are not reasoning, save reasoning of the `kept` types: what a provider
+    that takes back only its own kind of reasoning (or none) gets."""
+    return [p for p in content if not is_reasoning(p) or p["type"] in kept]
 
 
 def _url_problems(url: Any) -> list[tuple[str, str]]:

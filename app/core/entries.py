@@ -110,10 +110,40 @@ class RedactedThinkingPart(_Strict):
     data: Annotated[str, Field(min_length=1, max_length=2_000_000)]
 
 
+class SummaryText(_Strict):
+    type: Literal["summary_text"]
+    text: Annotated[str, Field(max_length=2_000_000)]
+
+
+class ReasoningItemPart(_Strict):
+    """A reasoning item of OpenAI's Responses API: only in assistant messages, kept byte for
+    byte; `encrypted_content` is what the API decrypts when it is sent back, `summary` what
+    the model let be read of it."""
+
+    type: Literal["reasoning"]
+    id: Annotated[str, Field(min_length=1, max_length=256)]
+    encrypted_content: Annotated[str, Field(min_length=1, max_length=2_000_000)]
+    summary: Annotated[list[SummaryText], Field(max_length=1000)]
+
+
+class ReasoningTextPart(_Strict):
+    """Readable reasoning an OpenAI-compatible server streamed (reasoning_content): only in
+    assistant messages; kept for the record, never sent back."""
+
+    type: Literal["reasoning_text"]
+    text: Annotated[str, Field(min_length=1, max_length=2_000_000)]
+
+
 # What a person may say (an ask's input); message content may also hold a model's reasoning.
 InputPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
 ContentPart = Annotated[
-    TextPart | ImagePart | ThinkingPart | RedactedThinkingPart, Field(discriminator="type")
+    TextPart
+    | ImagePart
+    | ThinkingPart
+    | RedactedThinkingPart
+    | ReasoningItemPart
+    | ReasoningTextPart,
+    Field(discriminator="type"),
 ]
 
 

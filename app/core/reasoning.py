@@ -49,6 +49,17 @@ class Reasoning(BaseModel):
         return EFFORT_BUDGETS.get(self.effort or "", 0)
 
 
+def effort_of(reasoning: Reasoning) -> str:
+    """The effort asked of a provider that takes an effort, not a budget (OpenAI): the one
+    given, or the least whose budget covers the given budget (high beyond its budget)."""
+    if reasoning.effort is not None:
+        return reasoning.effort
+    for effort, budget in EFFORT_BUDGETS.items():
+        if reasoning.budget <= budget:
+            return effort
+    return "high"
+
+
 def effective(session: Mapping[str, Any] | None, ask: Mapping[str, Any] | None) -> Reasoning | None:
     """The reasoning a run uses: the ask's setting if it has one, else the session's; None when
     off. Both are stored JSON, validated when they were accepted."""

@@ -132,6 +132,7 @@ class Run:
     output_tokens: int = 0
     cached_tokens: int = 0
     cache_write_tokens: int = 0
+    reasoning_tokens: int = 0
     usage_estimated: bool = False
     cost_usd: Decimal | None = None
     started_at: datetime | None = None
@@ -164,6 +165,7 @@ class Run:
             output_tokens=int(row["output_tokens"]),
             cached_tokens=int(row["cached_tokens"]),
             cache_write_tokens=int(row["cache_write_tokens"]),
+            reasoning_tokens=int(row["reasoning_tokens"]),
             usage_estimated=bool(row["usage_estimated"]),
             cost_usd=row["cost_usd"],
             started_at=row["started_at"],

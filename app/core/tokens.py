@@ -237,11 +237,17 @@ def _unreasoned(content: Sequence[dict[str, Any]]) -> Content:
 
 
 def reasoning_tokens(part: dict[str, Any], counter: TokenCounter) -> int:
-    """A reasoning part's tokens: its thinking text; a redacted block's encrypted data counts
-    as the text it stands for (base64 of about as many bytes, four to a token)."""
-    if part.get("type") == "thinking":
+    """A reasoning part's tokens: its thinking text; a redacted block's or a Responses reasoning
+    item's encrypted data counts as the text it stands for (base64 of about as many bytes, four
+    to a token)."""
+    kind = part.get("type")
+    if kind == "thinking":
         return counter.count(str(part.get("thinking", "")))
-    return math.ceil(len(str(part.get("data", ""))) * 3 / 4 / 4)
+    if kind == "reasoning_text":
+        return counter.count(str(part.get("text", "")))
+    # Encrypted: a Responses reasoning item's encrypted_content, a redacted block's data.
+    sealed = part.get("encrypted_content") if kind == "reasoning" else part.get("data")
+    return math.ceil(len(str(sealed or "")) * 3 / 4 / 4)
 
 
 def call_tokens(call: ToolCall, counter: TokenCounter) -> int:

@@ -36,6 +36,7 @@ def _session(row: RowMapping) -> Session:
         output_tokens=int(row["output_tokens"]),
         cached_tokens=int(row["cached_tokens"]),
         cache_write_tokens=int(row["cache_write_tokens"]),
+        reasoning_tokens=int(row["reasoning_tokens"]),
         cost_usd=row["cost_usd"],
         created_at=row["created_at"],
         updated_at=row["updated_at"],

@@ -116,6 +116,8 @@ tenant_usage = Table(
     Column("output_tokens", BigInteger, nullable=False, server_default=text("0")),
     Column("cached_tokens", BigInteger, nullable=False, server_default=text("0")),
     Column("cache_write_tokens", BigInteger, nullable=False, server_default=text("0")),
+    # Of the output, tokens the model reasoned with (where the provider says).
+    Column("reasoning_tokens", BigInteger, nullable=False, server_default=text("0")),
     Column("unpriced_runs", BigInteger, nullable=False, server_default=text("0")),  # no known price
     Column("cost_usd", Numeric(20, 10), nullable=False, server_default=text("0")),
     PrimaryKeyConstraint("tenant_id", "day", "model", name="tenant_usage_pkey"),
@@ -147,6 +149,8 @@ sessions = Table(
     Column("output_tokens", BigInteger, nullable=False, server_default=text("0")),
     Column("cached_tokens", BigInteger, nullable=False, server_default=text("0")),
     Column("cache_write_tokens", BigInteger, nullable=False, server_default=text("0")),
+    # Of the output, tokens the model reasoned with (where the provider says).
+    Column("reasoning_tokens", BigInteger, nullable=False, server_default=text("0")),
     Column("cost_usd", Numeric(20, 10), nullable=False, server_default=text("0")),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
@@ -253,6 +257,8 @@ runs = Table(
     Column("output_tokens", BigInteger, nullable=False, server_default=text("0")),
     Column("cached_tokens", BigInteger, nullable=False, server_default=text("0")),
     Column("cache_write_tokens", BigInteger, nullable=False, server_default=text("0")),
+    # Of the output, tokens the model reasoned with (where the provider says).
+    Column("reasoning_tokens", BigInteger, nullable=False, server_default=text("0")),
     # The server reported no usage: the counts above are our tokenizer's estimate.
     Column("usage_estimated", Boolean, nullable=False, server_default=text("false")),
     Column("cost_usd", Numeric(20, 10)),

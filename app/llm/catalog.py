@@ -105,8 +105,9 @@ def catalog_model(provider: str, name: str) -> str:
     """The name metrics label the model `name` of `provider` (a route's: "openai", "compat:vllm")
     by: a hosted model's id in genai-prices (gpt-4o-mini-2024-07-18 is gpt-4o-mini), the local
     model, a compat endpoint's own model (named by its endpoint); OTHER_MODEL for any other."""
-    if provider in HOSTED_PROVIDERS:
-        info = _hosted_model(provider, name)
+    family = provider.partition(":")[0]  # "openai:responses" is OpenAI's other API
+    if family in HOSTED_PROVIDERS:
+        info = _hosted_model(family, name)
         return OTHER_MODEL if info is None else str(info.id)
     if provider == "local":
         return name if f"local:{name}" == DEFAULT_LOCAL_MODEL else OTHER_MODEL
@@ -248,10 +249,28 @@ def can_reason(settings: Settings, model: str) -> bool:
     return bool(matches) and REASONING[max(matches, key=len)]
 
 
-def takes_reasoning_back(model: str) -> bool:
-    """Whether the model's own reasoning goes back to it in later requests of a tool loop
-    (Anthropic requires it, signed); other providers' requests carry none."""
-    return model.partition(":")[0] == "anthropic"
+def uses_responses_api(settings: Settings, model: str) -> bool:
+    """Whether an openai:* model is called through the Responses API rather than Chat
+    Completions: as THREADLINE_OPENAI_API says, and by default ("auto") the models that can
+    reason (REASONING), whose reasoning only the Responses API hands over and takes back."""
+    if model.partition(":")[0] != "openai":
+        return False
+    if settings.openai_api != "auto":
+        return settings.openai_api == "responses"
+    return can_reason(settings, model)
+
+
+def reasoning_sent_back(settings: Settings, model: str) -> frozenset[str]:
+    """The reasoning part types that go back to `model` in later requests of a tool loop:
+    Anthropic's thinking (the API requires it, signed), the Responses API's reasoning items
+    (encrypted, as it documents for store: false); other APIs take none back."""
+    from app.core.content import ANTHROPIC_REASONING, OPENAI_REASONING
+
+    if model.partition(":")[0] == "anthropic":
+        return ANTHROPIC_REASONING
+    if uses_responses_api(settings, model):
+        return OPENAI_REASONING
+    return frozenset()
 
 
 def offered_models(settings: Settings) -> list[str]:

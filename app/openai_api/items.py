@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.core.content import is_reasoning
 from app.core.entries import EntryKind, JournalEntry
 
 Item = dict[str, Any]
@@ -225,7 +226,7 @@ def entry_item(entry: JournalEntry, item_id: str) -> Item | None:
         parts = [{"type": "text", "text": content}] if isinstance(content, str) else content
         out_parts: list[Item] = []
         for part in parts:
-            if part["type"] in ("thinking", "redacted_thinking"):
+            if is_reasoning(part):
                 # Reasoning is not a message part in OpenAI's shape; the message keeps its text.
                 continue
             if part["type"] == "text":

@@ -26,7 +26,7 @@ from app.db import journal as journal_db
 from app.db import sessions as sessions_db
 from app.db.engine import read_snapshot
 from app.db.memory import get_memory
-from app.llm.catalog import context_window_for, takes_reasoning_back
+from app.llm.catalog import context_window_for, reasoning_sent_back
 from app.llm.tokenizers import counting_for
 from app.services.errors import Invalid, entries_refused, session_not_found
 
@@ -224,7 +224,7 @@ async def _project(
         memory_namespace=namespace,
         tools=tool_specs(offered_tools(config, extra_tools)),
         run_id=run_id,
-        send_reasoning=takes_reasoning_back(model),
+        reasoning_sent=reasoning_sent_back(settings, model),
     )
     try:
         projection = project(source)

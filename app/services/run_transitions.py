@@ -228,6 +228,7 @@ async def finish(conn: AsyncConnection, run: Run, outcome: Outcome) -> Run:
             "output_tokens": sessions.c.output_tokens + usage.output_tokens,
             "cached_tokens": sessions.c.cached_tokens + usage.cached_tokens,
             "cache_write_tokens": sessions.c.cache_write_tokens + usage.cache_write_tokens,
+            "reasoning_tokens": sessions.c.reasoning_tokens + usage.reasoning_tokens,
             "cost_usd": sessions.c.cost_usd + (cost or 0),
         }
     # Fresh ids: they derive from the run, and only this transition writes them, in the
@@ -280,6 +281,7 @@ async def finish(conn: AsyncConnection, run: Run, outcome: Outcome) -> Run:
             "output_tokens": usage.output_tokens if usage else 0,
             "cached_tokens": usage.cached_tokens if usage else 0,
             "cache_write_tokens": usage.cache_write_tokens if usage else 0,
+            "reasoning_tokens": usage.reasoning_tokens if usage else 0,
             "usage_estimated": usage.estimated if usage else False,
             "cost_usd": cost,
             "ended_at": func.now(),
@@ -296,6 +298,7 @@ async def finish(conn: AsyncConnection, run: Run, outcome: Outcome) -> Run:
             output_tokens=usage.output_tokens,
             cached_tokens=usage.cached_tokens,
             cache_write_tokens=usage.cache_write_tokens,
+            reasoning_tokens=usage.reasoning_tokens,
             cost_usd=cost,
         )
     if run.kind is RunKind.ASK:
