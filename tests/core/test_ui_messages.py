@@ -96,3 +96,27 @@ def test_a_message_steered_into_a_run_splits_its_answer_with_unique_ids() -> Non
         ("e3", "user"),
         ("r1:4", "assistant"),
     ]
+
+
+def test_reasoning_of_every_provider_shows_its_readable_text() -> None:
+    item = {
+        "type": "reasoning",
+        "id": "rs_1",
+        "encrypted_content": "opaque",
+        "summary": [
+            {"type": "summary_text", "text": "Plan."},
+            {"type": "summary_text", "text": "Go."},
+        ],
+    }
+    compat = {"type": "reasoning_text", "text": "Hmm."}
+    content = [item, compat, {"type": "text", "text": "Done."}]
+    entries = [
+        entry(1, "message", {"role": "user", "content": "Go"}),
+        entry(2, "message", {"role": "assistant", "content": content}, run_id="r1"),
+    ]
+    assert ui_messages(entries)[1]["parts"] == [
+        {"type": "step-start"},
+        {"type": "reasoning", "text": "Plan.\n\nGo.", "state": "done"},
+        {"type": "reasoning", "text": "Hmm.", "state": "done"},
+        {"type": "text", "text": "Done.", "state": "done"},
+    ]

@@ -164,7 +164,8 @@ export function entriesToMessages(entries) {
 export const REDACTED = { threadline: { redacted: true } };
 
 // A message's stored content as UI message parts, in order: its text, the model's reasoning
-// (thinking; a redacted block as an empty part marked so), images and documents as file parts.
+// (as app/core/content.py's reasoning_text reads it; a redacted block as an empty part marked
+// so), images and documents as file parts.
 export function contentParts(content) {
   if (!Array.isArray(content)) return [{ type: "text", text: textOf(content), state: "done" }];
   return content.map(uiPart).filter(Boolean);
@@ -178,6 +179,10 @@ function uiPart(part) {
       return { type: "reasoning", text: part.thinking, state: "done" };
     case "redacted_thinking":
       return { type: "reasoning", text: "", state: "done", providerMetadata: REDACTED };
+    case "reasoning": // an OpenAI Responses reasoning item: its summary is what can be read
+      return { type: "reasoning", text: (part.summary ?? []).map((s) => s.text).filter(Boolean).join("\n\n"), state: "done" };
+    case "reasoning_text": // an OpenAI-compatible server's reasoning_content
+      return { type: "reasoning", text: part.text, state: "done" };
     case "image_url":
     case "document":
       return { type: "file", mediaType: mediaTypeOf(part.url), filename: part.filename, url: part.url };
