@@ -130,6 +130,30 @@ def is_reasoning(part: Any) -> bool:
     return isinstance(part, dict) and part.get("type") in REASONING_TYPES
 
 
+def reasoning_text(part: dict[str, Any]) -> str:
+    """A reasoning part's text to show a person, whatever its provider's type: a thinking
+    block's thinking, a summary's texts joined; "" for reasoning the provider encrypted (a
+    redacted block). Every surface shows stored reasoning through this one function."""
+    if part.get("type") == "thinking":
+        return str(part.get("thinking") or "")
+    summary = part.get("summary")
+    if isinstance(summary, list):
+        texts = [str(s.get("text", "")) for s in summary if isinstance(s, dict)]
+        return "\n\n".join(t for t in texts if t)
+    text = part.get("text")
+    return text if isinstance(text, str) else ""
+
+
+def reasoning_opaque(part: dict[str, Any]) -> str | None:
+    """What the provider gave to check or decrypt a reasoning part (a thinking block's
+    signature, a redacted block's data, encrypted content), byte for byte; None if none."""
+    for name in ("signature", "data", "encrypted_content"):
+        value = part.get(name)
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
 def without_reasoning(content: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The parts that are not reasoning: what a provider that takes no reasoning back gets."""
     return [p for p in content if not is_reasoning(p)]

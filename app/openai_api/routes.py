@@ -111,7 +111,7 @@ async def create_response(
     if not body.background:
         await service.until_done(hub, loaded)
     loaded = await service.load(engine, tenant, loaded.id)
-    return JSONResponse(await service.current(engine, loaded, base))
+    return JSONResponse(await service.current(engine, loaded, base, encrypted=created.encrypted))
 
 
 @router.get(
@@ -128,11 +128,12 @@ async def get_response(
     stream: bool = False,
     starting_after: Annotated[int, Query(ge=-1)] = -1,
     include: Annotated[list[str] | None, Query()] = None,
+    # The openai SDKs send a list as include[]=...
+    include_listed: Annotated[list[str] | None, Query(alias="include[]")] = None,
 ) -> Response:
     """The response as it is now; with `stream=true`, its events (after `starting_after`),
     replayed then live."""
-    if include:
-        raise unsupported("include")
+    encrypted = service.encrypted_included([*(include or []), *(include_listed or [])])
     loaded = await service.load(engine, tenant, response_id)
     if stream:
         if not await hub.has_more(loaded.run.id, 0):  # over, and its events are gone
@@ -142,7 +143,7 @@ async def get_response(
             )
         response_stream = service.stream_of(loaded, service.base_of(loaded))
         return _sse(hub, response_stream, starting_after, settings.sse_heartbeat_seconds)
-    return JSONResponse(await service.current(engine, loaded))
+    return JSONResponse(await service.current(engine, loaded, encrypted=encrypted))
 
 
 @router.post(
