@@ -606,7 +606,8 @@ MIN_THINKING_BUDGET = 1024
 
 
 def _mac(text: str, place: int, of: int) -> str:
-    message = f"{place}/{of}\x00{text}".encode()
+    # surrogatepass: a model's text may hold a lone surrogate (JSON escapes one), signed too.
+    message = f"{place}/{of}\x00{text}".encode("utf-8", "surrogatepass")
     return hmac.new(_SECRET, message, hashlib.sha256).hexdigest()
 
 

@@ -154,6 +154,29 @@ def reasoning_opaque(part: dict[str, Any]) -> str | None:
     return None
 
 
+# What a JSON string in Postgres (jsonb) cannot hold: the NUL character, and a lone surrogate
+# (not Unicode, so not UTF-8).
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def unstorable(value: Any) -> str | None:
+    """Why the journal cannot keep `value` (JSON) byte for byte: the first character a text of
+    it holds that Postgres stores no text with; None when it can."""
+    if isinstance(value, str):
+        found = _UNSTORABLE.search(value)
+        if found is None:
+            return None
+        what = "a NUL character" if found.group() == "\x00" else "a lone surrogate"
+        return f"it holds {what} (U+{ord(found.group()):04X}) at {found.start()}"
+    if isinstance(value, dict):
+        values: list[Any] = [*value.keys(), *value.values()]
+    elif isinstance(value, list):
+        values = value
+    else:
+        return None
+    return next((why for v in values if (why := unstorable(v)) is not None), None)
+
+
 def without_reasoning(content: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The parts that are not reasoning: what a provider that takes no reasoning back gets."""
     return [p for p in content if not is_reasoning(p)]

@@ -305,3 +305,30 @@ async def test_compaction_over_thinking_turns_summarizes_what_was_said_not_the_t
     assert (await streamed_ask(api, sid, "Right?"))[-1].type == "run.completed"
     assert all(not blocks for blocks in reasoning_sent(upstream.requests[-1].body))
     assert "Secret plan" not in repr(upstream.requests[-1].body)
+
+
+async def test_thinking_the_journal_cannot_store_is_asked_again_never_half_written(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    """Postgres stores no NUL character and no lone surrogate: a thinking block holding one
+    cannot be kept byte for byte, nor changed (its signature covers it). The model turn is
+    asked again, and the run never writes the block, altered or not."""
+    sid = (await new_session(api, config=CONFIG))["id"]
+    upstream.script(Thinking("a NUL \x00 here"), Text("Lost."))
+    upstream.script(Thinking("a lone \ud800 surrogate"), Text("Lost too."))
+    upstream.script(Thinking("Clean."), Text("It is 2."))
+
+    events = await streamed_ask(api, sid, "One plus one?")
+
+    assert events[-1].type == "run.completed", events[-1].data
+    assert [e.data["reason"] for e in events if e.type == "message.reset"] == [
+        "provider_retry",
+        "provider_retry",
+    ]
+    journal = await history(api, sid)
+    everything = repr([e["payload"] for e in journal])
+    assert "NUL" not in everything and "lone" not in everything and "Lost" not in everything
+    assert assistants(journal)[0]["payload"]["content"] == [
+        thought("Clean."),
+        {"type": "text", "text": "It is 2."},
+    ]
