@@ -32,6 +32,7 @@ from typing import Any
 import anthropic
 
 from app.core.formats import to_anthropic
+from app.core.reasoning import DEFAULT_ANSWER_TOKENS
 from app.core.tool_choice import anthropic_tool_choice
 from app.core.usage import UsageReport
 from app.llm.base import (
@@ -47,8 +48,6 @@ from app.llm.base import (
     classified,
 )
 from app.llm.openai_provider import kind_for_status
-
-DEFAULT_MAX_TOKENS = 4096  # Anthropic requires a cap; requests that set none get this one
 
 # Anthropic's error types (in error bodies and stream error events) as error kinds.
 ERROR_TYPES: dict[str, ErrorKind] = {
@@ -88,7 +87,8 @@ class AnthropicProvider:
         )
         # As in the OpenAI provider: cast_to=object has the SDK hand over each event as parsed
         # JSON rather than build a pydantic model of it. The body is create()'s, in its order.
-        answer = request.max_output_tokens or DEFAULT_MAX_TOKENS
+        # Anthropic requires a cap; requests that set none get the default one.
+        answer = request.max_output_tokens or DEFAULT_ANSWER_TOKENS
         reasoning = request.reasoning
         if reasoning is not None and _loop_without_thinking(wire["messages"]):
             # A tool loop that began without thinking (reasoning was off, then turned on) goes

@@ -11,9 +11,9 @@ import pytest
 
 from app.core.formats import to_anthropic
 from app.core.messages import Message, ToolCall, ToolSpec
-from app.core.reasoning import EFFORT_BUDGETS, Reasoning
+from app.core.reasoning import DEFAULT_ANSWER_TOKENS, EFFORT_BUDGETS, Reasoning
 from app.core.usage import UsageReport
-from app.llm.anthropic_provider import DEFAULT_MAX_TOKENS, AnthropicProvider
+from app.llm.anthropic_provider import AnthropicProvider
 from app.llm.base import (
     Finish,
     ModelRequest,
@@ -87,7 +87,7 @@ async def test_sends_thinking_with_max_tokens_above_the_budget(
     budgeted = Reasoning(budget_tokens=2000)
     await collect(provider.stream(ModelRequest("claude-sonnet-4-5", QUESTION, reasoning=budgeted)))
     assert upstream.requests[1].body["thinking"]["budget_tokens"] == 2000
-    assert upstream.requests[1].body["max_tokens"] == 2000 + DEFAULT_MAX_TOKENS
+    assert upstream.requests[1].body["max_tokens"] == 2000 + DEFAULT_ANSWER_TOKENS
 
 
 async def test_without_reasoning_no_thinking_is_asked(
