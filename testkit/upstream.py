@@ -17,6 +17,8 @@ checked as the API checks it: the fake signs each block (its text, its place amo
 blocks and their number), and refuses with Anthropic's 400 a request whose final assistant turn
 in a tool loop does not start with its thinking, or sends it back altered, reordered or in part;
 a thinking budget under 1024 or not below max_tokens, and thinking with a forced tool_choice.
+A thought scripted after a tool call is streamed only with the interleaved-thinking beta header
+(the model then thinks between its tool calls); without it, it is left out.
 """
 
 from __future__ import annotations
@@ -484,6 +486,10 @@ class FakeUpstream:
         fail, steps = await self._lead_in(script)
         if fail is not None:
             return _anthropic_error(fail.status, fail.kind, fail.message)
+        if INTERLEAVED_THINKING_BETA not in request.headers.get("anthropic-beta", ""):
+            # Without interleaved thinking the model thinks before its turn only: a scripted
+            # thought after a tool call is not streamed.
+            steps = _before_tool_calls_only(steps)
         events = self._anthropic_events(str(body.get("model")), script, steps)
         return StreamingResponse(events, media_type="text/event-stream")
 
@@ -698,6 +704,20 @@ def _has_block(message: Json, kind: str) -> bool:
 
 
 # --- Wire helpers ------------------------------------------------------------------------
+
+
+INTERLEAVED_THINKING_BETA = "interleaved-thinking-2025-05-14"
+
+
+def _before_tool_calls_only(steps: Sequence[Step]) -> list[Step]:
+    """The steps but any reasoning after the turn's first tool call."""
+    out: list[Step] = []
+    called = False
+    for step in steps:
+        called = called or isinstance(step, ToolCall)
+        if not (called and isinstance(step, Thinking | RedactedThinking)):
+            out.append(step)
+    return out
 
 
 def _data(payload: Json) -> str:

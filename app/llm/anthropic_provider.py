@@ -47,6 +47,7 @@ from app.llm.base import (
     ToolCallDelta,
     classified,
 )
+from app.llm.catalog import INTERLEAVED_THINKING_BETA, interleaves_thinking
 from app.llm.openai_provider import kind_for_status
 
 # Anthropic's error types (in error bodies and stream error events) as error kinds.
@@ -106,11 +107,16 @@ class AnthropicProvider:
             body["thinking"] = {"type": "enabled", "budget_tokens": reasoning.budget}
         if choice is not None:
             body["tool_choice"] = choice
+        headers: dict[str, str] = {}
         if "tools" in wire:
             body["tools"] = wire["tools"]
+            if reasoning is not None and interleaves_thinking(f"anthropic:{request.model}"):
+                # The model thinks between its tool calls too (after each result it reads).
+                headers["anthropic-beta"] = INTERLEAVED_THINKING_BETA
         events = await self._client.post(
             "/v1/messages",
             body=body,
+            options={"headers": headers},
             cast_to=object,
             stream=True,
             stream_cls=anthropic.AsyncStream[object],
