@@ -272,6 +272,22 @@ def response_of(
     )
 
 
+async def with_encrypted_reasoning(
+    engine: AsyncEngine, tenant_id: str, response_id: str, output: list[Json]
+) -> list[Json]:
+    """A streamed output's reasoning items as read back with their opaque content (by id:
+    streamed and read back, an item has the same)."""
+    loaded = await load(engine, tenant_id, response_id)
+    part = loaded.parts[loaded.segment]
+    stored = mapping.output_items(
+        loaded.run.id, loaded.segment, part.outputs, loaded.tool_names, encrypted=True
+    )
+    reasoning = {item["id"]: item for item in stored if item["type"] == "reasoning"}
+    return [
+        reasoning.get(item["id"], item) if item["type"] == "reasoning" else item for item in output
+    ]
+
+
 def stream_of(loaded: Loaded, base: Json) -> ResponseStream:
     queued = bool(base.get("background"))  # a background response is created queued
     return ResponseStream(loaded.run.id, loaded.segment, base, loaded.tool_names, queued=queued)

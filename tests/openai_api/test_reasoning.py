@@ -181,3 +181,31 @@ async def test_reasoning_for_a_model_that_cannot_reason_is_refused(
         await client.responses.retrieve("resp_" + "0" * 32, include=["file_search_call.results"])
     assert isinstance(include.value.body, dict) and include.value.body["param"] == "include[0]"
     assert upstream.requests == []
+
+
+async def test_a_streamed_response_with_include_ends_with_the_encrypted_content(
+    client: AsyncOpenAI, upstream: FakeUpstream
+) -> None:
+    """The run's events do not carry the provider's opaque content: the ended response does,
+    read from the journal, and a replay of the stream alike."""
+    upstream.script(Thinking("Quick."), RedactedThinking("flagged"), Text("Done."))
+    stream = await client.responses.create(
+        model=MODEL,
+        input="Go",
+        reasoning={"effort": "low"},
+        include=["reasoning.encrypted_content"],
+        stream=True,
+    )
+    events = [event async for event in stream]
+    thought, redacted, _ = ended(events).output
+    assert isinstance(thought, ResponseReasoningItem)
+    assert isinstance(redacted, ResponseReasoningItem)
+    assert thought.encrypted_content == signature("Quick.", 0, 2)
+    assert redacted.encrypted_content == redacted_data("flagged", 1, 2)
+    assert [s.text for s in thought.summary] == ["Quick."]
+
+    replay = await client.responses.retrieve(
+        ended(events).id, stream=True, include=["reasoning.encrypted_content"]
+    )
+    replayed = [event async for event in replay]
+    assert ended(replayed).model_dump()["output"] == ended(events).model_dump()["output"]
