@@ -18,6 +18,7 @@ from app.core.policy import ContextPolicy
 from app.core.projection import tail_suffices
 from app.db.journal import read_tail, run_entries
 from app.db.sessions import get_session
+from app.services.errors import Invalid
 from app.services.journal import append_entries
 from app.services.keys import create_key, tenant_for_key
 from app.services.sessions import create_session, fork_session
@@ -129,8 +130,9 @@ THINKING_TEXT = st.text(
 async def test_thinking_round_trips_byte_for_byte_or_is_known_unstorable(
     engine: AsyncEngine, thinking: str
 ) -> None:
-    """`unstorable` is exactly what Postgres refuses: any other thinking text comes back from
-    the journal as it went in, byte for byte; refused text leaves nothing written."""
+    """`unstorable` is exactly what the journal refuses (its entry checks, or Postgres): any
+    other thinking text comes back as it went in, byte for byte; refused text leaves nothing
+    written."""
     tenant_id = await tenant(engine)
     sid = (await create_session(engine, tenant_id, title=None, metadata={}, config={})).id
     part = {"type": "thinking", "thinking": thinking, "signature": "c2lnbmVk"}
@@ -144,7 +146,7 @@ async def test_thinking_round_trips_byte_for_byte_or_is_known_unstorable(
             stored = (await read_tail(conn, session.thread, lambda _: False))[0]
         assert stored[-1].payload["content"][0]["thinking"].encode() == thinking.encode()
     else:
-        with pytest.raises((DBAPIError, UnicodeEncodeError)):
+        with pytest.raises((Invalid, DBAPIError, UnicodeEncodeError)):
             await append_entries(engine, tenant_id, sid, [entry], expected_rev=None)
         async with engine.connect() as conn:
             session = await get_session(conn, tenant_id, sid)
