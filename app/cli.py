@@ -230,6 +230,11 @@ def parser() -> argparse.ArgumentParser:
     chat.add_argument(
         "--key", help="an API key (THREADLINE_API_KEY; default: the development key file)"
     )
+    chat.add_argument(
+        "--hide-reasoning",
+        action="store_true",
+        help="do not show the model's reasoning (shown dimmed by default; /reasoning toggles)",
+    )
     start = chat.add_mutually_exclusive_group()
     start.add_argument("--resume", metavar="ID", help="continue a session")
     start.add_argument("--fork", metavar="ID[@SEQ]", help="fork a session (at a seq) and chat")
@@ -248,7 +253,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "chat":  # a client: no settings of the service's own
         from app.chat.repl import main as chat
 
-        raise SystemExit(chat(args.url, args.key, args.resume, args.fork))
+        raise SystemExit(chat(args.url, args.key, args.resume, args.fork, args.hide_reasoning))
 
     settings = Settings()
     if args.command == "serve":

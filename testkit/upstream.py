@@ -27,6 +27,8 @@ with function_call_output) whose latest turns' reasoning items are missing or re
 Chat Completions stream ReasoningContent steps as `reasoning_content` (or `reasoning`) deltas,
 as DeepSeek, vLLM, llama.cpp and OpenRouter do, and refuse (as DeepSeek does) a request that
 sends reasoning_content back.
+A thought scripted after a tool call is streamed only with the interleaved-thinking beta header
+(the model then thinks between its tool calls); without it, it is left out.
 """
 
 from __future__ import annotations
@@ -527,6 +529,10 @@ class FakeUpstream:
         fail, steps = await self._lead_in(script)
         if fail is not None:
             return _anthropic_error(fail.status, fail.kind, fail.message)
+        if INTERLEAVED_THINKING_BETA not in request.headers.get("anthropic-beta", ""):
+            # Without interleaved thinking the model thinks before its turn only: a scripted
+            # thought after a tool call is not streamed.
+            steps = _before_tool_calls_only(steps)
         events = self._anthropic_events(str(body.get("model")), script, steps)
         return StreamingResponse(events, media_type="text/event-stream")
 
@@ -938,7 +944,8 @@ MIN_THINKING_BUDGET = 1024
 
 
 def _mac(text: str, place: int, of: int) -> str:
-    message = f"{place}/{of}\x00{text}".encode()
+    # surrogatepass: a model's text may hold a lone surrogate (JSON escapes one), signed too.
+    message = f"{place}/{of}\x00{text}".encode("utf-8", "surrogatepass")
     return hmac.new(_SECRET, message, hashlib.sha256).hexdigest()
 
 
@@ -1029,6 +1036,20 @@ def _has_block(message: Json, kind: str) -> bool:
 
 
 # --- Wire helpers ------------------------------------------------------------------------
+
+
+INTERLEAVED_THINKING_BETA = "interleaved-thinking-2025-05-14"
+
+
+def _before_tool_calls_only(steps: Sequence[Step]) -> list[Step]:
+    """The steps but any reasoning after the turn's first tool call."""
+    out: list[Step] = []
+    called = False
+    for step in steps:
+        called = called or isinstance(step, ToolCall)
+        if not (called and isinstance(step, Thinking | RedactedThinking)):
+            out.append(step)
+    return out
 
 
 def _data(payload: Json) -> str:

@@ -22,7 +22,7 @@ from app.config import Settings
 from app.main import create_app
 from testkit.database import create_database
 from testkit.server import serve_in_thread, stop_thread_server
-from testkit.upstream import FakeUpstream, Text
+from testkit.upstream import FakeUpstream, Text, Thinking
 from tests.conftest import issue_key
 from tests.e2e import Service, e2e_env
 from tests.test_cli import Served as ServedCli
@@ -254,6 +254,36 @@ async def test_the_openai_sdk_examples_run_as_written(
     assert result.returncode == 0, result.stderr
     assert result.stdout == "Cold and clear.\n"
     assert upstream.requests[-1].body["model"] == "gpt-4o-mini"
+
+
+async def test_the_reasoning_examples_run_as_written(
+    api: httpx.AsyncClient, service: Service, upstream: FakeUpstream
+) -> None:
+    """The README's reasoning examples, with Anthropic configured: curl's native ask streams
+    the thinking as reasoning.delta; the OpenAI SDK gets it as reasoning items."""
+    served = Served(service.url, api.headers["Authorization"].removeprefix("Bearer "))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("THREADLINE_")}
+    upstream.clear()
+    upstream.script(Thinking("Try the primes up to 31."), Text("Yes, 1021 is prime."))
+    result = await asyncio.to_thread(
+        subprocess.run,
+        ["bash", "-euo", "pipefail", "-c", sh_block_after("### Reasoning")],
+        env={**env, "API": served.url, "KEY": served.key},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "event: reasoning.delta" in result.stdout
+    assert "Try the primes" in result.stdout and "event: run.completed" in result.stdout
+    assert upstream.requests[-1].body["thinking"] == {"type": "enabled", "budget_tokens": 1024}
+
+    (example,) = python_blocks_after("### Reasoning")
+    upstream.script(Thinking("Try the primes up to 31."), Text("Yes, 1021 is prime."))
+    ran = await asyncio.to_thread(run_python, example, served)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout == "thinking: Try the primes up to 31.\nYes, 1021 is prime.\n"
+    assert upstream.requests[-1].body["thinking"]["budget_tokens"] == 1024
 
 
 def test_the_compaction_result_shown_is_what_the_api_returns() -> None:

@@ -18,6 +18,7 @@ from rich.text import Text
 from app.chat import commands
 from app.chat.client import ApiError, ChatError, Client, RunEvent, Stream
 from app.chat.view import RunView, one_line, printable
+from app.core.content import is_reasoning
 from app.eventlog.registry import EventType
 
 # Turns shown when a session is resumed, and entries /history shows.
@@ -59,6 +60,8 @@ def content_text(payload: dict[str, Any]) -> str:
         for part in content:
             if isinstance(part, dict) and part.get("type") == "text":
                 parts.append(str(part.get("text", "")))
+            elif is_reasoning(part):
+                continue  # the model's thinking is not what it said
             else:
                 parts.append("[image]")
         return " ".join(parts)
@@ -74,10 +77,17 @@ def highlighted(excerpt: str) -> Text:
 
 
 class Chat:
-    def __init__(self, client: Client, console: Console, session: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        client: Client,
+        console: Console,
+        session: dict[str, Any],
+        show_reasoning: bool = True,
+    ) -> None:
         self.client, self.console = client, console
         self.session_id = str(session["id"])
         self.last_run: str | None = None
+        self.show_reasoning = show_reasoning
 
     # -- the loop
 
@@ -125,6 +135,10 @@ class Chat:
                 self.model(name)
             case commands.Stop():
                 self.stop()
+            case commands.Reasoning():
+                self.show_reasoning = not self.show_reasoning
+                shown_or_not = "shown" if self.show_reasoning else "hidden"
+                self.console.print(f"[dim]the model's reasoning is {shown_or_not}[/]")
         return True
 
     # -- runs
@@ -144,7 +158,7 @@ class Chat:
         """Show a run as it streams. Ctrl-C cancels it and shows how it ended; a second
         Ctrl-C leaves (KeyboardInterrupt goes up to the loop)."""
         shown_id = 0  # the last event shown (Ctrl-C may come between receiving and showing)
-        with RunView(self.console) as view:
+        with RunView(self.console, self.show_reasoning) as view:
             try:
                 for event in stream:
                     self._show(event, view)
@@ -363,7 +377,13 @@ def prompt_reader(console: Console) -> Callable[[], str]:
     return lambda: session.prompt("› ")  # noqa: RUF001
 
 
-def main(url: str | None, key: str | None, resume: str | None, fork: str | None) -> int:
+def main(
+    url: str | None,
+    key: str | None,
+    resume: str | None,
+    fork: str | None,
+    hide_reasoning: bool = False,
+) -> int:
     """`threadline chat`: the exit status (1 with a message when it cannot start)."""
     # Piped, lines are not wrapped at a width no one set (the header's session id stays whole).
     console = Console(highlight=False, soft_wrap=not sys.stdout.isatty())
@@ -372,7 +392,7 @@ def main(url: str | None, key: str | None, resume: str | None, fork: str | None)
     try:
         client = Client(resolve_url(url), resolve_key(key))
         session, how = start_session(client, resume, fork)
-        chat = Chat(client, console, session)
+        chat = Chat(client, console, session, show_reasoning=not hide_reasoning)
         model = session["config"].get("model") or client.context(chat.session_id)["model"]
         console.print(f"[bold]Threadline chat[/] · session [bold]{chat.session_id}[/]")
         console.print(f"{how} · model {shown(model)}")

@@ -165,8 +165,8 @@ def is_reasoning(part: Any) -> bool:
 
 def reasoning_text(part: dict[str, Any]) -> str:
     """A reasoning part's text to show a person, whatever its provider's type: a thinking
-    block's thinking, a Responses item's summary texts joined, a compat server's text; "" for
-    reasoning the provider encrypted (a redacted block)."""
+    block's thinking, a summary's texts joined; "" for reasoning the provider encrypted (a
+    redacted block). Every surface shows stored reasoning through this one function."""
     if part.get("type") == "thinking":
         return str(part.get("thinking") or "")
     summary = part.get("summary")
@@ -180,6 +180,39 @@ def reasoning_text(part: dict[str, Any]) -> str:
 def is_redacted(part: dict[str, Any]) -> bool:
     """A reasoning part the provider encrypted whole: it has no text to show."""
     return part.get("type") == "redacted_thinking"
+
+
+def reasoning_opaque(part: dict[str, Any]) -> str | None:
+    """What the provider gave to check or decrypt a reasoning part (a thinking block's
+    signature, a redacted block's data, encrypted content), byte for byte; None if none."""
+    for name in ("signature", "data", "encrypted_content"):
+        value = part.get(name)
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
+# What a JSON string in Postgres (jsonb) cannot hold: the NUL character, and a lone surrogate
+# (not Unicode, so not UTF-8).
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def unstorable(value: Any) -> str | None:
+    """Why the journal cannot keep `value` (JSON) byte for byte: the first character a text of
+    it holds that Postgres stores no text with; None when it can."""
+    if isinstance(value, str):
+        found = _UNSTORABLE.search(value)
+        if found is None:
+            return None
+        what = "a NUL character" if found.group() == "\x00" else "a lone surrogate"
+        return f"it holds {what} (U+{ord(found.group()):04X}) at {found.start()}"
+    if isinstance(value, dict):
+        values: list[Any] = [*value.keys(), *value.values()]
+    elif isinstance(value, list):
+        values = value
+    else:
+        return None
+    return next((why for v in values if (why := unstorable(v)) is not None), None)
 
 
 def without_reasoning(

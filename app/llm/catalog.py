@@ -46,6 +46,14 @@ REASONING: dict[str, bool] = {
     "openai:gpt-5": True,
     "openai:gpt-5-chat": False,
 }
+# Anthropic models that think between tool calls too (interleaved thinking: the Claude 4
+# family, with the beta header INTERLEAVED_THINKING_BETA); others think once, before a turn.
+INTERLEAVED_THINKING = (
+    "anthropic:claude-sonnet-4",
+    "anthropic:claude-opus-4",
+    "anthropic:claude-haiku-4",
+)
+INTERLEAVED_THINKING_BETA = "interleaved-thinking-2025-05-14"
 DISCOVERY_TIMEOUT_SECONDS = 3.0
 DISCOVERY_RETRY_SECONDS = 60.0  # a server that did not answer is asked again after this
 # The metrics' name of a model the catalog does not know: clients may send any model string,
@@ -271,6 +279,12 @@ def reasoning_sent_back(settings: Settings, model: str) -> frozenset[str]:
     if uses_responses_api(settings, model):
         return OPENAI_REASONING
     return frozenset()
+
+
+def interleaves_thinking(model: str) -> bool:
+    """Whether `model` ("provider:name") can think between its tool calls (Anthropic's
+    interleaved thinking), not only before its turn."""
+    return model.startswith(INTERLEAVED_THINKING)
 
 
 def offered_models(settings: Settings) -> list[str]:

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.core.content import is_reasoning
+from app.core.content import is_reasoning, reasoning_opaque, reasoning_text
 from app.core.entries import EntryKind, JournalEntry
 
 Item = dict[str, Any]
@@ -341,18 +341,25 @@ def _is_user_message(entry: JournalEntry) -> bool:
 
 
 def output_items(
-    run_id: str, segment: int, entries: Sequence[JournalEntry], client_tools: frozenset[str]
+    run_id: str,
+    segment: int,
+    entries: Sequence[JournalEntry],
+    client_tools: frozenset[str],
+    *,
+    encrypted: bool = False,
 ) -> list[Item]:
-    """What a response wrote, as its `output`: assistant messages (not empty ones) and the
-    calls of client-side tools. Calls the service ran itself (built-in and webhook tools) and
-    their results stay in the journal: the client has nothing to do with them."""
+    """What a response wrote, as its `output`: the model's reasoning (a reasoning item per
+    block, before the message it belongs to, as streamed), assistant messages (not empty ones)
+    and the calls of client-side tools. Calls the service ran itself (built-in and webhook
+    tools) and their results stay in the journal: the client has nothing to do with them.
+    `encrypted`: reasoning items carry the provider's opaque content (`include`
+    reasoning.encrypted_content)."""
     out: list[Item] = []
     for entry in entries:
         if entry.kind == EntryKind.MESSAGE and entry.payload.get("role") == "assistant":
-            if not _text_of(entry.payload["content"]):
-                continue
-            prefix = "msg"
-        elif entry.kind == EntryKind.TOOL_CALL and entry.payload.get("name") in client_tools:
+            out += _answer_items(entry, run_id, segment, len(out), encrypted)
+            continue
+        if entry.kind == EntryKind.TOOL_CALL and entry.payload.get("name") in client_tools:
             prefix = "fc"
         else:
             continue
@@ -362,10 +369,46 @@ def output_items(
     return out
 
 
+def reasoning_item(item_id: str, text: str, opaque: str | None = None) -> Item:
+    """A reasoning block as the Responses API's reasoning item: its text as the summary (none
+    for reasoning the provider encrypted); `opaque` as encrypted_content, when included."""
+    item: Item = {"type": "reasoning", "id": item_id, "summary": []}
+    if text:
+        item["summary"] = [{"type": "summary_text", "text": text}]
+    if opaque is not None:
+        item["encrypted_content"] = opaque
+    return item
+
+
+def _answer_items(
+    entry: JournalEntry, run_id: str, segment: int, at: int, encrypted: bool
+) -> list[Item]:
+    """An assistant message as items in the order the stream showed them: each reasoning block
+    where it stands, the message (all its text) where its text begins; no message item
+    without text."""
+    content = entry.payload["content"]
+    parts = [{"type": "text", "text": content}] if isinstance(content, str) else content
+    out: list[Item] = []
+    message_at: int | None = None
+    for part in parts:
+        if is_reasoning(part):
+            item_id = output_item_id("rs", run_id, segment, at + len(out))
+            opaque = reasoning_opaque(part) if encrypted else None
+            out.append(reasoning_item(item_id, reasoning_text(part), opaque))
+        elif message_at is None and part.get("type") == "text" and part.get("text"):
+            message_at = len(out)
+            out.append({})  # the message's place, filled below
+    if message_at is not None:
+        item = entry_item(entry, output_item_id("msg", run_id, segment, at + message_at))
+        assert item is not None
+        out[message_at] = item
+    return out
+
+
 def _text_of(content: str | list[dict[str, Any]]) -> str:
     if isinstance(content, str):
         return content
-    return "".join(str(p.get("text", "")) for p in content)
+    return "".join(str(p.get("text", "")) for p in content if p.get("type") == "text")
 
 
 def output_text(items: Sequence[Item]) -> str:

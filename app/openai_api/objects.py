@@ -61,9 +61,17 @@ def response_base(
         "store": True,
         "text": {"format": {"type": "text"}},
         "truncation": "auto",
-        "reasoning": None,
+        "reasoning": reasoning_object(params.reasoning),
         "user": None,
     }
+
+
+def reasoning_object(reasoning: Mapping[str, Any] | None) -> Json | None:
+    """A run's reasoning setting as the response shows it (None: the run did not reason); a
+    budget set natively has no effort. The summary is the provider's reasoning as given."""
+    if not reasoning or reasoning.get("effort") == "none":
+        return None
+    return {"effort": reasoning.get("effort"), "summary": "auto"}
 
 
 def tool_object(tool: Mapping[str, Any]) -> Json:

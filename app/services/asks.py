@@ -43,7 +43,7 @@ from app.services.errors import (
 )
 from app.services.handoff import RunHandoff
 from app.services.journal import append_in
-from app.services.projection import SessionProjection, project_in, project_session
+from app.services.projection import Answer, SessionProjection, project_in, project_session
 from app.telemetry import metrics
 
 Strategy = Literal["reject", "enqueue", "interrupt", "rollback", "steer"]
@@ -128,6 +128,7 @@ async def ask(
             policy=params.context_policy,
             model=params.model,
             extra_tools=params.tools,
+            answer=Answer(params.reasoning, params.max_output_tokens),
         )
         model = _served(checked, params)
     if params.multitask_strategy == "rollback":
@@ -224,6 +225,7 @@ async def _validated_in(
         policy=params.context_policy,
         model=params.model,
         extra_tools=params.tools,
+        answer=Answer(params.reasoning, params.max_output_tokens),
     )
     return _served(checked, params)
 

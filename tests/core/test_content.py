@@ -171,3 +171,28 @@ def test_hostile_entries_are_refused_with_a_path_or_sent_as_they_are(
     conversation.append(Message("user", "and now?"))
     assert validate_openai(to_openai(conversation, [])) == []
     assert validate_anthropic(to_anthropic(conversation, [])) == []
+
+
+@pytest.mark.parametrize(
+    ("part", "text", "opaque"),
+    [
+        ({"type": "thinking", "thinking": " a\tb\n", "signature": "sig"}, " a\tb\n", "sig"),
+        ({"type": "redacted_thinking", "data": "enc"}, "", "enc"),
+        # A summarized reasoning part (OpenAI's shape): its summaries' texts, one paragraph each.
+        (
+            {
+                "type": "reasoning",
+                "summary": [{"type": "summary_text", "text": "One."}, {"text": "Two."}],
+                "encrypted_content": "gAAA",
+            },
+            "One.\n\nTwo.",
+            "gAAA",
+        ),
+        ({"type": "reasoning", "text": "plain"}, "plain", None),
+    ],
+)
+def test_a_reasoning_parts_text_and_opaque_content_whatever_its_type(
+    part: Json, text: str, opaque: str | None
+) -> None:
+    assert rules.reasoning_text(part) == text
+    assert rules.reasoning_opaque(part) == opaque
