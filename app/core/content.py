@@ -155,6 +155,11 @@ class Document:
         """A text document's text."""
         return (decode_base64(self.data) or b"").decode("utf-8", "replace")
 
+    def as_text(self) -> str:
+        """A text document where it travels as text (OpenAI, compat and local models): its
+        name, then its text."""
+        return f"{self.filename}:\n\n{self.text()}"
+
 
 DEFAULT_FILENAMES = {"application/pdf": "document.pdf", "text/plain": "document.txt"}
 

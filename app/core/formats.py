@@ -10,7 +10,7 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from app.core.content import is_reasoning, sendable_parts, without_reasoning
+from app.core.content import document_of, is_reasoning, sendable_parts, without_reasoning
 from app.core.messages import Content, Message, ToolCall, ToolSpec, canonical_json, text_of
 from app.core.tokens import (
     JOINED_ROLES,
@@ -20,6 +20,7 @@ from app.core.tokens import (
     PER_TOOL_DEFINITION,
     REPLY_PRIMING,
     TokenCounter,
+    document_tokens,
     part_image_tokens,
 )
 
@@ -117,6 +118,14 @@ def _openai_part(part: Json) -> Json:
         if part.get("detail") is not None:
             image["detail"] = part["detail"]
         return {"type": "image_url", "image_url": image}
+    if part.get("type") == "document":
+        # Chat Completions reads PDFs as `file` parts; text is sent as text (a file part takes
+        # PDFs only), as OpenAI-compatible servers read it too.
+        document = document_of(part)
+        if document.media_type == "application/pdf":
+            file = {"filename": document.filename, "file_data": str(part["url"])}
+            return {"type": "file", "file": file}
+        return {"type": "text", "text": document.as_text()}
     raise ValueError(f"unknown content part type: {part.get('type')!r}")
 
 
@@ -250,6 +259,14 @@ def _anthropic_part(part: Json) -> Json:
         return {"type": "redacted_thinking", "data": part["data"]}
     if part.get("type") == "image_url":
         return {"type": "image", "source": _image_source(str(part["url"]))}
+    if part.get("type") == "document":
+        document = document_of(part)
+        source: Json = (
+            {"type": "base64", "media_type": document.media_type, "data": document.data}
+            if document.media_type == "application/pdf"
+            else {"type": "text", "media_type": "text/plain", "data": document.text()}
+        )
+        return {"type": "document", "source": source, "title": document.filename}
     raise ValueError(f"unknown content part type: {part.get('type')!r}")
 
 
@@ -347,6 +364,10 @@ def _wire_content_tokens(content: str | list[Json] | None, counter: TokenCounter
 def _wire_part_tokens(part: Json, counter: TokenCounter) -> int:
     if part["type"] == "text":
         return counter.count(part["text"])
+    if part["type"] == "file":
+        file = part["file"]
+        document = {"type": "document", "url": file["file_data"], "filename": file["filename"]}
+        return document_tokens(document, counter)
     image = part.get("image_url", {})
     return part_image_tokens(str(image.get("url", "")), image.get("detail"), counter)
 
