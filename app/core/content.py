@@ -390,7 +390,7 @@ def sendable_parts(role: str, parts: Sequence[dict[str, Any]]) -> list[dict[str,
         if not problems or problems[0].rule == BLANK_TEXT:
             sendable.append(dict(part))  # blank text is harmless; formats drop it where needed
         else:
-            what = {"image_url": "image", "document": "document"}.get(part.get("type"), "part")
+            what = {"image_url": "image", "document": "document"}.get(str(part.get("type")), "part")
             sendable.append({"type": "text", "text": f"[{what} not sent: {problems[0].message}]"})
     return sendable or [{"type": "text", "text": EMPTY_NOTE}]
 

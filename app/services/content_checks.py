@@ -68,7 +68,7 @@ async def check_appended(
     """Entries appended by a client: documents within the cap, and what the session's model
     cannot read refused (a session that does not exist is the append's own 404)."""
     messages = [
-        (i, e.payload.get("content"))
+        (i, e.payload.get("content") or "")
         for i, e in enumerate(entries)
         if e.kind == EntryKind.MESSAGE and isinstance(e.payload, dict)
     ]
