@@ -129,6 +129,16 @@ def _openai_part(part: Json) -> Json:
     raise ValueError(f"unknown content part type: {part.get('type')!r}")
 
 
+def responses_document(part: Json) -> Json:
+    """A document part as OpenAI's Responses API takes it in a user message (for a Responses
+    upstream): a PDF as an `input_file` with its file_data and filename, text as input_text
+    (as Chat Completions gets it)."""
+    document = document_of(part)
+    if document.media_type == "application/pdf":
+        return {"type": "input_file", "filename": document.filename, "file_data": part["url"]}
+    return {"type": "input_text", "text": document.as_text()}
+
+
 def _openai_call(call: ToolCall) -> Json:
     return {
         "id": call.id,

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from app.core.formats import (
     CONTINUATION_NOTE,
     openai_request_tokens,
+    responses_document,
     to_anthropic,
     to_neutral,
     to_openai,
@@ -327,6 +328,18 @@ def test_documents_openai() -> None:
         {"type": "file", "file": {"filename": "report.pdf", "file_data": PDF_PART["url"]}},
         _text("notes.txt:\n\nQuarterly notes: revenue up 4%."),
     ]
+
+
+def test_documents_for_the_responses_api() -> None:
+    assert responses_document(PDF_PART) == {
+        "type": "input_file",
+        "filename": "report.pdf",
+        "file_data": PDF_PART["url"],
+    }
+    assert responses_document(TEXT_PART) == {
+        "type": "input_text",
+        "text": "notes.txt:\n\nQuarterly notes: revenue up 4%.",
+    }
 
 
 def test_documents_anthropic() -> None:
