@@ -220,6 +220,12 @@ class Settings(BaseSettings):
     max_request_bytes: int = Field(
         default=1_048_576, ge=1024, description="Request bodies above this size answer 413."
     )
+    max_document_bytes: int = Field(
+        default=32 * 1024 * 1024,
+        ge=1,
+        description="Largest document (a PDF or text content part, decoded) a message may "
+        "carry; larger ones answer 422. Its base64 must also fit max_request_bytes.",
+    )
     max_append_entries: int = Field(
         default=1000, ge=1, description="Most entries one append request may carry."
     )

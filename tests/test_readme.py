@@ -354,3 +354,47 @@ def test_the_operating_examples_run_as_written(
         assert "max_sessions: 10000\n" in result.stdout
     else:
         assert result.stdout.count("tenant acme:") == 2, result.stdout
+
+
+async def test_the_document_examples_run_as_written(
+    api: httpx.AsyncClient, service: Service, upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    """The Documents section's curl block (Anthropic) and openai SDK block (the facade, OpenAI),
+    with a report.pdf beside them: each provider gets the PDF in its own shape."""
+    from tests.documents import pdf
+
+    (tmp_path / "report.pdf").write_bytes(pdf(2))
+    heading = "### Documents: PDFs and text"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("THREADLINE_")}
+    key = api.headers["Authorization"].removeprefix("Bearer ")
+    env |= {"API": service.url, "KEY": key}
+    upstream.script(Text("A two-page report."))
+    result = await asyncio.to_thread(
+        subprocess.run,
+        ["bash", "-euo", "pipefail", "-c", sh_block_after(heading)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr + result.stdout[-3000:]
+    assert result.stdout == "completed\n"
+    block = upstream.requests[-1].body["messages"][-1]["content"][1]
+    assert block["type"] == "document" and block["source"]["media_type"] == "application/pdf"
+
+    (example,) = python_blocks_after(heading)
+    upstream.script(Text("Two blank pages."))
+    ran = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-c", example],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout == "Two blank pages.\n"
+    part = upstream.requests[-1].body["messages"][-1]["content"][1]
+    assert part["type"] == "file" and part["file"]["filename"] == "report.pdf"

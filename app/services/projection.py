@@ -29,6 +29,7 @@ from app.db.engine import read_snapshot
 from app.db.memory import get_memory
 from app.llm.catalog import context_window_for, reasoning_sent_back
 from app.llm.tokenizers import counting_for
+from app.services.content_checks import check_readable
 from app.services.errors import Invalid, entries_refused, session_not_found
 
 
@@ -219,6 +220,10 @@ async def _project(
 ) -> _Projected:
     config = session.config
     model = model_override or config.model or settings.default_model
+    # What the model cannot read is refused before what it cannot fit: the clearer reason.
+    for entry in pending:
+        if entry.kind == "message":
+            check_readable(model, entry.payload.get("content", ""), ["body", "input"])
     window = await context_window_for(settings, model)
     policy = resolve_policy(window, settings.context_policy, config.context_policy, overrides)
     policy = _with_room_to_think(policy, model, config.reasoning, answer or Answer())
