@@ -31,6 +31,7 @@ from app.eventlog.writer import Committed, EventWriter
 from app.llm.router import Router
 from app.llm.tokenizers import stored_counter
 from app.services import retention, run_transitions
+from app.services.approvals import expire_approvals
 from app.services.runs import expire_waiting_runs
 from app.tools.webhook import aclose_shared_client
 from app.worker import runtime as runtimes
@@ -283,5 +284,6 @@ async def _retry_stalled(
                         "this worker (%s) had been deregistered: registered again", worker_id
                     )
             await expire_waiting_runs(runtime.engine)
+            await expire_approvals(runtime.engine)
         except Exception:
             log.exception("checking for stalled jobs failed")
