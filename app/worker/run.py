@@ -147,7 +147,7 @@ async def _execute(
     progress = _Progress(model=run.model, first_output=run.attempts > 1)
     try:
         policy = RunPolicy.model_validate(run.params.run_policy or {})
-        outcome: Outcome | Pause
+        outcome: Outcome | Pause | AwaitApproval
         try:
             async with asyncio.timeout(policy.max_run_seconds):
                 outcome = await _attempt(runtime, run, progress)
@@ -181,7 +181,9 @@ async def _execute(
         writer.close(run_id)
 
 
-async def _attempt(runtime: Runtime, run: Run, progress: _Progress) -> Outcome | Pause:
+async def _attempt(
+    runtime: Runtime, run: Run, progress: _Progress
+) -> Outcome | Pause | AwaitApproval:
     """The run's work. A database that cannot be reached mid-run (a restart, a failover) is
     waited for, then the work goes on from what the journal holds; clients are told to drop
     the partial answer they saw (`message.reset`), which streams again."""
@@ -289,7 +291,9 @@ class AwaitApproval:
     calls: tuple[PendingCall, ...]
 
 
-async def _converse(runtime: Runtime, run: Run, progress: _Progress) -> Outcome | Pause:
+async def _converse(
+    runtime: Runtime, run: Run, progress: _Progress
+) -> Outcome | Pause | AwaitApproval:
     """Model turns and tool calls until a final answer, a failure or a limit; each step is
     decided from what the journal holds, so a retried run picks up where this one stopped."""
     session_id = run.session_id
