@@ -2,8 +2,8 @@
 and the run status that waits for them (awaiting_approval).
 
 Revision ID: b3d9a1f0c629
-Revises: a7c3e5f9b214
-Create Date: 2026-11-28 15:30:00
+Revises: b3d1f0c0e013
+Create Date: 2026-11-28 16:00:00
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision: str = "b3d9a1f0c629"
-down_revision: str | None = "a7c3e5f9b214"
+down_revision: str | None = "b3d1f0c0e013"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
