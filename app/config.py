@@ -207,6 +207,12 @@ class Settings(BaseSettings):
     tool_outputs_timeout_seconds: float = Field(
         default=600, gt=0, description="A run waiting for client tool outputs fails after this."
     )
+    tool_approval_timeout_seconds: float = Field(
+        default=3600,
+        gt=0,
+        description="A tool call waiting for approval is rejected after this (the model reads "
+        "that nobody approved it in time).",
+    )
     webhook_secret: str | None = Field(
         default=None,
         description=(

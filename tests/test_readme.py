@@ -22,7 +22,7 @@ from app.config import Settings
 from app.main import create_app
 from testkit.database import create_database
 from testkit.server import serve_in_thread, stop_thread_server
-from testkit.upstream import FakeUpstream, Text, Thinking
+from testkit.upstream import FakeUpstream, Text, Thinking, ToolCall
 from tests.conftest import issue_key
 from tests.e2e import Service, e2e_env
 from tests.test_cli import Served as ServedCli
@@ -76,6 +76,28 @@ async def test_the_browser_example_runs_as_written(
     assert "event: run.created" in result.stdout
     assert "event: run.completed" in result.stdout
     assert "Hello from the model." in result.stdout
+
+
+async def test_the_tool_approval_round_trip_runs_as_written(
+    api: httpx.AsyncClient, service: Service, upstream: FakeUpstream
+) -> None:
+    """The call waits for approval, the approval is posted, the run answers."""
+    upstream.script(ToolCall("c1", "calculator", '{"expression": "6*7"}'))
+    upstream.script(Text("It is 42."))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("THREADLINE_")}
+    key = api.headers["Authorization"].removeprefix("Bearer ")
+    result = await asyncio.to_thread(
+        subprocess.run,
+        ["bash", "-euo", "pipefail", "-c", sh_block_after("### Tool approval")],
+        env={**env, "API": service.url, "KEY": key},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr + result.stdout[-3000:]
+    assert result.stdout.splitlines()[-2:] == ["queued", "It is 42."]
+    sent = upstream.requests[-1].body["messages"]
+    assert [m["content"] for m in sent if m["role"] == "tool"] == ["42"]
 
 
 def test_the_readme_links_nothing_outside_the_repository() -> None:
