@@ -207,6 +207,12 @@ class Settings(BaseSettings):
     tool_outputs_timeout_seconds: float = Field(
         default=600, gt=0, description="A run waiting for client tool outputs fails after this."
     )
+    tool_approval_timeout_seconds: float = Field(
+        default=3600,
+        gt=0,
+        description="A tool call waiting for approval is rejected after this (the model reads "
+        "that nobody approved it in time).",
+    )
     webhook_secret: str | None = Field(
         default=None,
         description=(
@@ -219,6 +225,12 @@ class Settings(BaseSettings):
     )
     max_request_bytes: int = Field(
         default=1_048_576, ge=1024, description="Request bodies above this size answer 413."
+    )
+    max_document_bytes: int = Field(
+        default=32 * 1024 * 1024,
+        ge=1,
+        description="Largest document (a PDF or text content part, decoded) a message may "
+        "carry; larger ones answer 422. Its base64 must also fit max_request_bytes.",
     )
     max_append_entries: int = Field(
         default=1000, ge=1, description="Most entries one append request may carry."

@@ -29,6 +29,9 @@ as DeepSeek, vLLM, llama.cpp and OpenRouter do, and refuse (as DeepSeek does) a 
 sends reasoning_content back.
 A thought scripted after a tool call is streamed only with the interleaved-thinking beta header
 (the model then thinks between its tool calls); without it, it is left out.
+Documents are checked in each API's shape, refused with its 400: Anthropic `document` blocks
+(a base64 application/pdf source whose bytes are a PDF, or a text/plain text source) and OpenAI
+`file` parts (a filename and file_data, a base64 data URL of a PDF), in user messages only.
 """
 
 from __future__ import annotations
@@ -426,7 +429,7 @@ class FakeUpstream:
         body, script = await self._receive(request)
         if not body.get("stream"):
             return _openai_error(400, "bad_request", "the fake upstream only streams")
-        refused = reasoning_content_problem(body)
+        refused = reasoning_content_problem(body) or openai_file_problem(body)
         if refused is not None:
             return _openai_error(400, "bad_request", refused)
         fail, steps = await self._lead_in(script)
@@ -523,7 +526,7 @@ class FakeUpstream:
         body, script = await self._receive(request)
         if not body.get("stream"):
             return _anthropic_error(400, "bad_request", "the fake upstream only streams")
-        refused = thinking_problem(body)
+        refused = thinking_problem(body) or anthropic_document_problem(body)
         if refused is not None:
             return _anthropic_error(400, "bad_request", refused)
         fail, steps = await self._lead_in(script)
@@ -1025,6 +1028,72 @@ def _tool_loop_problem(messages: list[Json]) -> str | None:
     of = sealed[0][1] if sealed[0] else 0
     if sealed != [(place, of) for place in range(of)]:
         return f"messages.{at}.content: Invalid `signature` in `thinking` block"
+    return None
+
+
+def _pdf_bytes(encoded: Any) -> bool:
+    try:
+        raw = base64.b64decode(str(encoded), validate=True)
+    except ValueError:
+        return False
+    return raw.startswith(b"%PDF-")
+
+
+def anthropic_document_problem(body: Json) -> str | None:
+    """What Anthropic's API would refuse about a request's document blocks, None if nothing."""
+    for at, message in enumerate(body.get("messages") or []):
+        content = message.get("content")
+        for place, block in enumerate(content if isinstance(content, list) else []):
+            if not isinstance(block, dict) or block.get("type") != "document":
+                continue
+            where = f"messages.{at}.content.{place}"
+            if message.get("role") != "user":
+                return f"{where}: document blocks are only allowed in user messages"
+            source = block.get("source") or {}
+            kind, media_type = source.get("type"), source.get("media_type")
+            if kind == "base64":
+                if media_type != "application/pdf":
+                    field = f"{where}.document.source.base64.media_type"
+                    return f"{field}: Input should be 'application/pdf'"
+                if not _pdf_bytes(source.get("data")):
+                    return f"{where}.document.source.base64.data: The PDF specified was not valid."
+            elif kind == "text":
+                if media_type != "text/plain":
+                    return f"{where}.document.source.text.media_type: Input should be 'text/plain'"
+                if not isinstance(source.get("data"), str):
+                    return f"{where}.document.source.text.data: Input should be a valid string"
+            else:
+                return (
+                    f"{where}.document.source: Input tag {kind!r} found using 'type' does not "
+                    "match any of the expected tags: 'base64', 'content', 'text', 'url'"
+                )
+            title = block.get("title")
+            if title is not None and not isinstance(title, str):
+                return f"{where}.document.title: Input should be a valid string"
+    return None
+
+
+def openai_file_problem(body: Json) -> str | None:
+    """What OpenAI's Chat Completions would refuse about a request's file parts."""
+    for at, message in enumerate(body.get("messages") or []):
+        content = message.get("content")
+        for place, part in enumerate(content if isinstance(content, list) else []):
+            if not isinstance(part, dict) or part.get("type") != "file":
+                continue
+            where = f"messages[{at}].content[{place}]"
+            if message.get("role") != "user":
+                return f"Invalid '{where}': file content parts are only allowed in user messages."
+            file = part.get("file") or {}
+            if not isinstance(file.get("filename"), str) or not file["filename"]:
+                return f"Missing required parameter: '{where}.file.filename'."
+            data = str(file.get("file_data", ""))
+            prefix = "data:application/pdf;base64,"
+            if not data.startswith(prefix) or not _pdf_bytes(data.removeprefix(prefix)):
+                return (
+                    f"Invalid file data: '{where}.file.file_data'. Expected a base64-encoded "
+                    "data URL with an application/pdf MIME type (e.g. "
+                    "'data:application/pdf;base64,...')."
+                )
     return None
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import sys
@@ -83,11 +84,15 @@ class Chat:
         console: Console,
         session: dict[str, Any],
         show_reasoning: bool = True,
+        read_answer: Callable[[str], str] | None = None,
     ) -> None:
         self.client, self.console = client, console
         self.session_id = str(session["id"])
         self.last_run: str | None = None
         self.show_reasoning = show_reasoning
+        # How a ruling on a tool call is typed (a prompt, then a line); EOFError: none.
+        self.read_answer = read_answer or console.input
+        self._requested: list[dict[str, Any]] = []  # approval requests not yet ruled on
 
     # -- the loop
 
@@ -182,6 +187,13 @@ class Chat:
         if event.event == EventType.RUN_CREATED:
             self.last_run = str(event.data["run_id"])
         view.handle(event)
+        if event.event == EventType.TOOL_APPROVAL_REQUESTED:
+            self._requested.append(dict(event.data))
+        if event.event == EventType.RUN_AWAITING_APPROVAL and self.last_run is not None:
+            requested, self._requested = self._requested, []
+            with view.paused():
+                for call in requested:
+                    self._rule_on(self.last_run, call)
         if event.event == EventType.RUN_REQUIRES_ACTION:
             names = ", ".join(str(c.get("name")) for c in event.data.get("tool_calls", []))
             view.note(
@@ -191,6 +203,46 @@ class Chat:
             )
             if self.last_run is not None:  # set by this run's run.created
                 self._cancel(self.last_run)
+
+    def _rule_on(self, run_id: str, call: dict[str, Any]) -> None:
+        """Ask the user to approve, edit or reject a tool call, until the service takes the
+        ruling. Ctrl-C or Ctrl-D here stops the answer (KeyboardInterrupt, as during one)."""
+        name, arguments = str(call.get("name")), call.get("arguments") or {}
+        self.console.print(
+            f"[bold yellow]approve?[/] {shown(name)}({shown(json.dumps(arguments))})"
+        )
+        while True:
+            try:
+                choice = self.read_answer("y approve · e edit · n reject: ").strip().lower()
+                ruling: dict[str, Any] = {"tool_call_id": call["tool_call_id"]}
+                if choice in ("y", "yes"):
+                    ruling["decision"] = "approve"
+                elif choice in ("e", "edit"):
+                    typed = self.read_answer("arguments (JSON): ")
+                    try:
+                        ruling |= {"decision": "approve", "arguments": json.loads(typed)}
+                    except json.JSONDecodeError as exc:
+                        self.console.print(f"[red]not JSON:[/] {shown(str(exc))}")
+                        continue
+                elif choice in ("n", "no"):
+                    reason = self.read_answer("reason (optional): ").strip()
+                    ruling["decision"] = "reject"
+                    if reason:
+                        ruling["reason"] = reason
+                else:
+                    continue
+            except EOFError:
+                raise KeyboardInterrupt from None
+            try:
+                self.client.answer_approval(run_id, ruling)
+            except ApiError as exc:
+                self.console.print(f"[red]error:[/] {shown(str(exc))}")
+                if exc.status == 422:
+                    continue  # e.g. edited arguments that do not fit the tool: try again
+                return  # answered meanwhile, or the run ended: its events say how
+            verdict = "approved" if ruling["decision"] == "approve" else "rejected"
+            self.console.print(f"[dim]{verdict}[/]")
+            return
 
     def _join(self, stream: Stream) -> str | None:
         """The run of an ask interrupted before its first event: the same Idempotency-Key

@@ -5,8 +5,10 @@ terminal the answer is written as plain text, piece by piece, with no control se
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+from collections.abc import Iterator
 from types import TracebackType
 from typing import Any
 
@@ -95,6 +97,30 @@ class RunView:
         elif self._plain_open:
             self.console.file.write("\n")
             self.console.file.flush()
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """The live display stopped (what it showed stays on screen), for a prompt."""
+        if self._live is None:
+            if self._plain_open:
+                self.console.file.write("\n")
+                self._plain_open = False
+            yield
+            return
+        self._live.update(self._group(), refresh=True)
+        self._live.stop()
+        self.blocks, self.turn_start = [], 0  # shown: the display starts afresh after
+        try:
+            yield
+        finally:
+            self._live = Live(
+                Tail(Group()),
+                console=self.console,
+                refresh_per_second=8,
+                redirect_stdout=False,
+                redirect_stderr=False,
+            )
+            self._live.start()
 
     # -- what is shown
 

@@ -93,6 +93,15 @@ class ImagePart(_Strict):
     detail: Literal["auto", "low", "high"] | None = None
 
 
+class DocumentPart(_Strict):
+    """A document a person gives (a PDF or plain text), inline as a base64 data URL; its size
+    cap is the deployment's (max_document_bytes), its bytes checked at the door."""
+
+    type: Literal["document"]
+    url: Annotated[str, Field(pattern=r"^data:[^;,]+;base64,")]
+    filename: Annotated[str, Field(min_length=1, max_length=255)] | None = None
+
+
 class ThinkingPart(_Strict):
     """A model's thinking (Anthropic extended thinking): only in assistant messages, kept byte
     for byte with the signature the provider checks when it is sent back."""
@@ -135,10 +144,11 @@ class ReasoningTextPart(_Strict):
 
 
 # What a person may say (an ask's input); message content may also hold a model's reasoning.
-InputPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
+InputPart = Annotated[TextPart | ImagePart | DocumentPart, Field(discriminator="type")]
 ContentPart = Annotated[
     TextPart
     | ImagePart
+    | DocumentPart
     | ThinkingPart
     | RedactedThinkingPart
     | ReasoningItemPart

@@ -13,6 +13,7 @@ from typing import Any
 from app.core.content import (
     ANTHROPIC_REASONING,
     OPENAI_REASONING,
+    document_of,
     is_reasoning,
     sendable_parts,
     without_reasoning,
@@ -26,6 +27,7 @@ from app.core.tokens import (
     PER_TOOL_DEFINITION,
     REPLY_PRIMING,
     TokenCounter,
+    document_tokens,
     part_image_tokens,
 )
 
@@ -123,7 +125,25 @@ def _openai_part(part: Json) -> Json:
         if part.get("detail") is not None:
             image["detail"] = part["detail"]
         return {"type": "image_url", "image_url": image}
+    if part.get("type") == "document":
+        # Chat Completions reads PDFs as `file` parts; text is sent as text (a file part takes
+        # PDFs only), as OpenAI-compatible servers read it too.
+        document = document_of(part)
+        if document.media_type == "application/pdf":
+            file = {"filename": document.filename, "file_data": str(part["url"])}
+            return {"type": "file", "file": file}
+        return {"type": "text", "text": document.as_text()}
     raise ValueError(f"unknown content part type: {part.get('type')!r}")
+
+
+def responses_document(part: Json) -> Json:
+    """A document part as OpenAI's Responses API takes it in a user message (for a Responses
+    upstream): a PDF as an `input_file` with its file_data and filename, text as input_text
+    (as Chat Completions gets it)."""
+    document = document_of(part)
+    if document.media_type == "application/pdf":
+        return {"type": "input_file", "filename": document.filename, "file_data": part["url"]}
+    return {"type": "input_text", "text": document.as_text()}
 
 
 def _openai_call(call: ToolCall) -> Json:
@@ -247,6 +267,8 @@ def _responses_part(role: str, part: Json) -> Json:
             "image_url": part["url"],
             "detail": part.get("detail") or "auto",
         }
+    if part.get("type") == "document":
+        return responses_document(part)
     raise ValueError(f"unknown content part type: {part.get('type')!r}")
 
 
@@ -363,6 +385,14 @@ def _anthropic_part(part: Json) -> Json:
         return {"type": "redacted_thinking", "data": part["data"]}
     if part.get("type") == "image_url":
         return {"type": "image", "source": _image_source(str(part["url"]))}
+    if part.get("type") == "document":
+        document = document_of(part)
+        source: Json = (
+            {"type": "base64", "media_type": document.media_type, "data": document.data}
+            if document.media_type == "application/pdf"
+            else {"type": "text", "media_type": "text/plain", "data": document.text()}
+        )
+        return {"type": "document", "source": source, "title": document.filename}
     raise ValueError(f"unknown content part type: {part.get('type')!r}")
 
 
@@ -460,6 +490,10 @@ def _wire_content_tokens(content: str | list[Json] | None, counter: TokenCounter
 def _wire_part_tokens(part: Json, counter: TokenCounter) -> int:
     if part["type"] == "text":
         return counter.count(part["text"])
+    if part["type"] == "file":
+        file = part["file"]
+        document = {"type": "document", "url": file["file_data"], "filename": file["filename"]}
+        return document_tokens(document, counter)
     image = part.get("image_url", {})
     return part_image_tokens(str(image.get("url", "")), image.get("detail"), counter)
 

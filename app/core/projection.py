@@ -606,25 +606,45 @@ class _Call:
 
 
 def _pair_results(entries: Sequence[JournalEntry]) -> dict[int, JournalEntry]:
-    """Each call's result (by the call's index in `entries`), reading in order.
+    """Each call's result (by the call's index in `entries`), wherever it was written.
 
     Ids need not be unique in a thread (imports, journals written before the service named its
-    calls), so a result answers an earlier unanswered call with its id: of its own model turn
-    when there is one, else the oldest; a second result for a call is ignored.
+    calls), and an imported journal may hold a result before its call. A result answers, in
+    turn: an unanswered call with its id of its own model turn (before or after it); else an
+    earlier unanswered call with its id (the oldest); else the first later one. A second result
+    for a call is ignored; a recorded result is never left out while its call waits.
     """
-    waiting: dict[str, list[int]] = {}
-    answers: dict[int, JournalEntry] = {}
+    calls: dict[str, list[int]] = {}
+    results: list[int] = []
     for index, entry in enumerate(entries):
-        call_id = str(entry.refs.get("tool_call_id"))
         if entry.kind == EntryKind.TOOL_CALL:
-            waiting.setdefault(call_id, []).append(index)
-        elif entry.kind == EntryKind.TOOL_RESULT and waiting.get(call_id):
-            candidates = waiting[call_id]
-            turn = entry.refs.get("call_id")
-            same_turn = [i for i in candidates if entries[i].refs.get("call_id") == turn]
-            chosen = (same_turn or candidates)[0]
-            candidates.remove(chosen)
-            answers[chosen] = entry
+            calls.setdefault(str(entry.refs.get("tool_call_id")), []).append(index)
+        elif entry.kind == EntryKind.TOOL_RESULT:
+            results.append(index)
+    answers: dict[int, JournalEntry] = {}
+    unpaired: list[int] = []
+    for index in results:  # its own turn's call, wherever that was written
+        entry = entries[index]
+        turn = entry.refs.get("call_id")
+        same_turn = [
+            i
+            for i in calls.get(str(entry.refs.get("tool_call_id")), [])
+            if i not in answers and turn is not None and entries[i].refs.get("call_id") == turn
+        ]
+        if same_turn:
+            answers[same_turn[0]] = entry
+        else:
+            unpaired.append(index)
+    for index in unpaired:
+        waiting = [
+            i
+            for i in calls.get(str(entries[index].refs.get("tool_call_id")), [])
+            if i not in answers
+        ]
+        earlier = [i for i in waiting if i < index]
+        chosen = earlier or waiting
+        if chosen:
+            answers[chosen[0]] = entries[index]
     return answers
 
 

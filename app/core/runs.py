@@ -19,12 +19,20 @@ class RunStatus(StrEnum):
     QUEUED = "queued"
     RUNNING = "running"
     REQUIRES_ACTION = "requires_action"  # waiting for the client's tool outputs
+    AWAITING_APPROVAL = "awaiting_approval"  # waiting for a person to rule on tool calls
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
 
 
-ACTIVE = frozenset({RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.REQUIRES_ACTION})
+ACTIVE = frozenset(
+    {
+        RunStatus.QUEUED,
+        RunStatus.RUNNING,
+        RunStatus.REQUIRES_ACTION,
+        RunStatus.AWAITING_APPROVAL,
+    }
+)
 # The statuses a run ends with, each with its terminal event (app.eventlog.registry).
 ENDED = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED})
 

@@ -277,6 +277,34 @@ runs = Table(
     ),
 )
 
+# Tool calls that wait for a person's approval (app/core/approvals.py): one row per call,
+# created when the run starts waiting, answered once (decision set only while it is null), and
+# marked executed by the one worker that runs an approved call (executed_at set only while it
+# is null): an approved call runs at most once, whatever posts or workers race.
+tool_approvals = Table(
+    "tool_approvals",
+    metadata,
+    Column(
+        "run_id", UUID(as_uuid=False), ForeignKey("runs.id", ondelete="CASCADE"), nullable=False
+    ),
+    Column("tool_call_id", Text, nullable=False),
+    Column("name", Text, nullable=False),
+    Column("arguments", JSONB, nullable=False),  # as the model gave them
+    Column("decision", Text),  # approved | rejected | expired; null while it waits
+    Column("edited_arguments", JSONB),  # approved with these instead
+    Column("reason", Text),  # a rejection's, which the model reads
+    Column("requested_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("decided_at", DateTime(timezone=True)),
+    Column("executed_at", DateTime(timezone=True)),
+    PrimaryKeyConstraint("run_id", "tool_call_id", name="tool_approvals_pkey"),
+    CheckConstraint(
+        "decision IN ('approved', 'rejected', 'expired')", name="tool_approvals_decision"
+    ),
+    CheckConstraint(
+        "executed_at IS NULL OR decision = 'approved'", name="tool_approvals_executed_approved"
+    ),
+)
+
 run_events = Table(
     "run_events",
     metadata,

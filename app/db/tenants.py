@@ -19,7 +19,7 @@ from app.db.tables import (
     tenants,
 )
 
-ACTIVE_RUN_STATUSES = ("queued", "running", "requires_action")
+ACTIVE_RUN_STATUSES = ("queued", "running", "requires_action", "awaiting_approval")
 
 
 async def ensure_tenant(conn: AsyncConnection, name: str) -> str:

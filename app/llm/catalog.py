@@ -54,6 +54,29 @@ INTERLEAVED_THINKING = (
     "anthropic:claude-haiku-4",
 )
 INTERLEAVED_THINKING_BETA = "interleaved-thinking-2025-05-14"
+# Hosted models' inputs besides text, by the longest matching prefix: what each reads of
+# images and PDFs. A hosted model none matches is taken to read both (the current families
+# do); these name the ones known not to. OpenAI reads PDFs where it reads images (a page is
+# text and an image); Anthropic's Claude 3 (not 3.5 and later) reads no PDF. Compat and local
+# models read no PDF (text documents reach every model, as text).
+READS_IMAGES: dict[str, bool] = {
+    "openai:gpt-3.5": False,
+    "openai:gpt-4": False,
+    "openai:gpt-4-turbo": True,
+    "openai:gpt-4-vision": True,
+    "openai:gpt-4o": True,
+    "openai:gpt-4.1": True,
+    "openai:gpt-4.5": True,
+    "openai:o1-mini": False,
+    "openai:o1-preview": False,
+    "openai:o3-mini": False,
+}
+READS_PDFS: dict[str, bool] = {
+    **READS_IMAGES,
+    "anthropic:claude-3-": False,
+    "anthropic:claude-3-5": True,
+    "anthropic:claude-3-7": True,
+}
 DISCOVERY_TIMEOUT_SECONDS = 3.0
 DISCOVERY_RETRY_SECONDS = 60.0  # a server that did not answer is asked again after this
 # The metrics' name of a model the catalog does not know: clients may send any model string,
@@ -285,6 +308,23 @@ def interleaves_thinking(model: str) -> bool:
     """Whether `model` ("provider:name") can think between its tool calls (Anthropic's
     interleaved thinking), not only before its turn."""
     return model.startswith(INTERLEAVED_THINKING)
+
+
+def reads_images(model: str) -> bool:
+    """Whether `model` ("provider:name") reads images: hosted models as READS_IMAGES says;
+    compat and local models are sent them as before (a compat server says if it cannot)."""
+    return _hosted_reads(READS_IMAGES, model)
+
+
+def reads_pdfs(model: str) -> bool:
+    """Whether `model` reads PDF documents: hosted models as READS_PDFS says; compat and local
+    models do not (their servers take no file parts)."""
+    return model.partition(":")[0] in HOSTED_PROVIDERS and _hosted_reads(READS_PDFS, model)
+
+
+def _hosted_reads(table: dict[str, bool], model: str) -> bool:
+    matches = [p for p in table if model.startswith(p)]
+    return not matches or table[max(matches, key=len)]
 
 
 def offered_models(settings: Settings) -> list[str]:

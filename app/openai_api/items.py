@@ -203,14 +203,48 @@ def _content(item: Mapping[str, Any], param: str) -> str | list[dict[str, Any]]:
             raise ItemError(
                 f"{where}.image_url", "images are given by image_url (file_id is not supported)"
             )
+        elif kind == "input_file":
+            parts.append(_document(part, where))
         else:
             raise ItemError(
                 f"{where}.type",
-                f"content part {kind!r} is not supported: input_text, output_text or input_image",
+                f"content part {kind!r} is not supported: input_text, output_text, input_image "
+                "or input_file",
             )
     if all(p["type"] == "text" for p in parts) and len(parts) == 1:
         return str(parts[0]["text"])
     return parts
+
+
+# A file's type, where file_data is bare base64: by its name's extension.
+_FILE_TYPES = {".pdf": "application/pdf", ".txt": "text/plain", ".md": "text/plain"}
+
+
+def _document(part: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """An input_file part (file_data inline, with its filename) as a document part; its bytes
+    are checked where every document is."""
+    data = part.get("file_data")
+    if not isinstance(data, str) or not data:
+        raise ItemError(
+            f"{where}.file_data",
+            "files are given by file_data, a base64 data URL (file_id and file_url are not "
+            "supported)",
+        )
+    filename = part.get("filename")
+    if filename is not None and (not isinstance(filename, str) or not filename):
+        raise ItemError(f"{where}.filename", "filename must be a non-empty string")
+    if not data.startswith("data:"):
+        extension = "." + str(filename or "").rpartition(".")[2].lower()
+        media_type = _FILE_TYPES.get(extension)
+        if media_type is None:
+            raise ItemError(
+                f"{where}.file_data",
+                "file_data is a data URL (data:application/pdf;base64,...), or base64 with a "
+                "filename ending .pdf, .txt or .md",
+            )
+        data = f"data:{media_type};base64,{data}"
+    document: dict[str, Any] = {"type": "document", "url": data}
+    return document if filename is None else {**document, "filename": filename}
 
 
 # --- Entries -> items ---------------------------------------------------------------------
@@ -234,6 +268,11 @@ def entry_item(entry: JournalEntry, item_id: str) -> Item | None:
                 if role == "assistant":
                     text_part |= {"annotations": [], "logprobs": []}
                 out_parts.append(text_part)
+            elif part["type"] == "document":
+                document: Item = {"type": "input_file", "file_data": part["url"]}
+                if part.get("filename"):
+                    document["filename"] = part["filename"]
+                out_parts.append(document)
             else:
                 out_parts.append(
                     {

@@ -114,7 +114,7 @@ def run_status(run: Run, answered: bool) -> tuple[str, str | None]:
     match run.status:
         case RunStatus.QUEUED:
             return "queued", None
-        case RunStatus.RUNNING:
+        case RunStatus.RUNNING | RunStatus.AWAITING_APPROVAL:  # a person rules; it goes on
             return "in_progress", None
         case RunStatus.COMPLETED:
             reason = INCOMPLETE_REASONS.get(run.finish_reason or "stop")

@@ -52,8 +52,9 @@ class ResponseCreate(_Body):
         "Default: the conversation's model.",
     )
     input: str | list[dict[str, Any]] = Field(
-        description="The user's message as text, or items: messages (text and input_image "
-        "parts), function_call, and function_call_output (answers to the previous response's "
+        description="The user's message as text, or items: messages (text, input_image and "
+        "input_file parts: file_data a base64 data URL of a PDF or text, with a filename), "
+        "function_call, and function_call_output (answers to the previous response's "
         "function calls, sent alone)."
     )
     instructions: Annotated[str, StringConstraints(max_length=200_000)] | None = Field(

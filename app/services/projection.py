@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from app.config import Settings
 from app.core import policy as policies
 from app.core import reasoning as reasonings
+from app.core import run_policy as run_policies
 from app.core.builtin_tools import with_builtin_schema
 from app.core.compaction import nothing_to_compact, plan_compaction, reaches_checkpoint
 from app.core.entries import EntryKind, JournalEntry, PayloadError, PendingEntry, normalize_entry
@@ -29,6 +30,7 @@ from app.db.engine import read_snapshot
 from app.db.memory import get_memory
 from app.llm.catalog import context_window_for, reasoning_sent_back
 from app.llm.tokenizers import counting_for
+from app.services.content_checks import check_readable
 from app.services.errors import Invalid, entries_refused, session_not_found
 
 
@@ -72,6 +74,7 @@ async def project_session(
     extra_tools: Sequence[Mapping[str, Any]] = (),
     include_expired: bool = False,
     answer: Answer | None = None,
+    run_policy: Mapping[str, Any] | None = None,
 ) -> SessionProjection:
     """Exactly what an ask would send now; reads only the tail the budget can use, writes
     nothing. Raises Invalid (context_overflow, invalid_policy, invalid_entries, invalid_content)
@@ -84,7 +87,7 @@ async def project_session(
         if session is None:
             raise session_not_found(session_id)
         done = await _project(
-            conn, settings, session, pending, policy, model, run_id, extra_tools, answer
+            conn, settings, session, pending, policy, model, run_id, extra_tools, answer, run_policy
         )
         return done.projected
 
@@ -141,6 +144,7 @@ async def project_for_run(engine: AsyncEngine, settings: Settings, run: Run) -> 
         extra_tools=run.params.tools if ask else [],
         include_expired=True,  # a run under way finishes
         answer=Answer.of_run(run) if ask else None,
+        run_policy=run.params.run_policy if ask else None,
     )
 
 
@@ -160,6 +164,7 @@ async def project_run_in(
         run.id if ask else None,
         run.params.tools if ask else [],
         Answer.of_run(run) if ask else None,
+        run.params.run_policy if ask else None,
     )
     return done.projected
 
@@ -216,9 +221,16 @@ async def _project(
     run_id: str | None,
     extra_tools: Sequence[Mapping[str, Any]],
     answer: Answer | None = None,
+    run_policy: Mapping[str, Any] | None = None,
 ) -> _Projected:
+    """`run_policy`: the run's resolved one (else the session's), whose `never` tools are not
+    offered."""
     config = session.config
     model = model_override or config.model or settings.default_model
+    # What the model cannot read is refused before what it cannot fit: the clearer reason.
+    for entry in pending:
+        if entry.kind == "message":
+            check_readable(model, entry.payload.get("content", ""), ["body", "input"])
     window = await context_window_for(settings, model)
     policy = resolve_policy(window, settings.context_policy, config.context_policy, overrides)
     policy = _with_room_to_think(policy, model, config.reasoning, answer or Answer())
@@ -246,7 +258,7 @@ async def _project(
         system_prompt=config.system_prompt,
         memory=memory["content"] if memory is not None else None,
         memory_namespace=namespace,
-        tools=tool_specs(offered_tools(config, extra_tools)),
+        tools=tool_specs(_allowed(offered_tools(config, extra_tools), run_policy, config)),
         run_id=run_id,
         reasoning_sent=reasoning_sent_back(settings, model),
     )
@@ -319,6 +331,16 @@ def offered_tools(
     if config.memory_namespace:
         session_tools = [*MEMORY_TOOLS, *session_tools]
     return [with_builtin_schema(t) for t in merge_tools(session_tools, ask_tools)]
+
+
+def _allowed(
+    tools: Sequence[Mapping[str, Any]],
+    run_policy: Mapping[str, Any] | None,
+    config: SessionConfig,
+) -> list[Mapping[str, Any]]:
+    """The tools whose approval rule is not `never`: those the model is not offered."""
+    rules = run_policies.merged(run_policy if run_policy is not None else config.run_policy)
+    return [t for t in tools if rules.tool_approval.rule(str(t["name"])) != "never"]
 
 
 def tool_specs(tools: Sequence[Mapping[str, Any]]) -> tuple[ToolSpec, ...]:

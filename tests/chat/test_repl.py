@@ -321,6 +321,47 @@ async def test_reasoning_shows_dimmed_above_the_answer_and_can_be_hidden(
     assert "Hidden from the start." not in child.text
 
 
+async def test_a_tool_call_needing_approval_is_prompted_for(
+    service: Service, key: str, api: httpx.AsyncClient, upstream: FakeUpstream, spawn: Spawn
+) -> None:
+    """Approve with edited arguments (a bad edit is refused and asked again), then reject."""
+    config = {
+        "tools": [{"name": "calculator", "kind": "builtin"}],
+        "run_policy": {"tool_approval": {"default": "ask"}},
+    }
+    session_id = (await api.post("/v1/sessions", json={"config": config})).json()["id"]
+    upstream.script(ToolCall("c1", "calculator", '{"expression": "2+2"}'))
+    upstream.script(Text("It is nine."))
+    child = spawn("--url", service.url, "--key", key, "--resume", session_id)
+    child.say("Compute")
+    child.expect_text('approve? calculator({"expression": "2+2"})')
+    child.expect_text("y approve · e edit · n reject:")
+    child.child.send("e\r")
+    child.expect_text("arguments (JSON):")
+    child.child.send('{"expression": 5}\r')
+    child.expect(r"error: .*invalid_arguments")
+    child.expect_text("y approve · e edit · n reject:")
+    child.child.send("e\r")
+    child.expect_text("arguments (JSON):")
+    child.child.send('{"expression": "3*3"}\r')
+    child.expect_text("approved")
+    child.expect_text("It is nine.")
+    assert "3*3" in upstream.requests[-1].body["messages"][-1]["content"]
+
+    upstream.script(ToolCall("c2", "calculator", '{"expression": "1/0"}'))
+    upstream.script(Text("Understood."))
+    child.say("Again")
+    child.expect_text("y approve · e edit · n reject:")
+    child.child.send("n\r")
+    child.expect_text("reason (optional):")
+    child.child.send("no division by zero\r")
+    child.expect_text("rejected")
+    child.expect_text("Understood.")
+    assert "no division by zero" in upstream.requests[-1].body["messages"][-1]["content"]
+    child.say("/quit")
+    assert child.exit_status() == 0
+
+
 async def test_resume_shows_the_last_turns_and_compact_summarizes(
     service: Service, key: str, api: httpx.AsyncClient, upstream: FakeUpstream, spawn: Spawn
 ) -> None:
