@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import shutil
 import subprocess
@@ -28,6 +29,7 @@ from testkit.upstream import (
     ToolCall,
     Usage,
 )
+from tests.documents import pdf
 
 JS = Path(__file__).parent / "ui_chat_js"  # the current major of `ai`, and chat.mjs
 JS_V5 = Path(__file__).parent / "ui_chat_js_v5"  # `ai` 5, for the clients still on it
@@ -333,6 +335,32 @@ async def test_the_stored_messages_are_what_was_streamed_and_useChat_takes_them(
     ]
     new_chat = await api.get(f"/v1/ui/chat/chat-{uuid.uuid4()}/messages")
     assert new_chat.status_code == 200 and new_chat.json() == {"messages": []}
+
+
+@BOTH_MAJORS
+async def test_an_attached_pdf_is_journaled_as_a_document_and_sent_to_the_model(
+    api: httpx.AsyncClient, upstream: FakeUpstream, ai_sdk: None, sdk: Path
+) -> None:
+    """useChat's sendMessage({text, files}): the PDF file part becomes the user message's
+    document part (in the parts' order), which the provider gets in its own shape; the stored
+    messages give it back as a file part."""
+    chat = f"chat-{uuid.uuid4()}"
+    url = "data:application/pdf;base64," + base64.b64encode(pdf(2)).decode()
+    attached = {"type": "file", "mediaType": "application/pdf", "filename": "plan.pdf", "url": url}
+    upstream.script(Text("Two blank pages."))
+    actions = [{"send": "What is in it?", "files": [attached]}]
+    result = await run_node(api, "chat", chat, sdk, actions=actions)
+    assert result["errors"] == [] and texts_of(result["messages"][-1]) == ["Two blank pages."]
+    sid = (await api.get("/v1/sessions", params={"metadata": f"ai_sdk_chat_id:{chat}"})).json()
+    journal = await history(api, sid["data"][0]["id"])
+    assert journal[0]["payload"]["content"] == [
+        {"type": "document", "url": url, "filename": "plan.pdf"},
+        {"type": "text", "text": "What is in it?"},
+    ]
+    sent = upstream.requests[-1].body["messages"][-1]["content"]
+    assert sent[0] == {"type": "file", "file": {"filename": "plan.pdf", "file_data": url}}
+    stored = (await api.get(f"/v1/ui/chat/{chat}/messages")).json()["messages"]
+    assert stored[0]["parts"] == [attached, {"type": "text", "text": "What is in it?"}]
 
 
 @BOTH_MAJORS
