@@ -8,7 +8,6 @@ Screenshots of the main states go to test-output/screenshots/."""
 from __future__ import annotations
 
 import gzip
-import io
 import re
 import shutil
 import subprocess
@@ -22,7 +21,6 @@ from typing import Any
 import httpx
 import pytest
 from playwright.sync_api import Browser, FilePayload, Page, expect
-from pypdf import PdfWriter
 
 from app.api.web import ASSETS
 from app.config import Settings
@@ -32,6 +30,7 @@ from testkit.path_proxy import path_proxy
 from testkit.server import serve_in_thread, stop_thread_server
 from testkit.upstream import FailMidStream, FakeUpstream, Hold, RedactedThinking, Text, Thinking
 from tests.conftest import issue_key
+from tests.documents import pdf
 from tests.e2e import create_database, e2e_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -480,15 +479,7 @@ def test_a_dropped_or_attached_file_is_shown_and_only_pdf_or_text_is_taken(
         page.close()
 
 
-def blank_pdf() -> bytes:
-    writer = PdfWriter()
-    writer.add_blank_page(612, 792)
-    out = io.BytesIO()
-    writer.write(out)
-    return out.getvalue()
-
-
-PDF = blank_pdf()
+PDF = pdf()
 
 
 def drop_file(page: Page, name: str, media_type: str, data: bytes) -> None:
