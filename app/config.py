@@ -213,6 +213,12 @@ class Settings(BaseSettings):
     max_request_bytes: int = Field(
         default=1_048_576, ge=1024, description="Request bodies above this size answer 413."
     )
+    max_import_bytes: int = Field(
+        default=1_073_741_824,
+        ge=1024,
+        description="Largest session file POST /v1/sessions/import reads (it streams: a larger "
+        "one answers 413 once this many bytes have arrived).",
+    )
     max_append_entries: int = Field(
         default=1000, ge=1, description="Most entries one append request may carry."
     )
