@@ -254,25 +254,25 @@ class ThreadCheck:
                 "misplaced_line", f"line {line_no}: entries come before memory", line_no
             )
         if line.seq != self.last_seq + 1:
-            reason = "repeats" if line.seq <= self.last_seq else "skips past"
             raise FileProblem(
                 "seq_not_dense",
-                f"line {line_no}: seq {line.seq} {reason} seq {self.last_seq}; seqs run 1, 2, 3…",
+                f"line {line_no}: seq {line.seq} where seq {self.last_seq + 1} is due; seqs run "
+                "1, 2, 3… with none repeated or skipped",
                 line_no,
                 seq=line.seq,
                 expected=self.last_seq + 1,
             )
-        self.last_seq = line.seq
         call_id = line.refs.get("tool_call_id")
-        if line.kind == EntryKind.TOOL_CALL and isinstance(call_id, str):
-            self.calls.add(call_id)
-        elif line.kind == EntryKind.TOOL_RESULT and call_id not in self.calls:
+        if line.kind == EntryKind.TOOL_RESULT and call_id not in self.calls:
             raise FileProblem(
                 "tool_result_without_call",
                 f"line {line_no}: the tool result for {call_id!r} answers no earlier tool call",
                 line_no,
                 tool_call_id=call_id,
             )
+        if line.kind == EntryKind.TOOL_CALL and isinstance(call_id, str):
+            self.calls.add(call_id)
+        self.last_seq = line.seq
 
     def memory(self, line_no: int) -> None:
         self._open(line_no)
