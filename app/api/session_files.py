@@ -21,9 +21,13 @@ from app.services.sessions import get_session
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"], route_class=JSONRoute)
 
 IMPORT_PATH = "/v1/sessions/import"
-MEDIA_TYPE = "application/x-ndjson"
-# What an upload may be sent as: JSON Lines under any of its usual names.
-UPLOAD_TYPES = frozenset({MEDIA_TYPE, "application/jsonl", "application/x-jsonlines"})
+# A session file travels as bytes (a generated client reads and sends it as a file) or under
+# any of JSON Lines' usual names.
+MEDIA_TYPE = "application/octet-stream"
+UPLOAD_TYPES = frozenset(
+    {MEDIA_TYPE, "application/x-ndjson", "application/jsonl", "application/x-jsonlines"}
+)
+_BYTES = {"schema": {"type": "string", "format": "binary"}}
 _FILE_DOC = (
     f"A session file: JSON Lines, format `{FORMAT}` version {VERSION} (the README's "
     "“Session files” section): a header line, every entry of the thread, the memory it uses "
@@ -35,7 +39,7 @@ _FILE_DOC = (
     "/{session_id}/export",
     operation_id="exportSession",
     responses={
-        200: {"content": {MEDIA_TYPE: {"schema": {"type": "string"}}}, "description": _FILE_DOC},
+        200: {"content": {MEDIA_TYPE: _BYTES}, "description": _FILE_DOC},
         **error_responses(401, 404, 422),
     },
     response_class=StreamingResponse,
@@ -66,7 +70,7 @@ async def export_session(
         "requestBody": {
             "required": True,
             "description": _FILE_DOC,
-            "content": {t: {"schema": {"type": "string"}} for t in sorted(UPLOAD_TYPES)},
+            "content": {MEDIA_TYPE: _BYTES},
         }
     },
 )
@@ -74,8 +78,10 @@ async def import_session(
     request: Request, engine: Engine, tenant: Tenant, settings: Config
 ) -> Session:
     """A new session holding the file's thread: all of it, or nothing (any problem is a 4xx
-    naming the file's line). Entry ids and seqs are kept."""
-    media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    naming the file's line). Entry ids and seqs are kept. Sent as application/octet-stream,
+    application/x-ndjson, application/jsonl or application/x-jsonlines."""
+    # No Content-Type: bytes, as curl's --data-binary @file -H '...' forgot to say.
+    media_type = request.headers.get("content-type", MEDIA_TYPE).split(";")[0].strip().lower()
     if media_type not in UPLOAD_TYPES:
         raise Refusal(
             415,

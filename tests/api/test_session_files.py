@@ -51,7 +51,8 @@ def lines(body: bytes) -> list[dict[str, Any]]:
 async def export(api: httpx.AsyncClient, sid: str, **params: Any) -> bytes:
     response = await api.get(f"/v1/sessions/{sid}/export", params=params)
     assert response.status_code == 200, response.text
-    assert response.headers["content-type"].startswith("application/x-ndjson")
+    assert response.headers["content-type"] == "application/octet-stream"
+    assert response.headers["content-disposition"].endswith(f'session-{sid}.jsonl"')
     return response.content
 
 
@@ -292,6 +293,8 @@ async def test_only_json_lines_are_read(client: httpx.AsyncClient) -> None:
         "/v1/sessions/import", content=GOOD, headers={"Content-Type": "application/jsonl"}
     )
     assert jsonl.status_code == 201
+    bare = await api.post("/v1/sessions/import", content=b"")  # no type: bytes; none here
+    assert bare.status_code == 422 and bare.json()["error"]["code"] == "empty_file"
 
 
 async def test_tenants_cannot_export_others_sessions(
