@@ -328,3 +328,30 @@ async def test_a_read_only_key_exports_but_cannot_import(make_client: Any, engin
     body = (await reader.get(f"/v1/sessions/{sid}/export")).content
     refused = await reader.post("/v1/sessions/import", content=body, headers=NDJSON)
     assert refused.status_code == 403
+
+
+async def test_a_session_with_real_runs_round_trips(api: httpx.AsyncClient, upstream: Any) -> None:
+    """Entries runs wrote (run_start, usage, run_end, ids of the form run:<id>:...) import as
+    they are, and the copy projects the same request."""
+    from testkit.upstream import Text
+
+    sid = (await new_session(api, config={"model": "openai:gpt-4o-mini"}))["id"]
+    for question in ("first?", "second?"):
+        upstream.script(Text(f"answer to {question}"))
+        asked = await api.post(f"/v1/sessions/{sid}/ask", json={"input": question, "stream": False})
+        assert asked.status_code == 202, asked.text
+        run = await api.get(
+            f"/v1/runs/{asked.json()['id']}", params={"wait": "true", "timeout": 30}
+        )
+        assert run.json()["status"] == "completed", run.text
+    exported = await export(api, sid)
+    kinds = {line["kind"] for line in lines(exported) if line["type"] == "entry"}
+    assert {"run_start", "run_end", "message"} <= kinds
+    imported = await import_file(api, exported)
+    assert imported.status_code == 201, imported.text
+    copy = imported.json()["id"]
+    assert exported.split(b"\n", 1)[1] == (await export(api, copy)).split(b"\n", 1)[1]
+    ask = {"pending": [message("third?")], "format": "openai"}
+    dry = await api.post(f"/v1/sessions/{sid}/projection", json=ask)
+    dry_copy = await api.post(f"/v1/sessions/{copy}/projection", json=ask)
+    assert dry.status_code == 200 and dry.content == dry_copy.content
