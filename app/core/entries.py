@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
@@ -47,6 +48,8 @@ class NewEntry:
     payload: dict[str, Any]
     refs: dict[str, Any]
     id: str | None = None
+    # When it was written, if not now: an imported entry keeps its original time.
+    created_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)

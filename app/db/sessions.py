@@ -72,6 +72,13 @@ async def get_session(
     return _one_or_none((await conn.execute(query)).mappings().one_or_none())
 
 
+async def tenant_of(conn: AsyncConnection, session_id: str) -> str | None:
+    """The tenant a live session belongs to (for operators' commands, which name no tenant)."""
+    query = select(sessions.c.tenant_id).where(sessions.c.id == session_id, LIVE)
+    tenant_id = (await conn.execute(query)).scalar()
+    return str(tenant_id) if tenant_id is not None else None
+
+
 async def list_sessions(
     conn: AsyncConnection,
     tenant_id: str,
