@@ -35,7 +35,7 @@ async def agent(api: httpx.AsyncClient, name: str = "helper", **config: Any) -> 
     body = {"name": name, "config": {"model": MODEL, "system_prompt": "You are v1.", **config}}
     response = await api.post("/v1/agents", json=body)
     assert response.status_code == 201, response.text
-    return response.json()
+    return dict(response.json())
 
 
 async def system_prompt_sent(api: httpx.AsyncClient, upstream: FakeUpstream, sid: str) -> str:
