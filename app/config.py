@@ -232,6 +232,12 @@ class Settings(BaseSettings):
         description="Largest document (a PDF or text content part, decoded) a message may "
         "carry; larger ones answer 422. Its base64 must also fit max_request_bytes.",
     )
+    max_import_bytes: int = Field(
+        default=1_073_741_824,
+        ge=1024,
+        description="Largest session file POST /v1/sessions/import reads (it streams: a larger "
+        "one answers 413 once this many bytes have arrived).",
+    )
     max_append_entries: int = Field(
         default=1000, ge=1, description="Most entries one append request may carry."
     )

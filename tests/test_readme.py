@@ -100,6 +100,30 @@ async def test_the_tool_approval_round_trip_runs_as_written(
     assert [m["content"] for m in sent if m["role"] == "tool"] == ["42"]
 
 
+async def test_the_session_file_example_runs_as_written(
+    api: httpx.AsyncClient, service: Service, tmp_path: Path
+) -> None:
+    """Export a session to a file and import the file: a new session with the same entries."""
+    sid = (await api.post("/v1/sessions", json={"title": "Trip"})).json()["id"]
+    body = {"entries": [{"kind": "message", "payload": {"role": "user", "content": "Hi"}}]}
+    assert (await api.post(f"/v1/sessions/{sid}/entries", json=body)).status_code == 201
+    env = {k: v for k, v in os.environ.items() if not k.startswith("THREADLINE_")}
+    key = api.headers["Authorization"].removeprefix("Bearer ")
+    result = await asyncio.to_thread(
+        subprocess.run,
+        ["bash", "-euo", "pipefail", "-c", sh_block_after("### Session files")],
+        cwd=tmp_path,
+        env={**env, "API": service.url, "KEY": key, "S": sid},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr + result.stdout[-3000:]
+    new = json.loads(result.stdout)
+    assert new["id"] != sid and new["rev"] == 1 and new["title"] == "Trip"
+    assert (tmp_path / "session.jsonl").read_bytes().startswith(b'{"type":"header"')
+
+
 def test_the_readme_links_nothing_outside_the_repository() -> None:
     assert "../shared" not in README and "DESIGN.md" not in README
     assert "milestone" not in README.lower()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
@@ -30,6 +31,7 @@ class EntryKind(StrEnum):
     ERROR = "error"
     POLICY_VIOLATION = "policy_violation"
     ROLLBACK = "rollback"
+    AGENT_VERSION = "agent_version"  # the session was moved to another version of its agent
 
 
 RUN_ENTRY_PREFIX = "run:"  # ids of the entries runs write (run:<run_id>:<part>): not clients'
@@ -47,6 +49,8 @@ class NewEntry:
     payload: dict[str, Any]
     refs: dict[str, Any]
     id: str | None = None
+    # When it was written, if not now: an imported entry keeps its original time.
+    created_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,6 +227,13 @@ class RunStartPayload(_Open):
     run_id: str
 
 
+class AgentVersionPayload(_Strict):
+    agent_id: Annotated[str, Field(max_length=128)]
+    agent_name: Annotated[str, Field(max_length=128)]
+    from_version: Annotated[int, Field(ge=1)]
+    to_version: Annotated[int, Field(ge=1)]
+
+
 class RunEndPayload(_Open):
     run_id: str
     status: str
@@ -254,6 +265,7 @@ PAYLOAD_TYPES: dict[EntryKind, type[BaseModel]] = {
     EntryKind.USAGE: UsagePayload,
     EntryKind.ERROR: ErrorPayload,
     EntryKind.POLICY_VIOLATION: PolicyViolationPayload,
+    EntryKind.AGENT_VERSION: AgentVersionPayload,
 }
 
 
