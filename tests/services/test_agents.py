@@ -3,6 +3,7 @@ that projections and runs use (seen at the fake upstream), moving a session, del
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -183,3 +184,22 @@ async def test_the_facades_prompt_is_an_agent_with_its_variables_filled_in(
     with pytest.raises(openai.NotFoundError):
         await client.responses.create(input="hi", prompt={"id": "nobody"})
     await client.close()
+
+
+async def test_an_export_names_the_agent_version_and_carries_the_resolved_config(
+    api: httpx.AsyncClient,
+) -> None:
+    await agent(api)
+    sid = (await new_session(api, agent="helper", config={"temperature": 0.5}))["id"]
+    exported = await api.get(f"/v1/sessions/{sid}/export")
+    header = json.loads(exported.text.splitlines()[0])["session"]
+    assert (header["agent"], header["agent_version"]) == ("helper", 1)
+    assert header["config"] == {"model": MODEL, "system_prompt": "You are v1.", "temperature": 0.5}
+    imported = await api.post(
+        "/v1/sessions/import",
+        content=exported.content,
+        headers={"content-type": "application/x-ndjson"},
+    )
+    assert imported.status_code == 201, imported.text
+    assert imported.json()["agent"] is None  # not pinned: the file's config is its own
+    assert imported.json()["config"] == header["config"]
