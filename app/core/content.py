@@ -323,6 +323,11 @@ def reasoning_text(part: dict[str, Any]) -> str:
     return text if isinstance(text, str) else ""
 
 
+def is_redacted(part: dict[str, Any]) -> bool:
+    """A reasoning part the provider encrypted whole: it has no text to show."""
+    return part.get("type") == "redacted_thinking"
+
+
 def reasoning_opaque(part: dict[str, Any]) -> str | None:
     """What the provider gave to check or decrypt a reasoning part (a thinking block's
     signature, a redacted block's data, encrypted content), byte for byte; None if none."""
