@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqlalchemy import text
@@ -55,6 +55,7 @@ from app.llm.base import (
 )
 from app.llm.catalog import model_labels
 from app.runs.machine import committed_events
+from app.services import mcp_servers as mcp_services
 from app.services import run_transitions
 from app.services.errors import ServiceError
 from app.services.journal import append_in
@@ -65,6 +66,8 @@ from app.services.projection import (
     project_run_in,
 )
 from app.telemetry import carried, metrics
+from app.tools import mcp as mcp_tools
+from app.tools.mcp import McpServer
 from app.tools.registry import ToolContext, ToolOutcome, execute
 from app.worker.compaction import (
     auto_compact,
@@ -299,6 +302,10 @@ async def _converse(runtime: Runtime, run: Run, progress: _Progress) -> Outcome 
             except ServiceError as exc:  # the model turn reports it, if there is one
                 first = exc
     config = session.config if session is not None else SessionConfig()
+    servers: dict[str, McpServer] = {}
+    if run.kind is RunKind.ASK and (config.mcp_servers or run.params.mcp_servers):
+        run, servers = await _with_mcp_tools(runtime, run, config)
+        first = None  # projected again, with the servers' tools
     tools = offered_tools(config, run.params.tools)
     tokens_before = session.tokens_used if session is not None else 0
     if any(r.created_at < run.created_at for r in compactions):
@@ -322,7 +329,7 @@ async def _converse(runtime: Runtime, run: Run, progress: _Progress) -> Outcome 
             server_side = tuple(c for c in step.calls if c.name not in client)
             if not server_side:  # only the client can answer these: wait for its outputs
                 return Pause(step.calls)
-            denied = await _run_tools(runtime, run, server_side, tools, policy)
+            denied = await _run_tools(runtime, run, server_side, tools, policy, servers)
             if not denied or policy.on_denied == "continue":
                 continue
             step = StopRun("tool_denied", f"the policy does not allow {', '.join(denied)}")
@@ -331,6 +338,31 @@ async def _converse(runtime: Runtime, run: Run, progress: _Progress) -> Outcome 
         outcome = await _model_turn(runtime, run, step.iteration, progress, projected)
         if outcome is not None:
             return outcome
+
+
+async def _with_mcp_tools(
+    runtime: Runtime, run: Run, config: SessionConfig
+) -> tuple[Run, dict[str, McpServer]]:
+    """The run with its MCP servers' tools among its own (in memory: its stored params keep
+    the names only), and the servers by name. Fetched once per run (a short-lived cache across
+    runs); what is left out, and why, is a context.warning, never a failed run."""
+    names = [*(config.mcp_servers or []), *run.params.mcp_servers]
+    async with autocommit(runtime.engine) as conn:
+        servers, missing = await mcp_services.resolve(conn, runtime.settings, run.tenant_id, names)
+    settings = runtime.settings
+    listing = await mcp_tools.list_tools(
+        servers,
+        settings.outbound_allowed,
+        seconds=settings.mcp_timeout_seconds,
+        ttl=settings.mcp_tools_ttl_seconds,
+    )
+    warnings = [f"no MCP server is named {name}" for name in missing] + listing.warnings
+    for warning in warnings:
+        runtime.writer.emit(
+            run.id, EventType.CONTEXT_WARNING, {"level": "tools_left_out", "message": warning}
+        )
+    params = replace(run.params, tools=[*listing.tools, *run.params.tools])
+    return replace(run, params=params), {s.name: s for s in servers}
 
 
 def _over_budget(policy: RunPolicy, tokens_before: int, progress: _Progress) -> StopRun | None:
@@ -597,6 +629,7 @@ async def _run_tools(
     calls: tuple[PendingCall, ...],
     tools: list[Any],
     policy: RunPolicy,
+    servers: Mapping[str, McpServer],
 ) -> list[str]:
     """Execute a turn's unanswered calls concurrently and commit one result per call; returns
     the names of calls the policy refused (they get an error result instead)."""
@@ -622,7 +655,9 @@ async def _run_tools(
                 call.tool_call_id,
                 runtime.engine,
             )
-            outcome = await execute(call, tools, context, settings=runtime.settings)
+            outcome = await execute(
+                call, tools, context, settings=runtime.settings, mcp_servers=servers
+            )
         else:
             outcome = _refused(call.name)
         runtime.writer.emit(
