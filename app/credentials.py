@@ -2,7 +2,7 @@
 
 Zero configuration generates one key into data_dir/secret.key (mode 0600) on first use, so
 `make run` works unchanged; a deployment sets THREADLINE_SECRET_KEYS on every process instead.
-Rotation: put a new key in front of the list, run `threadline keys reencrypt` (every stored
+Rotation: put a new key in front of the list, run `threadline secrets reencrypt` (every stored
 credential is encrypted again under the newest key), then drop the old key.
 """
 

@@ -14,6 +14,7 @@ import asyncio
 from types import TracebackType
 
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from testkit.server import serve_in_thread, stop_thread_server
@@ -31,7 +32,7 @@ def build_server() -> MCPServer:
 
     @mcp.tool(description="Always fails.")
     def fail(reason: str = "broken") -> str:
-        raise ValueError(f"it failed: {reason}")
+        raise ToolError(f"it failed: {reason}")
 
     @mcp.tool(description="Never answers.")
     async def hang() -> str:
