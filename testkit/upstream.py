@@ -223,6 +223,7 @@ class FakeUpstream:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._arrived = threading.Condition(self._lock)  # notified as each request arrives
         self._scripts: deque[Script] = deque()
         self._responder: Responder | None = None
         self._requests: list[ReceivedRequest] = []
@@ -318,6 +319,17 @@ class FakeUpstream:
         with self._lock:
             return len(self._scripts)
 
+    async def requests_arrived(self, count: int, within: float = 60.0) -> None:
+        """Until `count` requests have arrived since clear(): a condition, not a duration (the
+        model call a test holds with Hold has begun once its request is here)."""
+
+        def wait() -> bool:
+            with self._arrived:
+                return self._arrived.wait_for(lambda: len(self._requests) >= count, within)
+
+        if not await asyncio.to_thread(wait):
+            raise TimeoutError(f"{len(self._requests)} of {count} requests within {within} s")
+
     def clear(self) -> None:
         with self._lock:
             self._scripts.clear()
@@ -348,6 +360,7 @@ class FakeUpstream:
         received = ReceivedRequest(request.url.path, body, dict(request.headers.items()))
         with self._lock:
             self._requests.append(received)
+            self._arrived.notify_all()
             if self._scripts:
                 script = self._scripts.popleft()
             elif self._responder is not None:

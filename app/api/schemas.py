@@ -462,11 +462,17 @@ class AskRequest(Strict):
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
     metadata: Metadata = Field(default_factory=dict)
     stream: bool = Field(default=True, description="true: answer with the run's SSE stream.")
-    multitask_strategy: Literal["reject", "enqueue", "interrupt", "rollback"] = Field(
+    multitask_strategy: Literal["reject", "enqueue", "interrupt", "rollback", "steer"] = Field(
         default="reject",
         description="When a run is in progress: reject (409), enqueue (run after it), "
         "interrupt (cancel it, then run), rollback (cancel it and take its entries out of "
-        "the context, then run).",
+        "the context, then run), steer (tell the running run: the message is committed now "
+        "and journaled at the run's next model turn, after its current tool results, which "
+        "sees it; the answer is the running run (its stream, or 202 with it) with the "
+        "Threadline-Steer-Id header, and its `run.steered` event says where the message "
+        "landed; if the run ends first, the message starts the next run; if it is "
+        "cancelled, the message is kept and starts nothing). With no run in progress, an "
+        "ask like any other.",
     )
     run_policy: RunPolicy | None = Field(
         default=None, description="Overrides of the session's run_policy for this ask."

@@ -227,6 +227,11 @@ class Refs(_Strict):
     upstream_tool_call_id: Annotated[str, Field(max_length=128)] | None = None
     iteration: Annotated[int, Field(ge=0)] | None = None
     parent_call_id: Annotated[str, Field(max_length=128)] | None = None
+    # A user message sent while a run worked (multitask_strategy steer): steered into the run
+    # `run_id` (steer_id), or the input of the run it started when that run ended first
+    # (from_steer_id).
+    steer_id: Annotated[str, Field(max_length=128)] | None = None
+    from_steer_id: Annotated[str, Field(max_length=128)] | None = None
 
 
 _REFS = TypeAdapter(Refs)

@@ -382,10 +382,15 @@ def in_run_order(entries: list[JournalEntry], run_id: str | None) -> list[Journa
     user's second message can precede the answer to the first. A model must see each answer
     after its question, and a run must not answer a question asked after it.
     """
+    # A run's input is its user message; messages steered into it later (refs.steer_id) are
+    # among its entries, not where it starts.
     inputs = {
         str(e.refs["run_id"]): e.seq
         for e in entries
-        if e.kind == EntryKind.MESSAGE and e.payload.get("role") == "user" and "run_id" in e.refs
+        if e.kind == EntryKind.MESSAGE
+        and e.payload.get("role") == "user"
+        and "run_id" in e.refs
+        and "steer_id" not in e.refs
     }
 
     def anchor(entry: JournalEntry) -> int:

@@ -284,6 +284,43 @@ run_events = Table(
     PrimaryKeyConstraint("run_id", "seq", name="run_events_pkey"),
 )
 
+# A user's message sent while a run works (multitask_strategy: steer): committed at once, then
+# journaled at the run's next model turn (delivered), or as the next run's input if the run ended
+# first (next_run), or as a message alone if the run was cancelled (journaled).
+steers = Table(
+    "steers",
+    metadata,
+    Column("id", UUID(as_uuid=False), primary_key=True),
+    Column(
+        "tenant_id",
+        UUID(as_uuid=False),
+        ForeignKey("tenants.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    Column(
+        "session_id",
+        UUID(as_uuid=False),
+        ForeignKey("sessions.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    Column(
+        "run_id", UUID(as_uuid=False), ForeignKey("runs.id", ondelete="CASCADE"), nullable=False
+    ),
+    Column("content", JSONB, nullable=False),
+    # The run a steer starts if its run ends first: the steer's model and run params.
+    Column("model", Text, nullable=False),
+    Column("params", JSONB, nullable=False),
+    Column("status", Text, nullable=False, server_default=text("'pending'")),
+    Column("entry_seq", BigInteger),  # its user message in the journal, once settled
+    Column("next_run_id", UUID(as_uuid=False)),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("settled_at", DateTime(timezone=True)),
+    CheckConstraint(
+        "status IN ('pending', 'delivered', 'next_run', 'journaled')", name="steers_status"
+    ),
+    Index("steers_pending", "run_id", postgresql_where=text("status = 'pending'")),
+)
+
 # Persistent memory (the MEMORY.md of an agent or end user): not under a session, so it
 # outlives sessions and is untouched by compaction.
 memories = Table(

@@ -35,6 +35,7 @@ class EventType(StrEnum):
     CONTEXT_COMPACTED = "context.compacted"
     CONTEXT_COMPACTION_FAILED = "context.compaction_failed"
     CONTEXT_COMPACTION_PENDING = "context.compaction_pending"
+    RUN_STEERED = "run.steered"
     REASONING_DELTA = "reasoning.delta"
     MESSAGE_DELTA = "message.delta"
     TOOL_CALL_DELTA = "tool_call.delta"
@@ -304,6 +305,24 @@ class ContextCompactionPendingData(EventData):
         return self
 
 
+class RunSteeredData(EventData):
+    """A message sent while the run worked (an ask with `multitask_strategy: steer`) landed in
+    the journal: at the start of a model turn of this run (`iteration`: after every tool result
+    of the turn before, so the model sees it next), or, when the run ended before its next model
+    turn, as the input of the run that answers it (`next_run_id`); a cancelled run's steer is
+    kept as a message and starts nothing."""
+
+    event_type = EventType.RUN_STEERED
+    steer_id: str = Field(description="The steer (the ask's `Threadline-Steer-Id` header).")
+    entry_seq: int = Field(description="The user message's seq in the session's journal.")
+    iteration: int | Omitted = sometimes(
+        "Delivered to this run: the model turn (1 = the run's first) that sees the message."
+    )
+    next_run_id: str | Omitted = sometimes(
+        "The run ended first: the run that the message starts (stream it by its id)."
+    )
+
+
 class ReasoningDeltaData(EventData):
     """A piece of the model's reasoning (its thinking before it answers, when the ask's
     `reasoning` is on), as the model thinks it: not part of the answer. Pieces with the same
@@ -472,6 +491,7 @@ PAYLOADS: Mapping[EventType, type[EventData]] = {
         ContextCompactedData,
         ContextCompactionFailedData,
         ContextCompactionPendingData,
+        RunSteeredData,
         ReasoningDeltaData,
         MessageDeltaData,
         ToolCallDeltaData,

@@ -39,6 +39,7 @@ from app.db import jobs as jobs_db
 from app.db import journal as journal_db
 from app.db import runs as runs_db
 from app.db import sessions as sessions_db
+from app.db import steers as steers_db
 from app.db.engine import autocommit, read_snapshot
 from app.db.outage import database_unavailable, retrying
 from app.eventlog.registry import APPROACHING_LIMIT_SHARE, AT_LIMIT_SHARE, EventType
@@ -56,7 +57,7 @@ from app.llm.base import (
 from app.llm.catalog import model_labels
 from app.runs.machine import committed_events
 from app.services import mcp_servers as mcp_services
-from app.services import run_transitions
+from app.services import run_transitions, steering
 from app.services.errors import ServiceError
 from app.services.journal import append_in
 from app.services.projection import (
@@ -335,6 +336,8 @@ async def _converse(runtime: Runtime, run: Run, progress: _Progress) -> Outcome 
             step = StopRun("tool_denied", f"the policy does not allow {', '.join(denied)}")
         if isinstance(step, StopRun):
             return await _violation(runtime, run, step, progress)
+        if await _deliver_steers(runtime, run, step.iteration):
+            projected = None  # the context now ends with the steered message
         outcome = await _model_turn(runtime, run, step.iteration, progress, projected)
         if outcome is not None:
             return outcome
@@ -363,6 +366,22 @@ async def _with_mcp_tools(
         )
     params = replace(run.params, tools=[*listing.tools, *run.params.tools])
     return replace(run, params=params), {s.name: s for s in servers}
+
+
+async def _deliver_steers(runtime: Runtime, run: Run, iteration: int) -> bool:
+    """Journal the messages sent to the run while it worked (steers), before the model turn
+    `iteration`, which then sees them; True if there were any."""
+    async with autocommit(runtime.engine) as conn:
+        if not await steers_db.any_pending(conn, run.id):
+            return False
+    async with runtime.engine.begin() as conn:
+        delivered = await steering.deliver_in(conn, run)
+    for steer_id, entry in delivered:
+        data = {"steer_id": steer_id, "entry_seq": int(entry["seq"]), "iteration": iteration}
+        runtime.writer.emit(run.id, EventType.RUN_STEERED, data, urgent=True)
+    for kind, data in committed_events([entry for _, entry in delivered]):
+        runtime.writer.emit(run.id, kind, data)
+    return bool(delivered)
 
 
 def _over_budget(policy: RunPolicy, tokens_before: int, progress: _Progress) -> StopRun | None:

@@ -152,6 +152,7 @@ async def test_every_event_on_the_wire_matches_its_model_and_every_type_is_seen(
     await auto_compaction(wire, upstream)
     await compaction_job(wire, upstream)
     await retried_after_a_worker_died(wire, upstream, e2e_engine)
+    await steered(wire, upstream)
 
     never = set(EventType) - set(wire.seen) - set(KNOWN_GAPS)
     assert not never, f"no scenario produced {sorted(never)}: add one, or a KNOWN_GAPS reason"
@@ -354,6 +355,28 @@ async def retried_after_a_worker_died(
     assert types(run)[:3] == ["run.created", "message.reset", "run.started"]
     assert data(run, "message.reset") == {"reason": "retry", "attempt": 2}
     assert run[-1].type == "run.completed" and run[-1].data["text"] == "the retried answer"
+
+
+async def steered(wire: Wire, upstream: FakeUpstream) -> None:
+    """A message sent while the run's model turn is held lands before its next turn."""
+    sid = (await new_session(wire.api, config={"tools": [CALCULATOR]}))["id"]
+    release = threading.Event()
+    upstream.script(Hold(release), ToolCall("c1", "calculator", '{"expression": "2*3"}'))
+    upstream.script(Text("6, in metric"))
+    asked = len(upstream.requests)
+    try:
+        first = (
+            await wire.api.post(f"/v1/sessions/{sid}/ask", json={"input": "2*3", "stream": False})
+        ).json()
+        await upstream.requests_arrived(asked + 1)  # its first model turn is held
+        body = {"input": "in metric", "stream": False, "multitask_strategy": "steer"}
+        steer = await wire.api.post(f"/v1/sessions/{sid}/ask", json=body)
+        assert steer.status_code == 202 and steer.json()["id"] == first["id"]
+    finally:
+        release.set()
+    run = await wire.run(first["id"])
+    assert data(run, "run.steered")["iteration"] == 2
+    assert run[-1].type == "run.completed"
 
 
 def test_the_documented_schema_tells_events_apart() -> None:
