@@ -49,7 +49,8 @@ async def update_server(
         .values(**values, updated_at=func.now())
         .returning(mcp_servers)
     )
-    return (await conn.execute(query)).mappings().one_or_none()
+    row: RowMapping | None = (await conn.execute(query)).mappings().one_or_none()
+    return row
 
 
 async def delete_server(conn: AsyncConnection, tenant_id: str, server_id: str) -> bool:

@@ -61,7 +61,7 @@ async def check_reach(url: str, settings: Settings) -> None:
         raise Invalid("url_not_allowed", str(exc), {"loc": ["body", "url"], "url": url}) from exc
 
 
-def credentials_of(row: Mapping[str, Any], vault: Vault) -> Credentials:
+def credentials_of(row: RowMapping, vault: Vault) -> Credentials:
     if row["credentials"] is None:
         return Credentials({}, None)
     data = vault.decrypt_json(row["credentials"])
@@ -202,7 +202,7 @@ async def reencrypt(engine: AsyncEngine, settings: Settings) -> int:
     return len(rows)
 
 
-def describe(row: Mapping[str, Any], settings: Settings) -> dict[str, Any]:
+def describe(row: RowMapping, settings: Settings) -> dict[str, Any]:
     """A server as the API shows it: whether credentials are set, never their values."""
     credentials = credentials_of(row, vault_for(settings))
     return {
