@@ -13,11 +13,11 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.config import Settings
+from app.core.mcp import SEPARATOR, McpServer, Transport
 from app.credentials import Vault, vault_for
 from app.db import mcp_servers as mcp_db
+from app.outbound import OutboundRefused, check_url
 from app.services.errors import Conflict, Invalid, NotFound
-from app.tools.mcp import SEPARATOR, McpServer, Transport
-from app.tools.outbound import OutboundRefused, check_url
 
 # Tool names become `<server>__<tool>` (providers allow 64 characters of [A-Za-z0-9_-]).
 NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]|_(?!_)){0,31}$")

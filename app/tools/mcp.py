@@ -7,19 +7,18 @@ built-in (no built-in name holds `__`, and a server name cannot). A tool whose i
 no valid JSON Schema object is left out with a warning. Every call opens its own connection
 (no state outlives it), bounded by the timeout; a server that is down, slow or answers garbage
 is an error result the model reads. Every request the MCP client sends is checked against
-`outbound_allowed` first (app/tools/outbound.py), a redirect's included.
+`outbound_allowed` first (app/outbound.py), a redirect's included.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any
 
 import httpx2
 import jsonschema_rs
@@ -29,33 +28,16 @@ from mcp.client.session import IncomingMessage
 from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 
+from app.core.mcp import McpServer, tool_name
+from app.outbound import OutboundRefused, check_url
 from app.tools.context import ToolOutcome
-from app.tools.outbound import OutboundRefused, check_url
 
-SEPARATOR = "__"
 # A text result lands in the journal: longer ones are cut (and the projection evicts what is
 # still large, as for any tool output).
 MAX_RESULT_CHARS = 262_144
 # What one message from a server may weigh before it is cut down to the above (a 1 MB result
 # in its JSON-RPC envelope is more than the SDK's default limit of 1 MiB).
 MAX_MESSAGE_BYTES = 8 * 1_048_576
-Transport = Literal["streamable_http", "sse"]
-
-
-@dataclass(frozen=True)
-class McpServer:
-    """A server as a run uses it: credentials decrypted, in memory only."""
-
-    name: str
-    url: str
-    transport: Transport = "streamable_http"
-    headers: Mapping[str, str] = field(default_factory=dict)
-    allowed_tools: tuple[str, ...] | None = None  # None: every tool the server lists
-    require_approval: Any = None  # the facade's setting, kept for the approval policy
-
-    def cache_key(self) -> str:
-        identity = json.dumps([self.url, self.transport, sorted(self.headers.items())])
-        return hashlib.sha256(identity.encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -86,10 +68,6 @@ class _Cache:
 
 
 CACHE = _Cache()
-
-
-def tool_name(server: str, tool: str) -> str:
-    return f"{server}{SEPARATOR}{tool}"
 
 
 def _guard(allowed: Sequence[str]) -> Any:

@@ -12,15 +12,16 @@ from typing import TYPE_CHECKING, Any
 
 from app.core.builtin_tools import SEARCH_LIMIT_MAX
 from app.core.eviction import READ_TOOL_OUTPUT_DEFINITION
+from app.core.mcp import SEPARATOR, McpServer
 from app.core.tool_loop import PendingCall
+from app.outbound import OutboundRefused, check_url
 from app.services.search import search_history
 
 # Re-exported: they are the registry's vocabulary (a tool function takes a ToolContext, execute
 # returns a ToolOutcome), and the run loop and the tool modules name them from here.
 from app.tools.context import ToolContext as ToolContext
 from app.tools.context import ToolOutcome as ToolOutcome
-from app.tools.mcp import SEPARATOR, McpServer, call_tool
-from app.tools.outbound import OutboundRefused, check_url
+from app.tools.mcp import call_tool
 from app.tools.webhook import call_webhook
 
 if TYPE_CHECKING:

@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core import tool_choice as tool_choices
 from app.core.entries import EntryKind, FinishReason, JournalEntry, NewEntry
+from app.core.mcp import McpServer
 from app.core.messages import result_text
 from app.core.projection import ProjectionMeta
 from app.core.reasoning import Reasoning
@@ -68,7 +69,6 @@ from app.services.projection import (
 )
 from app.telemetry import carried, metrics
 from app.tools import mcp as mcp_tools
-from app.tools.mcp import McpServer
 from app.tools.registry import ToolContext, ToolOutcome, execute
 from app.worker.compaction import (
     auto_compact,

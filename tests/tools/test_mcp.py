@@ -16,8 +16,9 @@ from starlette.responses import RedirectResponse
 from starlette.routing import Route
 
 from app.config import Settings
+from app.core.mcp import McpServer
 from app.core.tool_loop import PendingCall
-from app.tools.mcp import CACHE, MAX_RESULT_CHARS, McpServer, call_tool, list_tools
+from app.tools.mcp import CACHE, MAX_RESULT_CHARS, call_tool, list_tools
 from app.tools.registry import ToolContext, execute
 from testkit.mcp_server import BIG_CHARS, McpTestServer
 from testkit.server import serve_in_thread, stop_thread_server

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from app.tools.outbound import OutboundRefused, check_url
+from app.outbound import OutboundRefused, check_url
 
 
 def resolving_to(address: str) -> Any:
