@@ -135,7 +135,7 @@ def run(settings: Settings, args: argparse.Namespace) -> None:
         raise SystemExit(f"threadline {args.command}: {error.message}") from None
 
 
-def _with_engine(settings: Settings, work: Callable[[Any], Awaitable[T]]) -> T:
+def with_engine(settings: Settings, work: Callable[[Any], Awaitable[T]]) -> T:
     """Run `work(engine)` against the database (the embedded one if no URL is set), migrated."""
     from app.db.engine import create_engine
     from app.db.migrate import upgrade_to_head
@@ -161,12 +161,12 @@ def _keys(settings: Settings, args: argparse.Namespace) -> None:
         tenant = args.tenant or args.tenant_flag
         if not tenant or (args.tenant and args.tenant_flag and args.tenant != args.tenant_flag):
             raise SystemExit("threadline keys create: name one TENANT")
-        issued = _with_engine(
+        issued = with_engine(
             settings, lambda e: keys.create_key(e, tenant, args.name, read_only=args.read_only)
         )
         print(issued, flush=True)
     elif args.keys_command == "list":
-        found = _with_engine(settings, lambda e: keys.list_keys(e, args.tenant))
+        found = with_engine(settings, lambda e: keys.list_keys(e, args.tenant))
         for key in found:
             if args.json:
                 print(json.dumps(_key_json(key)), flush=True)
@@ -178,14 +178,14 @@ def _keys(settings: Settings, args: argparse.Namespace) -> None:
             found = await keys.find_key(engine, args.key)
             return await keys.revoke_key(engine, found.id)
 
-        print(f"revoked: {_key_line(_with_engine(settings, revoke))}", flush=True)
+        print(f"revoked: {_key_line(with_engine(settings, revoke))}", flush=True)
     elif args.keys_command == "rotate":
 
         async def rotate(engine: Any) -> keys.IssuedKey:
             found = await keys.find_key(engine, args.key)
             return await keys.rotate_key(engine, found.id, grace_seconds=args.grace)
 
-        print(_with_engine(settings, rotate).key, flush=True)
+        print(with_engine(settings, rotate).key, flush=True)
 
 
 def _reencrypt(settings: Settings) -> None:
@@ -243,7 +243,7 @@ def _limits(settings: Settings, args: argparse.Namespace) -> None:
     changes = {
         column: getattr(args, flag) for flag, column in LIMIT_FLAGS.items() if hasattr(args, flag)
     }
-    found = _with_engine(settings, lambda e: quotas.set_limits(e, settings, args.tenant, changes))
+    found = with_engine(settings, lambda e: quotas.set_limits(e, settings, args.tenant, changes))
     for column in LIMIT_FLAGS.values():
         own, effective = getattr(found.own, column), getattr(found.effective, column)
         source = "" if own is not None else "  (default)"
@@ -254,7 +254,7 @@ def _session_ttl(settings: Settings, tenant: str, ttl_seconds: int | None) -> No
     """The default TTL of the tenant's new sessions (those already made keep their expiry)."""
     from app.services.retention import set_session_ttl
 
-    _with_engine(settings, lambda engine: set_session_ttl(engine, tenant, ttl_seconds))
+    with_engine(settings, lambda engine: set_session_ttl(engine, tenant, ttl_seconds))
     shown = "none" if ttl_seconds is None else f"{ttl_seconds} seconds"
     print(f"tenant {tenant}: new sessions expire after {shown}", flush=True)
 
@@ -262,7 +262,7 @@ def _session_ttl(settings: Settings, tenant: str, ttl_seconds: int | None) -> No
 def _usage(settings: Settings, args: argparse.Namespace) -> None:
     from app.services import quotas
 
-    report = _with_engine(
+    report = with_engine(
         settings,
         lambda e: quotas.usage_report(e, tenant=args.tenant, start=args.start, end=args.end),
     )

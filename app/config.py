@@ -95,6 +95,13 @@ class Settings(BaseSettings):
     openai_base_url: str | None = Field(
         default=None, description="Override the OpenAI API URL (proxies, tests)."
     )
+    openai_api: Literal["auto", "chat", "responses"] = Field(
+        default="auto",
+        description="Which OpenAI API openai:* models are called through: chat (Chat "
+        "Completions), responses (the Responses API), or auto: the Responses API for the models "
+        "that can reason (o1, o3, o4-mini, gpt-5), whose reasoning it streams and takes back, "
+        "Chat Completions for the others.",
+    )
     anthropic_api_key: str | None = Field(default=None, description="Key for anthropic:* models.")
     anthropic_base_url: str | None = Field(
         default=None, description="Override the Anthropic API URL (proxies, tests)."
@@ -200,6 +207,12 @@ class Settings(BaseSettings):
     tool_outputs_timeout_seconds: float = Field(
         default=600, gt=0, description="A run waiting for client tool outputs fails after this."
     )
+    tool_approval_timeout_seconds: float = Field(
+        default=3600,
+        gt=0,
+        description="A tool call waiting for approval is rejected after this (the model reads "
+        "that nobody approved it in time).",
+    )
     webhook_secret: str | None = Field(
         default=None,
         description=(
@@ -237,6 +250,18 @@ class Settings(BaseSettings):
     )
     max_request_bytes: int = Field(
         default=1_048_576, ge=1024, description="Request bodies above this size answer 413."
+    )
+    max_document_bytes: int = Field(
+        default=32 * 1024 * 1024,
+        ge=1,
+        description="Largest document (a PDF or text content part, decoded) a message may "
+        "carry; larger ones answer 422. Its base64 must also fit max_request_bytes.",
+    )
+    max_import_bytes: int = Field(
+        default=1_073_741_824,
+        ge=1024,
+        description="Largest session file POST /v1/sessions/import reads (it streams: a larger "
+        "one answers 413 once this many bytes have arrived).",
     )
     max_append_entries: int = Field(
         default=1000, ge=1, description="Most entries one append request may carry."

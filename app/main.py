@@ -24,6 +24,7 @@ from app.api import (
     projection,
     runs,
     search,
+    session_files,
     sessions,
     stream_tokens,
     ui_messages,
@@ -34,6 +35,7 @@ from app.api.docs import install_docs
 from app.api.errors import install_error_handlers
 from app.api.limits import BodySizeLimit
 from app.api.openapi_document import install_document
+from app.api.session_files import IMPORT_PATH
 from app.api.web import install_web
 from app.config import Settings
 from app.db.engine import create_engine, libpq_url
@@ -113,7 +115,11 @@ def create_app(settings: Settings | None = None, *, workers: int = 0) -> FastAPI
     app.state.handoff = None  # `threadline serve`: its workers start this process's asks
     install_error_handlers(app)
     install_docs(app)
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
+    app.add_middleware(
+        BodySizeLimit,
+        max_bytes=settings.max_request_bytes,
+        larger={IMPORT_PATH: settings.max_import_bytes},
+    )
     if settings.cors_origins:
         # Outermost: every answer gets its CORS headers, refusals (413, 401, ...) included.
         app.add_middleware(
@@ -129,6 +135,7 @@ def create_app(settings: Settings | None = None, *, workers: int = 0) -> FastAPI
     app.add_middleware(RequestIds)
     app.include_router(sessions.router)
     app.include_router(entries.router)
+    app.include_router(session_files.router)
     app.include_router(projection.router)
     app.include_router(asks.router)
     app.include_router(runs.router)

@@ -38,6 +38,7 @@ from app.core.policy import ContextPolicyPatch
 from app.core.projection import ProjectionMeta
 from app.core.reasoning import Reasoning
 from app.core.run_policy import RunPolicy
+from app.services import approvals as approvals_service
 from app.services.webhooks import WebhookEventType
 
 # The documented maximum is the one enforced.
@@ -211,6 +212,11 @@ class Usage(BaseModel):
     cache_write_tokens: int = Field(
         description="Prompt tokens written to the provider's cache (Anthropic)."
     )
+    reasoning_tokens: int = Field(
+        default=0,
+        description="Of the output, tokens the model reasoned with, where the provider says "
+        "(OpenAI's reasoning models); priced as output.",
+    )
     cost_usd: float
 
 
@@ -244,6 +250,7 @@ class Session(BaseModel):
                 output_tokens=session.output_tokens,
                 cached_tokens=session.cached_tokens,
                 cache_write_tokens=session.cache_write_tokens,
+                reasoning_tokens=session.reasoning_tokens,
                 cost_usd=float(session.cost_usd),
             ),
             parent_id=session.parent_id,
@@ -385,12 +392,16 @@ class ProjectionRequest(Strict):
     tools: Annotated[list[ToolDefinition], Field(max_length=128)] | None = Field(
         default=None, description="An ask's own tools, over the session's (same name wins)."
     )
-    format: Literal["neutral", "openai", "anthropic"] = "neutral"
+    format: Literal["neutral", "openai", "openai_responses", "anthropic"] = Field(
+        default="neutral",
+        description="The wire shape: neutral, openai (Chat Completions), openai_responses "
+        "(the Responses API's input items, as reasoning models get them), anthropic.",
+    )
 
 
 class ProjectionResponse(BaseModel):
     model: str
-    format: Literal["neutral", "openai", "anthropic"]
+    format: Literal["neutral", "openai", "openai_responses", "anthropic"]
     context_window: int
     policy: dict[str, Any] = Field(description="The resolved policy (every field).")
     meta: ProjectionMeta
@@ -514,6 +525,11 @@ class RunUsage(BaseModel):
     cache_write_tokens: int = Field(
         description="Prompt tokens written to the provider's cache (Anthropic)."
     )
+    reasoning_tokens: int = Field(
+        default=0,
+        description="Of the output, tokens the model reasoned with, where the provider says "
+        "(OpenAI's reasoning models); priced as output.",
+    )
     cost_usd: float | None
     estimated: bool = Field(
         default=False,
@@ -548,7 +564,15 @@ class Run(BaseModel):
     kind: Literal["ask", "compaction"] = Field(
         description="ask: answers a user entry; compaction: appends a summary checkpoint."
     )
-    status: Literal["queued", "running", "requires_action", "completed", "failed", "cancelled"]
+    status: Literal[
+        "queued",
+        "running",
+        "requires_action",
+        "awaiting_approval",
+        "completed",
+        "failed",
+        "cancelled",
+    ]
     model: str
     user_entry_seq: int | None
     end_entry_seq: int | None
@@ -587,6 +611,7 @@ class Run(BaseModel):
                 output_tokens=run.output_tokens,
                 cached_tokens=run.cached_tokens,
                 cache_write_tokens=run.cache_write_tokens,
+                reasoning_tokens=run.reasoning_tokens,
                 cost_usd=float(run.cost_usd) if run.cost_usd is not None else None,
                 estimated=run.usage_estimated,
             ),
@@ -606,6 +631,75 @@ class ToolOutputIn(Strict):
 
 class ToolOutputsRequest(Strict):
     tool_outputs: Annotated[list[ToolOutputIn], Field(min_length=1, max_length=128)]
+
+
+class ApprovalAnswerIn(Strict):
+    tool_call_id: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,128}$")] = Field(
+        description="A call of the run's `tool.approval_requested` events."
+    )
+    decision: Literal["approve", "reject"]
+    arguments: dict[str, Any] | None = Field(
+        default=None,
+        description="With `approve`: run the call with these arguments instead of the "
+        "model's (checked against the tool's JSON schema: 422 `invalid_arguments`).",
+    )
+    reason: Annotated[str, StringConstraints(max_length=4000)] | None = Field(
+        default=None, description="With `reject`: why, as the model reads it in the result."
+    )
+
+    @model_validator(mode="after")
+    def _fits_decision(self) -> ApprovalAnswerIn:
+        if self.decision == "reject" and self.arguments is not None:
+            raise ValueError("arguments go with approve only")
+        if self.decision == "approve" and self.reason is not None:
+            raise ValueError("a reason goes with reject only")
+        return self
+
+
+class ApprovalsRequest(Strict):
+    approvals: Annotated[list[ApprovalAnswerIn], Field(min_length=1, max_length=128)] = Field(
+        description="Rulings on some or all of the calls the run waits on; the run resumes "
+        "once none waits."
+    )
+
+
+class ToolApprovalOut(BaseModel):
+    tool_call_id: str
+    name: str
+    arguments: dict[str, Any] = Field(description="The arguments the model gave.")
+    status: Literal["pending", "approved", "rejected", "expired"]
+    edited_arguments: dict[str, Any] | None = Field(
+        description="The arguments it was approved with, when they were edited."
+    )
+    reason: str | None = Field(description="A rejection's reason.")
+    executed: bool = Field(description="The approved call was started (it runs at most once).")
+    requested_at: datetime
+    decided_at: datetime | None
+
+
+class RunApprovals(BaseModel):
+    run: Run
+    approvals: list[ToolApprovalOut] = Field(description="The run's approvals, oldest first.")
+
+    @classmethod
+    def of(cls, found: approvals_service.RunApprovals) -> RunApprovals:
+        return cls(
+            run=Run.of(found.run),
+            approvals=[
+                ToolApprovalOut(
+                    tool_call_id=a.tool_call_id,
+                    name=a.name,
+                    arguments=a.arguments,
+                    status=a.decision or "pending",
+                    edited_arguments=a.edited_arguments,
+                    reason=a.reason,
+                    executed=a.executed_at is not None,
+                    requested_at=a.requested_at,
+                    decided_at=a.decided_at,
+                )
+                for a in found.approvals
+            ],
+        )
 
 
 class MemoryPut(Strict):

@@ -131,6 +131,11 @@ class Client:
     def cancel(self, run_id: str) -> dict[str, Any]:
         return dict(self._call("POST", f"/v1/runs/{run_id}/cancel"))
 
+    def answer_approval(self, run_id: str, ruling: dict[str, Any]) -> dict[str, Any]:
+        """One ruling ({tool_call_id, decision, arguments?, reason?}) on a waiting call."""
+        body = {"approvals": [ruling]}
+        return dict(self._call("POST", f"/v1/runs/{run_id}/approvals", json=body))
+
     # -- streams
 
     def ask(self, session_id: str, text: str, idempotency_key: str | None = None) -> Stream:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
@@ -47,6 +48,8 @@ class NewEntry:
     payload: dict[str, Any]
     refs: dict[str, Any]
     id: str | None = None
+    # When it was written, if not now: an imported entry keeps its original time.
+    created_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +96,15 @@ class ImagePart(_Strict):
     detail: Literal["auto", "low", "high"] | None = None
 
 
+class DocumentPart(_Strict):
+    """A document a person gives (a PDF or plain text), inline as a base64 data URL; its size
+    cap is the deployment's (max_document_bytes), its bytes checked at the door."""
+
+    type: Literal["document"]
+    url: Annotated[str, Field(pattern=r"^data:[^;,]+;base64,")]
+    filename: Annotated[str, Field(min_length=1, max_length=255)] | None = None
+
+
 class ThinkingPart(_Strict):
     """A model's thinking (Anthropic extended thinking): only in assistant messages, kept byte
     for byte with the signature the provider checks when it is sent back."""
@@ -110,10 +122,41 @@ class RedactedThinkingPart(_Strict):
     data: Annotated[str, Field(min_length=1, max_length=2_000_000)]
 
 
+class SummaryText(_Strict):
+    type: Literal["summary_text"]
+    text: Annotated[str, Field(max_length=2_000_000)]
+
+
+class ReasoningItemPart(_Strict):
+    """A reasoning item of OpenAI's Responses API: only in assistant messages, kept byte for
+    byte; `encrypted_content` is what the API decrypts when it is sent back, `summary` what
+    the model let be read of it."""
+
+    type: Literal["reasoning"]
+    id: Annotated[str, Field(min_length=1, max_length=256)]
+    encrypted_content: Annotated[str, Field(min_length=1, max_length=2_000_000)]
+    summary: Annotated[list[SummaryText], Field(max_length=1000)]
+
+
+class ReasoningTextPart(_Strict):
+    """Readable reasoning an OpenAI-compatible server streamed (reasoning_content): only in
+    assistant messages; kept for the record, never sent back."""
+
+    type: Literal["reasoning_text"]
+    text: Annotated[str, Field(min_length=1, max_length=2_000_000)]
+
+
 # What a person may say (an ask's input); message content may also hold a model's reasoning.
-InputPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
+InputPart = Annotated[TextPart | ImagePart | DocumentPart, Field(discriminator="type")]
 ContentPart = Annotated[
-    TextPart | ImagePart | ThinkingPart | RedactedThinkingPart, Field(discriminator="type")
+    TextPart
+    | ImagePart
+    | DocumentPart
+    | ThinkingPart
+    | RedactedThinkingPart
+    | ReasoningItemPart
+    | ReasoningTextPart,
+    Field(discriminator="type"),
 ]
 
 

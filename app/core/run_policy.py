@@ -7,6 +7,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.core.approvals import ToolApproval
+
 
 class RunPolicy(BaseModel):
     # strict: a JSON boolean is not a count (what the JSON schema of these fields says).
@@ -32,11 +34,21 @@ class RunPolicy(BaseModel):
         default="continue",
         description="A denied call gets an error result; stop also ends the run.",
     )
+    tool_approval: ToolApproval = Field(
+        default_factory=ToolApproval,
+        description="Which tool calls wait for a person's approval (`ask`), run at once "
+        "(`always`) or are never offered (`never`): per tool name, with a default.",
+    )
 
     def allows(self, tool: str) -> bool:
-        return tool not in self.tools_deny and (
-            self.tools_allow is None or tool in self.tools_allow
+        return (
+            tool not in self.tools_deny
+            and (self.tools_allow is None or tool in self.tools_allow)
+            and self.tool_approval.rule(tool) != "never"
         )
+
+    def needs_approval(self, tool: str) -> bool:
+        return self.allows(tool) and self.tool_approval.rule(tool) == "ask"
 
 
 def merged(*layers: Mapping[str, Any] | None) -> RunPolicy:

@@ -19,12 +19,20 @@ class RunStatus(StrEnum):
     QUEUED = "queued"
     RUNNING = "running"
     REQUIRES_ACTION = "requires_action"  # waiting for the client's tool outputs
+    AWAITING_APPROVAL = "awaiting_approval"  # waiting for a person to rule on tool calls
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
 
 
-ACTIVE = frozenset({RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.REQUIRES_ACTION})
+ACTIVE = frozenset(
+    {
+        RunStatus.QUEUED,
+        RunStatus.RUNNING,
+        RunStatus.REQUIRES_ACTION,
+        RunStatus.AWAITING_APPROVAL,
+    }
+)
 # The statuses a run ends with, each with its terminal event (app.eventlog.registry).
 ENDED = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED})
 
@@ -135,6 +143,7 @@ class Run:
     output_tokens: int = 0
     cached_tokens: int = 0
     cache_write_tokens: int = 0
+    reasoning_tokens: int = 0
     usage_estimated: bool = False
     cost_usd: Decimal | None = None
     started_at: datetime | None = None
@@ -167,6 +176,7 @@ class Run:
             output_tokens=int(row["output_tokens"]),
             cached_tokens=int(row["cached_tokens"]),
             cache_write_tokens=int(row["cache_write_tokens"]),
+            reasoning_tokens=int(row["reasoning_tokens"]),
             usage_estimated=bool(row["usage_estimated"]),
             cost_usd=row["cost_usd"],
             started_at=row["started_at"],

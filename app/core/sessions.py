@@ -93,6 +93,7 @@ class Session:
     output_tokens: int
     cached_tokens: int
     cache_write_tokens: int
+    reasoning_tokens: int
     cost_usd: Decimal
     created_at: datetime
     updated_at: datetime

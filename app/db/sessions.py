@@ -36,6 +36,7 @@ def _session(row: RowMapping) -> Session:
         output_tokens=int(row["output_tokens"]),
         cached_tokens=int(row["cached_tokens"]),
         cache_write_tokens=int(row["cache_write_tokens"]),
+        reasoning_tokens=int(row["reasoning_tokens"]),
         cost_usd=row["cost_usd"],
         created_at=row["created_at"],
         updated_at=row["updated_at"],
@@ -69,6 +70,13 @@ async def get_session(
     if lock:
         query = query.with_for_update()
     return _one_or_none((await conn.execute(query)).mappings().one_or_none())
+
+
+async def tenant_of(conn: AsyncConnection, session_id: str) -> str | None:
+    """The tenant a live session belongs to (for operators' commands, which name no tenant)."""
+    query = select(sessions.c.tenant_id).where(sessions.c.id == session_id, LIVE)
+    tenant_id = (await conn.execute(query)).scalar()
+    return str(tenant_id) if tenant_id is not None else None
 
 
 async def list_sessions(

@@ -116,6 +116,8 @@ tenant_usage = Table(
     Column("output_tokens", BigInteger, nullable=False, server_default=text("0")),
     Column("cached_tokens", BigInteger, nullable=False, server_default=text("0")),
     Column("cache_write_tokens", BigInteger, nullable=False, server_default=text("0")),
+    # Of the output, tokens the model reasoned with (where the provider says).
+    Column("reasoning_tokens", BigInteger, nullable=False, server_default=text("0")),
     Column("unpriced_runs", BigInteger, nullable=False, server_default=text("0")),  # no known price
     Column("cost_usd", Numeric(20, 10), nullable=False, server_default=text("0")),
     PrimaryKeyConstraint("tenant_id", "day", "model", name="tenant_usage_pkey"),
@@ -147,6 +149,8 @@ sessions = Table(
     Column("output_tokens", BigInteger, nullable=False, server_default=text("0")),
     Column("cached_tokens", BigInteger, nullable=False, server_default=text("0")),
     Column("cache_write_tokens", BigInteger, nullable=False, server_default=text("0")),
+    # Of the output, tokens the model reasoned with (where the provider says).
+    Column("reasoning_tokens", BigInteger, nullable=False, server_default=text("0")),
     Column("cost_usd", Numeric(20, 10), nullable=False, server_default=text("0")),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
@@ -253,6 +257,8 @@ runs = Table(
     Column("output_tokens", BigInteger, nullable=False, server_default=text("0")),
     Column("cached_tokens", BigInteger, nullable=False, server_default=text("0")),
     Column("cache_write_tokens", BigInteger, nullable=False, server_default=text("0")),
+    # Of the output, tokens the model reasoned with (where the provider says).
+    Column("reasoning_tokens", BigInteger, nullable=False, server_default=text("0")),
     # The server reported no usage: the counts above are our tokenizer's estimate.
     Column("usage_estimated", Boolean, nullable=False, server_default=text("false")),
     Column("cost_usd", Numeric(20, 10)),
@@ -268,6 +274,34 @@ runs = Table(
         "runs_ended_unpruned",
         "ended_at",
         postgresql_where=text("ended_at IS NOT NULL AND NOT events_pruned"),
+    ),
+)
+
+# Tool calls that wait for a person's approval (app/core/approvals.py): one row per call,
+# created when the run starts waiting, answered once (decision set only while it is null), and
+# marked executed by the one worker that runs an approved call (executed_at set only while it
+# is null): an approved call runs at most once, whatever posts or workers race.
+tool_approvals = Table(
+    "tool_approvals",
+    metadata,
+    Column(
+        "run_id", UUID(as_uuid=False), ForeignKey("runs.id", ondelete="CASCADE"), nullable=False
+    ),
+    Column("tool_call_id", Text, nullable=False),
+    Column("name", Text, nullable=False),
+    Column("arguments", JSONB, nullable=False),  # as the model gave them
+    Column("decision", Text),  # approved | rejected | expired; null while it waits
+    Column("edited_arguments", JSONB),  # approved with these instead
+    Column("reason", Text),  # a rejection's, which the model reads
+    Column("requested_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("decided_at", DateTime(timezone=True)),
+    Column("executed_at", DateTime(timezone=True)),
+    PrimaryKeyConstraint("run_id", "tool_call_id", name="tool_approvals_pkey"),
+    CheckConstraint(
+        "decision IN ('approved', 'rejected', 'expired')", name="tool_approvals_decision"
+    ),
+    CheckConstraint(
+        "executed_at IS NULL OR decision = 'approved'", name="tool_approvals_executed_approved"
     ),
 )
 

@@ -43,6 +43,9 @@ class EventType(StrEnum):
     TOOL_RESULT = "tool_result"
     ENTRY_COMMITTED = "entry.committed"
     RUN_REQUIRES_ACTION = "run.requires_action"
+    TOOL_APPROVAL_REQUESTED = "tool.approval_requested"
+    RUN_AWAITING_APPROVAL = "run.awaiting_approval"
+    TOOL_APPROVAL_ANSWERED = "tool.approval_answered"
     USAGE = "usage"
     RUN_COMPLETED = "run.completed"
     RUN_FAILED = "run.failed"
@@ -409,6 +412,49 @@ class RunRequiresActionData(EventData):
     )
 
 
+class ToolApprovalRequestedData(EventData):
+    """A tool call waits for a person's approval (its tool's rule is `ask`): answer it with
+    `POST /v1/runs/{id}/approvals` (approve, approve with edited arguments, or reject)."""
+
+    event_type = EventType.TOOL_APPROVAL_REQUESTED
+    tool_call_id: str = Field(description="The call to rule on.")
+    name: str = Field(description="The tool's name.")
+    arguments: dict[str, Any] = Field(description="The arguments the model gave, parsed.")
+    expires_at: str = Field(
+        json_schema_extra={"format": "date-time"},
+        description="When an unanswered call counts as rejected (the model reads that nobody "
+        "approved it in time).",
+    )
+
+
+class RunAwaitingApprovalData(EventData):
+    """Every approval request of this step is out: the run waits, holding no worker, until
+    each is answered (or expires); then it resumes."""
+
+    event_type = EventType.RUN_AWAITING_APPROVAL
+    tool_call_ids: list[str] = Field(min_length=1, description="The calls that wait.")
+    expires_at: str = Field(
+        json_schema_extra={"format": "date-time"},
+        description="When the unanswered ones count as rejected.",
+    )
+
+
+class ToolApprovalAnsweredData(EventData):
+    """A waiting call was ruled on (or expired); the run resumes once every call is."""
+
+    event_type = EventType.TOOL_APPROVAL_ANSWERED
+    tool_call_id: str = Field(description="The call ruled on.")
+    name: str = Field(description="The tool's name.")
+    decision: Literal["approved", "rejected", "expired"] = Field(
+        description="`approved`: it runs (once); `rejected` or `expired`: it does not, and the "
+        "model reads why as its result."
+    )
+    arguments: dict[str, Any] | Omitted = sometimes(
+        "The arguments it runs with, when the person edited them."
+    )
+    reason: str | Omitted = sometimes("A rejection's reason, as the model reads it.")
+
+
 class UsageData(EventData):
     """What the run spent, just before its terminal event (when the provider or the
     tokenizer gave counts)."""
@@ -499,6 +545,9 @@ PAYLOADS: Mapping[EventType, type[EventData]] = {
         ToolResultData,
         EntryCommittedData,
         RunRequiresActionData,
+        ToolApprovalRequestedData,
+        RunAwaitingApprovalData,
+        ToolApprovalAnsweredData,
         UsageData,
         RunCompletedData,
         RunFailedData,

@@ -61,9 +61,17 @@ def response_base(
         "store": True,
         "text": {"format": {"type": "text"}},
         "truncation": "auto",
-        "reasoning": None,
+        "reasoning": reasoning_object(params.reasoning),
         "user": None,
     }
+
+
+def reasoning_object(reasoning: Mapping[str, Any] | None) -> Json | None:
+    """A run's reasoning setting as the response shows it (None: the run did not reason); a
+    budget set natively has no effort. The summary is the provider's reasoning as given."""
+    if not reasoning or reasoning.get("effort") == "none":
+        return None
+    return {"effort": reasoning.get("effort"), "summary": "auto"}
 
 
 def tool_object(tool: Mapping[str, Any]) -> Json:
@@ -106,7 +114,7 @@ def run_status(run: Run, answered: bool) -> tuple[str, str | None]:
     match run.status:
         case RunStatus.QUEUED:
             return "queued", None
-        case RunStatus.RUNNING:
+        case RunStatus.RUNNING | RunStatus.AWAITING_APPROVAL:  # a person rules; it goes on
             return "in_progress", None
         case RunStatus.COMPLETED:
             reason = INCOMPLETE_REASONS.get(run.finish_reason or "stop")

@@ -3,7 +3,7 @@ refused (400 `unsupported_parameter`, naming it), never ignored."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
@@ -24,6 +24,24 @@ class ConversationRef(_Body):
     id: str
 
 
+ENCRYPTED_REASONING = "reasoning.encrypted_content"
+
+
+class ReasoningParam(_Body):
+    """`reasoning`: how much the model thinks before it answers."""
+
+    effort: Literal["none", "minimal", "low", "medium", "high"] | None = Field(
+        default=None,
+        description="Threadline's reasoning effort (`minimal` is `low`, the least it has; "
+        "`none`: no reasoning for this response). Default: the conversation's setting.",
+    )
+    summary: Literal["auto", "concise", "detailed"] | None = Field(
+        default=None,
+        description="Any value: the reasoning as the provider gives it is each reasoning "
+        "item's summary.",
+    )
+
+
 class ResponseCreate(_Body):
     """`POST /openai/v1/responses`."""
 
@@ -34,8 +52,9 @@ class ResponseCreate(_Body):
         "Default: the conversation's model.",
     )
     input: str | list[dict[str, Any]] = Field(
-        description="The user's message as text, or items: messages (text and input_image "
-        "parts), function_call, and function_call_output (answers to the previous response's "
+        description="The user's message as text, or items: messages (text, input_image and "
+        "input_file parts: file_data a base64 data URL of a PDF or text, with a filename), "
+        "function_call, and function_call_output (answers to the previous response's "
         "function calls, sent alone)."
     )
     instructions: Annotated[str, StringConstraints(max_length=200_000)] | None = Field(
@@ -69,6 +88,14 @@ class ResponseCreate(_Body):
     max_output_tokens: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
     metadata: OpenAIMetadata | None = None
+    reasoning: ReasoningParam | None = None
+    include: Annotated[list[Literal["reasoning.encrypted_content"]], Field(max_length=8)] | None = (
+        Field(
+            default=None,
+            description="`reasoning.encrypted_content`: reasoning items carry the provider's "
+            "opaque content (a signature, encrypted reasoning) in the response.",
+        )
+    )
 
 
 class ConversationCreate(_Body):

@@ -41,7 +41,7 @@ from app.openai_api.objects import (
     run_status,
     run_usage,
 )
-from app.openai_api.schemas import ResponseCreate
+from app.openai_api.schemas import ENCRYPTED_REASONING, ReasoningParam, ResponseCreate
 from app.services import asks, journal, runs, sessions
 from app.services.errors import NotFound
 from app.services.handoff import RunHandoff
@@ -81,6 +81,28 @@ def requested_tool_choice(value: str | Mapping[str, Any] | None) -> ToolChoice:
             param="tool_choice",
             code="invalid_value",
         ) from None
+
+
+def native_reasoning(given: ReasoningParam | None) -> dict[str, Any] | None:
+    """A request's `reasoning` as Threadline's setting (None: the conversation's): OpenAI's
+    efforts are Threadline's, `minimal` its least (`low`)."""
+    if given is None or given.effort is None:
+        return None
+    return {"effort": "low" if given.effort == "minimal" else given.effort}
+
+
+def encrypted_included(include: Sequence[str] | None) -> bool:
+    """Whether reasoning items carry their opaque content; any other `include` is refused."""
+    for i, value in enumerate(include or []):
+        if value != ENCRYPTED_REASONING:
+            raise OpenAIError(
+                400,
+                f"Invalid value for 'include[{i}]': {value!r}. Threadline includes "
+                f"'{ENCRYPTED_REASONING}' only.",
+                param=f"include[{i}]",
+                code="invalid_value",
+            )
+    return bool(include)
 
 
 def checked_model(settings: Settings, name: str) -> str:
@@ -221,12 +243,21 @@ def base_of(loaded: Loaded, previous_response_id: str | None = None) -> Json:
     )
 
 
-def response_of(loaded: Loaded, base: Json | None = None, live: list[Json] | None = None) -> Json:
+def response_of(
+    loaded: Loaded,
+    base: Json | None = None,
+    live: list[Json] | None = None,
+    *,
+    encrypted: bool = False,
+) -> Json:
     """The response as the journal and the run have it now (`live`: the output streamed so
-    far, for a response still in progress)."""
+    far, for a response still in progress; `encrypted`: reasoning items with their opaque
+    content)."""
     run = loaded.run
     part = loaded.parts[loaded.segment]
-    output = mapping.output_items(run.id, loaded.segment, part.outputs, loaded.tool_names)
+    output = mapping.output_items(
+        run.id, loaded.segment, part.outputs, loaded.tool_names, encrypted=encrypted
+    )
     status, reason = run_status(run, part.answered)
     if live is not None and status in ("queued", "in_progress"):
         output = live
@@ -241,16 +272,34 @@ def response_of(loaded: Loaded, base: Json | None = None, live: list[Json] | Non
     )
 
 
+async def with_encrypted_reasoning(
+    engine: AsyncEngine, tenant_id: str, response_id: str, output: list[Json]
+) -> list[Json]:
+    """A streamed output's reasoning items as read back with their opaque content (by id:
+    streamed and read back, an item has the same)."""
+    loaded = await load(engine, tenant_id, response_id)
+    part = loaded.parts[loaded.segment]
+    stored = mapping.output_items(
+        loaded.run.id, loaded.segment, part.outputs, loaded.tool_names, encrypted=True
+    )
+    reasoning = {item["id"]: item for item in stored if item["type"] == "reasoning"}
+    return [
+        reasoning.get(item["id"], item) if item["type"] == "reasoning" else item for item in output
+    ]
+
+
 def stream_of(loaded: Loaded, base: Json) -> ResponseStream:
     queued = bool(base.get("background"))  # a background response is created queued
     return ResponseStream(loaded.run.id, loaded.segment, base, loaded.tool_names, queued=queued)
 
 
-async def current(engine: AsyncEngine, loaded: Loaded, base: Json | None = None) -> Json:
+async def current(
+    engine: AsyncEngine, loaded: Loaded, base: Json | None = None, *, encrypted: bool = False
+) -> Json:
     """The response now: for one in progress, with what its run has streamed so far (the
     journal has only what it committed)."""
     if not loaded.run.active or not loaded.latest:
-        return response_of(loaded, base)
+        return response_of(loaded, base, encrypted=encrypted)
     stream = stream_of(loaded, {})
     after = 0
     while not stream.done:
@@ -263,7 +312,7 @@ async def current(engine: AsyncEngine, loaded: Loaded, base: Json | None = None)
         for row in rows:
             stream.translate(row["type"], row["data"])
         after = int(rows[-1]["seq"])
-    return response_of(loaded, base, stream.output)
+    return response_of(loaded, base, stream.output, encrypted=encrypted)
 
 
 async def until_done(hub: EventHub, loaded: Loaded) -> None:
@@ -282,6 +331,7 @@ async def until_done(hub: EventHub, loaded: Loaded) -> None:
 class Created:
     loaded: Loaded
     base: Json
+    encrypted: bool  # reasoning items with their opaque content (include)
 
 
 async def create_response(
@@ -305,6 +355,7 @@ async def create_response(
             code="invalid_value",
         )
     given = mapping.parse_input(body.input)
+    encrypted = encrypted_included(body.include)
     tools = tool_definitions(body.tools or [])
     choice = requested_tool_choice(body.tool_choice)
     model = checked_model(settings, body.model) if body.model is not None else None
@@ -320,7 +371,7 @@ async def create_response(
         loaded = await _answer_calls(engine, tenant_id, body, given, model, tools, choice)
     else:
         loaded = await _ask(engine, settings, tenant_id, body, given, model, tools, choice, handoff)
-    return Created(loaded, base_of(loaded, body.previous_response_id))
+    return Created(loaded, base_of(loaded, body.previous_response_id), encrypted)
 
 
 async def _answer_calls(
@@ -369,6 +420,7 @@ async def _answer_calls(
         "temperature": (body.temperature, params.temperature),
         "metadata": (body.metadata, params.metadata),
         "background": (body.background, params.on_disconnect == "continue"),
+        "reasoning": (native_reasoning(body.reasoning), params.reasoning),
     }
     for name, (sent, own) in kept.items():
         if sent is not None and sent != own:
@@ -433,6 +485,7 @@ async def _ask(
         parallel_tool_calls=body.parallel_tool_calls is not False,
         on_disconnect="continue" if body.background else "cancel",
         before=tuple(PendingEntry(str(e.kind), e.payload, e.refs) for e in given.before),
+        reasoning=native_reasoning(body.reasoning),
     )
     result = await asks.ask(
         engine,

@@ -31,7 +31,7 @@ from app.db import runs as runs_db
 from app.db import sessions as sessions_db
 from app.db import steers as steers_db
 from app.llm.router import tool_choice_problem
-from app.services import quotas
+from app.services import content_checks, quotas
 from app.services import reasoning as reasonings
 from app.services import run_transitions as runs  # named so until the ask path is rewritten
 from app.services.errors import (
@@ -43,7 +43,7 @@ from app.services.errors import (
 )
 from app.services.handoff import RunHandoff
 from app.services.journal import append_in
-from app.services.projection import SessionProjection, project_in, project_session
+from app.services.projection import Answer, SessionProjection, project_in, project_session
 from app.telemetry import metrics
 
 Strategy = Literal["reject", "enqueue", "interrupt", "rollback", "steer"]
@@ -114,6 +114,17 @@ async def ask(
             return AskResult(earlier, created=False)
     # Validation, before anything is written: the content suits every provider, the policy
     # resolves, and the ask fits.
+    # The size first: it is read from the base64's length, the rest decodes it.
+    content_checks.check_sizes(
+        settings,
+        [
+            (("input",), params.content),
+            *(
+                (("before", i, "payload", "content"), e.payload.get("content"))
+                for i, e in enumerate(params.before)
+            ),
+        ],
+    )
     refused = [p.as_error("input") for p in content_problems("user", params.content)]
     if refused:
         raise entries_refused(refused)
@@ -129,6 +140,7 @@ async def ask(
             policy=params.context_policy,
             model=params.model,
             extra_tools=params.tools,
+            answer=Answer(params.reasoning, params.max_output_tokens),
         )
         model = _served(checked, params)
     if params.multitask_strategy == "rollback":
@@ -200,7 +212,10 @@ def _pending(params: AskParams) -> list[PendingEntry]:
 
 
 def _served(checked: SessionProjection, params: AskParams) -> str:
-    """The model the ask runs on, once its tool choice is known to be one it can serve."""
+    """The model the ask runs on, once its tool choice is known to be one it can serve and
+    its context what it can read (the ask's input was checked by the projection)."""
+    for at, message in enumerate(checked.projection.messages):
+        content_checks.check_readable(checked.model, message.content, ["context", at, "content"])
     offered = [t.name for t in checked.projection.tool_spec]
     unserved = tool_choice_problem(checked.model, params.tool_choice, offered)
     if unserved is not None:
@@ -225,6 +240,7 @@ async def _validated_in(
         policy=params.context_policy,
         model=params.model,
         extra_tools=params.tools,
+        answer=Answer(params.reasoning, params.max_output_tokens),
     )
     return _served(checked, params)
 

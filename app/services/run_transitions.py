@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.entries import EntryKind, NewEntry
 from app.core.runs import CancelMode, Outcome, Run, RunKind, RunParams, RunStatus, entry_id
+from app.db import approvals as approvals_db
 from app.db import jobs as jobs_db
 from app.db import runs as runs_db
 from app.db import steers as steers_db
@@ -138,9 +139,33 @@ async def await_tool_outputs(
     return waiting
 
 
-async def resume(conn: AsyncConnection, run: Run, committed: Sequence[Any]) -> Run:
-    """The client's outputs are committed: queue the run's job again."""
-    step = machine.resume(run, committed)
+async def await_approval(
+    conn: AsyncConnection, run: Run, calls: Sequence[dict[str, Any]], timeout_seconds: float
+) -> Run:
+    """Park the run until a person rules on each of these calls ({tool_call_id, name,
+    arguments}), or the time runs out (then they count as rejected)."""
+    expires = func.now() + func.make_interval(0, 0, 0, 0, 0, 0, timeout_seconds)
+    await approvals_db.request(conn, run.id, calls)
+    waiting = await runs_db.update_run(
+        conn,
+        run.id,
+        {
+            "status": machine.target(run, machine.Transition.AWAIT_APPROVAL),
+            "action_expires_at": expires,
+        },
+    )
+    assert waiting.action_expires_at is not None
+    step = machine.await_approval(run, calls, waiting.action_expires_at.isoformat())
+    await writer.append(conn, run.id, step.events)
+    return waiting
+
+
+async def resume(
+    conn: AsyncConnection, run: Run, committed: Sequence[Any], events: Sequence[Event] = ()
+) -> Run:
+    """The client's outputs are committed (or every approval was answered, which `events`
+    announce): queue the run's job again."""
+    step = machine.resume(run, committed, events)
     job_id = await jobs_db.defer_run(conn, run.id, run.session_id)
     resumed = await runs_db.update_run(
         conn, run.id, {"status": step.status.value, "action_expires_at": None, "job_id": job_id}
@@ -228,6 +253,7 @@ async def finish(conn: AsyncConnection, run: Run, outcome: Outcome) -> Run:
             "output_tokens": sessions.c.output_tokens + usage.output_tokens,
             "cached_tokens": sessions.c.cached_tokens + usage.cached_tokens,
             "cache_write_tokens": sessions.c.cache_write_tokens + usage.cache_write_tokens,
+            "reasoning_tokens": sessions.c.reasoning_tokens + usage.reasoning_tokens,
             "cost_usd": sessions.c.cost_usd + (cost or 0),
         }
     # Fresh ids: they derive from the run, and only this transition writes them, in the
@@ -280,6 +306,7 @@ async def finish(conn: AsyncConnection, run: Run, outcome: Outcome) -> Run:
             "output_tokens": usage.output_tokens if usage else 0,
             "cached_tokens": usage.cached_tokens if usage else 0,
             "cache_write_tokens": usage.cache_write_tokens if usage else 0,
+            "reasoning_tokens": usage.reasoning_tokens if usage else 0,
             "usage_estimated": usage.estimated if usage else False,
             "cost_usd": cost,
             "ended_at": func.now(),
@@ -296,6 +323,7 @@ async def finish(conn: AsyncConnection, run: Run, outcome: Outcome) -> Run:
             output_tokens=usage.output_tokens,
             cached_tokens=usage.cached_tokens,
             cache_write_tokens=usage.cache_write_tokens,
+            reasoning_tokens=usage.reasoning_tokens,
             cost_usd=cost,
         )
     if run.kind is RunKind.ASK:

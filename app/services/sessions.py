@@ -50,8 +50,7 @@ async def create_session(
     tenant's session limit holds (else 429). The session expires at `expires_at`, or
     `ttl_seconds` from now, else after the tenant's default TTL (if it has one)."""
     if settings is not None:
-        check_models(settings, config)
-        _check_reasoning(settings, config)
+        check_config(settings, config)
     async with engine.begin() as conn:
         if settings is not None:
             await quotas.check_new_session(conn, settings, tenant_id)
@@ -279,6 +278,13 @@ async def _fork_once(
         # A fork is a new session: the tenant's default, not its parent's expiry.
         expires_at=sessions_db.tenant_default_expiry(tenant_id),
     )
+
+
+def check_config(settings: Settings, config: dict[str, Any]) -> None:
+    """Refuse (422) a new session's config these settings cannot serve: its models, its
+    reasoning."""
+    check_models(settings, config)
+    _check_reasoning(settings, config)
 
 
 def _check_reasoning(settings: Settings, config: dict[str, Any]) -> None:

@@ -1,8 +1,8 @@
 """MCP tool servers: a tenant's remote tool servers, their credentials encrypted.
 
 Revision ID: b4d1e2f3a529
-Revises: b3d1f0c0e013
-Create Date: 2026-11-28 16:00:00
+Revises: b3d9a1f0c629
+Create Date: 2026-11-28 16:20:00
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision: str = "b4d1e2f3a529"
-down_revision: str | None = "b3d1f0c0e013"
+down_revision: str | None = "b3d9a1f0c629"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
