@@ -191,7 +191,7 @@ def _keys(settings: Settings, args: argparse.Namespace) -> None:
 def _reencrypt(settings: Settings) -> None:
     from app.services import mcp_servers
 
-    count = _with_engine(settings, lambda e: mcp_servers.reencrypt(e, settings))
+    count = with_engine(settings, lambda e: mcp_servers.reencrypt(e, settings))
     print(f"re-encrypted {count} credentials under the newest key", flush=True)
 
 
