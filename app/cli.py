@@ -241,6 +241,9 @@ def parser() -> argparse.ArgumentParser:
     start.add_argument("--resume", metavar="ID", help="continue a session")
     start.add_argument("--fork", metavar="ID[@SEQ]", help="fork a session (at a seq) and chat")
     start.add_argument("--new", action="store_true", help="a new session (the default)")
+    start.add_argument(
+        "--agent", metavar="NAME[@VERSION]", help="a new session from an agent (its version)"
+    )
     return parser
 
 
@@ -255,7 +258,16 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "chat":  # a client: no settings of the service's own
         from app.chat.repl import main as chat
 
-        raise SystemExit(chat(args.url, args.key, args.resume, args.fork, args.hide_reasoning))
+        raise SystemExit(
+            chat(
+                args.url,
+                args.key,
+                args.resume,
+                args.fork,
+                hide_reasoning=args.hide_reasoning,
+                agent=args.agent,
+            )
+        )
 
     settings = Settings()
     if args.command == "serve":

@@ -13,6 +13,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from app import heap
 from app.api import (
     admin,
+    agents,
     asks,
     compaction,
     entries,
@@ -134,6 +135,7 @@ def create_app(settings: Settings | None = None, *, workers: int = 0) -> FastAPI
     # Outermost: every answer, refusals included, echoes its request id.
     app.add_middleware(RequestIds)
     app.include_router(sessions.router)
+    app.include_router(agents.router)
     app.include_router(entries.router)
     app.include_router(session_files.router)
     app.include_router(projection.router)

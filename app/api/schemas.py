@@ -153,9 +153,21 @@ def _text_only(value: Any) -> Any:
 Timestamp = Annotated[AwareDatetime, Field(strict=False), BeforeValidator(_text_only)]
 
 
+AgentReference = Annotated[
+    str,
+    StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}(@[1-9][0-9]{0,8})?$"),
+]
+
+
 class SessionCreate(Strict):
     title: Title | None = None
     metadata: Metadata = Field(default_factory=dict)
+    agent: AgentReference | None = Field(
+        default=None,
+        description="Create the session from this agent: `name` (its latest version) or "
+        "`name@version`. The session is pinned to that version; `config` holds the session's "
+        "own fields, over the version's.",
+    )
     config: SessionConfig = Field(default_factory=SessionConfig)
     ttl_seconds: TtlSeconds | None = Field(
         default=None,
@@ -220,11 +232,26 @@ class Usage(BaseModel):
     cost_usd: float
 
 
+class AgentPinned(BaseModel):
+    id: str
+    name: str
+    version: int = Field(description="The version the session is pinned to.")
+
+
 class Session(BaseModel):
     id: str
     title: str | None
     metadata: dict[str, str]
-    config: dict[str, Any]
+    config: dict[str, Any] = Field(
+        description="The config its runs use: with an agent, the agent version's with the "
+        "session's own fields (`own_config`) over it."
+    )
+    agent: AgentPinned | None = Field(
+        default=None, description="The agent version the session was created from (or moved to)."
+    )
+    own_config: dict[str, Any] | None = Field(
+        default=None, description="With an agent: the session's own config fields."
+    )
     status: str
     rev: int = Field(description="The last seq of the session's thread.")
     usage: Usage
@@ -243,6 +270,12 @@ class Session(BaseModel):
             title=session.title,
             metadata=session.metadata,
             config=session.config.as_json(),
+            agent=AgentPinned(
+                id=session.agent.id, name=session.agent.name, version=session.agent.version
+            )
+            if session.agent is not None
+            else None,
+            own_config=session.given_config.as_json() if session.agent is not None else None,
             status=session.status.value,
             rev=session.rev,
             usage=Usage(
@@ -933,3 +966,62 @@ class WebhookDeliveryList(BaseModel):
     data: list[WebhookDelivery] = Field(description="Newest first.")
     has_more: bool
     next_cursor: str | None = Field(description="Pass as `cursor` for the next (older) page.")
+
+
+# --- Agents ------------------------------------------------------------------------------
+
+AgentName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
+Description = Annotated[str, StringConstraints(max_length=2000)]
+
+
+class AgentCreate(Strict):
+    name: AgentName = Field(description="Unique among the tenant's agents; never changes.")
+    description: Description | None = None
+    config: SessionConfig = Field(
+        default_factory=SessionConfig,
+        description="What its sessions run with: instructions (`system_prompt`), model, "
+        "reasoning, sampling, tools, context and run policies, memory namespace.",
+    )
+    metadata: Metadata = Field(default_factory=dict)
+
+
+class AgentUpdate(Strict):
+    description: Description | None = None
+    config: SessionConfig | None = Field(
+        default=None, description="The new version's config, whole (it replaces the latest's)."
+    )
+    metadata: Metadata | None = None
+
+
+class AgentVersion(BaseModel):
+    name: str
+    version: int
+    description: str | None
+    config: dict[str, Any]
+    metadata: dict[str, str]
+    created_at: datetime
+
+
+class Agent(BaseModel):
+    id: str
+    name: str
+    version: int = Field(description="Its latest version.")
+    description: str | None
+    config: dict[str, Any] = Field(description="Its latest version's config.")
+    metadata: dict[str, str]
+    created_at: datetime
+    updated_at: datetime
+
+
+class AgentList(BaseModel):
+    data: list[Agent]
+
+
+class AgentVersionList(BaseModel):
+    data: list[AgentVersion]
+
+
+class SessionAgentMove(Strict):
+    version: Annotated[int, Field(ge=1)] | None = Field(
+        default=None, description="The version to move to; default: the agent's latest."
+    )

@@ -94,8 +94,9 @@ class Client:
             )
         raise ApiError(response.status_code, code, message, details)
 
-    def create_session(self) -> dict[str, Any]:
-        return dict(self._call("POST", "/v1/sessions", json={}))
+    def create_session(self, agent: str | None = None) -> dict[str, Any]:
+        body = {"agent": agent} if agent is not None else {}
+        return dict(self._call("POST", "/v1/sessions", json=body))
 
     def session(self, session_id: str) -> dict[str, Any]:
         return dict(self._call("GET", f"/v1/sessions/{session_id}"))

@@ -388,7 +388,7 @@ def resolve_key(flag: str | None) -> str:
 
 
 def start_session(
-    client: Client, resume: str | None, fork: str | None
+    client: Client, resume: str | None, fork: str | None, agent: str | None = None
 ) -> tuple[dict[str, Any], str]:
     """The session to chat in, and how it was chosen."""
     if resume is not None:
@@ -400,6 +400,10 @@ def start_session(
             raise ChatError(str(exc)) from None
         child = client.fork(parent, at_seq)
         return child, f"forked from {parent} at seq {child['fork_seq']}"
+    if agent is not None:
+        session = client.create_session(agent)
+        pinned = session["agent"]
+        return session, f"new session · agent {pinned['name']} v{pinned['version']}"
     return client.create_session(), "new session"
 
 
@@ -435,6 +439,7 @@ def main(
     resume: str | None,
     fork: str | None,
     hide_reasoning: bool = False,
+    agent: str | None = None,
 ) -> int:
     """`threadline chat`: the exit status (1 with a message when it cannot start)."""
     # Piped, lines are not wrapped at a width no one set (the header's session id stays whole).
@@ -443,7 +448,7 @@ def main(
     client: Client | None = None
     try:
         client = Client(resolve_url(url), resolve_key(key))
-        session, how = start_session(client, resume, fork)
+        session, how = start_session(client, resume, fork, agent)
         chat = Chat(client, console, session, show_reasoning=not hide_reasoning)
         model = session["config"].get("model") or client.context(chat.session_id)["model"]
         console.print(f"[bold]Threadline chat[/] · session [bold]{chat.session_id}[/]")

@@ -31,6 +31,7 @@ class EntryKind(StrEnum):
     ERROR = "error"
     POLICY_VIOLATION = "policy_violation"
     ROLLBACK = "rollback"
+    AGENT_VERSION = "agent_version"  # the session was moved to another version of its agent
 
 
 RUN_ENTRY_PREFIX = "run:"  # ids of the entries runs write (run:<run_id>:<part>): not clients'
@@ -226,6 +227,13 @@ class RunStartPayload(_Open):
     run_id: str
 
 
+class AgentVersionPayload(_Strict):
+    agent_id: Annotated[str, Field(max_length=128)]
+    agent_name: Annotated[str, Field(max_length=128)]
+    from_version: Annotated[int, Field(ge=1)]
+    to_version: Annotated[int, Field(ge=1)]
+
+
 class RunEndPayload(_Open):
     run_id: str
     status: str
@@ -257,6 +265,7 @@ PAYLOAD_TYPES: dict[EntryKind, type[BaseModel]] = {
     EntryKind.USAGE: UsagePayload,
     EntryKind.ERROR: ErrorPayload,
     EntryKind.POLICY_VIOLATION: PolicyViolationPayload,
+    EntryKind.AGENT_VERSION: AgentVersionPayload,
 }
 
 

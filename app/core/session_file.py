@@ -58,7 +58,8 @@ class SessionFields(BaseModel):
     title: str | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
     config: dict[str, Any] = Field(default_factory=dict)
-    # Agents do not exist yet: always null, kept so that files stay readable once they do.
+    # The agent version the session was pinned to, for the record: `config` is the resolved
+    # config, so an import needs no agent (it makes a session of its own config).
     agent: str | None = None
     agent_version: int | None = None
     fork_origin: ForkOrigin | None = None

@@ -9,6 +9,7 @@ from decimal import Decimal
 from enum import StrEnum
 from typing import Any
 
+from app.core.agents import AgentPin
 from app.core.lineage import Lineage, Segment, segments
 
 
@@ -98,6 +99,15 @@ class Session:
     created_at: datetime
     updated_at: datetime
     expires_at: datetime | None  # past it the session is gone for its tenant; None: never
+    # Created from an agent: its pinned version. `config` is then the resolved config (the
+    # version's, the session's own fields over it) and `own_config` the session's fields.
+    agent: AgentPin | None = None
+    own_config: SessionConfig | None = None
+
+    @property
+    def given_config(self) -> SessionConfig:
+        """The config the session itself was given (what a patch changes)."""
+        return self.own_config if self.own_config is not None else self.config
 
     @property
     def thread(self) -> list[Segment]:

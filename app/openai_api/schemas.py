@@ -42,6 +42,27 @@ class ReasoningParam(_Body):
     )
 
 
+class PromptRef(_Body):
+    """A reusable prompt: a Threadline agent, by name."""
+
+    id: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")] = Field(
+        description="The agent's name."
+    )
+    version: Annotated[str, StringConstraints(pattern=r"^[1-9][0-9]{0,8}$")] | None = Field(
+        default=None, description="The agent's version; default: its latest."
+    )
+    variables: (
+        dict[
+            Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]{1,64}$")],
+            Annotated[str, StringConstraints(max_length=100_000)],
+        ]
+        | None
+    ) = Field(
+        default=None,
+        description="Values for the `{{name}}` placeholders of the agent's instructions.",
+    )
+
+
 class ResponseCreate(_Body):
     """`POST /openai/v1/responses`."""
 
@@ -60,6 +81,12 @@ class ResponseCreate(_Body):
     instructions: Annotated[str, StringConstraints(max_length=200_000)] | None = Field(
         default=None,
         description="The conversation's system prompt from this response on.",
+    )
+    prompt: PromptRef | None = Field(
+        default=None,
+        description="An agent (`id`: its name; `version`; `variables` for its instructions' "
+        "`{{name}}` placeholders). A new conversation is created from it (pinned to the "
+        "version); a continued one takes its instructions.",
     )
     tools: Annotated[list[dict[str, Any]], Field(max_length=128)] | None = Field(
         default=None,

@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from app.api.schemas import Metadata
 from app.config import Settings
 from app.core import tool_choice as tool_choices
+from app.core.agents import AgentPin, with_variables
 from app.core.entries import EntryKind, JournalEntry, NewEntry, PendingEntry
 from app.core.projection import without_rolled_back
 from app.core.runs import Run, RunKind, RunStatus, entry_id
@@ -42,7 +43,7 @@ from app.openai_api.objects import (
     run_usage,
 )
 from app.openai_api.schemas import ENCRYPTED_REASONING, ReasoningParam, ResponseCreate
-from app.services import asks, journal, runs, sessions
+from app.services import agents, asks, journal, runs, sessions
 from app.services.errors import NotFound
 from app.services.handoff import RunHandoff
 from app.tools.registry import BUILTINS
@@ -455,6 +456,7 @@ async def _ask(
     response leaves neither."""
     assert given.content is not None
     steps: list[asks.Prepare] = []
+    pin, instructions = await _prompted(engine, tenant_id, body)
     if body.previous_response_id is not None:
         session_id, fork_at = await _continuing(engine, tenant_id, body.previous_response_id)
         if fork_at is not None:
@@ -465,10 +467,10 @@ async def _ask(
         session_id = await _conversation(engine, tenant_id, given_id, "conversation")
     else:
         session_id = str(uuid.uuid4())
-        config = {"system_prompt": body.instructions} if body.instructions is not None else {}
-        steps.append(_making(tenant_id, session_id, config))
-    if body.instructions is not None:
-        steps.append(_instructing(tenant_id, session_id, body.instructions))
+        config = {"system_prompt": instructions} if instructions is not None else {}
+        steps.append(_making(tenant_id, session_id, config, pin))
+    if instructions is not None:
+        steps.append(_instructing(tenant_id, session_id, instructions))
 
     async def prepare(conn: AsyncConnection) -> None:
         for step in steps:
@@ -499,8 +501,30 @@ async def _ask(
     return await load(engine, tenant_id, mapping.response_id(result.run.id))
 
 
-def _making(tenant_id: str, session_id: str, config: dict[str, Any]) -> asks.Prepare:
-    """A new conversation for the response."""
+async def _prompted(
+    engine: AsyncEngine, tenant_id: str, body: ResponseCreate
+) -> tuple[AgentPin | None, str | None]:
+    """The agent version `prompt` names, and the instructions the response sets: `instructions`
+    if given, else the agent's with the prompt's variables filled in (when it has some)."""
+    prompt = body.prompt
+    if prompt is None:
+        return None, body.instructions
+    reference = prompt.id if prompt.version is None else f"{prompt.id}@{prompt.version}"
+    pin = await agents.pin_for(engine, tenant_id, reference)
+    if body.instructions is not None:
+        return pin, body.instructions
+    template = pin.config.get("system_prompt")
+    if prompt.variables and template:
+        return pin, with_variables(template, prompt.variables)
+    # A continued conversation takes the agent's instructions; a new one has them by its pin.
+    continued = body.previous_response_id is not None or body.conversation is not None
+    return pin, template if continued else None
+
+
+def _making(
+    tenant_id: str, session_id: str, config: dict[str, Any], agent: AgentPin | None
+) -> asks.Prepare:
+    """A new conversation for the response (pinned to the prompt's agent version, if any)."""
 
     async def make(conn: AsyncConnection) -> None:
         await sessions_db.insert_session(
@@ -510,6 +534,7 @@ def _making(tenant_id: str, session_id: str, config: dict[str, Any]) -> asks.Pre
             title=None,
             metadata={},
             config=config,
+            **sessions.pinned(agent),
             expires_at=sessions_db.tenant_default_expiry(tenant_id),
         )
 
@@ -535,7 +560,7 @@ def _instructing(tenant_id: str, session_id: str, instructions: str) -> asks.Pre
         if session is None:
             raise not_found("conversation", mapping.conversation_id(session_id))
         if session.config.system_prompt != instructions:
-            config = {**session.config.as_json(), "system_prompt": instructions}
+            config = {**session.given_config.as_json(), "system_prompt": instructions}
             await sessions_db.update_session(conn, session_id, {"config": config})
 
     return instruct

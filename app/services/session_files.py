@@ -94,7 +94,10 @@ def _session_fields(session: Session) -> dict[str, Any]:
         {
             "title": session.title,
             "metadata": session.metadata,
+            # Resolved: the file runs the same anywhere, whether or not the agent exists there.
             "config": session.config.as_json(),
+            "agent": session.agent.name if session.agent is not None else None,
+            "agent_version": session.agent.version if session.agent is not None else None,
             "fork_origin": fork,
             "token_total": session.token_total,
         }

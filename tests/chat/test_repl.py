@@ -408,6 +408,24 @@ async def test_fork_at_start_chats_in_a_child(
     assert fork["parent_id"] == session_id and fork["rev"] == 2
 
 
+async def test_agent_starts_a_session_from_an_agent(
+    service: Service, key: str, api: httpx.AsyncClient, upstream: FakeUpstream, spawn: Spawn
+) -> None:
+    config = {"model": "openai:gpt-4o-mini", "system_prompt": "You are the travel agent."}
+    await api.post("/v1/agents", json={"name": "travel", "config": config})
+    upstream.script(Text("Lisbon."))
+    child = spawn("--url", service.url, "--key", key, "--agent", "travel@1")
+    session_id = child.session_id()
+    child.expect_text("new session · agent travel v1")
+    child.say("Where to?")
+    child.expect_text("Lisbon.")
+    child.say("/quit")
+    assert child.exit_status() == 0
+    assert upstream.requests[-1].body["messages"][0]["content"] == "You are the travel agent."
+    session = (await api.get(f"/v1/sessions/{session_id}")).json()
+    assert session["agent"]["name"] == "travel"
+
+
 async def test_a_refused_key_or_a_missing_service_is_a_clear_error(
     service: Service, spawn: Spawn
 ) -> None:

@@ -1,8 +1,8 @@
 """MCP tool servers: a tenant's remote tool servers, their credentials encrypted.
 
 Revision ID: b4d1e2f3a529
-Revises: b3d9a1f0c629
-Create Date: 2026-11-28 16:20:00
+Revises: c4e2a1b0f014
+Create Date: 2026-11-28 16:35:00
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision: str = "b4d1e2f3a529"
-down_revision: str | None = "b3d9a1f0c629"
+down_revision: str | None = "c4e2a1b0f014"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
