@@ -100,6 +100,13 @@ def add_commands(commands: Any) -> None:
     ttl.add_argument("tenant", metavar="TENANT")
     ttl.add_argument("duration", type=duration, help="e.g. 3600, 90m, 12h, 30d, 2w, or none")
 
+    secrets = commands.add_parser(
+        "secrets", help="stored credentials (MCP servers)"
+    ).add_subparsers(dest="secrets_command", required=True)
+    secrets.add_parser(
+        "reencrypt", help="encrypt every stored credential again under the newest secret key"
+    )
+
     usage = commands.add_parser("usage", help="tokens and cost per UTC day and model")
     usage.add_argument("tenant", nargs="?", metavar="TENANT", help="one tenant's (default: all)")
     usage.add_argument("--from", dest="start", type=date.fromisoformat, metavar="YYYY-MM-DD")
@@ -107,7 +114,7 @@ def add_commands(commands: Any) -> None:
     usage.add_argument("--json", action="store_true", help="the report as JSON")
 
 
-COMMANDS = ("keys", "tenants", "usage")
+COMMANDS = ("keys", "tenants", "usage", "secrets")
 
 
 def run(settings: Settings, args: argparse.Namespace) -> None:
@@ -122,6 +129,8 @@ def run(settings: Settings, args: argparse.Namespace) -> None:
             _limits(settings, args)
         elif args.command == "usage":
             _usage(settings, args)
+        elif args.command == "secrets":
+            _reencrypt(settings)
     except ServiceError as error:
         raise SystemExit(f"threadline {args.command}: {error.message}") from None
 
@@ -177,6 +186,13 @@ def _keys(settings: Settings, args: argparse.Namespace) -> None:
             return await keys.rotate_key(engine, found.id, grace_seconds=args.grace)
 
         print(with_engine(settings, rotate).key, flush=True)
+
+
+def _reencrypt(settings: Settings) -> None:
+    from app.services import mcp_servers
+
+    count = with_engine(settings, lambda e: mcp_servers.reencrypt(e, settings))
+    print(f"re-encrypted {count} credentials under the newest key", flush=True)
 
 
 def _key_json(key: Any) -> dict[str, Any]:

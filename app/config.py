@@ -223,6 +223,31 @@ class Settings(BaseSettings):
     webhook_max_retries: int = Field(
         default=2, ge=0, description="Retries of a webhook tool call (429/5xx, timeouts)."
     )
+    secret_keys: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Fernet keys that encrypt stored credentials (MCP server headers and "
+        "tokens), comma-separated, newest first: the first "
+        "encrypts, every one decrypts (add a new key in front, run `threadline secrets "
+        "reencrypt`, then drop the old one). Unset: a key generated once into "
+        "data_dir/secret.key (fine for one host; set the same keys on every process).",
+    )
+    outbound_allowed: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["*"],
+        description="What tool calls may reach (MCP servers, webhook tools), comma-separated: "
+        "host names, `*.domain`, IP addresses or networks (10.0.0.0/8), or `*` for any. "
+        "Link-local and cloud-metadata addresses (169.254.0.0/16, fe80::/10, fd00:ec2::254, "
+        "metadata.google.internal) are refused unless listed by name or network; the check "
+        "applies to every address a name resolves to.",
+    )
+    mcp_timeout_seconds: float = Field(
+        default=30, gt=0, description="Longest an MCP server may take to list or run a tool."
+    )
+    mcp_tools_ttl_seconds: float = Field(
+        default=60,
+        ge=0,
+        description="How long a server's tool list is reused before it is fetched again "
+        "(sooner when the server says its list changed).",
+    )
     max_request_bytes: int = Field(
         default=1_048_576, ge=1024, description="Request bodies above this size answer 413."
     )
@@ -327,7 +352,7 @@ class Settings(BaseSettings):
         description="Sessions a tenant may keep, where its limits set none. Unset: unlimited.",
     )
 
-    @field_validator("cors_origins", mode="before")
+    @field_validator("cors_origins", "secret_keys", "outbound_allowed", mode="before")
     @classmethod
     def _comma_separated(cls, value: Any) -> Any:
         """`a,b` as well as a JSON list, from the environment."""

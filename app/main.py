@@ -18,6 +18,7 @@ from app.api import (
     compaction,
     entries,
     health,
+    mcp_servers,
     memory,
     metrics,
     models,
@@ -149,6 +150,7 @@ def create_app(settings: Settings | None = None, *, workers: int = 0) -> FastAPI
     app.include_router(usage.router)
     app.include_router(admin.router)
     app.include_router(openai_routes.router)
+    app.include_router(mcp_servers.router)
     app.include_router(webhooks.router)
     app.include_router(health.router)
     app.include_router(metrics.router)

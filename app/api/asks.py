@@ -77,6 +77,7 @@ async def ask(
         on_disconnect=body.on_disconnect,
         run_policy=body.run_policy.model_dump(exclude_unset=True) if body.run_policy else None,
         tools=[t.model_dump(mode="json", exclude_none=True) for t in body.tools or []],
+        mcp_servers=list(body.mcp_servers or []),
         tool_choice=body.tool_choice
         if isinstance(body.tool_choice, str)
         else NamedTool(body.tool_choice.name),

@@ -92,6 +92,9 @@ ModelName = Annotated[
 ]
 
 
+McpServerName = Annotated[str, StringConstraints(min_length=1, max_length=32)]
+
+
 class SessionConfig(Strict):
     model: ModelName | None = None
     fallback_model: ModelName | None = Field(
@@ -127,6 +130,11 @@ class SessionConfig(Strict):
         default=None,
         description="Let the model think before it answers (asks may override it). Default: "
         "off. 422 reasoning_not_supported for a model that cannot reason.",
+    )
+    mcp_servers: Annotated[list[McpServerName], Field(max_length=16)] | None = Field(
+        default=None,
+        description="Registered MCP servers (/v1/mcp_servers) whose tools the session's runs "
+        "offer, as <server>__<tool>.",
     )
 
 
@@ -513,6 +521,11 @@ class AskRequest(Strict):
     run_policy: RunPolicy | None = Field(
         default=None, description="Overrides of the session's run_policy for this ask."
     )
+    mcp_servers: Annotated[list[McpServerName], Field(max_length=16)] | None = Field(
+        default=None,
+        description="Registered MCP servers whose tools this ask offers too (as "
+        "<server>__<tool>), besides the session's.",
+    )
     tools: Annotated[list[ToolDefinition], Field(max_length=128)] | None = Field(
         default=None, description="Tools for this ask only, over the session's (same name wins)."
     )
@@ -811,6 +824,65 @@ class StreamToken(BaseModel):
         description="The path (and query) of the stream it opens: the session's stream, or the "
         "run's events. Resume with `&starting_after=<last id>` in a new EventSource."
     )
+
+
+HeaderMap = Annotated[
+    dict[str, Annotated[str, StringConstraints(max_length=8192)]], Field(max_length=32)
+]
+McpToolNames = Annotated[
+    list[Annotated[str, StringConstraints(min_length=1, max_length=128)]], Field(max_length=256)
+]
+
+
+class McpServerCreate(Strict):
+    name: McpServerName = Field(
+        description="Letters, digits, - and single _; its tools are offered as <name>__<tool>."
+    )
+    url: Annotated[str, StringConstraints(min_length=1, max_length=2048)] = Field(
+        description="The server's endpoint; it must be reachable under outbound_allowed."
+    )
+    transport: Literal["streamable_http", "sse"] = "streamable_http"
+    headers: HeaderMap | None = Field(
+        default=None, description="Sent with every request; stored encrypted, never shown again."
+    )
+    bearer_token: Annotated[str, StringConstraints(min_length=1, max_length=8192)] | None = Field(
+        default=None, description="Sent as Authorization: Bearer; stored encrypted."
+    )
+    allowed_tools: McpToolNames | None = Field(
+        default=None, description="Only these of the server's tools. Default: all of them."
+    )
+
+
+class McpServerUpdate(Strict):
+    url: Annotated[str, StringConstraints(min_length=1, max_length=2048)] | None = None
+    transport: Literal["streamable_http", "sse"] | None = None
+    headers: HeaderMap | None = Field(default=None, description="Replaces the stored headers.")
+    bearer_token: Annotated[str, StringConstraints(max_length=8192)] | None = Field(
+        default=None, description="Replaces the stored token; an empty string removes it."
+    )
+    allowed_tools: McpToolNames | None = Field(
+        default=None, description="Replaces the allow-list; an empty list offers no tool."
+    )
+
+
+class McpServerCredentials(BaseModel):
+    header_names: list[str] = Field(description="The names of the stored headers (not values).")
+    bearer_token_set: bool
+
+
+class McpServerOut(BaseModel):
+    id: str
+    name: str
+    url: str
+    transport: str
+    allowed_tools: list[str] | None
+    credentials: McpServerCredentials
+    created_at: datetime
+    updated_at: datetime
+
+
+class McpServerList(BaseModel):
+    data: list[McpServerOut]
 
 
 class WebhookCreate(Strict):

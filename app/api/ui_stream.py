@@ -141,6 +141,9 @@ class UIStream:
                     "data": {"reason": data["reason"], "attempt": data["attempt"]},
                 }
                 return [*self._close_step(), reset]
+            case EventType.CONTEXT_WARNING if data.get("tokens") is None:
+                # not about the context's size (tools left out): a notice of its own
+                return [{"type": "data-threadline-warning", "data": dict(data)}]
             case EventType.CONTEXT_WARNING:
                 return [self._context(data)]
             case EventType.USAGE:

@@ -230,6 +230,8 @@ class RunView:
             style = "red" if data.get("is_error") else "dim cyan"
             self.note(f"  ↳ {one_line(str(data.get('preview', '')), 70)}", style)
             self.turn_start = len(self.blocks)  # a reset voids the next turn, not this one
+        elif kind == EventType.CONTEXT_WARNING and data.get("message"):
+            self.note(str(data["message"]), "yellow")
         elif kind == EventType.CONTEXT_WARNING:
             self.note(f"context {data.get('percent')}% of its budget ({data.get('level')})")
         elif kind == EventType.CONTEXT_COMPACTING:

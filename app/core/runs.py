@@ -58,6 +58,7 @@ class RunParams:
     fallback_model: str | None = None
     run_policy: dict[str, Any] | None = None
     tools: list[dict[str, Any]] = field(default_factory=list)
+    mcp_servers: list[str] = field(default_factory=list)  # the ask's own, by name
     # which tools the model may or must call (app.core.tool_choice), and whether a turn may
     # call several
     tool_choice: ToolChoice = "auto"
@@ -82,6 +83,7 @@ class RunParams:
             fallback_model=data.get("fallback_model"),
             run_policy=data.get("run_policy"),
             tools=list(data.get("tools") or []),
+            mcp_servers=list(data.get("mcp_servers") or []),
             tool_choice=tool_choices.parse(data.get("tool_choice") or "auto"),
             parallel_tool_calls=data.get("parallel_tool_calls", True),
             reasoning=data.get("reasoning"),
@@ -100,6 +102,7 @@ class RunParams:
             "fallback_model": self.fallback_model,
             "run_policy": self.run_policy,
             "tools": self.tools,
+            "mcp_servers": self.mcp_servers,
             "tool_choice": tool_choices.as_json(self.tool_choice),
             "parallel_tool_calls": self.parallel_tool_calls,
             "reasoning": self.reasoning,

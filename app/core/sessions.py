@@ -39,6 +39,7 @@ class SessionConfig:
     run_policy: Mapping[str, Any] | None = None
     memory_namespace: str | None = None
     reasoning: Mapping[str, Any] | None = None
+    mcp_servers: list[str] | None = None  # registered MCP servers, by name
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> SessionConfig:
@@ -54,6 +55,7 @@ class SessionConfig:
             run_policy=data.get("run_policy"),
             memory_namespace=data.get("memory_namespace"),
             reasoning=data.get("reasoning"),
+            mcp_servers=data.get("mcp_servers"),
         )
 
     def as_json(self) -> dict[str, Any]:
@@ -70,6 +72,7 @@ class SessionConfig:
             "run_policy": self.run_policy,
             "memory_namespace": self.memory_namespace,
             "reasoning": self.reasoning,
+            "mcp_servers": self.mcp_servers,
         }
         return {name: value for name, value in fields.items() if value is not None}
 

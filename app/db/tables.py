@@ -482,3 +482,27 @@ webhook_deliveries = Table(
     ),
     Index("webhook_deliveries_endpoint", "endpoint_id", text("created_at DESC"), text("id DESC")),
 )
+
+# A tenant's remote MCP tool servers, attached to sessions and asks by name. `credentials` is
+# the Fernet token (app/credentials.py) of {"headers": {...}, "bearer_token": ...}: never stored
+# nor returned in the clear.
+mcp_servers = Table(
+    "mcp_servers",
+    metadata,
+    Column("id", UUID(as_uuid=False), primary_key=True, server_default=text("gen_random_uuid()")),
+    Column(
+        "tenant_id",
+        UUID(as_uuid=False),
+        ForeignKey("tenants.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    Column("name", Text, nullable=False),
+    Column("url", Text, nullable=False),
+    Column("transport", Text, nullable=False, server_default=text("'streamable_http'")),
+    Column("allowed_tools", JSONB(none_as_null=True)),  # null: every tool the server lists
+    Column("credentials", Text),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    UniqueConstraint("tenant_id", "name", name="mcp_servers_tenant_name"),
+    CheckConstraint("transport IN ('streamable_http', 'sse')", name="mcp_servers_transport"),
+)

@@ -199,18 +199,29 @@ APPROACHING_LIMIT_SHARE, AT_LIMIT_SHARE = 0.8, 1.0
 
 class ContextWarningData(EventData):
     """Before a model call whose context is 80% full or more (or no longer holds the whole
-    history), before any compaction."""
+    history), before any compaction; or (level `tools_left_out`) when a run starts without
+    some of its MCP tools (a server unreachable, a schema no model can take)."""
 
     event_type = EventType.CONTEXT_WARNING
-    level: Literal["approaching_limit", "at_limit"] = Field(
+    level: Literal["approaching_limit", "at_limit", "tools_left_out"] = Field(
         description="`approaching_limit` from 80% of the budget; `at_limit` at 100%, or once "
-        "the history no longer fits whole."
+        "the history no longer fits whole; `tools_left_out`: see `message`."
     )
-    tokens: int = Field(description="The context's estimated tokens.")
-    budget: int = Field(description="The input token budget of the context policy.")
-    percent: float = Field(description="tokens / budget, in percent (one decimal).")
-    history_dropped: bool = Field(
-        description="Older history had to be left out of the context (windowing)."
+    tokens: int | None = Field(
+        default=None, description="The context's estimated tokens (context levels)."
+    )
+    budget: int | None = Field(
+        default=None, description="The input token budget of the context policy (context levels)."
+    )
+    percent: float | None = Field(
+        default=None, description="tokens / budget, in percent (one decimal; context levels)."
+    )
+    history_dropped: bool | None = Field(
+        default=None,
+        description="Older history had to be left out of the context (windowing; context levels).",
+    )
+    message: str | None = Field(
+        default=None, description="What was left out and why (`tools_left_out`)."
     )
 
 

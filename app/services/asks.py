@@ -64,6 +64,7 @@ class AskParams:
     idempotency_key: str | None = None
     run_policy: dict[str, Any] | None = None
     tools: list[dict[str, Any]] = field(default_factory=list)
+    mcp_servers: list[str] = field(default_factory=list)
     tool_choice: ToolChoice = "auto"  # forced choices hold for the first model turn only
     parallel_tool_calls: bool = True
     reasoning: dict[str, Any] | None = None  # over the session's config.reasoning
@@ -314,6 +315,7 @@ async def _commit(
         fallback_model=config.fallback_model,
         run_policy=policy.model_dump(mode="json"),
         tools=params.tools,
+        mcp_servers=params.mcp_servers,
         tool_choice=params.tool_choice,
         parallel_tool_calls=params.parallel_tool_calls,
         reasoning=reasoning.model_dump(exclude_none=True) if reasoning else None,

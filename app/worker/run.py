@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -20,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from app.core import approvals as approval_texts
 from app.core import tool_choice as tool_choices
 from app.core.entries import EntryKind, FinishReason, JournalEntry, NewEntry
+from app.core.mcp import McpServer
 from app.core.messages import result_text
 from app.core.projection import ProjectionMeta
 from app.core.reasoning import Reasoning
@@ -59,6 +60,7 @@ from app.llm.base import (
 )
 from app.llm.catalog import model_labels
 from app.runs.machine import committed_events
+from app.services import mcp_servers as mcp_services
 from app.services import run_transitions, steering
 from app.services.errors import ServiceError
 from app.services.journal import append_in
@@ -69,6 +71,7 @@ from app.services.projection import (
     project_run_in,
 )
 from app.telemetry import carried, metrics
+from app.tools import mcp as mcp_tools
 from app.tools.registry import ToolContext, ToolOutcome, execute
 from app.worker.compaction import (
     auto_compact,
@@ -320,6 +323,10 @@ async def _converse(
             except ServiceError as exc:  # the model turn reports it, if there is one
                 first = exc
     config = session.config if session is not None else SessionConfig()
+    servers: dict[str, McpServer] = {}
+    if run.kind is RunKind.ASK and (config.mcp_servers or run.params.mcp_servers):
+        run, servers = await _with_mcp_tools(runtime, run, config)
+        first = None  # projected again, with the servers' tools
     tools = offered_tools(config, run.params.tools)
     tokens_before = session.tokens_used if session is not None else 0
     if any(r.created_at < run.created_at for r in compactions):
@@ -348,7 +355,7 @@ async def _converse(
             # Calls nobody ruled on yet wait; the others (and the ruled ones) go ahead now.
             waiting = tuple(c for c in gated if _undecided(rulings.get(c.tool_call_id)))
             ready = tuple(c for c in server_side if c not in waiting)
-            denied = await _run_tools(runtime, run, ready, tools, policy, rulings)
+            denied = await _run_tools(runtime, run, ready, tools, policy, rulings, servers)
             if denied and policy.on_denied == "stop":
                 step = StopRun("tool_denied", f"the policy does not allow {', '.join(denied)}")
             elif waiting:
@@ -362,6 +369,31 @@ async def _converse(
         outcome = await _model_turn(runtime, run, step.iteration, progress, projected)
         if outcome is not None:
             return outcome
+
+
+async def _with_mcp_tools(
+    runtime: Runtime, run: Run, config: SessionConfig
+) -> tuple[Run, dict[str, McpServer]]:
+    """The run with its MCP servers' tools among its own (in memory: its stored params keep
+    the names only), and the servers by name. Fetched once per run (a short-lived cache across
+    runs); what is left out, and why, is a context.warning, never a failed run."""
+    names = [*(config.mcp_servers or []), *run.params.mcp_servers]
+    async with autocommit(runtime.engine) as conn:
+        servers, missing = await mcp_services.resolve(conn, runtime.settings, run.tenant_id, names)
+    settings = runtime.settings
+    listing = await mcp_tools.list_tools(
+        servers,
+        settings.outbound_allowed,
+        seconds=settings.mcp_timeout_seconds,
+        ttl=settings.mcp_tools_ttl_seconds,
+    )
+    warnings = [f"no MCP server is named {name}" for name in missing] + listing.warnings
+    for warning in warnings:
+        runtime.writer.emit(
+            run.id, EventType.CONTEXT_WARNING, {"level": "tools_left_out", "message": warning}
+        )
+    params = replace(run.params, tools=[*listing.tools, *run.params.tools])
+    return replace(run, params=params), {s.name: s for s in servers}
 
 
 async def _deliver_steers(runtime: Runtime, run: Run, iteration: int) -> bool:
@@ -654,6 +686,7 @@ async def _run_tools(
     tools: list[Any],
     policy: RunPolicy,
     rulings: dict[str, Approval],
+    servers: Mapping[str, McpServer],
 ) -> list[str]:
     """Execute a turn's unanswered calls concurrently and commit one result per call; returns
     the names of calls the policy refused (they get an error result instead). A call that
@@ -679,7 +712,7 @@ async def _run_tools(
         if not policy.allows(call.name):
             outcome = _refused(call.name)
         elif ruling is not None:
-            outcome = await _run_ruled(runtime, run, call, tools, ruling)
+            outcome = await _run_ruled(runtime, run, call, tools, ruling, servers)
         else:
             context = ToolContext(
                 run.tenant_id,
@@ -688,7 +721,9 @@ async def _run_tools(
                 call.tool_call_id,
                 runtime.engine,
             )
-            outcome = await execute(call, tools, context, settings=runtime.settings)
+            outcome = await execute(
+                call, tools, context, settings=runtime.settings, mcp_servers=servers
+            )
         runtime.writer.emit(
             run_id,
             EventType.TOOL_RESULT,
@@ -714,7 +749,12 @@ async def _run_tools(
 
 
 async def _run_ruled(
-    runtime: Runtime, run: Run, call: PendingCall, tools: list[Any], ruling: Approval
+    runtime: Runtime,
+    run: Run,
+    call: PendingCall,
+    tools: list[Any],
+    ruling: Approval,
+    servers: Mapping[str, McpServer],
 ) -> ToolOutcome:
     """A call a person ruled on: the rejection or expiry the model reads, or the approved
     call run once. The claim is committed before the tool starts: a worker that dies while it
@@ -730,7 +770,9 @@ async def _run_ruled(
         return ToolOutcome(approval_texts.INTERRUPTED_TEXT, is_error=True)
     approved = replace(call, arguments=ruling.effective_arguments)
     context = ToolContext(run.tenant_id, run.session_id, run.id, call.tool_call_id, runtime.engine)
-    outcome = await execute(approved, tools, context, settings=runtime.settings)
+    outcome = await execute(
+        approved, tools, context, settings=runtime.settings, mcp_servers=servers
+    )
     if ruling.edited_arguments is None:
         return outcome
     note = approval_texts.edited_note(ruling.edited_arguments)
