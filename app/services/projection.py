@@ -340,7 +340,7 @@ def _allowed(
 ) -> list[Mapping[str, Any]]:
     """The tools whose approval rule is not `never`: those the model is not offered."""
     rules = run_policies.merged(run_policy if run_policy is not None else config.run_policy)
-    return [t for t in tools if rules.tool_approval.rule(str(t["name"])) != "never"]
+    return [t for t in tools if rules.approval_rule(str(t["name"])) != "never"]
 
 
 def tool_specs(tools: Sequence[Mapping[str, Any]]) -> tuple[ToolSpec, ...]:
