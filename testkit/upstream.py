@@ -1039,61 +1039,62 @@ def _pdf_bytes(encoded: Any) -> bool:
     return raw.startswith(b"%PDF-")
 
 
-def anthropic_document_problem(body: Json) -> str | None:
-    """What Anthropic's API would refuse about a request's document blocks, None if nothing."""
+def _parts(body: Json, part_type: str) -> Iterator[tuple[int, int, Json, Json]]:
+    """(message index, part index, message, part) of each content part of this type."""
     for at, message in enumerate(body.get("messages") or []):
         content = message.get("content")
-        for place, block in enumerate(content if isinstance(content, list) else []):
-            if not isinstance(block, dict) or block.get("type") != "document":
-                continue
-            where = f"messages.{at}.content.{place}"
-            if message.get("role") != "user":
-                return f"{where}: document blocks are only allowed in user messages"
-            source = block.get("source") or {}
-            kind, media_type = source.get("type"), source.get("media_type")
-            if kind == "base64":
-                if media_type != "application/pdf":
-                    field = f"{where}.document.source.base64.media_type"
-                    return f"{field}: Input should be 'application/pdf'"
-                if not _pdf_bytes(source.get("data")):
-                    return f"{where}.document.source.base64.data: The PDF specified was not valid."
-            elif kind == "text":
-                if media_type != "text/plain":
-                    return f"{where}.document.source.text.media_type: Input should be 'text/plain'"
-                if not isinstance(source.get("data"), str):
-                    return f"{where}.document.source.text.data: Input should be a valid string"
-            else:
-                return (
-                    f"{where}.document.source: Input tag {kind!r} found using 'type' does not "
-                    "match any of the expected tags: 'base64', 'content', 'text', 'url'"
-                )
-            title = block.get("title")
-            if title is not None and not isinstance(title, str):
-                return f"{where}.document.title: Input should be a valid string"
+        for place, part in enumerate(content if isinstance(content, list) else []):
+            if isinstance(part, dict) and part.get("type") == part_type:
+                yield at, place, message, part
+
+
+def anthropic_document_problem(body: Json) -> str | None:
+    """What Anthropic's API would refuse about a request's document blocks, None if nothing."""
+    for at, place, message, block in _parts(body, "document"):
+        where = f"messages.{at}.content.{place}"
+        if message.get("role") != "user":
+            return f"{where}: document blocks are only allowed in user messages"
+        source = block.get("source") or {}
+        kind, media_type = source.get("type"), source.get("media_type")
+        if kind == "base64":
+            if media_type != "application/pdf":
+                field = f"{where}.document.source.base64.media_type"
+                return f"{field}: Input should be 'application/pdf'"
+            if not _pdf_bytes(source.get("data")):
+                return f"{where}.document.source.base64.data: The PDF specified was not valid."
+        elif kind == "text":
+            if media_type != "text/plain":
+                return f"{where}.document.source.text.media_type: Input should be 'text/plain'"
+            if not isinstance(source.get("data"), str):
+                return f"{where}.document.source.text.data: Input should be a valid string"
+        else:
+            return (
+                f"{where}.document.source: Input tag {kind!r} found using 'type' does not "
+                "match any of the expected tags: 'base64', 'content', 'text', 'url'"
+            )
+        title = block.get("title")
+        if title is not None and not isinstance(title, str):
+            return f"{where}.document.title: Input should be a valid string"
     return None
 
 
 def openai_file_problem(body: Json) -> str | None:
     """What OpenAI's Chat Completions would refuse about a request's file parts."""
-    for at, message in enumerate(body.get("messages") or []):
-        content = message.get("content")
-        for place, part in enumerate(content if isinstance(content, list) else []):
-            if not isinstance(part, dict) or part.get("type") != "file":
-                continue
-            where = f"messages[{at}].content[{place}]"
-            if message.get("role") != "user":
-                return f"Invalid '{where}': file content parts are only allowed in user messages."
-            file = part.get("file") or {}
-            if not isinstance(file.get("filename"), str) or not file["filename"]:
-                return f"Missing required parameter: '{where}.file.filename'."
-            data = str(file.get("file_data", ""))
-            prefix = "data:application/pdf;base64,"
-            if not data.startswith(prefix) or not _pdf_bytes(data.removeprefix(prefix)):
-                return (
-                    f"Invalid file data: '{where}.file.file_data'. Expected a base64-encoded "
-                    "data URL with an application/pdf MIME type (e.g. "
-                    "'data:application/pdf;base64,...')."
-                )
+    for at, place, message, part in _parts(body, "file"):
+        where = f"messages[{at}].content[{place}]"
+        if message.get("role") != "user":
+            return f"Invalid '{where}': file content parts are only allowed in user messages."
+        file = part.get("file") or {}
+        if not isinstance(file.get("filename"), str) or not file["filename"]:
+            return f"Missing required parameter: '{where}.file.filename'."
+        data = str(file.get("file_data", ""))
+        prefix = "data:application/pdf;base64,"
+        if not data.startswith(prefix) or not _pdf_bytes(data.removeprefix(prefix)):
+            return (
+                f"Invalid file data: '{where}.file.file_data'. Expected a base64-encoded "
+                "data URL with an application/pdf MIME type (e.g. "
+                "'data:application/pdf;base64,...')."
+            )
     return None
 
 
