@@ -11,9 +11,12 @@ SUM := $(shell cksum pyproject.toml | cut -d' ' -f1)
 RUN_STAMP := $(VENV)/.installed-run-$(SUM)
 LOCAL_STAMP := $(VENV)/.installed-local-$(SUM)
 TEST_STAMP := $(VENV)/.installed-test-$(SUM)
-# The AI SDK (npm package `ai`, pinned by its lockfile) that tests drive the useChat endpoint with.
+# The AI SDK (npm package `ai`, pinned by its lockfile) that tests drive the useChat endpoint with:
+# its current major, and major 5 for the clients still on it.
 AI_SDK_DIR := tests/api/ui_chat_js
 AI_SDK := $(AI_SDK_DIR)/node_modules/.package-lock.json
+AI_SDK_V5_DIR := tests/api/ui_chat_js_v5
+AI_SDK_V5 := $(AI_SDK_V5_DIR)/node_modules/.package-lock.json
 # The `openai` package for Node (pinned by its lockfile) that tests drive /openai/v1 with.
 OPENAI_NODE_DIR := tests/openai_api/node_sdk
 OPENAI_NODE := $(OPENAI_NODE_DIR)/node_modules/.package-lock.json
@@ -70,7 +73,7 @@ local-in-background: $(RUN_STAMP)
 		echo $$! > $(VENV)/local-build.pid; \
 	fi
 
-test: $(TEST_STAMP) postgres pgbouncer chromium lint $(NPM_STAMP) $(AI_SDK) $(OPENAI_NODE) $(WEB_STAMP)
+test: $(TEST_STAMP) postgres pgbouncer chromium lint $(NPM_STAMP) $(AI_SDK) $(AI_SDK_V5) $(OPENAI_NODE) $(WEB_STAMP)
 	$(BIN)/pytest
 
 # The client sources written by hand (not the generated package beside them).
@@ -138,6 +141,7 @@ bench: $(TEST_STAMP) postgres pgbouncer
 	$(BIN)/python -m bench.streams
 	$(BIN)/python -m bench.scale_out
 	$(BIN)/python -m bench.projection prefix
+	$(BIN)/python -m bench.export
 
 $(BIN)/python:
 	@echo "==> creating the virtualenv $(VENV)"
@@ -164,6 +168,11 @@ $(AI_SDK): $(AI_SDK_DIR)/package-lock.json
 	@command -v npm >/dev/null || { echo "npm not found: install Node.js 20.19+ (with npm)"; exit 1; }
 	@echo "==> installing the AI SDK for the useChat tests (npm ci)"
 	npm ci --prefix $(AI_SDK_DIR) --no-audit --no-fund
+
+$(AI_SDK_V5): $(AI_SDK_V5_DIR)/package-lock.json
+	@command -v npm >/dev/null || { echo "npm not found: install Node.js 20.19+ (with npm)"; exit 1; }
+	@echo "==> installing the AI SDK 5 for the useChat tests of its clients (npm ci)"
+	npm ci --prefix $(AI_SDK_V5_DIR) --no-audit --no-fund
 
 $(OPENAI_NODE): $(OPENAI_NODE_DIR)/package-lock.json
 	@command -v npm >/dev/null || { echo "npm not found: install Node.js 20.19+ (with npm)"; exit 1; }
@@ -198,4 +207,4 @@ chromium:
 	$(call apt_binary,chromium,command -v chromium >/dev/null || command -v chromium-browser >/dev/null,the browser tests will be skipped)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis $(AI_SDK_DIR)/node_modules $(OPENAI_NODE_DIR)/node_modules web/node_modules
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis $(AI_SDK_DIR)/node_modules $(AI_SDK_V5_DIR)/node_modules $(OPENAI_NODE_DIR)/node_modules web/node_modules

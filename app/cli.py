@@ -1,4 +1,5 @@
-"""The `threadline` command: serve, worker, migrate, keys, tenants, usage, openapi, events, chat."""
+"""The `threadline` command: serve, worker, migrate, keys, tenants, usage, export, import,
+openapi, events, chat."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import signal
 import sys
 from pathlib import Path
 
-from app import cli_admin, heap
+from app import cli_admin, cli_session_files, heap
 from app.cli_database import database, progress
 from app.config import Settings
 
@@ -214,6 +215,7 @@ def parser() -> argparse.ArgumentParser:
     worker_cmd.add_argument("--concurrency", type=int, default=None)
     commands.add_parser("migrate", help="apply database migrations")
     cli_admin.add_commands(commands)  # keys, tenants, usage
+    cli_session_files.add_commands(commands)  # export, import
     commands.add_parser("openapi", help="print the OpenAPI document")
     events = commands.add_parser(
         "events", help="print the run reference: its transitions and events (markdown)"
@@ -230,10 +232,18 @@ def parser() -> argparse.ArgumentParser:
     chat.add_argument(
         "--key", help="an API key (THREADLINE_API_KEY; default: the development key file)"
     )
+    chat.add_argument(
+        "--hide-reasoning",
+        action="store_true",
+        help="do not show the model's reasoning (shown dimmed by default; /reasoning toggles)",
+    )
     start = chat.add_mutually_exclusive_group()
     start.add_argument("--resume", metavar="ID", help="continue a session")
     start.add_argument("--fork", metavar="ID[@SEQ]", help="fork a session (at a seq) and chat")
     start.add_argument("--new", action="store_true", help="a new session (the default)")
+    start.add_argument(
+        "--agent", metavar="NAME[@VERSION]", help="a new session from an agent (its version)"
+    )
     return parser
 
 
@@ -248,7 +258,16 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "chat":  # a client: no settings of the service's own
         from app.chat.repl import main as chat
 
-        raise SystemExit(chat(args.url, args.key, args.resume, args.fork))
+        raise SystemExit(
+            chat(
+                args.url,
+                args.key,
+                args.resume,
+                args.fork,
+                hide_reasoning=args.hide_reasoning,
+                agent=args.agent,
+            )
+        )
 
     settings = Settings()
     if args.command == "serve":
@@ -261,6 +280,8 @@ def main(argv: list[str] | None = None) -> None:
         migrate(settings)
     elif args.command in cli_admin.COMMANDS:
         cli_admin.run(settings, args)
+    elif args.command in cli_session_files.COMMANDS:
+        cli_session_files.run(settings, args)
     elif args.command == "openapi":
         print_openapi()
     elif args.command == "events":

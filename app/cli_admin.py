@@ -100,6 +100,13 @@ def add_commands(commands: Any) -> None:
     ttl.add_argument("tenant", metavar="TENANT")
     ttl.add_argument("duration", type=duration, help="e.g. 3600, 90m, 12h, 30d, 2w, or none")
 
+    secrets = commands.add_parser(
+        "secrets", help="stored credentials (MCP servers)"
+    ).add_subparsers(dest="secrets_command", required=True)
+    secrets.add_parser(
+        "reencrypt", help="encrypt every stored credential again under the newest secret key"
+    )
+
     usage = commands.add_parser("usage", help="tokens and cost per UTC day and model")
     usage.add_argument("tenant", nargs="?", metavar="TENANT", help="one tenant's (default: all)")
     usage.add_argument("--from", dest="start", type=date.fromisoformat, metavar="YYYY-MM-DD")
@@ -107,7 +114,7 @@ def add_commands(commands: Any) -> None:
     usage.add_argument("--json", action="store_true", help="the report as JSON")
 
 
-COMMANDS = ("keys", "tenants", "usage")
+COMMANDS = ("keys", "tenants", "usage", "secrets")
 
 
 def run(settings: Settings, args: argparse.Namespace) -> None:
@@ -122,11 +129,13 @@ def run(settings: Settings, args: argparse.Namespace) -> None:
             _limits(settings, args)
         elif args.command == "usage":
             _usage(settings, args)
+        elif args.command == "secrets":
+            _reencrypt(settings)
     except ServiceError as error:
         raise SystemExit(f"threadline {args.command}: {error.message}") from None
 
 
-def _with_engine(settings: Settings, work: Callable[[Any], Awaitable[T]]) -> T:
+def with_engine(settings: Settings, work: Callable[[Any], Awaitable[T]]) -> T:
     """Run `work(engine)` against the database (the embedded one if no URL is set), migrated."""
     from app.db.engine import create_engine
     from app.db.migrate import upgrade_to_head
@@ -152,12 +161,12 @@ def _keys(settings: Settings, args: argparse.Namespace) -> None:
         tenant = args.tenant or args.tenant_flag
         if not tenant or (args.tenant and args.tenant_flag and args.tenant != args.tenant_flag):
             raise SystemExit("threadline keys create: name one TENANT")
-        issued = _with_engine(
+        issued = with_engine(
             settings, lambda e: keys.create_key(e, tenant, args.name, read_only=args.read_only)
         )
         print(issued, flush=True)
     elif args.keys_command == "list":
-        found = _with_engine(settings, lambda e: keys.list_keys(e, args.tenant))
+        found = with_engine(settings, lambda e: keys.list_keys(e, args.tenant))
         for key in found:
             if args.json:
                 print(json.dumps(_key_json(key)), flush=True)
@@ -169,14 +178,21 @@ def _keys(settings: Settings, args: argparse.Namespace) -> None:
             found = await keys.find_key(engine, args.key)
             return await keys.revoke_key(engine, found.id)
 
-        print(f"revoked: {_key_line(_with_engine(settings, revoke))}", flush=True)
+        print(f"revoked: {_key_line(with_engine(settings, revoke))}", flush=True)
     elif args.keys_command == "rotate":
 
         async def rotate(engine: Any) -> keys.IssuedKey:
             found = await keys.find_key(engine, args.key)
             return await keys.rotate_key(engine, found.id, grace_seconds=args.grace)
 
-        print(_with_engine(settings, rotate).key, flush=True)
+        print(with_engine(settings, rotate).key, flush=True)
+
+
+def _reencrypt(settings: Settings) -> None:
+    from app.services import mcp_servers
+
+    count = with_engine(settings, lambda e: mcp_servers.reencrypt(e, settings))
+    print(f"re-encrypted {count} credentials under the newest key", flush=True)
 
 
 def _key_json(key: Any) -> dict[str, Any]:
@@ -227,7 +243,7 @@ def _limits(settings: Settings, args: argparse.Namespace) -> None:
     changes = {
         column: getattr(args, flag) for flag, column in LIMIT_FLAGS.items() if hasattr(args, flag)
     }
-    found = _with_engine(settings, lambda e: quotas.set_limits(e, settings, args.tenant, changes))
+    found = with_engine(settings, lambda e: quotas.set_limits(e, settings, args.tenant, changes))
     for column in LIMIT_FLAGS.values():
         own, effective = getattr(found.own, column), getattr(found.effective, column)
         source = "" if own is not None else "  (default)"
@@ -238,7 +254,7 @@ def _session_ttl(settings: Settings, tenant: str, ttl_seconds: int | None) -> No
     """The default TTL of the tenant's new sessions (those already made keep their expiry)."""
     from app.services.retention import set_session_ttl
 
-    _with_engine(settings, lambda engine: set_session_ttl(engine, tenant, ttl_seconds))
+    with_engine(settings, lambda engine: set_session_ttl(engine, tenant, ttl_seconds))
     shown = "none" if ttl_seconds is None else f"{ttl_seconds} seconds"
     print(f"tenant {tenant}: new sessions expire after {shown}", flush=True)
 
@@ -246,7 +262,7 @@ def _session_ttl(settings: Settings, tenant: str, ttl_seconds: int | None) -> No
 def _usage(settings: Settings, args: argparse.Namespace) -> None:
     from app.services import quotas
 
-    report = _with_engine(
+    report = with_engine(
         settings,
         lambda e: quotas.usage_report(e, tenant=args.tenant, start=args.start, end=args.end),
     )

@@ -95,6 +95,13 @@ class Settings(BaseSettings):
     openai_base_url: str | None = Field(
         default=None, description="Override the OpenAI API URL (proxies, tests)."
     )
+    openai_api: Literal["auto", "chat", "responses"] = Field(
+        default="auto",
+        description="Which OpenAI API openai:* models are called through: chat (Chat "
+        "Completions), responses (the Responses API), or auto: the Responses API for the models "
+        "that can reason (o1, o3, o4-mini, gpt-5), whose reasoning it streams and takes back, "
+        "Chat Completions for the others.",
+    )
     anthropic_api_key: str | None = Field(default=None, description="Key for anthropic:* models.")
     anthropic_base_url: str | None = Field(
         default=None, description="Override the Anthropic API URL (proxies, tests)."
@@ -200,6 +207,12 @@ class Settings(BaseSettings):
     tool_outputs_timeout_seconds: float = Field(
         default=600, gt=0, description="A run waiting for client tool outputs fails after this."
     )
+    tool_approval_timeout_seconds: float = Field(
+        default=3600,
+        gt=0,
+        description="A tool call waiting for approval is rejected after this (the model reads "
+        "that nobody approved it in time).",
+    )
     webhook_secret: str | None = Field(
         default=None,
         description=(
@@ -210,8 +223,45 @@ class Settings(BaseSettings):
     webhook_max_retries: int = Field(
         default=2, ge=0, description="Retries of a webhook tool call (429/5xx, timeouts)."
     )
+    secret_keys: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Fernet keys that encrypt stored credentials (MCP server headers and "
+        "tokens), comma-separated, newest first: the first "
+        "encrypts, every one decrypts (add a new key in front, run `threadline secrets "
+        "reencrypt`, then drop the old one). Unset: a key generated once into "
+        "data_dir/secret.key (fine for one host; set the same keys on every process).",
+    )
+    outbound_allowed: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["*"],
+        description="What tool calls may reach (MCP servers, webhook tools), comma-separated: "
+        "host names, `*.domain`, IP addresses or networks (10.0.0.0/8), or `*` for any. "
+        "Link-local and cloud-metadata addresses (169.254.0.0/16, fe80::/10, fd00:ec2::254, "
+        "metadata.google.internal) are refused unless listed by name or network; the check "
+        "applies to every address a name resolves to.",
+    )
+    mcp_timeout_seconds: float = Field(
+        default=30, gt=0, description="Longest an MCP server may take to list or run a tool."
+    )
+    mcp_tools_ttl_seconds: float = Field(
+        default=60,
+        ge=0,
+        description="How long a server's tool list is reused before it is fetched again "
+        "(sooner when the server says its list changed).",
+    )
     max_request_bytes: int = Field(
         default=1_048_576, ge=1024, description="Request bodies above this size answer 413."
+    )
+    max_document_bytes: int = Field(
+        default=32 * 1024 * 1024,
+        ge=1,
+        description="Largest document (a PDF or text content part, decoded) a message may "
+        "carry; larger ones answer 422. Its base64 must also fit max_request_bytes.",
+    )
+    max_import_bytes: int = Field(
+        default=1_073_741_824,
+        ge=1024,
+        description="Largest session file POST /v1/sessions/import reads (it streams: a larger "
+        "one answers 413 once this many bytes have arrived).",
     )
     max_append_entries: int = Field(
         default=1000, ge=1, description="Most entries one append request may carry."
@@ -302,7 +352,7 @@ class Settings(BaseSettings):
         description="Sessions a tenant may keep, where its limits set none. Unset: unlimited.",
     )
 
-    @field_validator("cors_origins", mode="before")
+    @field_validator("cors_origins", "secret_keys", "outbound_allowed", mode="before")
     @classmethod
     def _comma_separated(cls, value: Any) -> Any:
         """`a,b` as well as a JSON list, from the environment."""

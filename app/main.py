@@ -13,16 +13,19 @@ from fastapi.middleware.cors import CORSMiddleware
 from app import heap
 from app.api import (
     admin,
+    agents,
     asks,
     compaction,
     entries,
     health,
+    mcp_servers,
     memory,
     metrics,
     models,
     projection,
     runs,
     search,
+    session_files,
     sessions,
     stream_tokens,
     ui_messages,
@@ -33,6 +36,7 @@ from app.api.docs import install_docs
 from app.api.errors import install_error_handlers
 from app.api.limits import BodySizeLimit
 from app.api.openapi_document import install_document
+from app.api.session_files import IMPORT_PATH
 from app.api.web import install_web
 from app.config import Settings
 from app.db.engine import create_engine, libpq_url
@@ -112,7 +116,11 @@ def create_app(settings: Settings | None = None, *, workers: int = 0) -> FastAPI
     app.state.handoff = None  # `threadline serve`: its workers start this process's asks
     install_error_handlers(app)
     install_docs(app)
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
+    app.add_middleware(
+        BodySizeLimit,
+        max_bytes=settings.max_request_bytes,
+        larger={IMPORT_PATH: settings.max_import_bytes},
+    )
     if settings.cors_origins:
         # Outermost: every answer gets its CORS headers, refusals (413, 401, ...) included.
         app.add_middleware(
@@ -127,7 +135,9 @@ def create_app(settings: Settings | None = None, *, workers: int = 0) -> FastAPI
     # Outermost: every answer, refusals included, echoes its request id.
     app.add_middleware(RequestIds)
     app.include_router(sessions.router)
+    app.include_router(agents.router)
     app.include_router(entries.router)
+    app.include_router(session_files.router)
     app.include_router(projection.router)
     app.include_router(asks.router)
     app.include_router(runs.router)
@@ -140,6 +150,7 @@ def create_app(settings: Settings | None = None, *, workers: int = 0) -> FastAPI
     app.include_router(usage.router)
     app.include_router(admin.router)
     app.include_router(openai_routes.router)
+    app.include_router(mcp_servers.router)
     app.include_router(webhooks.router)
     app.include_router(health.router)
     app.include_router(metrics.router)

@@ -21,6 +21,21 @@ checked as the API checks it: the fake signs each block (its text, its place amo
 blocks and their number), and refuses with Anthropic's 400 a request whose final assistant turn
 in a tool loop does not start with its thinking, or sends it back altered, reordered or in part;
 a thinking budget under 1024 or not below max_tokens, and thinking with a forced tool_choice.
+
+OpenAI's Responses API (POST /v1/responses) streams the same steps in its own events: Thinking
+and RedactedThinking become reasoning items (a summary streamed as
+response.reasoning_summary_text.delta pieces, or none), whose encrypted_content the fake seals
+(the item's id, text, and place among the response's reasoning items). It refuses, with
+OpenAI's 400, a request that sends a reasoning item back altered, or a tool loop (input ending
+with function_call_output) whose latest turns' reasoning items are missing or reordered.
+Chat Completions stream ReasoningContent steps as `reasoning_content` (or `reasoning`) deltas,
+as DeepSeek, vLLM, llama.cpp and OpenRouter do, and refuse (as DeepSeek does) a request that
+sends reasoning_content back.
+A thought scripted after a tool call is streamed only with the interleaved-thinking beta header
+(the model then thinks between its tool calls); without it, it is left out.
+Documents are checked in each API's shape, refused with its 400: Anthropic `document` blocks
+(a base64 application/pdf source whose bytes are a PDF, or a text/plain text source) and OpenAI
+`file` parts (a filename and file_data, a base64 data URL of a PDF), in user messages only.
 """
 
 from __future__ import annotations
@@ -96,6 +111,17 @@ class RedactedThinking:
 
 
 @dataclass(frozen=True)
+class ReasoningContent:
+    """Readable reasoning an OpenAI-compatible server streams in chat-completion chunks:
+    `fragments` deltas of `field` (reasoning_content: DeepSeek, vLLM, llama.cpp; reasoning:
+    OpenRouter)."""
+
+    text: str
+    field: str = "reasoning_content"
+    fragments: int = 3
+
+
+@dataclass(frozen=True)
 class Usage:
     """The usage the upstream reports (wherever the step stands in the script).
 
@@ -168,6 +194,7 @@ Step = (
     | ToolCall
     | Thinking
     | RedactedThinking
+    | ReasoningContent
     | Usage
     | Fail
     | FailMidStream
@@ -235,6 +262,7 @@ class FakeUpstream:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._arrived = threading.Condition(self._lock)  # notified as each request arrives
         self._scripts: deque[Script] = deque()
         self._responder: Responder | None = None
         self._requests: list[ReceivedRequest] = []
@@ -337,6 +365,17 @@ class FakeUpstream:
         with self._lock:
             return len(self._scripts)
 
+    async def requests_arrived(self, count: int, within: float = 60.0) -> None:
+        """Until `count` requests have arrived since clear(): a condition, not a duration (the
+        model call a test holds with Hold has begun once its request is here)."""
+
+        def wait() -> bool:
+            with self._arrived:
+                return self._arrived.wait_for(lambda: len(self._requests) >= count, within)
+
+        if not await asyncio.to_thread(wait):
+            raise TimeoutError(f"{len(self._requests)} of {count} requests within {within} s")
+
     def clear(self) -> None:
         with self._lock:
             self._scripts.clear()
@@ -351,6 +390,7 @@ class FakeUpstream:
             routes=[
                 Route("/{prefix:path}/chat/completions", self._openai, methods=["POST"]),
                 Route("/{prefix:path}/messages", self._anthropic, methods=["POST"]),
+                Route("/{prefix:path}/responses", self._responses, methods=["POST"]),
                 Route("/{prefix:path}/props", self._server_props, methods=["GET"]),
             ]
         )
@@ -367,6 +407,7 @@ class FakeUpstream:
         received = ReceivedRequest(request.url.path, body, dict(request.headers.items()))
         with self._lock:
             self._requests.append(received)
+            self._arrived.notify_all()
             if self._scripts:
                 script = self._scripts.popleft()
             elif self._responder is not None:
@@ -407,7 +448,11 @@ class FakeUpstream:
         body, script = await self._receive(request)
         if not body.get("stream"):
             return _openai_error(400, "bad_request", "the fake upstream only streams")
-        refused = openai_format_problem(body)
+        refused = (
+            reasoning_content_problem(body)
+            or openai_file_problem(body)
+            or openai_format_problem(body)
+        )
         if refused is not None:
             return _openai_error(400, "bad_request", refused)
         fail, steps = await self._lead_in(script)
@@ -440,6 +485,10 @@ class FakeUpstream:
             if isinstance(step, Text):
                 await self._sleep(script.token_delay)
                 yield chunk({"content": step.text})
+            elif isinstance(step, ReasoningContent):
+                for piece in _fragments(step.text, step.fragments):
+                    await self._sleep(script.token_delay)
+                    yield chunk({step.field: piece})
             elif isinstance(step, ToolCall):
                 header: Json = {
                     "index": calls,
@@ -500,12 +549,20 @@ class FakeUpstream:
         body, script = await self._receive(request)
         if not body.get("stream"):
             return _anthropic_error(400, "bad_request", "the fake upstream only streams")
-        refused = thinking_problem(body) or anthropic_format_problem(body)
+        refused = (
+            thinking_problem(body)
+            or anthropic_document_problem(body)
+            or anthropic_format_problem(body)
+        )
         if refused is not None:
             return _anthropic_error(400, "bad_request", refused)
         fail, steps = await self._lead_in(script)
         if fail is not None:
             return _anthropic_error(fail.status, fail.kind, fail.message)
+        if INTERLEAVED_THINKING_BETA not in request.headers.get("anthropic-beta", ""):
+            # Without interleaved thinking the model thinks before its turn only: a scripted
+            # thought after a tool call is not streamed.
+            steps = _before_tool_calls_only(steps)
         events = self._anthropic_events(str(body.get("model")), script, steps)
         return StreamingResponse(events, media_type="text/event-stream")
 
@@ -620,6 +677,295 @@ class FakeUpstream:
             yield _event("content_block_delta", _block_delta(index, delta))
         yield _event("content_block_stop", _block_stop(index))
 
+    async def _responses(self, request: Request) -> Response:
+        body, script = await self._receive(request)
+        if not body.get("stream"):
+            return _openai_error(400, "bad_request", "the fake upstream only streams")
+        refused = responses_problem(body) or responses_format_problem(body)
+        if refused is not None:
+            return _openai_error(400, "bad_request", refused)
+        fail, steps = await self._lead_in(script)
+        if fail is not None:
+            return _openai_error(fail.status, fail.kind, fail.message)
+        encrypted = "reasoning.encrypted_content" in (body.get("include") or [])
+        events = self._responses_events(str(body.get("model")), script, steps, encrypted)
+        return StreamingResponse(events, media_type="text/event-stream")
+
+    async def _responses_events(
+        self, model: str, script: Script, steps: Sequence[Step], encrypted: bool
+    ) -> AsyncIterator[str]:
+        sequence = 0
+        output: list[Json] = []
+        response: Json = {
+            "id": "resp_fake",
+            "object": "response",
+            "created_at": int(time.time()),
+            "model": model,
+            "status": "in_progress",
+            "output": output,
+            "usage": None,
+        }
+
+        def event(payload: Json) -> str:
+            nonlocal sequence
+            sequence += 1
+            return _event(str(payload["type"]), {**payload, "sequence_number": sequence - 1})
+
+        yield event({"type": "response.created", "response": {**response, "output": []}})
+        yield event({"type": "response.in_progress", "response": {**response, "output": []}})
+        reasonings = sum(1 for s in steps if isinstance(s, Thinking | RedactedThinking))
+        place = 0
+        text: Json | None = None  # the open output message item
+
+        def close_text() -> Iterator[str]:
+            nonlocal text
+            if text is None:
+                return
+            at, said = len(output) - 1, text["content"][0]
+            yield event(
+                {
+                    "type": "response.output_text.done",
+                    "item_id": text["id"],
+                    "output_index": at,
+                    "content_index": 0,
+                    "text": said["text"],
+                }
+            )
+            yield event(
+                {
+                    "type": "response.content_part.done",
+                    "item_id": text["id"],
+                    "output_index": at,
+                    "content_index": 0,
+                    "part": said,
+                }
+            )
+            text["status"] = "completed"
+            yield event({"type": "response.output_item.done", "output_index": at, "item": text})
+            text = None
+
+        calls = 0
+        for step in steps:
+            if not isinstance(step, Text | Stall | Hold):
+                for closing in close_text():
+                    yield closing
+            at = len(output)
+            if isinstance(step, Thinking | RedactedThinking):
+                item_id = f"rs_fake{at}"
+                said = step.text if isinstance(step, Thinking) else ""
+                item: Json = {"id": item_id, "type": "reasoning", "summary": []}
+                yield event(
+                    {"type": "response.output_item.added", "output_index": at, "item": item}
+                )
+                output.append(item)
+                if said:
+                    where = {"item_id": item_id, "output_index": at, "summary_index": 0}
+                    empty = {"type": "summary_text", "text": ""}
+                    yield event(
+                        {"type": "response.reasoning_summary_part.added", **where, "part": empty}
+                    )
+                    for piece in _fragments(
+                        said, step.fragments if isinstance(step, Thinking) else 1
+                    ):
+                        await self._sleep(script.token_delay)
+                        yield event(
+                            {
+                                "type": "response.reasoning_summary_text.delta",
+                                **where,
+                                "delta": piece,
+                            }
+                        )
+                    yield event(
+                        {"type": "response.reasoning_summary_text.done", **where, "text": said}
+                    )
+                    done: Json = {"type": "summary_text", "text": said}
+                    yield event(
+                        {"type": "response.reasoning_summary_part.done", **where, "part": done}
+                    )
+                    item["summary"] = [done]
+                if encrypted:
+                    item["encrypted_content"] = sealed_reasoning(
+                        item_id, step.text, place, reasonings
+                    )
+                yield event({"type": "response.output_item.done", "output_index": at, "item": item})
+                place += 1
+            elif isinstance(step, Text):
+                if text is None:
+                    text = {
+                        "id": f"msg_fake{at}",
+                        "type": "message",
+                        "role": "assistant",
+                        "status": "in_progress",
+                        "content": [],
+                    }
+                    yield event(
+                        {"type": "response.output_item.added", "output_index": at, "item": text}
+                    )
+                    output.append(text)
+                    part = {"type": "output_text", "text": "", "annotations": []}
+                    yield event(
+                        {
+                            "type": "response.content_part.added",
+                            "item_id": text["id"],
+                            "output_index": at,
+                            "content_index": 0,
+                            "part": part,
+                        }
+                    )
+                    text["content"] = [part]
+                await self._sleep(script.token_delay)
+                text["content"][0]["text"] += step.text
+                yield event(
+                    {
+                        "type": "response.output_text.delta",
+                        "item_id": text["id"],
+                        "output_index": len(output) - 1,
+                        "content_index": 0,
+                        "delta": step.text,
+                        "logprobs": [],
+                    }
+                )
+            elif isinstance(step, ToolCall):
+                call: Json = {
+                    "id": f"fc_fake{at}",
+                    "type": "function_call",
+                    "status": "in_progress",
+                    "call_id": step.id or f"call_fake{at}",
+                    "name": step.name,
+                    "arguments": "",
+                }
+                yield event(
+                    {"type": "response.output_item.added", "output_index": at, "item": call}
+                )
+                output.append(call)
+                where = {"item_id": call["id"], "output_index": at}
+                for piece in _fragments(step.arguments, step.fragments):
+                    await self._sleep(script.token_delay)
+                    yield event(
+                        {"type": "response.function_call_arguments.delta", **where, "delta": piece}
+                    )
+                call["arguments"] = step.arguments
+                call["status"] = "completed"
+                yield event(
+                    {
+                        "type": "response.function_call_arguments.done",
+                        **where,
+                        "arguments": step.arguments,
+                    }
+                )
+                yield event({"type": "response.output_item.done", "output_index": at, "item": call})
+                calls += 1
+            elif isinstance(step, Stall):
+                await self._sleep(step.seconds)
+            elif isinstance(step, Hold):
+                await self._hold(step.release)
+            elif isinstance(step, FailMidStream | Fail):
+                if isinstance(step, FailMidStream) and step.disconnect:
+                    raise _Disconnect()
+                kind = step.kind or "server"
+                error = _openai_error_body(kind, step.message)
+                yield event(
+                    {
+                        "type": "error",
+                        "code": error["code"] or error["type"],
+                        "message": step.message,
+                        "param": None,
+                    }
+                )
+                return
+            elif isinstance(step, Malformed):
+                yield f"event: response.output_text.delta\ndata: {step.raw}\n\n"
+            elif isinstance(step, Chunk):
+                yield event(dict(step.payload))
+            elif isinstance(step, Truncate):
+                return
+        for closing in close_text():
+            yield closing
+        usage = _usage_of(steps)
+        response["usage"] = {
+            "input_tokens": usage.input,
+            "input_tokens_details": {"cached_tokens": usage.cached},
+            "output_tokens": usage.output,
+            "output_tokens_details": {"reasoning_tokens": usage.reasoning},
+            "total_tokens": usage.input + usage.output,
+        }
+        if script.stop_reason in ("length", "max_output_tokens"):
+            response |= {
+                "status": "incomplete",
+                "incomplete_details": {"reason": "max_output_tokens"},
+            }
+            yield event({"type": "response.incomplete", "response": response})
+        else:
+            response["status"] = "completed"
+            yield event({"type": "response.completed", "response": response})
+
+
+# --- OpenAI reasoning: the fake's encrypted reasoning items and the APIs' checks -----------
+
+
+def sealed_reasoning(item_id: str, text: str, place: int, of: int) -> str:
+    """A reasoning item's encrypted_content: its id, text and place among the response's `of`
+    reasoning items, sealed (opaque base64, like OpenAI's)."""
+    mac = _mac(f"{item_id}\x00{text}", place, of)
+    return base64.b64encode(json.dumps([place, of, item_id, text, mac]).encode()).decode()
+
+
+def _unsealed_reasoning(item: Json) -> tuple[int, int] | None:
+    """(place, of) of a reasoning item sent back, None if it is not the fake's, unaltered."""
+    try:
+        place, of, item_id, text, mac = json.loads(base64.b64decode(item["encrypted_content"]))
+        expected = _mac(f"{item_id}\x00{text}", int(place), int(of))
+        if item_id == item.get("id") and hmac.compare_digest(str(mac), expected):
+            return int(place), int(of)
+    except (KeyError, ValueError, TypeError, UnicodeDecodeError):
+        pass
+    return None
+
+
+def responses_problem(body: Json) -> str | None:
+    """What OpenAI's Responses API would refuse about a request's reasoning items (its
+    message), None if nothing: one that cannot be decrypted (altered, or not sent with its
+    encrypted content under store: false); in a tool loop (the input ends with tool outputs),
+    a turn since the last user message whose reasoning is missing or out of order."""
+    items = [i for i in body.get("input") or [] if isinstance(i, dict)]
+    for item in items:
+        if item.get("type") == "reasoning" and _unsealed_reasoning(item) is None:
+            return f"The encrypted content for item {item.get('id')} could not be verified."
+    if not items or items[-1].get("type") != "function_call_output":
+        return None
+    users = [at for at, i in enumerate(items) if i.get("role") == "user"]
+    turns: list[list[Json]] = [[]]
+    for item in items[users[-1] + 1 if users else 0 :]:
+        if item.get("type") == "function_call_output":
+            if turns[-1]:
+                turns.append([])
+        else:
+            turns[-1].append(item)
+    for turn in turns:
+        calls = [i for i in turn if i.get("type") == "function_call"]
+        reasoning = [i for i in turn if i.get("type") == "reasoning"]
+        if body.get("reasoning") and calls and (not turn or turn[0].get("type") != "reasoning"):
+            return (
+                f"Item '{calls[0].get('call_id')}' of type 'function_call' was provided "
+                "without its required 'reasoning' item."
+            )
+        sealed = [_unsealed_reasoning(i) for i in reasoning]
+        of = sealed[0][1] if sealed and sealed[0] else 0
+        if sealed and sealed != [(place, of) for place in range(of)]:
+            return "Reasoning items of a turn were provided incomplete or out of order."
+    return None
+
+
+def reasoning_content_problem(body: Json) -> str | None:
+    """What DeepSeek's API refuses: an assistant message sent back with its reasoning_content."""
+    for at, message in enumerate(body.get("messages") or []):
+        if isinstance(message, dict) and ("reasoning_content" in message or "reasoning" in message):
+            return (
+                f"messages[{at}]: the reasoning_content of an earlier turn must not be sent "
+                "back; remove it from the request"
+            )
+    return None
+
 
 # --- Anthropic extended thinking: the fake's signatures and the API's checks ---------------
 
@@ -628,7 +974,8 @@ MIN_THINKING_BUDGET = 1024
 
 
 def _mac(text: str, place: int, of: int) -> str:
-    message = f"{place}/{of}\x00{text}".encode()
+    # surrogatepass: a model's text may hold a lone surrogate (JSON escapes one), signed too.
+    message = f"{place}/{of}\x00{text}".encode("utf-8", "surrogatepass")
     return hmac.new(_SECRET, message, hashlib.sha256).hexdigest()
 
 
@@ -711,6 +1058,73 @@ def _tool_loop_problem(messages: list[Json]) -> str | None:
     return None
 
 
+def _pdf_bytes(encoded: Any) -> bool:
+    try:
+        raw = base64.b64decode(str(encoded), validate=True)
+    except ValueError:
+        return False
+    return raw.startswith(b"%PDF-")
+
+
+def _parts(body: Json, part_type: str) -> Iterator[tuple[int, int, Json, Json]]:
+    """(message index, part index, message, part) of each content part of this type."""
+    for at, message in enumerate(body.get("messages") or []):
+        content = message.get("content")
+        for place, part in enumerate(content if isinstance(content, list) else []):
+            if isinstance(part, dict) and part.get("type") == part_type:
+                yield at, place, message, part
+
+
+def anthropic_document_problem(body: Json) -> str | None:
+    """What Anthropic's API would refuse about a request's document blocks, None if nothing."""
+    for at, place, message, block in _parts(body, "document"):
+        where = f"messages.{at}.content.{place}"
+        if message.get("role") != "user":
+            return f"{where}: document blocks are only allowed in user messages"
+        source = block.get("source") or {}
+        kind, media_type = source.get("type"), source.get("media_type")
+        if kind == "base64":
+            if media_type != "application/pdf":
+                field = f"{where}.document.source.base64.media_type"
+                return f"{field}: Input should be 'application/pdf'"
+            if not _pdf_bytes(source.get("data")):
+                return f"{where}.document.source.base64.data: The PDF specified was not valid."
+        elif kind == "text":
+            if media_type != "text/plain":
+                return f"{where}.document.source.text.media_type: Input should be 'text/plain'"
+            if not isinstance(source.get("data"), str):
+                return f"{where}.document.source.text.data: Input should be a valid string"
+        else:
+            return (
+                f"{where}.document.source: Input tag {kind!r} found using 'type' does not "
+                "match any of the expected tags: 'base64', 'content', 'text', 'url'"
+            )
+        title = block.get("title")
+        if title is not None and not isinstance(title, str):
+            return f"{where}.document.title: Input should be a valid string"
+    return None
+
+
+def openai_file_problem(body: Json) -> str | None:
+    """What OpenAI's Chat Completions would refuse about a request's file parts."""
+    for at, place, message, part in _parts(body, "file"):
+        where = f"messages[{at}].content[{place}]"
+        if message.get("role") != "user":
+            return f"Invalid '{where}': file content parts are only allowed in user messages."
+        file = part.get("file") or {}
+        if not isinstance(file.get("filename"), str) or not file["filename"]:
+            return f"Missing required parameter: '{where}.file.filename'."
+        data = str(file.get("file_data", ""))
+        prefix = "data:application/pdf;base64,"
+        if not data.startswith(prefix) or not _pdf_bytes(data.removeprefix(prefix)):
+            return (
+                f"Invalid file data: '{where}.file.file_data'. Expected a base64-encoded "
+                "data URL with an application/pdf MIME type (e.g. "
+                "'data:application/pdf;base64,...')."
+            )
+    return None
+
+
 def _has_block(message: Json, kind: str) -> bool:
     content = message.get("content")
     return isinstance(content, list) and any(
@@ -744,6 +1158,30 @@ def openai_format_problem(body: Json) -> str | None:
         return "Invalid type for 'response_format.json_schema.schema': expected an object."
     if spec.get("strict") is True:
         return _strict_problem(spec["schema"], "response_format.json_schema.schema")
+    return None
+
+
+def responses_format_problem(body: Json) -> str | None:
+    """What OpenAI's Responses API would refuse about a request's text.format."""
+    text = body.get("text")
+    if text is None:
+        return None
+    given = text.get("format") if isinstance(text, dict) else None
+    if not isinstance(given, dict) or given.get("type") not in (
+        "text",
+        "json_object",
+        "json_schema",
+    ):
+        return "Invalid value for 'text.format.type'"
+    if given["type"] != "json_schema":
+        return None
+    unknown = set(given) - {"type", "name", "description", "schema", "strict"}
+    if unknown:
+        return f"Unknown parameter: 'text.format.{unknown.pop()}'."
+    if not isinstance(given.get("name"), str) or not isinstance(given.get("schema"), dict):
+        return "Missing required parameter: 'text.format.name' or 'text.format.schema'."
+    if given.get("strict") is True:
+        return _strict_problem(given["schema"], "text.format.schema")
     return None
 
 
@@ -781,6 +1219,20 @@ def _strict_problem(schema: Any, where: str) -> str | None:
 
 
 # --- Wire helpers ------------------------------------------------------------------------
+
+
+INTERLEAVED_THINKING_BETA = "interleaved-thinking-2025-05-14"
+
+
+def _before_tool_calls_only(steps: Sequence[Step]) -> list[Step]:
+    """The steps but any reasoning after the turn's first tool call."""
+    out: list[Step] = []
+    called = False
+    for step in steps:
+        called = called or isinstance(step, ToolCall)
+        if not (called and isinstance(step, Thinking | RedactedThinking)):
+            out.append(step)
+    return out
 
 
 def _data(payload: Json) -> str:

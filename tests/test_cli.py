@@ -251,9 +251,9 @@ def test_the_cli_modules_import_each_other_one_way() -> None:
 
 
 def threadline(
-    database_url: str, *args: str, check: bool = True
+    database_url: str, *args: str, check: bool = True, stdin: str | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """`threadline ARGS` from this checkout, against the test database."""
+    """`threadline ARGS` from this checkout, against the test database (`stdin`: its input)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("THREADLINE_")}
     env["THREADLINE_DATABASE_URL"] = database_url
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
@@ -264,6 +264,7 @@ def threadline(
         text=True,
         check=check,
         timeout=120,
+        input=stdin,
     )
 
 
@@ -360,6 +361,7 @@ async def test_usage_prints_the_report(database_url: str, engine: Any) -> None:
         "output_tokens": 201,
         "cached_tokens": 100,
         "cache_write_tokens": 0,
+        "reasoning_tokens": 0,
         "unpriced_runs": 1,
         "cost_usd": 0.00027,
     }
@@ -442,3 +444,40 @@ def test_tenants_ttl_sets_the_default_of_new_sessions(database_url: str) -> None
         [THREADLINE, "tenants", "ttl", "acme", "soon"], env=env, capture_output=True, text=True
     )
     assert refused.returncode == 2 and "not a duration" in refused.stderr
+
+
+async def test_export_then_import_round_trips_a_session(database_url: str, engine: Any) -> None:
+    """`threadline export SESSION > file` then `threadline import --tenant T < file`: a new
+    session of T with the same entries; a missing session or tenant is a clear error."""
+    from app.core.entries import EntryKind, NewEntry
+    from app.services.journal import append_entries
+    from app.services.keys import create_key
+    from app.services.sessions import create_session
+
+    tenant = f"cli-{uuid.uuid4()}"
+    await create_key(engine, tenant)
+    async with engine.connect() as conn:
+        from app.db.tenants import tenant_by_name
+
+        found = await tenant_by_name(conn, tenant)
+    assert found is not None
+    tenant_id = str(found["id"])
+    sid = (await create_session(engine, tenant_id, title="cli", metadata={}, config={})).id
+    said = [NewEntry(EntryKind.MESSAGE, {"role": "user", "content": "hello"}, {}, id="m1")]
+    await append_entries(engine, tenant_id, sid, said, expected_rev=None)
+
+    exported = threadline(database_url, "export", sid).stdout
+    imported = threadline(database_url, "import", "--tenant", tenant, stdin=exported).stdout.strip()
+    assert imported != sid
+    again = threadline(database_url, "export", imported).stdout
+    assert exported.split("\n", 1)[1] == again.split("\n", 1)[1]
+    assert json.loads(again.splitlines()[1])["id"] == "m1"
+
+    missing = threadline(database_url, "export", str(uuid.uuid4()), check=False)
+    assert missing.returncode != 0 and "no session" in missing.stderr
+    nobody = f"nobody-{uuid.uuid4()}"
+    refused = threadline(database_url, "import", "--tenant", nobody, stdin=exported, check=False)
+    assert refused.returncode != 0 and "no tenant" in refused.stderr
+    cut = exported.rsplit("\n", 2)[0] + "\n"  # without its end line
+    bad = threadline(database_url, "import", "--tenant", tenant, stdin=cut, check=False)
+    assert bad.returncode != 0 and "cut short" in bad.stderr

@@ -22,7 +22,7 @@ from app.config import Settings
 from app.main import create_app
 from testkit.database import create_database
 from testkit.server import serve_in_thread, stop_thread_server
-from testkit.upstream import FakeUpstream, Text
+from testkit.upstream import FakeUpstream, Text, Thinking, ToolCall
 from tests.conftest import issue_key
 from tests.e2e import Service, e2e_env
 from tests.test_cli import Served as ServedCli
@@ -76,6 +76,52 @@ async def test_the_browser_example_runs_as_written(
     assert "event: run.created" in result.stdout
     assert "event: run.completed" in result.stdout
     assert "Hello from the model." in result.stdout
+
+
+async def test_the_tool_approval_round_trip_runs_as_written(
+    api: httpx.AsyncClient, service: Service, upstream: FakeUpstream
+) -> None:
+    """The call waits for approval, the approval is posted, the run answers."""
+    upstream.script(ToolCall("c1", "calculator", '{"expression": "6*7"}'))
+    upstream.script(Text("It is 42."))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("THREADLINE_")}
+    key = api.headers["Authorization"].removeprefix("Bearer ")
+    result = await asyncio.to_thread(
+        subprocess.run,
+        ["bash", "-euo", "pipefail", "-c", sh_block_after("### Tool approval")],
+        env={**env, "API": service.url, "KEY": key},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr + result.stdout[-3000:]
+    assert result.stdout.splitlines()[-2:] == ["queued", "It is 42."]
+    sent = upstream.requests[-1].body["messages"]
+    assert [m["content"] for m in sent if m["role"] == "tool"] == ["42"]
+
+
+async def test_the_session_file_example_runs_as_written(
+    api: httpx.AsyncClient, service: Service, tmp_path: Path
+) -> None:
+    """Export a session to a file and import the file: a new session with the same entries."""
+    sid = (await api.post("/v1/sessions", json={"title": "Trip"})).json()["id"]
+    body = {"entries": [{"kind": "message", "payload": {"role": "user", "content": "Hi"}}]}
+    assert (await api.post(f"/v1/sessions/{sid}/entries", json=body)).status_code == 201
+    env = {k: v for k, v in os.environ.items() if not k.startswith("THREADLINE_")}
+    key = api.headers["Authorization"].removeprefix("Bearer ")
+    result = await asyncio.to_thread(
+        subprocess.run,
+        ["bash", "-euo", "pipefail", "-c", sh_block_after("### Session files")],
+        cwd=tmp_path,
+        env={**env, "API": service.url, "KEY": key, "S": sid},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr + result.stdout[-3000:]
+    new = json.loads(result.stdout)
+    assert new["id"] != sid and new["rev"] == 1 and new["title"] == "Trip"
+    assert (tmp_path / "session.jsonl").read_bytes().startswith(b'{"type":"header"')
 
 
 def test_the_readme_links_nothing_outside_the_repository() -> None:
@@ -256,6 +302,36 @@ async def test_the_openai_sdk_examples_run_as_written(
     assert upstream.requests[-1].body["model"] == "gpt-4o-mini"
 
 
+async def test_the_reasoning_examples_run_as_written(
+    api: httpx.AsyncClient, service: Service, upstream: FakeUpstream
+) -> None:
+    """The README's reasoning examples, with Anthropic configured: curl's native ask streams
+    the thinking as reasoning.delta; the OpenAI SDK gets it as reasoning items."""
+    served = Served(service.url, api.headers["Authorization"].removeprefix("Bearer "))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("THREADLINE_")}
+    upstream.clear()
+    upstream.script(Thinking("Try the primes up to 31."), Text("Yes, 1021 is prime."))
+    result = await asyncio.to_thread(
+        subprocess.run,
+        ["bash", "-euo", "pipefail", "-c", sh_block_after("### Reasoning")],
+        env={**env, "API": served.url, "KEY": served.key},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "event: reasoning.delta" in result.stdout
+    assert "Try the primes" in result.stdout and "event: run.completed" in result.stdout
+    assert upstream.requests[-1].body["thinking"] == {"type": "enabled", "budget_tokens": 1024}
+
+    (example,) = python_blocks_after("### Reasoning")
+    upstream.script(Thinking("Try the primes up to 31."), Text("Yes, 1021 is prime."))
+    ran = await asyncio.to_thread(run_python, example, served)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout == "thinking: Try the primes up to 31.\nYes, 1021 is prime.\n"
+    assert upstream.requests[-1].body["thinking"]["budget_tokens"] == 1024
+
+
 def test_the_compaction_result_shown_is_what_the_api_returns() -> None:
     """A compaction run's `result` is the summary itself (a string), as the walk-through shows."""
     shown = walk_through().split('# -> {"id": "C", ', 1)[1].split("\n", 1)[0]
@@ -324,3 +400,47 @@ def test_the_operating_examples_run_as_written(
         assert "max_sessions: 10000\n" in result.stdout
     else:
         assert result.stdout.count("tenant acme:") == 2, result.stdout
+
+
+async def test_the_document_examples_run_as_written(
+    api: httpx.AsyncClient, service: Service, upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    """The Documents section's curl block (Anthropic) and openai SDK block (the facade, OpenAI),
+    with a report.pdf beside them: each provider gets the PDF in its own shape."""
+    from tests.documents import pdf
+
+    (tmp_path / "report.pdf").write_bytes(pdf(2))
+    heading = "### Documents: PDFs and text"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("THREADLINE_")}
+    key = api.headers["Authorization"].removeprefix("Bearer ")
+    env |= {"API": service.url, "KEY": key}
+    upstream.script(Text("A two-page report."))
+    result = await asyncio.to_thread(
+        subprocess.run,
+        ["bash", "-euo", "pipefail", "-c", sh_block_after(heading)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr + result.stdout[-3000:]
+    assert result.stdout == "completed\n"
+    block = upstream.requests[-1].body["messages"][-1]["content"][1]
+    assert block["type"] == "document" and block["source"]["media_type"] == "application/pdf"
+
+    (example,) = python_blocks_after(heading)
+    upstream.script(Text("Two blank pages."))
+    ran = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-c", example],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout == "Two blank pages.\n"
+    part = upstream.requests[-1].body["messages"][-1]["content"][1]
+    assert part["type"] == "file" and part["file"]["filename"] == "report.pdf"

@@ -29,6 +29,11 @@ class UsageDay(BaseModel):
     output_tokens: int
     cached_tokens: int = Field(description="Prompt tokens read from the provider's cache.")
     cache_write_tokens: int = Field(description="Prompt tokens written to the provider's cache.")
+    reasoning_tokens: int = Field(
+        default=0,
+        description="Of the output, tokens the model reasoned with, where the provider says "
+        "(OpenAI's reasoning models); priced as output.",
+    )
     cost_usd: float = Field(description="The price of the runs whose model's price is known.")
     unpriced_runs: int = Field(description="Runs of a model without a known price.")
 
@@ -39,6 +44,7 @@ class UsageTotals(BaseModel):
     output_tokens: int
     cached_tokens: int
     cache_write_tokens: int
+    reasoning_tokens: int = 0
     cost_usd: float
     unpriced_runs: int
 

@@ -25,6 +25,8 @@ from app.core.tool_choice import NamedTool
 from app.services import asks as service
 from app.services import runs as runs_service
 
+STEER_HEADER = "Threadline-Steer-Id"
+
 router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["runs"], route_class=JSONRoute)
 
 
@@ -38,7 +40,9 @@ router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["runs"], route_clas
         **SSE_RESPONSE,
         202: {
             "model": Run,
-            "description": f"stream: false: the run, queued. {RUN_INSTEAD_OF_STREAM}",
+            "description": f"stream: false: the run, queued. {RUN_INSTEAD_OF_STREAM} "
+            "A steer (multitask_strategy: steer) answers with the run it steers and names "
+            "the steer in the Threadline-Steer-Id header.",
         },
         **error_responses(400, 401, 404, 409, 413, 422),
     },
@@ -73,6 +77,7 @@ async def ask(
         on_disconnect=body.on_disconnect,
         run_policy=body.run_policy.model_dump(exclude_unset=True) if body.run_policy else None,
         tools=[t.model_dump(mode="json", exclude_none=True) for t in body.tools or []],
+        mcp_servers=list(body.mcp_servers or []),
         tool_choice=body.tool_choice
         if isinstance(body.tool_choice, str)
         else NamedTool(body.tool_choice.name),
@@ -85,19 +90,25 @@ async def ask(
         engine, settings, tenant, str(session_id), params, limits, handoff=local_workers
     )
     run_id = result.run.id
+    # A steer: the run is the one it steers; the header names the steer, which its run.steered
+    # event names too when it lands.
+    headers = {STEER_HEADER: result.steer_id} if result.steer_id else None
     if not body.stream:
-        return JSONResponse(Run.of(result.run).model_dump(mode="json"), status_code=202)
+        run_json = Run.of(result.run).model_dump(mode="json")
+        return JSONResponse(run_json, status_code=202, headers=headers)
 
     async def cancel_run() -> None:
         await runs_service.cancel_run(engine, tenant, run_id)
 
-    gone = cancel_run if body.on_disconnect == "cancel" else None
+    # A steer's stream leaving does not cancel the run it steered: that run is not the ask's.
+    gone = cancel_run if body.on_disconnect == "cancel" and not result.steer_id else None
     stream = await event_stream(
         hub, run_id, 0, settings.sse_heartbeat_seconds, gone, created=result.created
     )
     if stream is None:  # a repeated Idempotency-Key's run, over and its events gone
         run = await runs_service.get_run(engine, tenant, run_id)
         return JSONResponse(Run.of(run).model_dump(mode="json"), status_code=202)
+    stream.headers.update(headers or {})
     return stream
 
 

@@ -12,6 +12,7 @@ from app.api.deps import Config, Engine, Tenant
 from app.api.errors import error_responses
 from app.api.schemas import AppendRequest, AppendResponse, Entry, EntryPage
 from app.core.entries import MAX_ENTRY_SEQ, EntryKind, NewEntry
+from app.services import content_checks
 from app.services import journal as service
 from app.services.errors import Invalid
 
@@ -76,20 +77,18 @@ async def append_entries(
             f"at most {settings.max_append_entries} entries per append",
             {"loc": ["body", "entries"], "max": settings.max_append_entries},
         )
+    entries = [
+        NewEntry(
+            kind=EntryKind(e.kind),
+            payload=e.payload.model_dump(mode="json", exclude_none=True),
+            refs=e.refs_json(),
+            id=e.id,
+        )
+        for e in body.entries
+    ]
+    await content_checks.check_appended(engine, settings, tenant, str(session_id), entries)
     result = await service.append_entries(
-        engine,
-        tenant,
-        str(session_id),
-        [
-            NewEntry(
-                kind=EntryKind(e.kind),
-                payload=e.payload.model_dump(mode="json", exclude_none=True),
-                refs=e.refs_json(),
-                id=e.id,
-            )
-            for e in body.entries
-        ],
-        expected_rev=body.expected_rev,
+        engine, tenant, str(session_id), entries, expected_rev=body.expected_rev
     )
     if result.replayed:
         response.status_code = 200

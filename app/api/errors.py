@@ -22,9 +22,11 @@ from app.services.errors import (
     Forbidden,
     Invalid,
     LimitExceeded,
+    Malformed,
     NotFound,
     PreconditionFailed,
     ServiceError,
+    TooLarge,
 )
 
 log = logging.getLogger(__name__)
@@ -50,6 +52,7 @@ _DESCRIPTIONS = {
     409: "Conflicts with the current state (e.g. a stale expected_rev).",
     412: "A precondition (If-Match, If-None-Match) does not hold; details give the current ETag.",
     413: "The request body is larger than the configured limit.",
+    415: "The body's Content-Type is not one this route reads (see its request body).",
     422: "Well-formed, but a value is invalid; details name the offending path.",
     429: "A quota of the tenant refuses the request for now: `rate_limited` (requests per "
     "minute), `concurrent_runs_limit`, `token_quota_exceeded` (tokens per UTC day), "
@@ -129,6 +132,8 @@ _STATUS_OF: list[tuple[type[ServiceError], int]] = [
     (Conflict, 409),
     (Invalid, 422),
     (PreconditionFailed, 412),
+    (Malformed, 400),
+    (TooLarge, 413),
 ]
 
 _HTTP_CODES = {

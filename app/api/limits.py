@@ -9,17 +9,21 @@ from app.api.errors import error_json
 
 
 class BodySizeLimit:
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    """`max_bytes` for every body; `larger` gives some paths (a streamed upload) their own."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int, larger: dict[str, int] | None = None) -> None:
         self.app = app
-        self.max_bytes = max_bytes
+        self.default_bytes = max_bytes
+        self.larger = larger or {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        max_bytes = self.larger.get(scope["path"], self.default_bytes)
         declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await self._refuse(scope, receive, send)
+        if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+            await self._refuse(max_bytes, scope, receive, send)
             return
         seen = 0
 
@@ -27,16 +31,18 @@ class BodySizeLimit:
             nonlocal seen
             message = await receive()
             seen += len(message.get("body", b""))
-            if seen > self.max_bytes:
+            if seen > max_bytes:
                 # Raised inside body parsing; FastAPI re-raises HTTPExceptions to our handler.
-                raise HTTPException(413, self._message())
+                raise HTTPException(413, self._message(max_bytes))
             return message
 
         await self.app(scope, counting_receive, send)
 
-    def _message(self) -> str:
-        return f"request body exceeds {self.max_bytes} bytes"
+    def _message(self, max_bytes: int) -> str:
+        return f"request body exceeds {max_bytes} bytes"
 
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
-        response = error_json(413, "request_too_large", self._message(), {"limit": self.max_bytes})
+    async def _refuse(self, max_bytes: int, scope: Scope, receive: Receive, send: Send) -> None:
+        response = error_json(
+            413, "request_too_large", self._message(max_bytes), {"limit": max_bytes}
+        )
         await response(scope, receive, send)

@@ -12,13 +12,13 @@ from app.api.deps import Config, Engine, ReadingTenant, Tenant
 from app.api.errors import error_responses
 from app.api.schemas import Compaction, ContextUsage, ProjectionRequest, ProjectionResponse
 from app.core.entries import PendingEntry
-from app.core.formats import to_anthropic, to_neutral, to_openai
+from app.core.formats import to_anthropic, to_neutral, to_openai, to_openai_responses
 from app.services.projection import project_session, session_context
 
 router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["context"], route_class=JSONRoute)
 
 # Anthropic's carries the cache_control marks at the projection's cache_breakpoints.
-_FORMATS = {"neutral": to_neutral, "openai": to_openai}
+_FORMATS = {"neutral": to_neutral, "openai": to_openai, "openai_responses": to_openai_responses}
 
 
 @router.post(

@@ -1,4 +1,5 @@
-"""Routes for runs: status, event stream (replay + live), cancel."""
+"""Routes for runs: status, event stream (replay + live), cancel, client tool outputs, and
+tool approvals."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from fastapi import APIRouter, Query, Response
 from app.api.bodies import JSONRoute
 from app.api.deps import Config, Engine, Hub, Reader, Tenant
 from app.api.errors import error_responses
-from app.api.schemas import Run, ToolOutputsRequest
+from app.api.schemas import ApprovalsRequest, Run, RunApprovals, ToolOutputsRequest
 from app.api.sse import NOTHING_LEFT, SSE_RESPONSE, ResumeAfter, event_stream
+from app.services import approvals
 from app.services import runs as service
 
 router = APIRouter(prefix="/v1/runs/{run_id}", tags=["runs"], route_class=JSONRoute)
@@ -77,6 +79,31 @@ async def run_events(
 async def cancel(run_id: UUID, engine: Engine, tenant: Tenant) -> Run:
     """Stop a run: its partial answer is committed marked incomplete; it ends `cancelled`."""
     return Run.of(await service.cancel_run(engine, tenant, str(run_id)))
+
+
+@router.get("/approvals", operation_id="listRunApprovals", responses=error_responses(401, 404, 422))
+async def list_approvals(run_id: UUID, engine: Engine, tenant: Tenant) -> RunApprovals:
+    """The run's tool calls that wait (or waited) for a person's approval, and its status."""
+    return RunApprovals.of(await approvals.run_approvals(engine, tenant, str(run_id)))
+
+
+@router.post(
+    "/approvals",
+    operation_id="answerRunApprovals",
+    responses=error_responses(400, 401, 404, 409, 413, 422),
+)
+async def answer_approvals(
+    run_id: UUID, body: ApprovalsRequest, engine: Engine, tenant: Tenant
+) -> RunApprovals:
+    """Approve (maybe with edited arguments) or reject calls the run waits on. Partial answers
+    are kept; once no call waits the run resumes: approved calls run (each at most once),
+    rejected ones get the reason as their result. 409 when the run is not waiting or a call
+    was answered already."""
+    answers = [
+        approvals.Answer(a.tool_call_id, a.decision == "approve", a.arguments, a.reason)
+        for a in body.approvals
+    ]
+    return RunApprovals.of(await approvals.answer(engine, tenant, str(run_id), answers))
 
 
 @router.post(

@@ -39,6 +39,7 @@ from app.core.policy import ContextPolicyPatch
 from app.core.projection import ProjectionMeta
 from app.core.reasoning import Reasoning
 from app.core.run_policy import RunPolicy
+from app.services import approvals as approvals_service
 from app.services.webhooks import WebhookEventType
 
 # The documented maximum is the one enforced.
@@ -92,6 +93,9 @@ ModelName = Annotated[
 ]
 
 
+McpServerName = Annotated[str, StringConstraints(min_length=1, max_length=32)]
+
+
 class SessionConfig(Strict):
     model: ModelName | None = None
     fallback_model: ModelName | None = Field(
@@ -128,6 +132,11 @@ class SessionConfig(Strict):
         description="Let the model think before it answers (asks may override it). Default: "
         "off. 422 reasoning_not_supported for a model that cannot reason.",
     )
+    mcp_servers: Annotated[list[McpServerName], Field(max_length=16)] | None = Field(
+        default=None,
+        description="Registered MCP servers (/v1/mcp_servers) whose tools the session's runs "
+        "offer, as <server>__<tool>.",
+    )
 
 
 # Up to 100 years: a TTL is a retention period, and make_interval must not overflow.
@@ -145,9 +154,21 @@ def _text_only(value: Any) -> Any:
 Timestamp = Annotated[AwareDatetime, Field(strict=False), BeforeValidator(_text_only)]
 
 
+AgentReference = Annotated[
+    str,
+    StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}(@[1-9][0-9]{0,8})?$"),
+]
+
+
 class SessionCreate(Strict):
     title: Title | None = None
     metadata: Metadata = Field(default_factory=dict)
+    agent: AgentReference | None = Field(
+        default=None,
+        description="Create the session from this agent: `name` (its latest version) or "
+        "`name@version`. The session is pinned to that version; `config` holds the session's "
+        "own fields, over the version's.",
+    )
     config: SessionConfig = Field(default_factory=SessionConfig)
     ttl_seconds: TtlSeconds | None = Field(
         default=None,
@@ -204,14 +225,34 @@ class Usage(BaseModel):
     cache_write_tokens: int = Field(
         description="Prompt tokens written to the provider's cache (Anthropic)."
     )
+    reasoning_tokens: int = Field(
+        default=0,
+        description="Of the output, tokens the model reasoned with, where the provider says "
+        "(OpenAI's reasoning models); priced as output.",
+    )
     cost_usd: float
+
+
+class AgentPinned(BaseModel):
+    id: str
+    name: str
+    version: int = Field(description="The version the session is pinned to.")
 
 
 class Session(BaseModel):
     id: str
     title: str | None
     metadata: dict[str, str]
-    config: dict[str, Any]
+    config: dict[str, Any] = Field(
+        description="The config its runs use: with an agent, the agent version's with the "
+        "session's own fields (`own_config`) over it."
+    )
+    agent: AgentPinned | None = Field(
+        default=None, description="The agent version the session was created from (or moved to)."
+    )
+    own_config: dict[str, Any] | None = Field(
+        default=None, description="With an agent: the session's own config fields."
+    )
     status: str
     rev: int = Field(description="The last seq of the session's thread.")
     usage: Usage
@@ -230,6 +271,12 @@ class Session(BaseModel):
             title=session.title,
             metadata=session.metadata,
             config=session.config.as_json(),
+            agent=AgentPinned(
+                id=session.agent.id, name=session.agent.name, version=session.agent.version
+            )
+            if session.agent is not None
+            else None,
+            own_config=session.given_config.as_json() if session.agent is not None else None,
             status=session.status.value,
             rev=session.rev,
             usage=Usage(
@@ -237,6 +284,7 @@ class Session(BaseModel):
                 output_tokens=session.output_tokens,
                 cached_tokens=session.cached_tokens,
                 cache_write_tokens=session.cache_write_tokens,
+                reasoning_tokens=session.reasoning_tokens,
                 cost_usd=float(session.cost_usd),
             ),
             parent_id=session.parent_id,
@@ -378,12 +426,16 @@ class ProjectionRequest(Strict):
     tools: Annotated[list[ToolDefinition], Field(max_length=128)] | None = Field(
         default=None, description="An ask's own tools, over the session's (same name wins)."
     )
-    format: Literal["neutral", "openai", "anthropic"] = "neutral"
+    format: Literal["neutral", "openai", "openai_responses", "anthropic"] = Field(
+        default="neutral",
+        description="The wire shape: neutral, openai (Chat Completions), openai_responses "
+        "(the Responses API's input items, as reasoning models get them), anthropic.",
+    )
 
 
 class ProjectionResponse(BaseModel):
     model: str
-    format: Literal["neutral", "openai", "anthropic"]
+    format: Literal["neutral", "openai", "openai_responses", "anthropic"]
     context_window: int
     policy: dict[str, Any] = Field(description="The resolved policy (every field).")
     meta: ProjectionMeta
@@ -455,14 +507,25 @@ class AskRequest(Strict):
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
     metadata: Metadata = Field(default_factory=dict)
     stream: bool = Field(default=True, description="true: answer with the run's SSE stream.")
-    multitask_strategy: Literal["reject", "enqueue", "interrupt", "rollback"] = Field(
+    multitask_strategy: Literal["reject", "enqueue", "interrupt", "rollback", "steer"] = Field(
         default="reject",
         description="When a run is in progress: reject (409), enqueue (run after it), "
         "interrupt (cancel it, then run), rollback (cancel it and take its entries out of "
-        "the context, then run).",
+        "the context, then run), steer (tell the running run: the message is committed now "
+        "and journaled at the run's next model turn, after its current tool results, which "
+        "sees it; the answer is the running run (its stream, or 202 with it) with the "
+        "Threadline-Steer-Id header, and its `run.steered` event says where the message "
+        "landed; if the run ends first, the message starts the next run; if it is "
+        "cancelled, the message is kept and starts nothing). With no run in progress, an "
+        "ask like any other.",
     )
     run_policy: RunPolicy | None = Field(
         default=None, description="Overrides of the session's run_policy for this ask."
+    )
+    mcp_servers: Annotated[list[McpServerName], Field(max_length=16)] | None = Field(
+        default=None,
+        description="Registered MCP servers whose tools this ask offers too (as "
+        "<server>__<tool>), besides the session's.",
     )
     tools: Annotated[list[ToolDefinition], Field(max_length=128)] | None = Field(
         default=None, description="Tools for this ask only, over the session's (same name wins)."
@@ -505,6 +568,11 @@ class RunUsage(BaseModel):
     cache_write_tokens: int = Field(
         description="Prompt tokens written to the provider's cache (Anthropic)."
     )
+    reasoning_tokens: int = Field(
+        default=0,
+        description="Of the output, tokens the model reasoned with, where the provider says "
+        "(OpenAI's reasoning models); priced as output.",
+    )
     cost_usd: float | None
     estimated: bool = Field(
         default=False,
@@ -539,7 +607,15 @@ class Run(BaseModel):
     kind: Literal["ask", "compaction"] = Field(
         description="ask: answers a user entry; compaction: appends a summary checkpoint."
     )
-    status: Literal["queued", "running", "requires_action", "completed", "failed", "cancelled"]
+    status: Literal[
+        "queued",
+        "running",
+        "requires_action",
+        "awaiting_approval",
+        "completed",
+        "failed",
+        "cancelled",
+    ]
     model: str
     user_entry_seq: int | None
     end_entry_seq: int | None
@@ -578,6 +654,7 @@ class Run(BaseModel):
                 output_tokens=run.output_tokens,
                 cached_tokens=run.cached_tokens,
                 cache_write_tokens=run.cache_write_tokens,
+                reasoning_tokens=run.reasoning_tokens,
                 cost_usd=float(run.cost_usd) if run.cost_usd is not None else None,
                 estimated=run.usage_estimated,
             ),
@@ -597,6 +674,75 @@ class ToolOutputIn(Strict):
 
 class ToolOutputsRequest(Strict):
     tool_outputs: Annotated[list[ToolOutputIn], Field(min_length=1, max_length=128)]
+
+
+class ApprovalAnswerIn(Strict):
+    tool_call_id: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,128}$")] = Field(
+        description="A call of the run's `tool.approval_requested` events."
+    )
+    decision: Literal["approve", "reject"]
+    arguments: dict[str, Any] | None = Field(
+        default=None,
+        description="With `approve`: run the call with these arguments instead of the "
+        "model's (checked against the tool's JSON schema: 422 `invalid_arguments`).",
+    )
+    reason: Annotated[str, StringConstraints(max_length=4000)] | None = Field(
+        default=None, description="With `reject`: why, as the model reads it in the result."
+    )
+
+    @model_validator(mode="after")
+    def _fits_decision(self) -> ApprovalAnswerIn:
+        if self.decision == "reject" and self.arguments is not None:
+            raise ValueError("arguments go with approve only")
+        if self.decision == "approve" and self.reason is not None:
+            raise ValueError("a reason goes with reject only")
+        return self
+
+
+class ApprovalsRequest(Strict):
+    approvals: Annotated[list[ApprovalAnswerIn], Field(min_length=1, max_length=128)] = Field(
+        description="Rulings on some or all of the calls the run waits on; the run resumes "
+        "once none waits."
+    )
+
+
+class ToolApprovalOut(BaseModel):
+    tool_call_id: str
+    name: str
+    arguments: dict[str, Any] = Field(description="The arguments the model gave.")
+    status: Literal["pending", "approved", "rejected", "expired"]
+    edited_arguments: dict[str, Any] | None = Field(
+        description="The arguments it was approved with, when they were edited."
+    )
+    reason: str | None = Field(description="A rejection's reason.")
+    executed: bool = Field(description="The approved call was started (it runs at most once).")
+    requested_at: datetime
+    decided_at: datetime | None
+
+
+class RunApprovals(BaseModel):
+    run: Run
+    approvals: list[ToolApprovalOut] = Field(description="The run's approvals, oldest first.")
+
+    @classmethod
+    def of(cls, found: approvals_service.RunApprovals) -> RunApprovals:
+        return cls(
+            run=Run.of(found.run),
+            approvals=[
+                ToolApprovalOut(
+                    tool_call_id=a.tool_call_id,
+                    name=a.name,
+                    arguments=a.arguments,
+                    status=a.decision or "pending",
+                    edited_arguments=a.edited_arguments,
+                    reason=a.reason,
+                    executed=a.executed_at is not None,
+                    requested_at=a.requested_at,
+                    decided_at=a.decided_at,
+                )
+                for a in found.approvals
+            ],
+        )
 
 
 class MemoryPut(Strict):
@@ -690,6 +836,65 @@ class StreamToken(BaseModel):
     )
 
 
+HeaderMap = Annotated[
+    dict[str, Annotated[str, StringConstraints(max_length=8192)]], Field(max_length=32)
+]
+McpToolNames = Annotated[
+    list[Annotated[str, StringConstraints(min_length=1, max_length=128)]], Field(max_length=256)
+]
+
+
+class McpServerCreate(Strict):
+    name: McpServerName = Field(
+        description="Letters, digits, - and single _; its tools are offered as <name>__<tool>."
+    )
+    url: Annotated[str, StringConstraints(min_length=1, max_length=2048)] = Field(
+        description="The server's endpoint; it must be reachable under outbound_allowed."
+    )
+    transport: Literal["streamable_http", "sse"] = "streamable_http"
+    headers: HeaderMap | None = Field(
+        default=None, description="Sent with every request; stored encrypted, never shown again."
+    )
+    bearer_token: Annotated[str, StringConstraints(min_length=1, max_length=8192)] | None = Field(
+        default=None, description="Sent as Authorization: Bearer; stored encrypted."
+    )
+    allowed_tools: McpToolNames | None = Field(
+        default=None, description="Only these of the server's tools. Default: all of them."
+    )
+
+
+class McpServerUpdate(Strict):
+    url: Annotated[str, StringConstraints(min_length=1, max_length=2048)] | None = None
+    transport: Literal["streamable_http", "sse"] | None = None
+    headers: HeaderMap | None = Field(default=None, description="Replaces the stored headers.")
+    bearer_token: Annotated[str, StringConstraints(max_length=8192)] | None = Field(
+        default=None, description="Replaces the stored token; an empty string removes it."
+    )
+    allowed_tools: McpToolNames | None = Field(
+        default=None, description="Replaces the allow-list; an empty list offers no tool."
+    )
+
+
+class McpServerCredentials(BaseModel):
+    header_names: list[str] = Field(description="The names of the stored headers (not values).")
+    bearer_token_set: bool
+
+
+class McpServerOut(BaseModel):
+    id: str
+    name: str
+    url: str
+    transport: str
+    allowed_tools: list[str] | None
+    credentials: McpServerCredentials
+    created_at: datetime
+    updated_at: datetime
+
+
+class McpServerList(BaseModel):
+    data: list[McpServerOut]
+
+
 class WebhookCreate(Strict):
     url: Annotated[str, StringConstraints(min_length=1, max_length=2048)] = Field(
         description="An http:// or https:// URL; private addresses are allowed."
@@ -771,3 +976,62 @@ class WebhookDeliveryList(BaseModel):
     data: list[WebhookDelivery] = Field(description="Newest first.")
     has_more: bool
     next_cursor: str | None = Field(description="Pass as `cursor` for the next (older) page.")
+
+
+# --- Agents ------------------------------------------------------------------------------
+
+AgentName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
+Description = Annotated[str, StringConstraints(max_length=2000)]
+
+
+class AgentCreate(Strict):
+    name: AgentName = Field(description="Unique among the tenant's agents; never changes.")
+    description: Description | None = None
+    config: SessionConfig = Field(
+        default_factory=SessionConfig,
+        description="What its sessions run with: instructions (`system_prompt`), model, "
+        "reasoning, sampling, tools, context and run policies, memory namespace.",
+    )
+    metadata: Metadata = Field(default_factory=dict)
+
+
+class AgentUpdate(Strict):
+    description: Description | None = None
+    config: SessionConfig | None = Field(
+        default=None, description="The new version's config, whole (it replaces the latest's)."
+    )
+    metadata: Metadata | None = None
+
+
+class AgentVersion(BaseModel):
+    name: str
+    version: int
+    description: str | None
+    config: dict[str, Any]
+    metadata: dict[str, str]
+    created_at: datetime
+
+
+class Agent(BaseModel):
+    id: str
+    name: str
+    version: int = Field(description="Its latest version.")
+    description: str | None
+    config: dict[str, Any] = Field(description="Its latest version's config.")
+    metadata: dict[str, str]
+    created_at: datetime
+    updated_at: datetime
+
+
+class AgentList(BaseModel):
+    data: list[Agent]
+
+
+class AgentVersionList(BaseModel):
+    data: list[AgentVersion]
+
+
+class SessionAgentMove(Strict):
+    version: Annotated[int, Field(ge=1)] | None = Field(
+        default=None, description="The version to move to; default: the agent's latest."
+    )

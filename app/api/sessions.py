@@ -11,6 +11,7 @@ from app.api.bodies import JSONRoute
 from app.api.deps import Config, Engine, Tenant
 from app.api.errors import error_responses
 from app.api.schemas import ForkRequest, Session, SessionCreate, SessionList, SessionPatch
+from app.services import agents
 from app.services import sessions as service
 from app.services.errors import Invalid
 
@@ -21,14 +22,16 @@ router = APIRouter(prefix="/v1/sessions", tags=["sessions"], route_class=JSONRou
     "",
     operation_id="createSession",
     status_code=201,
-    responses=error_responses(400, 401, 413, 422),
+    responses=error_responses(400, 401, 404, 413, 422),
 )
 async def create_session(
     body: SessionCreate, engine: Engine, tenant: Tenant, settings: Config
 ) -> Session:
+    pin = await agents.pin_for(engine, tenant, body.agent) if body.agent is not None else None
     session = await service.create_session(
         engine,
         tenant,
+        agent=pin,
         title=body.title,
         metadata=body.metadata,
         config=body.config.model_dump(mode="json", exclude_none=True),

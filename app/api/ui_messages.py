@@ -3,6 +3,7 @@
 `POST /v1/ui/chat` takes `{id, messages, trigger, messageId}` and answers with the run as a UI
 message stream (app/api/ui_stream.py). `GET /v1/ui/chat/{id}/stream` rejoins the chat's active
 run from its start, or answers 204 when there is none (`useChat({resume: true})`).
+`GET /v1/ui/chat/{id}/messages` is the chat's history as UI messages (app/core/ui_messages.py).
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ UI_CHUNK_SCHEMA: dict[str, Any] = {
         "type": {
             "type": "string",
             "description": "`start`, `start-step`, `text-start`, `text-delta`, `text-end`, "
-            "`tool-input-start`, `tool-input-delta`, `tool-input-available`, "
+            "`reasoning-start`, `reasoning-delta`, `reasoning-end`, `tool-input-start`, "
+            "`tool-input-delta`, `tool-input-available`, "
             "`tool-output-available`, `tool-output-error`, `finish-step`, `finish`, `error`, "
             "`abort`, or a data part: `data-threadline-run`, `data-threadline-context`, "
             "`data-threadline-usage`, `data-threadline-reset`.",
@@ -192,6 +194,27 @@ async def resume_ui_chat(
     if run is None or not await hub.has_more(run.id, 0):
         return Response(status_code=204)
     return _ui_stream(engine, tenant, hub, run.id, settings.sse_heartbeat_seconds, None, None)
+
+
+class UiChatMessages(BaseModel):
+    messages: list[dict[str, Any]] = Field(
+        description="The chat's UI messages, oldest first (`useChat({messages})` takes them): "
+        "the user's (text, and file parts for documents and images) and one assistant message "
+        "per run, its id the run's, with a `step-start` part per model turn, `reasoning` parts "
+        "(a redacted block: empty, `providerMetadata.threadline.redacted`), `text` parts and "
+        "`tool-<name>` parts with their outputs. What a rollback took out is left out."
+    )
+
+
+@router.get(
+    "/{chat_id:path}/messages",
+    operation_id="uiChatMessages",
+    responses=error_responses(401, 422),
+)
+async def ui_chat_messages(chat_id: ChatId, engine: Engine, tenant: Tenant) -> UiChatMessages:
+    """The chat's history as the AI SDK's UI messages, from the session's journal: what a
+    page gives useChat on load. A chat with no session yet has none."""
+    return UiChatMessages(messages=await ui_chats.chat_messages(engine, tenant, chat_id))
 
 
 class _UIWire(Wire):

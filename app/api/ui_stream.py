@@ -6,13 +6,15 @@ those chunks. It holds the few facts the protocol needs that a single event does
 which text part and step are open, and which tool call a streamed piece belongs to.
 
 A run is one assistant message (its id is the run's); each model turn is a step (`start-step`
-.. `finish-step`). `message.reset` (the turn starts over: a retried model call, a restarted
+.. `finish-step`), its reasoning blocks (`reasoning.delta`) reasoning parts in their order among
+its text and tool calls. `message.reset` (the turn starts over: a retried model call, a restarted
 run) cannot retract what a client has rendered: the protocol has no chunk that removes a part,
 and useChat's Chat keeps every part it was sent, whatever message id comes later. So the
 voided attempt's text and step are closed, and a `data-threadline-reset` part marks where the
 retry begins: the answer is what follows the last marker (the journal keeps only that one).
 Ids derive from the run id and the events alone, so a replay (a resumed stream) yields the
-same chunks.
+same chunks. Only chunk types of the protocol's first version (`ai` 5) are sent, so clients on
+every major since read the stream (`ai` 7 added chunks, e.g. `reset-step`, that `ai` 5 refuses).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from app.core.ui_messages import REDACTED
 from app.eventlog.registry import APPROACHING_LIMIT_SHARE, AT_LIMIT_SHARE, EventType
 
 HEADER = "x-vercel-ai-ui-message-stream"
@@ -64,6 +67,8 @@ class UIStream:
         self._after_tools = False  # a tool ran: the model's next output is a new step
         self._text_id: str | None = None
         self._parts = 0  # text parts opened: their ids
+        self._thoughts = 0  # reasoning parts opened: their ids
+        self._reasoning: dict[int, str] = {}  # the turn's open reasoning blocks: index -> id
         self._calls: dict[int, str] = {}  # the turn's tool call index -> its id
         self._announced: set[str] = set()  # calls with a tool-input-start sent
         self.waiting = False  # the last event was run.requires_action
@@ -90,6 +95,8 @@ class UIStream:
                     out.append({"type": "text-start", "id": self._text_id})
                 out.append({"type": "text-delta", "id": self._text_id, "delta": data["text"]})
                 return out
+            case EventType.REASONING_DELTA:
+                return self._reasoning_piece(data)
             case EventType.TOOL_CALL_DELTA:
                 return self._tool_call_piece(data)
             case EventType.TOOL_CALL:
@@ -134,6 +141,9 @@ class UIStream:
                     "data": {"reason": data["reason"], "attempt": data["attempt"]},
                 }
                 return [*self._close_step(), reset]
+            case EventType.CONTEXT_WARNING if data.get("tokens") is None:
+                # not about the context's size (tools left out): a notice of its own
+                return [{"type": "data-threadline-warning", "data": dict(data)}]
             case EventType.CONTEXT_WARNING:
                 return [self._context(data)]
             case EventType.USAGE:
@@ -180,6 +190,30 @@ class UIStream:
     def _context(self, data: Mapping[str, Any]) -> Chunk:
         return context_meter(data["tokens"], data["budget"], data["level"])
 
+    def _reasoning_piece(self, data: Mapping[str, Any]) -> list[Chunk]:
+        out = self._open_step()
+        index = data["index"]
+        part_id = self._reasoning.get(index)
+        if part_id is None:
+            out += self._close_text()  # the text after this block is a new part, in order
+            self._thoughts += 1
+            part_id = self._reasoning[index] = f"reasoning-{self._thoughts}"
+            start: Chunk = {"type": "reasoning-start", "id": part_id}
+            if data.get("redacted"):
+                start["providerMetadata"] = REDACTED
+            out.append(start)
+        if data["text"]:
+            out.append({"type": "reasoning-delta", "id": part_id, "delta": data["text"]})
+        if data.get("end"):
+            out.append({"type": "reasoning-end", "id": self._reasoning.pop(index)})
+        return out
+
+    def _close_text(self) -> list[Chunk]:
+        if self._text_id is None:
+            return []
+        text_id, self._text_id = self._text_id, None
+        return [{"type": "text-end", "id": text_id}]
+
     def _tool_call_piece(self, data: Mapping[str, Any]) -> list[Chunk]:
         out = self._open_step()
         index = data["index"]
@@ -216,10 +250,10 @@ class UIStream:
         return out
 
     def _close_step(self) -> list[Chunk]:
-        out: list[Chunk] = []
-        if self._text_id is not None:
-            out.append({"type": "text-end", "id": self._text_id})
-            self._text_id = None
+        out = self._close_text()
+        # A block the provider did not end (a voided attempt, a failed call) ends with its step.
+        out += [{"type": "reasoning-end", "id": part} for part in self._reasoning.values()]
+        self._reasoning.clear()
         if self._step_open:
             out.append({"type": "finish-step"})
             self._step_open = False

@@ -94,8 +94,9 @@ class Client:
             )
         raise ApiError(response.status_code, code, message, details)
 
-    def create_session(self) -> dict[str, Any]:
-        return dict(self._call("POST", "/v1/sessions", json={}))
+    def create_session(self, agent: str | None = None) -> dict[str, Any]:
+        body = {"agent": agent} if agent is not None else {}
+        return dict(self._call("POST", "/v1/sessions", json=body))
 
     def session(self, session_id: str) -> dict[str, Any]:
         return dict(self._call("GET", f"/v1/sessions/{session_id}"))
@@ -130,6 +131,11 @@ class Client:
 
     def cancel(self, run_id: str) -> dict[str, Any]:
         return dict(self._call("POST", f"/v1/runs/{run_id}/cancel"))
+
+    def answer_approval(self, run_id: str, ruling: dict[str, Any]) -> dict[str, Any]:
+        """One ruling ({tool_call_id, decision, arguments?, reason?}) on a waiting call."""
+        body = {"approvals": [ruling]}
+        return dict(self._call("POST", f"/v1/runs/{run_id}/approvals", json=body))
 
     # -- streams
 

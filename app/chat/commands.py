@@ -54,6 +54,11 @@ class Stop:
 
 
 @dataclass(frozen=True)
+class Reasoning:
+    """Show or hide the model's reasoning (toggle)."""
+
+
+@dataclass(frozen=True)
 class Help:
     pass
 
@@ -74,7 +79,19 @@ class Invalid:
 
 
 Command = (
-    Say | Compact | Context | Fork | History | Search | Model | Stop | Help | Quit | Empty | Invalid
+    Say
+    | Compact
+    | Context
+    | Fork
+    | History
+    | Search
+    | Model
+    | Stop
+    | Reasoning
+    | Help
+    | Quit
+    | Empty
+    | Invalid
 )
 
 HELP = (
@@ -85,10 +102,14 @@ HELP = (
     ("/search TERM", "full-text search of the session's history"),
     ("/model [NAME]", "show the model, or switch the session to NAME (provider:model)"),
     ("/stop", "stop the last answer if it is still running (Ctrl-C stops one while it streams)"),
+    ("/reasoning", "show or hide the model's reasoning (shown dimmed above its answer)"),
     ("/help", "this list"),
     ("/quit", "leave (also Ctrl-D, or Ctrl-C at the prompt)"),
 )
-NAMES = ("compact", "context", "fork", "history", "search", "model", "stop", "help", "quit")
+NAMES = (
+    *("compact", "context", "fork", "history", "search", "model", "stop", "reasoning"),
+    *("help", "quit"),
+)
 
 
 def parse_seq(text: str) -> int | None:
@@ -122,6 +143,8 @@ def parse(line: str) -> Command:
         return History() if not argument else Invalid("/history takes no argument")
     if name == "stop":
         return Stop() if not argument else Invalid("/stop takes no argument")
+    if name == "reasoning":
+        return Reasoning() if not argument else Invalid("/reasoning takes no argument")
     if name == "fork":
         if not argument:
             return Fork(None)

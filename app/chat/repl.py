@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import sys
@@ -18,6 +19,7 @@ from rich.text import Text
 from app.chat import commands
 from app.chat.client import ApiError, ChatError, Client, RunEvent, Stream
 from app.chat.view import RunView, one_line, printable
+from app.core.content import is_reasoning
 from app.eventlog.registry import EventType
 
 # Turns shown when a session is resumed, and entries /history shows.
@@ -59,6 +61,8 @@ def content_text(payload: dict[str, Any]) -> str:
         for part in content:
             if isinstance(part, dict) and part.get("type") == "text":
                 parts.append(str(part.get("text", "")))
+            elif is_reasoning(part):
+                continue  # the model's thinking is not what it said
             else:
                 parts.append("[image]")
         return " ".join(parts)
@@ -74,10 +78,21 @@ def highlighted(excerpt: str) -> Text:
 
 
 class Chat:
-    def __init__(self, client: Client, console: Console, session: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        client: Client,
+        console: Console,
+        session: dict[str, Any],
+        show_reasoning: bool = True,
+        read_answer: Callable[[str], str] | None = None,
+    ) -> None:
         self.client, self.console = client, console
         self.session_id = str(session["id"])
         self.last_run: str | None = None
+        self.show_reasoning = show_reasoning
+        # How a ruling on a tool call is typed (a prompt, then a line); EOFError: none.
+        self.read_answer = read_answer or console.input
+        self._requested: list[dict[str, Any]] = []  # approval requests not yet ruled on
 
     # -- the loop
 
@@ -125,6 +140,10 @@ class Chat:
                 self.model(name)
             case commands.Stop():
                 self.stop()
+            case commands.Reasoning():
+                self.show_reasoning = not self.show_reasoning
+                shown_or_not = "shown" if self.show_reasoning else "hidden"
+                self.console.print(f"[dim]the model's reasoning is {shown_or_not}[/]")
         return True
 
     # -- runs
@@ -144,7 +163,7 @@ class Chat:
         """Show a run as it streams. Ctrl-C cancels it and shows how it ended; a second
         Ctrl-C leaves (KeyboardInterrupt goes up to the loop)."""
         shown_id = 0  # the last event shown (Ctrl-C may come between receiving and showing)
-        with RunView(self.console) as view:
+        with RunView(self.console, self.show_reasoning) as view:
             try:
                 for event in stream:
                     self._show(event, view)
@@ -168,6 +187,13 @@ class Chat:
         if event.event == EventType.RUN_CREATED:
             self.last_run = str(event.data["run_id"])
         view.handle(event)
+        if event.event == EventType.TOOL_APPROVAL_REQUESTED:
+            self._requested.append(dict(event.data))
+        if event.event == EventType.RUN_AWAITING_APPROVAL and self.last_run is not None:
+            requested, self._requested = self._requested, []
+            with view.paused():
+                for call in requested:
+                    self._rule_on(self.last_run, call)
         if event.event == EventType.RUN_REQUIRES_ACTION:
             names = ", ".join(str(c.get("name")) for c in event.data.get("tool_calls", []))
             view.note(
@@ -177,6 +203,46 @@ class Chat:
             )
             if self.last_run is not None:  # set by this run's run.created
                 self._cancel(self.last_run)
+
+    def _rule_on(self, run_id: str, call: dict[str, Any]) -> None:
+        """Ask the user to approve, edit or reject a tool call, until the service takes the
+        ruling. Ctrl-C or Ctrl-D here stops the answer (KeyboardInterrupt, as during one)."""
+        name, arguments = str(call.get("name")), call.get("arguments") or {}
+        self.console.print(
+            f"[bold yellow]approve?[/] {shown(name)}({shown(json.dumps(arguments))})"
+        )
+        while True:
+            try:
+                choice = self.read_answer("y approve · e edit · n reject: ").strip().lower()
+                ruling: dict[str, Any] = {"tool_call_id": call["tool_call_id"]}
+                if choice in ("y", "yes"):
+                    ruling["decision"] = "approve"
+                elif choice in ("e", "edit"):
+                    typed = self.read_answer("arguments (JSON): ")
+                    try:
+                        ruling |= {"decision": "approve", "arguments": json.loads(typed)}
+                    except json.JSONDecodeError as exc:
+                        self.console.print(f"[red]not JSON:[/] {shown(str(exc))}")
+                        continue
+                elif choice in ("n", "no"):
+                    reason = self.read_answer("reason (optional): ").strip()
+                    ruling["decision"] = "reject"
+                    if reason:
+                        ruling["reason"] = reason
+                else:
+                    continue
+            except EOFError:
+                raise KeyboardInterrupt from None
+            try:
+                self.client.answer_approval(run_id, ruling)
+            except ApiError as exc:
+                self.console.print(f"[red]error:[/] {shown(str(exc))}")
+                if exc.status == 422:
+                    continue  # e.g. edited arguments that do not fit the tool: try again
+                return  # answered meanwhile, or the run ended: its events say how
+            verdict = "approved" if ruling["decision"] == "approve" else "rejected"
+            self.console.print(f"[dim]{verdict}[/]")
+            return
 
     def _join(self, stream: Stream) -> str | None:
         """The run of an ask interrupted before its first event: the same Idempotency-Key
@@ -322,7 +388,7 @@ def resolve_key(flag: str | None) -> str:
 
 
 def start_session(
-    client: Client, resume: str | None, fork: str | None
+    client: Client, resume: str | None, fork: str | None, agent: str | None = None
 ) -> tuple[dict[str, Any], str]:
     """The session to chat in, and how it was chosen."""
     if resume is not None:
@@ -334,6 +400,10 @@ def start_session(
             raise ChatError(str(exc)) from None
         child = client.fork(parent, at_seq)
         return child, f"forked from {parent} at seq {child['fork_seq']}"
+    if agent is not None:
+        session = client.create_session(agent)
+        pinned = session["agent"]
+        return session, f"new session · agent {pinned['name']} v{pinned['version']}"
     return client.create_session(), "new session"
 
 
@@ -363,7 +433,14 @@ def prompt_reader(console: Console) -> Callable[[], str]:
     return lambda: session.prompt("› ")  # noqa: RUF001
 
 
-def main(url: str | None, key: str | None, resume: str | None, fork: str | None) -> int:
+def main(
+    url: str | None,
+    key: str | None,
+    resume: str | None,
+    fork: str | None,
+    hide_reasoning: bool = False,
+    agent: str | None = None,
+) -> int:
     """`threadline chat`: the exit status (1 with a message when it cannot start)."""
     # Piped, lines are not wrapped at a width no one set (the header's session id stays whole).
     console = Console(highlight=False, soft_wrap=not sys.stdout.isatty())
@@ -371,8 +448,8 @@ def main(url: str | None, key: str | None, resume: str | None, fork: str | None)
     client: Client | None = None
     try:
         client = Client(resolve_url(url), resolve_key(key))
-        session, how = start_session(client, resume, fork)
-        chat = Chat(client, console, session)
+        session, how = start_session(client, resume, fork, agent)
+        chat = Chat(client, console, session, show_reasoning=not hide_reasoning)
         model = session["config"].get("model") or client.context(chat.session_id)["model"]
         console.print(f"[bold]Threadline chat[/] · session [bold]{chat.session_id}[/]")
         console.print(f"{how} · model {shown(model)}")

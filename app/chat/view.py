@@ -1,11 +1,14 @@
 """How a run shows in the terminal: its answer rendered as Markdown while it streams (Rich
-Live), tool calls and context notes between, and how it ended. Where stdout is not a terminal
-the answer is written as plain text, piece by piece, with no control sequences."""
+Live), tool calls and context notes between, and how it ended. The model's reasoning, when it
+reasons, shows dimmed above the answer it leads to (unless hidden). Where stdout is not a
+terminal the answer is written as plain text, piece by piece, with no control sequences."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+from collections.abc import Iterator
 from types import TracebackType
 from typing import Any
 
@@ -22,6 +25,10 @@ from app.eventlog.registry import TERMINAL_EVENTS, EventType
 # answer, a tool's result) must never move the cursor, retitle the window or write the
 # clipboard (ESC sequences), in a terminal or in a file that is later printed.
 CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+REASONING_STYLE = "dim italic"
+PLAIN_REASONING = "thinking: "
 
 
 def printable(text: str) -> str:
@@ -51,8 +58,9 @@ def one_line(text: str, width: int) -> str:
 class RunView:
     """One run on screen. `handle` each event; use as a context manager around them."""
 
-    def __init__(self, console: Console) -> None:
+    def __init__(self, console: Console, show_reasoning: bool = True) -> None:
         self.console = console
+        self.show_reasoning = show_reasoning
         self.live_mode = console.is_terminal
         self.blocks: list[RenderableType | str] = []  # str: answer text (Markdown)
         self.turn_start = 0  # the first block of the current model turn
@@ -62,6 +70,7 @@ class RunView:
         self._live: Live | None = None
         self._plain_open = False  # plain mode: an answer line is being written
         self._progress: Text | None = None  # the compaction's progress line, updated in place
+        self._thoughts: dict[int, Text] = {}  # the turn's open reasoning blocks (live mode)
 
     def __enter__(self) -> RunView:
         if self.live_mode:
@@ -89,6 +98,30 @@ class RunView:
             self.console.file.write("\n")
             self.console.file.flush()
 
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """The live display stopped (what it showed stays on screen), for a prompt."""
+        if self._live is None:
+            if self._plain_open:
+                self.console.file.write("\n")
+                self._plain_open = False
+            yield
+            return
+        self._live.update(self._group(), refresh=True)
+        self._live.stop()
+        self.blocks, self.turn_start = [], 0  # shown: the display starts afresh after
+        try:
+            yield
+        finally:
+            self._live = Live(
+                Tail(Group()),
+                console=self.console,
+                refresh_per_second=8,
+                redirect_stdout=False,
+                redirect_stderr=False,
+            )
+            self._live.start()
+
     # -- what is shown
 
     def _group(self) -> Group:
@@ -111,6 +144,38 @@ class RunView:
             self.console.file.write(text)
             self.console.file.flush()
             self._plain_open = True
+
+    def reasoning(self, data: dict[str, Any]) -> None:
+        """A piece of a reasoning block: dimmed, a block of its own above the answer; nothing
+        when reasoning is hidden."""
+        if not self.show_reasoning:
+            return
+        block, text = int(data.get("index", 0)), printable(str(data.get("text", "")))
+        if data.get("redacted"):
+            self.note("(the provider encrypted this reasoning)", REASONING_STYLE)
+            return
+        if self._live is None:
+            if block not in self._thoughts:
+                if self._plain_open:
+                    self.console.file.write("\n")
+                self.console.file.write(PLAIN_REASONING)  # no dimming in a pipe: say what it is
+                self._thoughts[block] = Text()
+            self.console.file.write(text)
+            self._plain_open = True
+            if data.get("end"):
+                self.console.file.write("\n")
+                self._plain_open = False
+                del self._thoughts[block]
+            self.console.file.flush()
+            return
+        thought = self._thoughts.get(block)
+        if thought is None:
+            thought = self._thoughts[block] = Text(style=REASONING_STYLE)
+            self.blocks.append(thought)
+        thought.append(text)
+        if data.get("end"):
+            del self._thoughts[block]
+        self._changed()
 
     def note(self, text: str, style: str = "dim") -> None:
         text = printable(text)
@@ -141,6 +206,7 @@ class RunView:
     def reset(self) -> None:
         """The model turn starts over: what it streamed so far is void."""
         del self.blocks[self.turn_start :]
+        self._thoughts.clear()
         self.note("(the answer starts over)")
         self.turn_start = len(self.blocks)
         if self._live is not None:
@@ -153,6 +219,8 @@ class RunView:
         kind = event.event
         if kind == EventType.MESSAGE_DELTA:
             self.delta(str(data.get("text", "")))
+        elif kind == EventType.REASONING_DELTA:
+            self.reasoning(data)
         elif kind == EventType.MESSAGE_RESET:
             self.reset()
         elif kind == EventType.TOOL_CALL:
@@ -162,6 +230,8 @@ class RunView:
             style = "red" if data.get("is_error") else "dim cyan"
             self.note(f"  ↳ {one_line(str(data.get('preview', '')), 70)}", style)
             self.turn_start = len(self.blocks)  # a reset voids the next turn, not this one
+        elif kind == EventType.CONTEXT_WARNING and data.get("message"):
+            self.note(str(data["message"]), "yellow")
         elif kind == EventType.CONTEXT_WARNING:
             self.note(f"context {data.get('percent')}% of its budget ({data.get('level')})")
         elif kind == EventType.CONTEXT_COMPACTING:

@@ -9,27 +9,45 @@ Messages accept.
 - An image is an http(s) URL or a base64 data URL of image/jpeg, image/png, image/gif or
   image/webp (the four types both document), whose bytes are that type and at most 8000 px a
   side (Anthropic refuses larger).
+- Documents only in user messages: a base64 data URL of application/pdf (bytes that open as
+  an unencrypted PDF, as both providers require) or text/plain (UTF-8), with an optional
+  filename (OpenAI needs one: a default is sent). Their size cap is the deployment's
+  (`max_document_bytes`, checked with the model's abilities by app/services/content_checks.py).
 - A list of parts is not empty, and a text part has non-whitespace text (Anthropic refuses
   empty text blocks; OpenAI refuses an empty content array).
-- Reasoning parts (a model's thinking: `thinking` with its signature, `redacted_thinking` with
-  its data) only in assistant messages, their opaque fields non-empty: the provider checks them,
-  so they are kept byte for byte, and a projection decides per provider what is sent back.
+- Reasoning parts (a model's thinking: Anthropic's `thinking` with its signature and
+  `redacted_thinking` with its data; OpenAI Responses' `reasoning` item with its id,
+  encrypted_content and summary; `reasoning_text`, the readable reasoning an OpenAI-compatible
+  server streams) only in assistant messages, their opaque fields non-empty: the provider checks
+  them, so they are kept byte for byte, and a projection decides per provider what is sent back.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import io
 import re
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 IMAGE_MEDIA_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
 MAX_IMAGE_SIDE = 8000
 IMAGE_ROLES = frozenset({"user"})
-REASONING_TYPES = frozenset({"thinking", "redacted_thinking"})
+DOCUMENT_MEDIA_TYPES = frozenset({"application/pdf", "text/plain"})
+DOCUMENT_ROLES = frozenset({"user"})
+MAX_FILENAME_CHARS = 255
+# What both providers take in one request (Anthropic: 32 MB a request; OpenAI: 32 MB of files
+# a request): the default of the configurable cap.
+MAX_DOCUMENT_BYTES = 32 * 1024 * 1024
+ANTHROPIC_REASONING = frozenset({"thinking", "redacted_thinking"})
+OPENAI_REASONING = frozenset({"reasoning"})  # a Responses API reasoning item
+# Readable reasoning of an OpenAI-compatible server (reasoning_content): those APIs take none back.
+TEXT_REASONING = frozenset({"reasoning_text"})
+REASONING_TYPES = ANTHROPIC_REASONING | OPENAI_REASONING | TEXT_REASONING
 REASONING_ROLES = frozenset({"assistant"})
 _DATA_URL = re.compile(r"data:([^;,]*);base64,(.*)", re.DOTALL)
 # A host, then no whitespace or control characters anywhere (both providers fetch it).
@@ -47,11 +65,19 @@ IMAGE_BYTES = "image_type_mismatch"
 IMAGE_SIDE = "image_too_large"
 NOT_A_PART = "invalid_part"
 UNKNOWN_PART = "unknown_part_type"
+DOCUMENT_ROLE = "document_not_allowed_in_role"
+DOCUMENT_URL = "invalid_document_url"
+DOCUMENT_MEDIA_TYPE = "unsupported_document_type"
+DOCUMENT_BYTES = "document_type_mismatch"
+DOCUMENT_SIZE = "document_too_large"
+DOCUMENT_FILENAME = "invalid_filename"
 REASONING_ROLE = "reasoning_not_allowed_in_role"
 REASONING_FIELDS = "invalid_reasoning"
 RULES = frozenset(
     {EMPTY_CONTENT, BLANK_TEXT, IMAGE_ROLE, IMAGE_URL, IMAGE_MEDIA_TYPE, IMAGE_BASE64}
     | {IMAGE_BYTES, IMAGE_SIDE, NOT_A_PART, UNKNOWN_PART, REASONING_ROLE, REASONING_FIELDS}
+    | {DOCUMENT_ROLE, DOCUMENT_URL, DOCUMENT_MEDIA_TYPE, DOCUMENT_BYTES, DOCUMENT_SIZE}
+    | {DOCUMENT_FILENAME}
 )
 
 
@@ -106,18 +132,146 @@ def part_problems(role: str, part: Any) -> list[ContentProblem]:
                 )
             ]
         return [ContentProblem(("url",), r, m) for r, m in _url_problems(part.get("url"))]
+    if kind == "document":
+        return _document_problems(role, part)
     if kind in REASONING_TYPES:
         return _reasoning_problems(role, part)
     return [ContentProblem(("type",), UNKNOWN_PART, f"unknown part type {kind!r}")]
+
+
+@dataclass(frozen=True, slots=True)
+class Document:
+    """A (valid) document part as providers read it."""
+
+    media_type: str
+    data: str  # the base64 payload
+    filename: str
+
+    @property
+    def size(self) -> int:
+        """Its bytes, from the base64's length (no decoding)."""
+        return len(self.data) * 3 // 4 - len(self.data) + len(self.data.rstrip("="))
+
+    @property
+    def pages(self) -> int | None:
+        """A PDF's page count (None for text)."""
+        return pdf_pages(self.data) if self.media_type == "application/pdf" else None
+
+    def text(self) -> str:
+        """A text document's text."""
+        return (decode_base64(self.data) or b"").decode("utf-8", "replace")
+
+    def as_text(self) -> str:
+        """A text document where it travels as text (OpenAI, compat and local models): its
+        name, then its text."""
+        return f"{self.filename}:\n\n{self.text()}"
+
+
+DEFAULT_FILENAMES = {"application/pdf": "document.pdf", "text/plain": "document.txt"}
+
+
+def document_of(part: dict[str, Any]) -> Document:
+    """What a (valid) document part holds."""
+    data = _DATA_URL.fullmatch(str(part.get("url", "")))
+    media_type, encoded = (data.group(1), data.group(2)) if data else ("text/plain", "")
+    filename = part.get("filename")
+    if not isinstance(filename, str) or not filename:
+        filename = DEFAULT_FILENAMES.get(media_type, "document")
+    return Document(media_type, encoded, filename)
+
+
+def _document_problems(role: str, part: dict[str, Any]) -> list[ContentProblem]:
+    if role not in DOCUMENT_ROLES:
+        message = f"{role} messages cannot carry documents (only user)"
+        return [ContentProblem(("type",), DOCUMENT_ROLE, message)]
+    filename = part.get("filename")
+    if filename is not None and (
+        not isinstance(filename, str)
+        or not filename.strip()
+        or len(filename) > MAX_FILENAME_CHARS
+        or any(ord(c) < 0x20 or ord(c) == 0x7F for c in filename)
+        or "/" in filename
+    ):
+        message = f"a filename is a non-blank name of at most {MAX_FILENAME_CHARS} characters, "
+        message += "without slashes or control characters"
+        return [ContentProblem(("filename",), DOCUMENT_FILENAME, message)]
+    url = part.get("url")
+    data = _DATA_URL.fullmatch(url) if isinstance(url, str) else None
+    if data is None:
+        message = "a document url must be data:<type>;base64,... (application/pdf or text/plain)"
+        return [ContentProblem(("url",), DOCUMENT_URL, message)]
+    media_type, encoded = data.group(1), data.group(2)
+    if media_type not in DOCUMENT_MEDIA_TYPES:
+        allowed = ", ".join(sorted(DOCUMENT_MEDIA_TYPES))
+        message = f"document type {media_type[:64]!r} is not one of {allowed}"
+        return [ContentProblem(("url",), DOCUMENT_MEDIA_TYPE, message)]
+    raw = decode_base64(encoded)
+    if raw is None:
+        message = "the data URL's payload is not valid, non-empty base64"
+        return [ContentProblem(("url",), IMAGE_BASE64, message)]
+    problem = _pdf_problem(raw) if media_type == "application/pdf" else _text_problem(raw)
+    return [] if problem is None else [ContentProblem(("url",), DOCUMENT_BYTES, problem)]
+
+
+def _text_problem(raw: bytes) -> str | None:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return "the data is not UTF-8 text, not text/plain"
+    if not text.strip():
+        return "a text document needs non-blank text"
+    return None
+
+
+def _pdf_problem(raw: bytes) -> str | None:
+    if not raw.lstrip(b"\x00\t\n\r ").startswith(b"%PDF-"):
+        return "the data is not a PDF (no %PDF- header)"
+    reader = _pdf_reader(raw)
+    if reader is None:
+        return "the data is not a readable PDF"
+    if reader.is_encrypted:
+        return "the PDF is encrypted (providers read unencrypted PDFs only)"
+    try:
+        if len(reader.pages) == 0:
+            return "the PDF has no pages"
+    except Exception:  # pypdf raises many kinds on a damaged page tree
+        return "the data is not a readable PDF (its page tree is damaged)"
+    return None
+
+
+def _pdf_reader(raw: bytes) -> Any:
+    from pypdf import PdfReader  # parsing bytes in memory: no I/O
+
+    try:
+        return PdfReader(io.BytesIO(raw), strict=False)
+    except Exception:  # pypdf raises many kinds (PdfReadError, ValueError, KeyError...)
+        return None
+
+
+@lru_cache(maxsize=64)
+def pdf_pages(encoded: str) -> int | None:
+    """The page count of a base64 PDF (None: unreadable); kept, as projections count often."""
+    raw = decode_base64(encoded)
+    reader = _pdf_reader(raw) if raw is not None else None
+    try:
+        return len(reader.pages) if reader is not None else None
+    except Exception:  # a damaged page tree
+        return None
+
+
+def is_document(part: Any) -> bool:
+    return isinstance(part, dict) and part.get("type") == "document"
 
 
 def _reasoning_problems(role: str, part: dict[str, Any]) -> list[ContentProblem]:
     if role not in REASONING_ROLES:
         message = f"{role} messages cannot carry reasoning (only assistant)"
         return [ContentProblem(("type",), REASONING_ROLE, message)]
+    if part["type"] == "reasoning":
+        return _reasoning_item_problems(part)
     # What the provider needs back unchanged: a thinking block's text and its signature, a
-    # redacted block's encrypted data.
-    required = ("thinking", "signature") if part["type"] == "thinking" else ("data",)
+    # redacted block's encrypted data; a text-only reasoning part's text.
+    required = _REQUIRED_FIELDS[part["type"]]
     for name in required:
         value = part.get(name)
         if not isinstance(value, str) or (name != "thinking" and not value):
@@ -126,13 +280,93 @@ def _reasoning_problems(role: str, part: dict[str, Any]) -> list[ContentProblem]
     return []
 
 
+_REQUIRED_FIELDS = {
+    "thinking": ("thinking", "signature"),
+    "redacted_thinking": ("data",),
+    "reasoning_text": ("text",),
+}
+
+
+def _reasoning_item_problems(part: dict[str, Any]) -> list[ContentProblem]:
+    """A Responses reasoning item: its id and encrypted content (what the API decrypts when it
+    comes back), and its summary, a list of summary_text parts."""
+    for name in ("id", "encrypted_content"):
+        value = part.get(name)
+        if not isinstance(value, str) or not value:
+            message = f"a reasoning part needs {name} (a non-empty string from the provider)"
+            return [ContentProblem((name,), REASONING_FIELDS, message)]
+    summary = part.get("summary")
+    if not isinstance(summary, list) or not all(
+        isinstance(s, dict) and s.get("type") == "summary_text" and isinstance(s.get("text"), str)
+        for s in summary
+    ):
+        message = 'a reasoning part\'s summary is a list of {"type": "summary_text", "text"}'
+        return [ContentProblem(("summary",), REASONING_FIELDS, message)]
+    return []
+
+
 def is_reasoning(part: Any) -> bool:
     return isinstance(part, dict) and part.get("type") in REASONING_TYPES
 
 
-def without_reasoning(content: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The parts that are not reasoning: what a provider that takes no reasoning back gets."""
-    return [p for p in content if not is_reasoning(p)]
+def reasoning_text(part: dict[str, Any]) -> str:
+    """A reasoning part's text to show a person, whatever its provider's type: a thinking
+    block's thinking, a summary's texts joined; "" for reasoning the provider encrypted (a
+    redacted block). Every surface shows stored reasoning through this one function."""
+    if part.get("type") == "thinking":
+        return str(part.get("thinking") or "")
+    summary = part.get("summary")
+    if isinstance(summary, list):
+        texts = [str(s.get("text", "")) for s in summary if isinstance(s, dict)]
+        return "\n\n".join(t for t in texts if t)
+    text = part.get("text")
+    return text if isinstance(text, str) else ""
+
+
+def is_redacted(part: dict[str, Any]) -> bool:
+    """A reasoning part the provider encrypted whole: it has no text to show."""
+    return part.get("type") == "redacted_thinking"
+
+
+def reasoning_opaque(part: dict[str, Any]) -> str | None:
+    """What the provider gave to check or decrypt a reasoning part (a thinking block's
+    signature, a redacted block's data, encrypted content), byte for byte; None if none."""
+    for name in ("signature", "data", "encrypted_content"):
+        value = part.get(name)
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
+# What a JSON string in Postgres (jsonb) cannot hold: the NUL character, and a lone surrogate
+# (not Unicode, so not UTF-8).
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def unstorable(value: Any) -> str | None:
+    """Why the journal cannot keep `value` (JSON) byte for byte: the first character a text of
+    it holds that Postgres stores no text with; None when it can."""
+    if isinstance(value, str):
+        found = _UNSTORABLE.search(value)
+        if found is None:
+            return None
+        what = "a NUL character" if found.group() == "\x00" else "a lone surrogate"
+        return f"it holds {what} (U+{ord(found.group()):04X}) at {found.start()}"
+    if isinstance(value, dict):
+        values: list[Any] = [*value.keys(), *value.values()]
+    elif isinstance(value, list):
+        values = value
+    else:
+        return None
+    return next((why for v in values if (why := unstorable(v)) is not None), None)
+
+
+def without_reasoning(
+    content: Sequence[dict[str, Any]], kept: frozenset[str] = frozenset()
+) -> list[dict[str, Any]]:
+    """The parts that are not reasoning, save reasoning of the `kept` types: what a provider
+    that takes back only its own kind of reasoning (or none) gets."""
+    return [p for p in content if not is_reasoning(p) or p["type"] in kept]
 
 
 def _url_problems(url: Any) -> list[tuple[str, str]]:
@@ -244,7 +478,7 @@ def sendable_parts(role: str, parts: Sequence[dict[str, Any]]) -> list[dict[str,
         if not problems or problems[0].rule == BLANK_TEXT:
             sendable.append(dict(part))  # blank text is harmless; formats drop it where needed
         else:
-            what = "image" if part.get("type") == "image_url" else "part"
+            what = {"image_url": "image", "document": "document"}.get(str(part.get("type")), "part")
             sendable.append({"type": "text", "text": f"[{what} not sent: {problems[0].message}]"})
     return sendable or [{"type": "text", "text": EMPTY_NOTE}]
 

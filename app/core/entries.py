@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
@@ -30,6 +31,7 @@ class EntryKind(StrEnum):
     ERROR = "error"
     POLICY_VIOLATION = "policy_violation"
     ROLLBACK = "rollback"
+    AGENT_VERSION = "agent_version"  # the session was moved to another version of its agent
 
 
 RUN_ENTRY_PREFIX = "run:"  # ids of the entries runs write (run:<run_id>:<part>): not clients'
@@ -47,6 +49,8 @@ class NewEntry:
     payload: dict[str, Any]
     refs: dict[str, Any]
     id: str | None = None
+    # When it was written, if not now: an imported entry keeps its original time.
+    created_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +97,15 @@ class ImagePart(_Strict):
     detail: Literal["auto", "low", "high"] | None = None
 
 
+class DocumentPart(_Strict):
+    """A document a person gives (a PDF or plain text), inline as a base64 data URL; its size
+    cap is the deployment's (max_document_bytes), its bytes checked at the door."""
+
+    type: Literal["document"]
+    url: Annotated[str, Field(pattern=r"^data:[^;,]+;base64,")]
+    filename: Annotated[str, Field(min_length=1, max_length=255)] | None = None
+
+
 class ThinkingPart(_Strict):
     """A model's thinking (Anthropic extended thinking): only in assistant messages, kept byte
     for byte with the signature the provider checks when it is sent back."""
@@ -110,10 +123,41 @@ class RedactedThinkingPart(_Strict):
     data: Annotated[str, Field(min_length=1, max_length=2_000_000)]
 
 
+class SummaryText(_Strict):
+    type: Literal["summary_text"]
+    text: Annotated[str, Field(max_length=2_000_000)]
+
+
+class ReasoningItemPart(_Strict):
+    """A reasoning item of OpenAI's Responses API: only in assistant messages, kept byte for
+    byte; `encrypted_content` is what the API decrypts when it is sent back, `summary` what
+    the model let be read of it."""
+
+    type: Literal["reasoning"]
+    id: Annotated[str, Field(min_length=1, max_length=256)]
+    encrypted_content: Annotated[str, Field(min_length=1, max_length=2_000_000)]
+    summary: Annotated[list[SummaryText], Field(max_length=1000)]
+
+
+class ReasoningTextPart(_Strict):
+    """Readable reasoning an OpenAI-compatible server streamed (reasoning_content): only in
+    assistant messages; kept for the record, never sent back."""
+
+    type: Literal["reasoning_text"]
+    text: Annotated[str, Field(min_length=1, max_length=2_000_000)]
+
+
 # What a person may say (an ask's input); message content may also hold a model's reasoning.
-InputPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
+InputPart = Annotated[TextPart | ImagePart | DocumentPart, Field(discriminator="type")]
 ContentPart = Annotated[
-    TextPart | ImagePart | ThinkingPart | RedactedThinkingPart, Field(discriminator="type")
+    TextPart
+    | ImagePart
+    | DocumentPart
+    | ThinkingPart
+    | RedactedThinkingPart
+    | ReasoningItemPart
+    | ReasoningTextPart,
+    Field(discriminator="type"),
 ]
 
 
@@ -194,6 +238,13 @@ class RunStartPayload(_Open):
     run_id: str
 
 
+class AgentVersionPayload(_Strict):
+    agent_id: Annotated[str, Field(max_length=128)]
+    agent_name: Annotated[str, Field(max_length=128)]
+    from_version: Annotated[int, Field(ge=1)]
+    to_version: Annotated[int, Field(ge=1)]
+
+
 class RunEndPayload(_Open):
     run_id: str
     status: str
@@ -225,6 +276,7 @@ PAYLOAD_TYPES: dict[EntryKind, type[BaseModel]] = {
     EntryKind.USAGE: UsagePayload,
     EntryKind.ERROR: ErrorPayload,
     EntryKind.POLICY_VIOLATION: PolicyViolationPayload,
+    EntryKind.AGENT_VERSION: AgentVersionPayload,
 }
 
 
@@ -238,6 +290,11 @@ class Refs(_Strict):
     upstream_tool_call_id: Annotated[str, Field(max_length=128)] | None = None
     iteration: Annotated[int, Field(ge=0)] | None = None
     parent_call_id: Annotated[str, Field(max_length=128)] | None = None
+    # A user message sent while a run worked (multitask_strategy steer): steered into the run
+    # `run_id` (steer_id), or the input of the run it started when that run ended first
+    # (from_steer_id).
+    steer_id: Annotated[str, Field(max_length=128)] | None = None
+    from_steer_id: Annotated[str, Field(max_length=128)] | None = None
 
 
 _REFS = TypeAdapter(Refs)

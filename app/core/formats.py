@@ -1,5 +1,5 @@
-"""Provider wire formats (pure): neutral messages -> OpenAI chat completions / Anthropic Messages,
-and the token count of an OpenAI request as sent.
+"""Provider wire formats (pure): neutral messages -> OpenAI chat completions / OpenAI Responses
+input / Anthropic Messages, and the token count of an OpenAI request as sent.
 
 The validators of each provider's rules are test oracles: tests/core/format_oracles.py."""
 
@@ -10,7 +10,14 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from app.core.content import is_reasoning, sendable_parts, without_reasoning
+from app.core.content import (
+    ANTHROPIC_REASONING,
+    OPENAI_REASONING,
+    document_of,
+    is_reasoning,
+    sendable_parts,
+    without_reasoning,
+)
 from app.core.messages import Content, Message, ToolCall, ToolSpec, canonical_json, text_of
 from app.core.tokens import (
     JOINED_ROLES,
@@ -20,6 +27,7 @@ from app.core.tokens import (
     PER_TOOL_DEFINITION,
     REPLY_PRIMING,
     TokenCounter,
+    document_tokens,
     part_image_tokens,
 )
 
@@ -117,7 +125,25 @@ def _openai_part(part: Json) -> Json:
         if part.get("detail") is not None:
             image["detail"] = part["detail"]
         return {"type": "image_url", "image_url": image}
+    if part.get("type") == "document":
+        # Chat Completions reads PDFs as `file` parts; text is sent as text (a file part takes
+        # PDFs only), as OpenAI-compatible servers read it too.
+        document = document_of(part)
+        if document.media_type == "application/pdf":
+            file = {"filename": document.filename, "file_data": str(part["url"])}
+            return {"type": "file", "file": file}
+        return {"type": "text", "text": document.as_text()}
     raise ValueError(f"unknown content part type: {part.get('type')!r}")
+
+
+def responses_document(part: Json) -> Json:
+    """A document part as OpenAI's Responses API takes it in a user message (for a Responses
+    upstream): a PDF as an `input_file` with its file_data and filename, text as input_text
+    (as Chat Completions gets it)."""
+    document = document_of(part)
+    if document.media_type == "application/pdf":
+        return {"type": "input_file", "filename": document.filename, "file_data": part["url"]}
+    return {"type": "input_text", "text": document.as_text()}
 
 
 def _openai_call(call: ToolCall) -> Json:
@@ -137,6 +163,113 @@ def _openai_tool(tool: ToolSpec) -> Json:
             "parameters": _canonical(tool.parameters),
         },
     }
+
+
+# --- OpenAI Responses --------------------------------------------------------------------
+
+
+def to_openai_responses(messages: Sequence[Message], tools: Sequence[ToolSpec]) -> Json:
+    """The Responses API's `input` items (and function `tools`): messages, an assistant turn's
+    reasoning items and text in the order it wrote them, then its function_call items; tool
+    results as function_call_output items."""
+    items: list[Json] = []
+    for message in messages:
+        items += _responses_items(message)
+    request: Json = {"input": items}
+    if tools:
+        request["tools"] = [
+            {
+                "type": "function",
+                "name": t.name,
+                "description": t.description,
+                "parameters": _canonical(t.parameters),
+                # Threadline's tool schemas are not written for strict mode's rules.
+                "strict": False,
+            }
+            for t in tools
+        ]
+    return request
+
+
+def _responses_items(message: Message) -> list[Json]:
+    if message.role == "tool":
+        output = text_of(message.content)
+        return [
+            {
+                "type": "function_call_output",
+                "call_id": message.tool_call_id or "",
+                "output": output,
+            }
+        ]
+    items: list[Json] = []
+    if isinstance(message.content, str):
+        if message.content or not message.tool_calls:
+            items.append(
+                _responses_message(message.role, [_text_part(message.role, message.content)])
+            )
+    else:
+        own = without_reasoning(message.content, OPENAI_REASONING)
+        pending: list[Json] = []  # the message parts since the last reasoning item
+        for part in sendable_parts(message.role, own) if own else []:
+            if part.get("type") == "reasoning":
+                if pending:
+                    items.append(_responses_message(message.role, pending))
+                    pending = []
+                # Back exactly as the model wrote it: the API decrypts and checks it.
+                items.append(
+                    {
+                        "type": "reasoning",
+                        "id": part["id"],
+                        "summary": part["summary"],
+                        "encrypted_content": part["encrypted_content"],
+                    }
+                )
+            else:
+                pending.append(_responses_part(message.role, part))
+        pending = [p for p in pending if p.get("type") != _text_type(message.role) or p["text"]]
+        if pending or not (items or message.tool_calls):
+            items.append(
+                _responses_message(message.role, pending or [_text_part(message.role, "")])
+            )
+    items += [
+        {
+            "type": "function_call",
+            "call_id": c.id,
+            "name": c.name,
+            "arguments": canonical_json(c.arguments),
+        }
+        for c in message.tool_calls
+    ]
+    return items
+
+
+def _responses_message(role: str, parts: list[Json]) -> Json:
+    if role in JOINED_ROLES:
+        # One string, as for Chat Completions: only text is sendable in these roles.
+        return {"role": role, "content": "".join(str(p["text"]) for p in parts)}
+    return {"role": role, "content": parts}
+
+
+def _text_type(role: str) -> str:
+    return "output_text" if role == "assistant" else "input_text"
+
+
+def _text_part(role: str, text: str) -> Json:
+    return {"type": _text_type(role), "text": text}
+
+
+def _responses_part(role: str, part: Json) -> Json:
+    if part.get("type") == "text":
+        return _text_part(role, str(part.get("text", "")))
+    if part.get("type") == "image_url":
+        return {
+            "type": "input_image",
+            "image_url": part["url"],
+            "detail": part.get("detail") or "auto",
+        }
+    if part.get("type") == "document":
+        return responses_document(part)
+    raise ValueError(f"unknown content part type: {part.get('type')!r}")
 
 
 # --- Anthropic Messages ------------------------------------------------------------------
@@ -228,7 +361,9 @@ def _anthropic_turn(message: Message) -> tuple[str, list[Json]]:
 def _anthropic_content(role: str, content: Content) -> list[Json]:
     if isinstance(content, str):
         return [_text_block(content)]
-    return [_anthropic_part(p) for p in sendable_parts(role, content)]
+    # Other providers' reasoning is not Anthropic's to read (a projection leaves it out).
+    own = without_reasoning(content, ANTHROPIC_REASONING)
+    return [_anthropic_part(p) for p in sendable_parts(role, own)]
 
 
 def _sendable_text(message: Message) -> str:
@@ -250,6 +385,14 @@ def _anthropic_part(part: Json) -> Json:
         return {"type": "redacted_thinking", "data": part["data"]}
     if part.get("type") == "image_url":
         return {"type": "image", "source": _image_source(str(part["url"]))}
+    if part.get("type") == "document":
+        document = document_of(part)
+        source: Json = (
+            {"type": "base64", "media_type": document.media_type, "data": document.data}
+            if document.media_type == "application/pdf"
+            else {"type": "text", "media_type": "text/plain", "data": document.text()}
+        )
+        return {"type": "document", "source": source, "title": document.filename}
     raise ValueError(f"unknown content part type: {part.get('type')!r}")
 
 
@@ -347,6 +490,10 @@ def _wire_content_tokens(content: str | list[Json] | None, counter: TokenCounter
 def _wire_part_tokens(part: Json, counter: TokenCounter) -> int:
     if part["type"] == "text":
         return counter.count(part["text"])
+    if part["type"] == "file":
+        file = part["file"]
+        document = {"type": "document", "url": file["file_data"], "filename": file["filename"]}
+        return document_tokens(document, counter)
     image = part.get("image_url", {})
     return part_image_tokens(str(image.get("url", "")), image.get("detail"), counter)
 

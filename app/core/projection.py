@@ -64,10 +64,11 @@ class ProjectionInput:
     memory_namespace: str | None = None  # named in the memory block's header
     tools: Sequence[ToolSpec] = ()
     run_id: str | None = None  # projecting for this run: later asks are not its business
-    # The model takes its reasoning back (Anthropic): the newest turn's tool loop's is sent and
-    # counted (a loop left unfinished before it included). Older turns' never is (Anthropic
-    # ignores it there); nor is any to other providers.
-    send_reasoning: bool = False
+    # The reasoning part types the model takes back (Anthropic's thinking, OpenAI Responses'
+    # reasoning items): the newest turn's tool loop's are sent and counted (a loop left
+    # unfinished before it included). Older turns' never are (both APIs drop them there, and
+    # count them not); no other reasoning is sent to any provider.
+    reasoning_sent: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -183,9 +184,9 @@ def project(source: ProjectionInput) -> Projection:
     older, required = _split_at_newest_turn(groups)
     unfinished = _unfinished_loop_start(older)
     for at, group in enumerate(older):
-        _settle_reasoning(group, source.send_reasoning and at >= unfinished, counter)
+        _settle_reasoning(group, source.reasoning_sent if at >= unfinished else NONE, counter)
     for group in required:
-        _settle_reasoning(group, source.send_reasoning, counter)
+        _settle_reasoning(group, source.reasoning_sent, counter)
     required_tokens = sum(g.tokens for g in required)
     margin = 0.0 if source.exact else policy.estimate_margin
     budget = math.floor(policy.budget / (1 + margin))
@@ -291,18 +292,20 @@ def _unfinished_loop_start(older: list[_Group]) -> int:
     return start
 
 
-def _settle_reasoning(group: _Group, send: bool, counter: TokenCounter) -> None:
-    """The group's reasoning parts sent and counted (entries' stored counts leave them out), or
-    taken out of its messages."""
+NONE: frozenset[str] = frozenset()
+
+
+def _settle_reasoning(group: _Group, sent: frozenset[str], counter: TokenCounter) -> None:
+    """The group's reasoning parts of the `sent` types sent and counted (entries' stored counts
+    leave them out), the others taken out of its messages."""
     for at, message in enumerate(group.messages):
         content = message.content
         if isinstance(content, str) or not any(is_reasoning(p) for p in content):
             continue
-        if send:
-            group.tokens += sum(reasoning_tokens(p, counter) for p in content if is_reasoning(p))
-        else:
-            rest = tuple(without_reasoning(content))
-            group.messages[at] = replace(message, content=rest or "")
+        kept = tuple(without_reasoning(content, sent))
+        group.tokens += sum(reasoning_tokens(p, counter) for p in kept if is_reasoning(p))
+        if len(kept) != len(content):
+            group.messages[at] = replace(message, content=kept or "")
 
 
 def _with_output_reader(tools: Sequence[ToolSpec], history: list[_Group]) -> tuple[ToolSpec, ...]:
@@ -382,10 +385,15 @@ def in_run_order(entries: list[JournalEntry], run_id: str | None) -> list[Journa
     user's second message can precede the answer to the first. A model must see each answer
     after its question, and a run must not answer a question asked after it.
     """
+    # A run's input is its user message; messages steered into it later (refs.steer_id) are
+    # among its entries, not where it starts.
     inputs = {
         str(e.refs["run_id"]): e.seq
         for e in entries
-        if e.kind == EntryKind.MESSAGE and e.payload.get("role") == "user" and "run_id" in e.refs
+        if e.kind == EntryKind.MESSAGE
+        and e.payload.get("role") == "user"
+        and "run_id" in e.refs
+        and "steer_id" not in e.refs
     }
 
     def anchor(entry: JournalEntry) -> int:
@@ -598,25 +606,45 @@ class _Call:
 
 
 def _pair_results(entries: Sequence[JournalEntry]) -> dict[int, JournalEntry]:
-    """Each call's result (by the call's index in `entries`), reading in order.
+    """Each call's result (by the call's index in `entries`), wherever it was written.
 
     Ids need not be unique in a thread (imports, journals written before the service named its
-    calls), so a result answers an earlier unanswered call with its id: of its own model turn
-    when there is one, else the oldest; a second result for a call is ignored.
+    calls), and an imported journal may hold a result before its call. A result answers, in
+    turn: an unanswered call with its id of its own model turn (before or after it); else an
+    earlier unanswered call with its id (the oldest); else the first later one. A second result
+    for a call is ignored; a recorded result is never left out while its call waits.
     """
-    waiting: dict[str, list[int]] = {}
-    answers: dict[int, JournalEntry] = {}
+    calls: dict[str, list[int]] = {}
+    results: list[int] = []
     for index, entry in enumerate(entries):
-        call_id = str(entry.refs.get("tool_call_id"))
         if entry.kind == EntryKind.TOOL_CALL:
-            waiting.setdefault(call_id, []).append(index)
-        elif entry.kind == EntryKind.TOOL_RESULT and waiting.get(call_id):
-            candidates = waiting[call_id]
-            turn = entry.refs.get("call_id")
-            same_turn = [i for i in candidates if entries[i].refs.get("call_id") == turn]
-            chosen = (same_turn or candidates)[0]
-            candidates.remove(chosen)
-            answers[chosen] = entry
+            calls.setdefault(str(entry.refs.get("tool_call_id")), []).append(index)
+        elif entry.kind == EntryKind.TOOL_RESULT:
+            results.append(index)
+    answers: dict[int, JournalEntry] = {}
+    unpaired: list[int] = []
+    for index in results:  # its own turn's call, wherever that was written
+        entry = entries[index]
+        turn = entry.refs.get("call_id")
+        same_turn = [
+            i
+            for i in calls.get(str(entry.refs.get("tool_call_id")), [])
+            if i not in answers and turn is not None and entries[i].refs.get("call_id") == turn
+        ]
+        if same_turn:
+            answers[same_turn[0]] = entry
+        else:
+            unpaired.append(index)
+    for index in unpaired:
+        waiting = [
+            i
+            for i in calls.get(str(entries[index].refs.get("tool_call_id")), [])
+            if i not in answers
+        ]
+        earlier = [i for i in waiting if i < index]
+        chosen = earlier or waiting
+        if chosen:
+            answers[chosen[0]] = entries[index]
     return answers
 
 

@@ -14,6 +14,9 @@ MIN_BUDGET_TOKENS = 1024
 MAX_BUDGET_TOKENS = 128_000
 # The thinking budget each effort stands for where a provider takes a budget (Anthropic).
 EFFORT_BUDGETS: Mapping[str, int] = {"low": 1024, "medium": 4096, "high": 16384}
+# The answer's cap where a provider needs one (Anthropic's max_tokens) and the ask sets none;
+# with reasoning, the thinking budget comes on top of it.
+DEFAULT_ANSWER_TOKENS = 4096
 
 
 class Reasoning(BaseModel):
@@ -49,6 +52,17 @@ class Reasoning(BaseModel):
         return EFFORT_BUDGETS.get(self.effort or "", 0)
 
 
+def effort_of(reasoning: Reasoning) -> str:
+    """The effort asked of a provider that takes an effort, not a budget (OpenAI): the one
+    given, or the least whose budget covers the given budget (high beyond its budget)."""
+    if reasoning.effort is not None:
+        return reasoning.effort
+    for effort, budget in EFFORT_BUDGETS.items():
+        if reasoning.budget <= budget:
+            return effort
+    return "high"
+
+
 def effective(session: Mapping[str, Any] | None, ask: Mapping[str, Any] | None) -> Reasoning | None:
     """The reasoning a run uses: the ask's setting if it has one, else the session's; None when
     off. Both are stored JSON, validated when they were accepted."""
@@ -57,6 +71,15 @@ def effective(session: Mapping[str, Any] | None, ask: Mapping[str, Any] | None) 
         return None
     reasoning = Reasoning.model_validate(dict(chosen))
     return reasoning if reasoning.enabled else None
+
+
+def output_room(reasoning: Reasoning | None, max_output_tokens: int | None) -> int:
+    """Tokens a model turn may write when it reasons: its thinking budget and the answer's cap
+    (the default one when unset); 0 without reasoning. A projection keeps at least this much
+    of the window free, or the provider refuses the request (prompt + max_tokens > window)."""
+    if reasoning is None:
+        return 0
+    return reasoning.budget + (max_output_tokens or DEFAULT_ANSWER_TOKENS)
 
 
 def unsupported(model: str) -> str:

@@ -7,6 +7,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.core.approvals import ApprovalRule, ToolApproval
+
 
 class RunPolicy(BaseModel):
     # strict: a JSON boolean is not a count (what the JSON schema of these fields says).
@@ -32,11 +34,28 @@ class RunPolicy(BaseModel):
         default="continue",
         description="A denied call gets an error result; stop also ends the run.",
     )
+    # None (not given): every call runs at once. Kept absent rather than defaulted, so that a
+    # stored policy is what the client gave.
+    tool_approval: ToolApproval | None = Field(
+        default=None,
+        description="Which tool calls wait for a person's approval (`ask`), run at once "
+        "(`always`) or are never offered (`never`): per tool name, with a default. Not given: "
+        "every call runs at once.",
+    )
 
     def allows(self, tool: str) -> bool:
-        return tool not in self.tools_deny and (
-            self.tools_allow is None or tool in self.tools_allow
+        return (
+            tool not in self.tools_deny
+            and (self.tools_allow is None or tool in self.tools_allow)
+            and self.approval_rule(tool) != "never"
         )
+
+    def needs_approval(self, tool: str) -> bool:
+        return self.allows(tool) and self.approval_rule(tool) == "ask"
+
+    def approval_rule(self, tool: str) -> ApprovalRule:
+        """always, ask or never: the tool's rule, "always" when no approval policy is set."""
+        return self.tool_approval.rule(tool) if self.tool_approval is not None else "always"
 
 
 def merged(*layers: Mapping[str, Any] | None) -> RunPolicy:

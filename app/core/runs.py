@@ -19,12 +19,20 @@ class RunStatus(StrEnum):
     QUEUED = "queued"
     RUNNING = "running"
     REQUIRES_ACTION = "requires_action"  # waiting for the client's tool outputs
+    AWAITING_APPROVAL = "awaiting_approval"  # waiting for a person to rule on tool calls
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
 
 
-ACTIVE = frozenset({RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.REQUIRES_ACTION})
+ACTIVE = frozenset(
+    {
+        RunStatus.QUEUED,
+        RunStatus.RUNNING,
+        RunStatus.REQUIRES_ACTION,
+        RunStatus.AWAITING_APPROVAL,
+    }
+)
 # The statuses a run ends with, each with its terminal event (app.eventlog.registry).
 ENDED = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED})
 
@@ -50,6 +58,7 @@ class RunParams:
     fallback_model: str | None = None
     run_policy: dict[str, Any] | None = None
     tools: list[dict[str, Any]] = field(default_factory=list)
+    mcp_servers: list[str] = field(default_factory=list)  # the ask's own, by name
     # which tools the model may or must call (app.core.tool_choice), and whether a turn may
     # call several
     tool_choice: ToolChoice = "auto"
@@ -76,6 +85,7 @@ class RunParams:
             fallback_model=data.get("fallback_model"),
             run_policy=data.get("run_policy"),
             tools=list(data.get("tools") or []),
+            mcp_servers=list(data.get("mcp_servers") or []),
             tool_choice=tool_choices.parse(data.get("tool_choice") or "auto"),
             parallel_tool_calls=data.get("parallel_tool_calls", True),
             reasoning=data.get("reasoning"),
@@ -95,6 +105,7 @@ class RunParams:
             "fallback_model": self.fallback_model,
             "run_policy": self.run_policy,
             "tools": self.tools,
+            "mcp_servers": self.mcp_servers,
             "tool_choice": tool_choices.as_json(self.tool_choice),
             "parallel_tool_calls": self.parallel_tool_calls,
             "reasoning": self.reasoning,
@@ -136,6 +147,7 @@ class Run:
     output_tokens: int = 0
     cached_tokens: int = 0
     cache_write_tokens: int = 0
+    reasoning_tokens: int = 0
     usage_estimated: bool = False
     cost_usd: Decimal | None = None
     started_at: datetime | None = None
@@ -168,6 +180,7 @@ class Run:
             output_tokens=int(row["output_tokens"]),
             cached_tokens=int(row["cached_tokens"]),
             cache_write_tokens=int(row["cache_write_tokens"]),
+            reasoning_tokens=int(row["reasoning_tokens"]),
             usage_estimated=bool(row["usage_estimated"]),
             cost_usd=row["cost_usd"],
             started_at=row["started_at"],

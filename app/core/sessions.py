@@ -9,6 +9,7 @@ from decimal import Decimal
 from enum import StrEnum
 from typing import Any
 
+from app.core.agents import AgentPin
 from app.core.lineage import Lineage, Segment, segments
 
 
@@ -38,6 +39,7 @@ class SessionConfig:
     run_policy: Mapping[str, Any] | None = None
     memory_namespace: str | None = None
     reasoning: Mapping[str, Any] | None = None
+    mcp_servers: list[str] | None = None  # registered MCP servers, by name
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> SessionConfig:
@@ -53,6 +55,7 @@ class SessionConfig:
             run_policy=data.get("run_policy"),
             memory_namespace=data.get("memory_namespace"),
             reasoning=data.get("reasoning"),
+            mcp_servers=data.get("mcp_servers"),
         )
 
     def as_json(self) -> dict[str, Any]:
@@ -69,6 +72,7 @@ class SessionConfig:
             "run_policy": self.run_policy,
             "memory_namespace": self.memory_namespace,
             "reasoning": self.reasoning,
+            "mcp_servers": self.mcp_servers,
         }
         return {name: value for name, value in fields.items() if value is not None}
 
@@ -90,10 +94,20 @@ class Session:
     output_tokens: int
     cached_tokens: int
     cache_write_tokens: int
+    reasoning_tokens: int
     cost_usd: Decimal
     created_at: datetime
     updated_at: datetime
     expires_at: datetime | None  # past it the session is gone for its tenant; None: never
+    # Created from an agent: its pinned version. `config` is then the resolved config (the
+    # version's, the session's own fields over it) and `own_config` the session's fields.
+    agent: AgentPin | None = None
+    own_config: SessionConfig | None = None
+
+    @property
+    def given_config(self) -> SessionConfig:
+        """The config the session itself was given (what a patch changes)."""
+        return self.own_config if self.own_config is not None else self.config
 
     @property
     def thread(self) -> list[Segment]:

@@ -3,8 +3,8 @@
 Counting itself is delegated to a `TokenCounter` (tiktoken's encodings live in the shell,
 app.llm.tokenizers, because loading them reads files). The chat-format arithmetic follows
 OpenAI's published recipe: 3 tokens per message plus its role, 1 more with a name, 3 to prime
-the reply. Tool calls, tool definitions and images have no published rule; the constants below
-are our documented estimates, applied identically wherever a request is counted.
+the reply. Tool calls, tool definitions, images and documents have no published rule; the
+constants below are our documented estimates, applied identically wherever a request is counted.
 """
 
 from __future__ import annotations
@@ -15,7 +15,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from app.core.content import image_of, is_reasoning, sendable_parts, without_reasoning
+from app.core.content import (
+    document_of,
+    image_of,
+    is_reasoning,
+    sendable_parts,
+    without_reasoning,
+)
 from app.core.entries import EntryKind
 from app.core.messages import Content, Message, ToolCall, ToolSpec, canonical_json, result_text
 
@@ -25,6 +31,10 @@ PER_NAME = 1
 REPLY_PRIMING = 3
 PER_TOOL_CALL = 3
 PER_TOOL_DEFINITION = 8
+# A PDF page: both providers read each page's text and an image of it; Anthropic documents
+# 1,500-3,000 text tokens a page plus the image, OpenAI publishes no rule. The top of that
+# range is our estimate, so a budget refuses rather than a provider.
+PDF_PAGE_TOKENS = 3000
 
 
 class TokenCounter(Protocol):
@@ -224,9 +234,20 @@ def content_tokens(content: Content, counter: TokenCounter, role: str | None = N
     for part in content:
         if part.get("type") == "text":
             total += counter.count(str(part.get("text", "")))
+        elif part.get("type") == "document":
+            total += document_tokens(part, counter)
         else:
             total += part_image_tokens(str(part.get("url", "")), part.get("detail"), counter)
     return total
+
+
+def document_tokens(part: dict[str, Any], counter: TokenCounter) -> int:
+    """A document's tokens: PDF_PAGE_TOKENS a page of a PDF (one page when unreadable); a text
+    document as the text it is sent as, by the counter."""
+    document = document_of(part)
+    if document.media_type == "application/pdf":
+        return PDF_PAGE_TOKENS * max(1, document.pages or 1)
+    return counter.count(document.as_text())
 
 
 def _unreasoned(content: Sequence[dict[str, Any]]) -> Content:
@@ -237,11 +258,17 @@ def _unreasoned(content: Sequence[dict[str, Any]]) -> Content:
 
 
 def reasoning_tokens(part: dict[str, Any], counter: TokenCounter) -> int:
-    """A reasoning part's tokens: its thinking text; a redacted block's encrypted data counts
-    as the text it stands for (base64 of about as many bytes, four to a token)."""
-    if part.get("type") == "thinking":
+    """A reasoning part's tokens: its thinking text; a redacted block's or a Responses reasoning
+    item's encrypted data counts as the text it stands for (base64 of about as many bytes, four
+    to a token)."""
+    kind = part.get("type")
+    if kind == "thinking":
         return counter.count(str(part.get("thinking", "")))
-    return math.ceil(len(str(part.get("data", ""))) * 3 / 4 / 4)
+    if kind == "reasoning_text":
+        return counter.count(str(part.get("text", "")))
+    # Encrypted: a Responses reasoning item's encrypted_content, a redacted block's data.
+    sealed = part.get("encrypted_content") if kind == "reasoning" else part.get("data")
+    return math.ceil(len(str(sealed or "")) * 3 / 4 / 4)
 
 
 def call_tokens(call: ToolCall, counter: TokenCounter) -> int:

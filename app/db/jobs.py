@@ -185,6 +185,20 @@ async def unstarted_runs_jobs(conn: AsyncConnection, job_ids: list[int]) -> set[
     return {int(i) for i in (await conn.execute(query, {"ids": job_ids})).scalars()}
 
 
+async def superseded_runs_jobs(conn: AsyncConnection, job_ids: list[int]) -> set[int]:
+    """Of these jobs, those of a run that has another job now: a worker that paused the run
+    (waiting for tool outputs or approvals) and died before its job was marked done leaves it
+    `doing`, holding the session's lock, while the resumed run's job waits behind it."""
+    if not job_ids:
+        return set()
+    query = text(
+        "SELECT j.id FROM procrastinate_jobs j JOIN runs r"
+        " ON r.id = CAST(j.args->>'run_id' AS uuid) AND r.job_id IS DISTINCT FROM j.id"
+        " WHERE j.id = ANY(CAST(:ids AS bigint[]))"
+    )
+    return {int(i) for i in (await conn.execute(query, {"ids": job_ids})).scalars()}
+
+
 async def reregister_workers(conn: AsyncConnection, worker_ids: list[int]) -> list[int]:
     """Put back the rows of these (live) workers if they were pruned; returns those put back."""
     if not worker_ids:

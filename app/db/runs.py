@@ -146,6 +146,17 @@ async def expired_actions(conn: AsyncConnection) -> list[Run]:
     return [Run.from_row(r) for r in (await conn.execute(query)).mappings()]
 
 
+async def expired_approvals(conn: AsyncConnection) -> list[Run]:
+    """Runs waiting for approvals past their deadline, locked (skipping any another worker
+    is expiring right now)."""
+    query = (
+        select(runs)
+        .where(runs.c.status == "awaiting_approval", runs.c.action_expires_at < func.now())
+        .with_for_update(skip_locked=True)
+    )
+    return [Run.from_row(r) for r in (await conn.execute(query)).mappings()]
+
+
 async def count_asks(conn: AsyncConnection, session_id: str) -> int:
     """The session's turns: runs answering an ask (compactions are not turns)."""
     query = (

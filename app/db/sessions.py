@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, RowMapping, func, literal, or_, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.core.agents import AgentPin, resolved
 from app.core.lineage import Lineage, lineage_from_json, lineage_to_json
 from app.core.sessions import Session, SessionConfig, SessionStatus
 from app.db.tables import runs, sessions, tenants
@@ -25,7 +26,11 @@ def _session(row: RowMapping) -> Session:
         tenant_id=str(row["tenant_id"]),
         title=row["title"],
         metadata=row["metadata"],
-        config=SessionConfig.from_json(row["config"]),
+        config=SessionConfig.from_json(
+            resolved(row["agent_config"], row["config"])
+            if row["agent_config"] is not None
+            else row["config"]
+        ),
         status=SessionStatus(row["status"]),
         rev=int(row["rev"]),
         parent_id=str(row["parent_id"]) if row["parent_id"] is not None else None,
@@ -36,10 +41,19 @@ def _session(row: RowMapping) -> Session:
         output_tokens=int(row["output_tokens"]),
         cached_tokens=int(row["cached_tokens"]),
         cache_write_tokens=int(row["cache_write_tokens"]),
+        reasoning_tokens=int(row["reasoning_tokens"]),
         cost_usd=row["cost_usd"],
         created_at=row["created_at"],
         updated_at=row["updated_at"],
         expires_at=row["expires_at"],
+        agent=AgentPin(
+            str(row["agent_id"]), row["agent_name"], row["agent_version"], row["agent_config"]
+        )
+        if row["agent_id"] is not None
+        else None,
+        own_config=SessionConfig.from_json(row["config"])
+        if row["agent_config"] is not None
+        else None,
     )
 
 
@@ -69,6 +83,13 @@ async def get_session(
     if lock:
         query = query.with_for_update()
     return _one_or_none((await conn.execute(query)).mappings().one_or_none())
+
+
+async def tenant_of(conn: AsyncConnection, session_id: str) -> str | None:
+    """The tenant a live session belongs to (for operators' commands, which name no tenant)."""
+    query = select(sessions.c.tenant_id).where(sessions.c.id == session_id, LIVE)
+    tenant_id = (await conn.execute(query)).scalar()
+    return str(tenant_id) if tenant_id is not None else None
 
 
 async def list_sessions(

@@ -19,7 +19,7 @@ from app.db.tables import (
     tenants,
 )
 
-ACTIVE_RUN_STATUSES = ("queued", "running", "requires_action")
+ACTIVE_RUN_STATUSES = ("queued", "running", "requires_action", "awaiting_approval")
 
 
 async def ensure_tenant(conn: AsyncConnection, name: str) -> str:
@@ -226,6 +226,7 @@ async def add_usage(
     output_tokens: int,
     cached_tokens: int,
     cache_write_tokens: int,
+    reasoning_tokens: int = 0,
     cost_usd: Any,
 ) -> None:
     """Count one ended run's usage into today's (UTC) row of its tenant and model."""
@@ -235,6 +236,7 @@ async def add_usage(
         "output_tokens": output_tokens,
         "cached_tokens": cached_tokens,
         "cache_write_tokens": cache_write_tokens,
+        "reasoning_tokens": reasoning_tokens,
         "unpriced_runs": 1 if cost_usd is None else 0,
         "cost_usd": cost_usd or 0,
     }

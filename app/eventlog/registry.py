@@ -35,6 +35,7 @@ class EventType(StrEnum):
     CONTEXT_COMPACTED = "context.compacted"
     CONTEXT_COMPACTION_FAILED = "context.compaction_failed"
     CONTEXT_COMPACTION_PENDING = "context.compaction_pending"
+    RUN_STEERED = "run.steered"
     REASONING_DELTA = "reasoning.delta"
     MESSAGE_DELTA = "message.delta"
     TOOL_CALL_DELTA = "tool_call.delta"
@@ -42,6 +43,9 @@ class EventType(StrEnum):
     TOOL_RESULT = "tool_result"
     ENTRY_COMMITTED = "entry.committed"
     RUN_REQUIRES_ACTION = "run.requires_action"
+    TOOL_APPROVAL_REQUESTED = "tool.approval_requested"
+    RUN_AWAITING_APPROVAL = "run.awaiting_approval"
+    TOOL_APPROVAL_ANSWERED = "tool.approval_answered"
     USAGE = "usage"
     RUN_COMPLETED = "run.completed"
     RUN_FAILED = "run.failed"
@@ -195,18 +199,29 @@ APPROACHING_LIMIT_SHARE, AT_LIMIT_SHARE = 0.8, 1.0
 
 class ContextWarningData(EventData):
     """Before a model call whose context is 80% full or more (or no longer holds the whole
-    history), before any compaction."""
+    history), before any compaction; or (level `tools_left_out`) when a run starts without
+    some of its MCP tools (a server unreachable, a schema no model can take)."""
 
     event_type = EventType.CONTEXT_WARNING
-    level: Literal["approaching_limit", "at_limit"] = Field(
+    level: Literal["approaching_limit", "at_limit", "tools_left_out"] = Field(
         description="`approaching_limit` from 80% of the budget; `at_limit` at 100%, or once "
-        "the history no longer fits whole."
+        "the history no longer fits whole; `tools_left_out`: see `message`."
     )
-    tokens: int = Field(description="The context's estimated tokens.")
-    budget: int = Field(description="The input token budget of the context policy.")
-    percent: float = Field(description="tokens / budget, in percent (one decimal).")
-    history_dropped: bool = Field(
-        description="Older history had to be left out of the context (windowing)."
+    tokens: int | None = Field(
+        default=None, description="The context's estimated tokens (context levels)."
+    )
+    budget: int | None = Field(
+        default=None, description="The input token budget of the context policy (context levels)."
+    )
+    percent: float | None = Field(
+        default=None, description="tokens / budget, in percent (one decimal; context levels)."
+    )
+    history_dropped: bool | None = Field(
+        default=None,
+        description="Older history had to be left out of the context (windowing; context levels).",
+    )
+    message: str | None = Field(
+        default=None, description="What was left out and why (`tools_left_out`)."
     )
 
 
@@ -291,6 +306,24 @@ class ContextCompactionPendingData(EventData):
         if given not in {(True, True, False), (False, False, True)}:
             raise ValueError("either from_seq and to_seq (auto-compaction) or run_id (a job)")
         return self
+
+
+class RunSteeredData(EventData):
+    """A message sent while the run worked (an ask with `multitask_strategy: steer`) landed in
+    the journal: at the start of a model turn of this run (`iteration`: after every tool result
+    of the turn before, so the model sees it next), or, when the run ended before its next model
+    turn, as the input of the run that answers it (`next_run_id`); a cancelled run's steer is
+    kept as a message and starts nothing."""
+
+    event_type = EventType.RUN_STEERED
+    steer_id: str = Field(description="The steer (the ask's `Threadline-Steer-Id` header).")
+    entry_seq: int = Field(description="The user message's seq in the session's journal.")
+    iteration: int | Omitted = sometimes(
+        "Delivered to this run: the model turn (1 = the run's first) that sees the message."
+    )
+    next_run_id: str | Omitted = sometimes(
+        "The run ended first: the run that the message starts (stream it by its id)."
+    )
 
 
 class ReasoningDeltaData(EventData):
@@ -379,6 +412,49 @@ class RunRequiresActionData(EventData):
     )
 
 
+class ToolApprovalRequestedData(EventData):
+    """A tool call waits for a person's approval (its tool's rule is `ask`): answer it with
+    `POST /v1/runs/{id}/approvals` (approve, approve with edited arguments, or reject)."""
+
+    event_type = EventType.TOOL_APPROVAL_REQUESTED
+    tool_call_id: str = Field(description="The call to rule on.")
+    name: str = Field(description="The tool's name.")
+    arguments: dict[str, Any] = Field(description="The arguments the model gave, parsed.")
+    expires_at: str = Field(
+        json_schema_extra={"format": "date-time"},
+        description="When an unanswered call counts as rejected (the model reads that nobody "
+        "approved it in time).",
+    )
+
+
+class RunAwaitingApprovalData(EventData):
+    """Every approval request of this step is out: the run waits, holding no worker, until
+    each is answered (or expires); then it resumes."""
+
+    event_type = EventType.RUN_AWAITING_APPROVAL
+    tool_call_ids: list[str] = Field(min_length=1, description="The calls that wait.")
+    expires_at: str = Field(
+        json_schema_extra={"format": "date-time"},
+        description="When the unanswered ones count as rejected.",
+    )
+
+
+class ToolApprovalAnsweredData(EventData):
+    """A waiting call was ruled on (or expired); the run resumes once every call is."""
+
+    event_type = EventType.TOOL_APPROVAL_ANSWERED
+    tool_call_id: str = Field(description="The call ruled on.")
+    name: str = Field(description="The tool's name.")
+    decision: Literal["approved", "rejected", "expired"] = Field(
+        description="`approved`: it runs (once); `rejected` or `expired`: it does not, and the "
+        "model reads why as its result."
+    )
+    arguments: dict[str, Any] | Omitted = sometimes(
+        "The arguments it runs with, when the person edited them."
+    )
+    reason: str | Omitted = sometimes("A rejection's reason, as the model reads it.")
+
+
 class UsageData(EventData):
     """What the run spent, just before its terminal event (when the provider or the
     tokenizer gave counts)."""
@@ -461,6 +537,7 @@ PAYLOADS: Mapping[EventType, type[EventData]] = {
         ContextCompactedData,
         ContextCompactionFailedData,
         ContextCompactionPendingData,
+        RunSteeredData,
         ReasoningDeltaData,
         MessageDeltaData,
         ToolCallDeltaData,
@@ -468,6 +545,9 @@ PAYLOADS: Mapping[EventType, type[EventData]] = {
         ToolResultData,
         EntryCommittedData,
         RunRequiresActionData,
+        ToolApprovalRequestedData,
+        RunAwaitingApprovalData,
+        ToolApprovalAnsweredData,
         UsageData,
         RunCompletedData,
         RunFailedData,

@@ -55,7 +55,7 @@ async def append_events(
         "  AS e(run_id, ord, type, data, attempt)"
         + (
             " JOIN runs r ON r.id = e.run_id AND r.attempts = e.attempt"
-            " AND r.status IN ('running', 'requires_action') FOR SHARE OF r"
+            " AND r.status IN ('running', 'requires_action', 'awaiting_approval') FOR SHARE OF r"
             if fenced
             else ""
         )

@@ -33,6 +33,7 @@ import anthropic
 
 from app.core.formats import to_anthropic
 from app.core.output_schema import ResponseFormat
+from app.core.reasoning import DEFAULT_ANSWER_TOKENS
 from app.core.tool_choice import anthropic_tool_choice
 from app.core.usage import UsageReport
 from app.llm.base import (
@@ -47,9 +48,8 @@ from app.llm.base import (
     ToolCallDelta,
     classified,
 )
+from app.llm.catalog import INTERLEAVED_THINKING_BETA, interleaves_thinking
 from app.llm.openai_provider import kind_for_status
-
-DEFAULT_MAX_TOKENS = 4096  # Anthropic requires a cap; requests that set none get this one
 
 # Anthropic's error types (in error bodies and stream error events) as error kinds.
 ERROR_TYPES: dict[str, ErrorKind] = {
@@ -89,7 +89,8 @@ class AnthropicProvider:
         )
         # As in the OpenAI provider: cast_to=object has the SDK hand over each event as parsed
         # JSON rather than build a pydantic model of it. The body is create()'s, in its order.
-        answer = request.max_output_tokens or DEFAULT_MAX_TOKENS
+        # Anthropic requires a cap; requests that set none get the default one.
+        answer = request.max_output_tokens or DEFAULT_ANSWER_TOKENS
         reasoning = request.reasoning
         if reasoning is not None and _loop_without_thinking(wire["messages"]):
             # A tool loop that began without thinking (reasoning was off, then turned on) goes
@@ -109,11 +110,16 @@ class AnthropicProvider:
             body["thinking"] = {"type": "enabled", "budget_tokens": reasoning.budget}
         if choice is not None:
             body["tool_choice"] = choice
+        headers: dict[str, str] = {}
         if "tools" in wire:
             body["tools"] = wire["tools"]
+            if reasoning is not None and interleaves_thinking(f"anthropic:{request.model}"):
+                # The model thinks between its tool calls too (after each result it reads).
+                headers["anthropic-beta"] = INTERLEAVED_THINKING_BETA
         events = await self._client.post(
             "/v1/messages",
             body=body,
+            options={"headers": headers},
             cast_to=object,
             stream=True,
             stream_cls=anthropic.AsyncStream[object],

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from app.core.content import unstorable
 from app.core.entries import FinishReason
 from app.core.messages import Message, ToolSpec
 from app.core.output_schema import ResponseFormat
@@ -112,23 +113,32 @@ _NEUTRAL_FINISH: dict[str, FinishReason] = {
 StreamEvent = TextDelta | ToolCallDelta | ReasoningDelta | ReasoningBlock | UsageReport | Finish
 
 
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+# What Postgres stores no text with: a lone surrogate, and the NUL character.
+_UNSTORABLE_TEXT = re.compile("[\x00\ud800-\udfff]")
 
 
 def storable(event: StreamEvent) -> StreamEvent:
-    """`event` with any lone surrogate in its text replaced by U+FFFD. A provider's JSON may
-    escape one (\\ud800), which decodes to a str Postgres cannot store: the run's events and
-    its answer could never be written, and the run would never end."""
-    if isinstance(event, TextDelta) and _LONE_SURROGATE.search(event.text):
-        return TextDelta(_LONE_SURROGATE.sub("\ufffd", event.text))
-    if isinstance(event, ReasoningDelta) and _LONE_SURROGATE.search(event.text):
+    """`event` with any lone surrogate or NUL in its text replaced by U+FFFD. A provider's JSON
+    may escape one (\\ud800, \\u0000), which decodes to a str Postgres cannot store: the run's
+    events and its answer could never be written, and the run would never end. A reasoning
+    block holding one is a bad response (ProviderError): it may not be changed."""
+    if isinstance(event, TextDelta) and _UNSTORABLE_TEXT.search(event.text):
+        return TextDelta(_UNSTORABLE_TEXT.sub("\ufffd", event.text))
+    if isinstance(event, ReasoningBlock) and (why := unstorable(event.part)) is not None:
+        # Kept byte for byte or not at all: the provider checks the block when it comes back,
+        # so it cannot be mended as text is. Asked again, the model thinks anew.
+        raise ProviderError(
+            "bad_response",
+            f"the model's reasoning block cannot be journaled byte for byte: {why}",
+        )
+    if isinstance(event, ReasoningDelta) and _UNSTORABLE_TEXT.search(event.text):
         # Shown only: the block itself (ReasoningBlock) is kept as signed.
-        return ReasoningDelta(event.index, _LONE_SURROGATE.sub("\ufffd", event.text))
+        return ReasoningDelta(event.index, _UNSTORABLE_TEXT.sub("\ufffd", event.text))
     if isinstance(event, ToolCallDelta) and (
-        _LONE_SURROGATE.search(event.arguments) or _LONE_SURROGATE.search(event.name or "")
+        _UNSTORABLE_TEXT.search(event.arguments) or _UNSTORABLE_TEXT.search(event.name or "")
     ):
-        name = _LONE_SURROGATE.sub("\ufffd", event.name) if event.name else event.name
-        arguments = _LONE_SURROGATE.sub("\ufffd", event.arguments)
+        name = _UNSTORABLE_TEXT.sub("\ufffd", event.name) if event.name else event.name
+        arguments = _UNSTORABLE_TEXT.sub("\ufffd", event.arguments)
         return ToolCallDelta(event.index, event.id, name, arguments)
     return event
 

@@ -46,6 +46,37 @@ REASONING: dict[str, bool] = {
     "openai:gpt-5": True,
     "openai:gpt-5-chat": False,
 }
+# Anthropic models that think between tool calls too (interleaved thinking: the Claude 4
+# family, with the beta header INTERLEAVED_THINKING_BETA); others think once, before a turn.
+INTERLEAVED_THINKING = (
+    "anthropic:claude-sonnet-4",
+    "anthropic:claude-opus-4",
+    "anthropic:claude-haiku-4",
+)
+INTERLEAVED_THINKING_BETA = "interleaved-thinking-2025-05-14"
+# Hosted models' inputs besides text, by the longest matching prefix: what each reads of
+# images and PDFs. A hosted model none matches is taken to read both (the current families
+# do); these name the ones known not to. OpenAI reads PDFs where it reads images (a page is
+# text and an image); Anthropic's Claude 3 (not 3.5 and later) reads no PDF. Compat and local
+# models read no PDF (text documents reach every model, as text).
+READS_IMAGES: dict[str, bool] = {
+    "openai:gpt-3.5": False,
+    "openai:gpt-4": False,
+    "openai:gpt-4-turbo": True,
+    "openai:gpt-4-vision": True,
+    "openai:gpt-4o": True,
+    "openai:gpt-4.1": True,
+    "openai:gpt-4.5": True,
+    "openai:o1-mini": False,
+    "openai:o1-preview": False,
+    "openai:o3-mini": False,
+}
+READS_PDFS: dict[str, bool] = {
+    **READS_IMAGES,
+    "anthropic:claude-3-": False,
+    "anthropic:claude-3-5": True,
+    "anthropic:claude-3-7": True,
+}
 DISCOVERY_TIMEOUT_SECONDS = 3.0
 DISCOVERY_RETRY_SECONDS = 60.0  # a server that did not answer is asked again after this
 # The metrics' name of a model the catalog does not know: clients may send any model string,
@@ -105,8 +136,9 @@ def catalog_model(provider: str, name: str) -> str:
     """The name metrics label the model `name` of `provider` (a route's: "openai", "compat:vllm")
     by: a hosted model's id in genai-prices (gpt-4o-mini-2024-07-18 is gpt-4o-mini), the local
     model, a compat endpoint's own model (named by its endpoint); OTHER_MODEL for any other."""
-    if provider in HOSTED_PROVIDERS:
-        info = _hosted_model(provider, name)
+    family = provider.partition(":")[0]  # "openai:responses" is OpenAI's other API
+    if family in HOSTED_PROVIDERS:
+        info = _hosted_model(family, name)
         return OTHER_MODEL if info is None else str(info.id)
     if provider == "local":
         return name if f"local:{name}" == DEFAULT_LOCAL_MODEL else OTHER_MODEL
@@ -248,10 +280,51 @@ def can_reason(settings: Settings, model: str) -> bool:
     return bool(matches) and REASONING[max(matches, key=len)]
 
 
-def takes_reasoning_back(model: str) -> bool:
-    """Whether the model's own reasoning goes back to it in later requests of a tool loop
-    (Anthropic requires it, signed); other providers' requests carry none."""
-    return model.partition(":")[0] == "anthropic"
+def uses_responses_api(settings: Settings, model: str) -> bool:
+    """Whether an openai:* model is called through the Responses API rather than Chat
+    Completions: as THREADLINE_OPENAI_API says, and by default ("auto") the models that can
+    reason (REASONING), whose reasoning only the Responses API hands over and takes back."""
+    if model.partition(":")[0] != "openai":
+        return False
+    if settings.openai_api != "auto":
+        return settings.openai_api == "responses"
+    return can_reason(settings, model)
+
+
+def reasoning_sent_back(settings: Settings, model: str) -> frozenset[str]:
+    """The reasoning part types that go back to `model` in later requests of a tool loop:
+    Anthropic's thinking (the API requires it, signed), the Responses API's reasoning items
+    (encrypted, as it documents for store: false); other APIs take none back."""
+    from app.core.content import ANTHROPIC_REASONING, OPENAI_REASONING
+
+    if model.partition(":")[0] == "anthropic":
+        return ANTHROPIC_REASONING
+    if uses_responses_api(settings, model):
+        return OPENAI_REASONING
+    return frozenset()
+
+
+def interleaves_thinking(model: str) -> bool:
+    """Whether `model` ("provider:name") can think between its tool calls (Anthropic's
+    interleaved thinking), not only before its turn."""
+    return model.startswith(INTERLEAVED_THINKING)
+
+
+def reads_images(model: str) -> bool:
+    """Whether `model` ("provider:name") reads images: hosted models as READS_IMAGES says;
+    compat and local models are sent them as before (a compat server says if it cannot)."""
+    return _hosted_reads(READS_IMAGES, model)
+
+
+def reads_pdfs(model: str) -> bool:
+    """Whether `model` reads PDF documents: hosted models as READS_PDFS says; compat and local
+    models do not (their servers take no file parts)."""
+    return model.partition(":")[0] in HOSTED_PROVIDERS and _hosted_reads(READS_PDFS, model)
+
+
+def _hosted_reads(table: dict[str, bool], model: str) -> bool:
+    matches = [p for p in table if model.startswith(p)]
+    return not matches or table[max(matches, key=len)]
 
 
 def offered_models(settings: Settings) -> list[str]:

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from app.core.content import document_of
 from app.core.formats import CONTINUATION_NOTE, EMPTY_PLACEHOLDER, SYSTEM_NOTE_PREFIX
 from app.core.messages import Message, canonical_json, text_of
 from app.core.tool_choice import ToolChoice, as_json, is_forced
@@ -361,8 +362,9 @@ def chat_messages(messages: Sequence[Message], system_role: bool) -> list[dict[s
 
     Leading system text becomes one system message when the template renders one, else it
     opens the first user turn (as Gemma's own template does); later system messages and tool
-    results travel as user text, tool calls as assistant text, images are left out (the model
-    reads text only), and consecutive turns of one role merge.
+    results travel as user text, tool calls as assistant text, text documents as their text,
+    images are left out (the model reads text only; PDFs are refused at the door), and
+    consecutive turns of one role merge.
     """
     leading = 0
     while leading < len(messages) and messages[leading].role == "system":
@@ -389,8 +391,23 @@ def chat_messages(messages: Sequence[Message], system_role: bool) -> list[dict[s
     return chat
 
 
+def _readable_text(message: Message) -> str:
+    """Text parts as text_of joins them, and each text document as its name and text, set
+    apart by blank lines."""
+    if isinstance(message.content, str):
+        return message.content
+    text = ""
+    for part in message.content:
+        document = document_of(part) if part.get("type") == "document" else None
+        if document is None:
+            text += text_of((part,))
+        elif document.media_type == "text/plain":
+            text = f"{text}\n\n{document.as_text()}\n\n" if text else f"{document.as_text()}\n\n"
+    return text.strip() if any(p.get("type") == "document" for p in message.content) else text
+
+
 def _turn(message: Message) -> tuple[str, str]:
-    text = text_of(message.content)
+    text = _readable_text(message)
     if message.role == "system":
         return "user", SYSTEM_NOTE_PREFIX + text
     if message.role == "tool":

@@ -1,8 +1,9 @@
 """OpenAI Chat Completions streaming (also any OpenAI-compatible server: vLLM, Ollama, llama.cpp).
 
-Events come out as text/tool-call deltas, then one UsageReport, then Finish last. A server that
-reports no usage (several OpenAI-compatible ones ignore stream_options) gets its usage counted
-here with the stored tokenizer and marked estimated, never left at 0. Every failure, before or
+Events come out as text/tool-call deltas (and reasoning where a compatible server streams
+it), then one UsageReport, then Finish last. A server that reports no usage (several
+OpenAI-compatible ones ignore stream_options) gets its usage counted here with the stored
+tokenizer and marked estimated, never left at 0. Every failure, before or
 during the stream, is raised as a ProviderError.
 Retries are the router's job, so the SDK's own are off. The SDK makes the call and decodes the
 stream, but hands over each chunk as parsed JSON, read here (read_chunk), rather than as a
@@ -24,6 +25,8 @@ from app.llm.base import (
     Finish,
     ModelRequest,
     ProviderError,
+    ReasoningBlock,
+    ReasoningDelta,
     StreamEvent,
     TextDelta,
     ToolCallDelta,
@@ -97,6 +100,7 @@ class OpenAIProvider:
         finish: str | None = None
         usage: UsageReport | None = None
         output: list[str] = []  # what the model wrote, to count when the server does not
+        thought = _Thought()
         async with chunks:
             async for chunk in chunks:
                 events, reported = read_chunk(chunk)
@@ -104,16 +108,24 @@ class OpenAIProvider:
                     if isinstance(event, Finish):
                         finish = event.reason
                         continue
+                    if isinstance(event, ReasoningDelta):
+                        output.append(event.text)
+                        yield thought.add(event.text)
+                        continue
                     if isinstance(event, TextDelta):
                         output.append(event.text)
                     else:
                         output.append((event.name or "") + event.arguments)
+                    if thought.open:
+                        yield thought.close()
                     yield event
                 if reported is not None:
                     usage = reported
         if finish is None:
             # A body that ends cleanly but unfinished must not pass for a complete answer.
             raise ProviderError("server", "the stream ended without a finish reason")
+        if thought.open:
+            yield thought.close()
         yield usage if usage is not None else estimated_usage(wire, "".join(output))
         yield Finish(finish)
 
@@ -143,8 +155,32 @@ class OpenAIProvider:
         return body
 
 
+class _Thought:
+    """Readable reasoning streamed in chat-completion chunks, as blocks: one runs until the
+    model writes something else, then is kept whole as a `reasoning_text` part (in its place
+    among the text and calls). Those APIs take it back in no request (DeepSeek refuses it), so
+    it is kept for the record and shown, never sent."""
+
+    def __init__(self) -> None:
+        self.index = 0
+        self.pieces: list[str] = []
+
+    @property
+    def open(self) -> bool:
+        return bool(self.pieces)
+
+    def add(self, text: str) -> ReasoningDelta:
+        self.pieces.append(text)
+        return ReasoningDelta(self.index, text)
+
+    def close(self) -> ReasoningBlock:
+        block = ReasoningBlock(self.index, {"type": "reasoning_text", "text": "".join(self.pieces)})
+        self.index, self.pieces = self.index + 1, []
+        return block
+
+
 # What a chunk holds, as read: the events it carries and the usage it reports, if any.
-Read = tuple[list[TextDelta | ToolCallDelta | Finish], UsageReport | None]
+Read = tuple[list[TextDelta | ReasoningDelta | ToolCallDelta | Finish], UsageReport | None]
 
 
 def read_chunk(chunk: object) -> Read:
@@ -162,7 +198,7 @@ def read_chunk(chunk: object) -> Read:
         raise _bad(chunk)
     if type(choices) is not list:
         raise _bad(chunk)
-    events: list[TextDelta | ToolCallDelta | Finish] = []
+    events: list[TextDelta | ReasoningDelta | ToolCallDelta | Finish] = []
     for choice in choices:
         if type(choice) is not dict:
             raise _bad(chunk)
@@ -174,6 +210,17 @@ def read_chunk(chunk: object) -> Read:
         delta = choice.get("delta")
         if delta is not None:
             if type(delta) is not dict:
+                raise _bad(chunk)
+            # OpenAI-compatible servers stream readable reasoning beside the content:
+            # reasoning_content (DeepSeek, vLLM, llama.cpp) or reasoning (OpenRouter, newer vLLM).
+            thought = delta.get("reasoning_content")
+            if thought is None:
+                thought = delta.get("reasoning")
+            if thought:
+                if type(thought) is not str:
+                    raise _bad(chunk)
+                events.append(ReasoningDelta(0, thought))
+            elif thought is not None and thought != "":
                 raise _bad(chunk)
             content = delta.get("content")
             if content:

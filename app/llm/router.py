@@ -37,7 +37,7 @@ from app.llm.base import (
     StreamEvent,
     storable,
 )
-from app.llm.catalog import can_reason, catalog_model
+from app.llm.catalog import can_reason, catalog_model, uses_responses_api
 from app.llm.local_provider import LocalProvider
 from app.telemetry import metrics, tracing
 
@@ -156,6 +156,21 @@ class Router:
         settings = self._settings
         key = _require(settings.openai_api_key, "openai", "THREADLINE_OPENAI_API_KEY")
         timeout = settings.llm_request_timeout_seconds
+
+        if uses_responses_api(settings, f"openai:{name}"):
+
+            def responses() -> Provider:
+                from app.llm.openai_responses_provider import OpenAIResponsesProvider
+
+                return OpenAIResponsesProvider(
+                    key,
+                    settings.openai_base_url,
+                    timeout,
+                    reasons=lambda model: can_reason(settings, f"openai:{model}"),
+                )
+
+            # Its own instance and breaker: the other API of the same account may be answering.
+            return Route("openai:responses", name, responses)
 
         def build() -> Provider:
             from app.llm.openai_provider import OpenAIProvider

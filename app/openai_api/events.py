@@ -11,6 +11,11 @@ calls of client-side tools (`client_tools`), which the client answers with
 function_call_output items, are. `message.reset` (the model turn starts over) cannot retract
 what was sent: the voided turn's items are dropped from the response and their output indexes
 are used again.
+
+Reasoning (`reasoning.delta`) is a reasoning item per block, its text streamed as the item's
+one summary part (reasoning_summary_part / reasoning_summary_text events); a redacted block is
+an item without summary. The provider's opaque content is not in the run's events: a response
+read back has it (`include`).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from app.eventlog.registry import EventType
-from app.openai_api.items import Item, output_item_id
+from app.openai_api.items import Item, output_item_id, reasoning_item
 from app.openai_api.objects import (
     INCOMPLETE_REASONS,
     Json,
@@ -54,6 +59,7 @@ class ResponseStream:
         self._sequence = -1
         self._text: int | None = None  # the output index of the open message item
         self._calls: dict[int, int | None] = {}  # the turn's call index -> output index
+        self._thoughts: dict[int, int] = {}  # the turn's open reasoning blocks -> output index
         self._turn_start = 0
         self._usage: Json | None = None
 
@@ -77,6 +83,8 @@ class ResponseStream:
                     return []
                 self._started = True
                 return [self._event("response.in_progress", response=self._snapshot("in_progress"))]
+            case EventType.REASONING_DELTA:
+                return self._reasoning_delta(data)
             case EventType.MESSAGE_DELTA:
                 return self._text_delta(str(data["text"]))
             case EventType.TOOL_CALL_DELTA:
@@ -91,6 +99,7 @@ class ResponseStream:
                 self.output = self.output[: self._turn_start]
                 self._text = None
                 self._calls.clear()
+                self._thoughts.clear()
                 return []
             case EventType.USAGE:
                 self._usage = usage_object(
@@ -144,6 +153,7 @@ class ResponseStream:
 
     def _new_turn(self) -> None:
         self._calls.clear()
+        self._thoughts.clear()
         self._turn_start = len(self.output)
 
     def _text_delta(self, text: str) -> list[Json]:
@@ -186,18 +196,57 @@ class ResponseStream:
         return out
 
     def _close_text(self, status: str = "completed") -> list[Json]:
+        out = [e for block in list(self._thoughts) for e in self._close_thought(block)]
         if self._text is None:
-            return []
+            return out
         index, self._text = self._text, None
         item = self.output[index]
         part = item["content"][0]
         item["status"] = status
         where = {"item_id": item["id"], "output_index": index, "content_index": 0}
         return [
+            *out,
             self._event("response.output_text.done", **where, text=part["text"], logprobs=[]),
             self._event("response.content_part.done", **where, part=part),
             self._event("response.output_item.done", output_index=index, item=item),
         ]
+
+    def _reasoning_delta(self, data: Mapping[str, Any]) -> list[Json]:
+        block, text = int(data["index"]), str(data["text"])
+        out: list[Json] = []
+        if block not in self._thoughts:
+            index = len(self.output)
+            item = reasoning_item(output_item_id("rs", self.run_id, self.segment, index), "")
+            self.output.append(item)
+            self._thoughts[block] = index
+            out.append(self._event("response.output_item.added", output_index=index, item=item))
+        index = self._thoughts[block]
+        item = self.output[index]
+        where = {"item_id": item["id"], "output_index": index, "summary_index": 0}
+        if text:
+            if not item["summary"]:
+                part = {"type": "summary_text", "text": ""}
+                out.append(self._event("response.reasoning_summary_part.added", **where, part=part))
+                item["summary"] = [part]
+            item["summary"][0]["text"] += text
+            out.append(self._event("response.reasoning_summary_text.delta", **where, delta=text))
+        if data.get("end"):
+            out += self._close_thought(block)
+        return out
+
+    def _close_thought(self, block: int) -> list[Json]:
+        index = self._thoughts.pop(block)
+        item = self.output[index]
+        out: list[Json] = []
+        if item["summary"]:
+            part = item["summary"][0]
+            where = {"item_id": item["id"], "output_index": index, "summary_index": 0}
+            out.append(
+                self._event("response.reasoning_summary_text.done", **where, text=part["text"])
+            )
+            out.append(self._event("response.reasoning_summary_part.done", **where, part=part))
+        out.append(self._event("response.output_item.done", output_index=index, item=item))
+        return out
 
     def _call_delta(self, data: Mapping[str, Any]) -> list[Json]:
         out = self._close_text()

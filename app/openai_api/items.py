@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.core.content import is_reasoning, reasoning_opaque, reasoning_text
 from app.core.entries import EntryKind, JournalEntry
 
 Item = dict[str, Any]
@@ -202,14 +203,48 @@ def _content(item: Mapping[str, Any], param: str) -> str | list[dict[str, Any]]:
             raise ItemError(
                 f"{where}.image_url", "images are given by image_url (file_id is not supported)"
             )
+        elif kind == "input_file":
+            parts.append(_document(part, where))
         else:
             raise ItemError(
                 f"{where}.type",
-                f"content part {kind!r} is not supported: input_text, output_text or input_image",
+                f"content part {kind!r} is not supported: input_text, output_text, input_image "
+                "or input_file",
             )
     if all(p["type"] == "text" for p in parts) and len(parts) == 1:
         return str(parts[0]["text"])
     return parts
+
+
+# A file's type, where file_data is bare base64: by its name's extension.
+_FILE_TYPES = {".pdf": "application/pdf", ".txt": "text/plain", ".md": "text/plain"}
+
+
+def _document(part: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """An input_file part (file_data inline, with its filename) as a document part; its bytes
+    are checked where every document is."""
+    data = part.get("file_data")
+    if not isinstance(data, str) or not data:
+        raise ItemError(
+            f"{where}.file_data",
+            "files are given by file_data, a base64 data URL (file_id and file_url are not "
+            "supported)",
+        )
+    filename = part.get("filename")
+    if filename is not None and (not isinstance(filename, str) or not filename):
+        raise ItemError(f"{where}.filename", "filename must be a non-empty string")
+    if not data.startswith("data:"):
+        extension = "." + str(filename or "").rpartition(".")[2].lower()
+        media_type = _FILE_TYPES.get(extension)
+        if media_type is None:
+            raise ItemError(
+                f"{where}.file_data",
+                "file_data is a data URL (data:application/pdf;base64,...), or base64 with a "
+                "filename ending .pdf, .txt or .md",
+            )
+        data = f"data:{media_type};base64,{data}"
+    document: dict[str, Any] = {"type": "document", "url": data}
+    return document if filename is None else {**document, "filename": filename}
 
 
 # --- Entries -> items ---------------------------------------------------------------------
@@ -225,7 +260,7 @@ def entry_item(entry: JournalEntry, item_id: str) -> Item | None:
         parts = [{"type": "text", "text": content}] if isinstance(content, str) else content
         out_parts: list[Item] = []
         for part in parts:
-            if part["type"] in ("thinking", "redacted_thinking"):
+            if is_reasoning(part):
                 # Reasoning is not a message part in OpenAI's shape; the message keeps its text.
                 continue
             if part["type"] == "text":
@@ -233,6 +268,11 @@ def entry_item(entry: JournalEntry, item_id: str) -> Item | None:
                 if role == "assistant":
                     text_part |= {"annotations": [], "logprobs": []}
                 out_parts.append(text_part)
+            elif part["type"] == "document":
+                document: Item = {"type": "input_file", "file_data": part["url"]}
+                if part.get("filename"):
+                    document["filename"] = part["filename"]
+                out_parts.append(document)
             else:
                 out_parts.append(
                     {
@@ -340,18 +380,25 @@ def _is_user_message(entry: JournalEntry) -> bool:
 
 
 def output_items(
-    run_id: str, segment: int, entries: Sequence[JournalEntry], client_tools: frozenset[str]
+    run_id: str,
+    segment: int,
+    entries: Sequence[JournalEntry],
+    client_tools: frozenset[str],
+    *,
+    encrypted: bool = False,
 ) -> list[Item]:
-    """What a response wrote, as its `output`: assistant messages (not empty ones) and the
-    calls of client-side tools. Calls the service ran itself (built-in and webhook tools) and
-    their results stay in the journal: the client has nothing to do with them."""
+    """What a response wrote, as its `output`: the model's reasoning (a reasoning item per
+    block, before the message it belongs to, as streamed), assistant messages (not empty ones)
+    and the calls of client-side tools. Calls the service ran itself (built-in and webhook
+    tools) and their results stay in the journal: the client has nothing to do with them.
+    `encrypted`: reasoning items carry the provider's opaque content (`include`
+    reasoning.encrypted_content)."""
     out: list[Item] = []
     for entry in entries:
         if entry.kind == EntryKind.MESSAGE and entry.payload.get("role") == "assistant":
-            if not _text_of(entry.payload["content"]):
-                continue
-            prefix = "msg"
-        elif entry.kind == EntryKind.TOOL_CALL and entry.payload.get("name") in client_tools:
+            out += _answer_items(entry, run_id, segment, len(out), encrypted)
+            continue
+        if entry.kind == EntryKind.TOOL_CALL and entry.payload.get("name") in client_tools:
             prefix = "fc"
         else:
             continue
@@ -361,10 +408,46 @@ def output_items(
     return out
 
 
+def reasoning_item(item_id: str, text: str, opaque: str | None = None) -> Item:
+    """A reasoning block as the Responses API's reasoning item: its text as the summary (none
+    for reasoning the provider encrypted); `opaque` as encrypted_content, when included."""
+    item: Item = {"type": "reasoning", "id": item_id, "summary": []}
+    if text:
+        item["summary"] = [{"type": "summary_text", "text": text}]
+    if opaque is not None:
+        item["encrypted_content"] = opaque
+    return item
+
+
+def _answer_items(
+    entry: JournalEntry, run_id: str, segment: int, at: int, encrypted: bool
+) -> list[Item]:
+    """An assistant message as items in the order the stream showed them: each reasoning block
+    where it stands, the message (all its text) where its text begins; no message item
+    without text."""
+    content = entry.payload["content"]
+    parts = [{"type": "text", "text": content}] if isinstance(content, str) else content
+    out: list[Item] = []
+    message_at: int | None = None
+    for part in parts:
+        if is_reasoning(part):
+            item_id = output_item_id("rs", run_id, segment, at + len(out))
+            opaque = reasoning_opaque(part) if encrypted else None
+            out.append(reasoning_item(item_id, reasoning_text(part), opaque))
+        elif message_at is None and part.get("type") == "text" and part.get("text"):
+            message_at = len(out)
+            out.append({})  # the message's place, filled below
+    if message_at is not None:
+        item = entry_item(entry, output_item_id("msg", run_id, segment, at + message_at))
+        assert item is not None
+        out[message_at] = item
+    return out
+
+
 def _text_of(content: str | list[dict[str, Any]]) -> str:
     if isinstance(content, str):
         return content
-    return "".join(str(p.get("text", "")) for p in content)
+    return "".join(str(p.get("text", "")) for p in content if p.get("type") == "text")
 
 
 def output_text(items: Sequence[Item]) -> str:

@@ -61,7 +61,7 @@ def response_base(
         "store": True,
         "text": {"format": text_format(params.response_format)},
         "truncation": "auto",
-        "reasoning": None,
+        "reasoning": reasoning_object(params.reasoning),
         "user": None,
     }
 
@@ -72,6 +72,14 @@ def text_format(response_format: Mapping[str, Any] | None) -> Json:
         return {"type": "text"}
     spec = response_format["json_schema"]
     return {"type": "json_schema", **spec}
+
+
+def reasoning_object(reasoning: Mapping[str, Any] | None) -> Json | None:
+    """A run's reasoning setting as the response shows it (None: the run did not reason); a
+    budget set natively has no effort. The summary is the provider's reasoning as given."""
+    if not reasoning or reasoning.get("effort") == "none":
+        return None
+    return {"effort": reasoning.get("effort"), "summary": "auto"}
 
 
 def tool_object(tool: Mapping[str, Any]) -> Json:
@@ -114,7 +122,7 @@ def run_status(run: Run, answered: bool) -> tuple[str, str | None]:
     match run.status:
         case RunStatus.QUEUED:
             return "queued", None
-        case RunStatus.RUNNING:
+        case RunStatus.RUNNING | RunStatus.AWAITING_APPROVAL:  # a person rules; it goes on
             return "in_progress", None
         case RunStatus.COMPLETED:
             reason = INCOMPLETE_REASONS.get(run.finish_reason or "stop")

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Response
 from fastapi.responses import JSONResponse
+from sqlalchemy.ext.asyncio import AsyncEngine
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from app.api.deps import Config, Engine, Hub, LocalWorkers, Tenant, get_tenant
@@ -40,14 +41,22 @@ Order = Annotated[Literal["asc", "desc"], Query(description="By position: desc (
 Limit = Annotated[int, Query(ge=1, le=100)]
 
 
+# What completes a streamed response's output, once it ended (the journal has it all then).
+Settle = Callable[[list[Json]], Awaitable[list[Json]]]
+ENDED_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
+
+
 class _ResponseWire(Wire):
     """The run's events as the Responses API's events (each with its sequence_number), those
     after `starting_after`; over once the response is (the run ended, or waits for the
     outputs of its function calls)."""
 
-    def __init__(self, stream: ResponseStream, starting_after: int) -> None:
+    def __init__(
+        self, stream: ResponseStream, starting_after: int, settle: Settle | None = None
+    ) -> None:
         self._stream = stream
         self._after = starting_after
+        self._settle = settle
 
     async def frames(self, rows: list[Row]) -> list[bytes]:
         out: list[bytes] = []
@@ -55,8 +64,11 @@ class _ResponseWire(Wire):
             if self.ended:
                 break
             for event in self._stream.translate(row["type"], row["data"]):
-                if event["sequence_number"] > self._after:
-                    out.append(_frame(event))
+                if event["sequence_number"] <= self._after:
+                    continue
+                if self._settle is not None and event["type"] in ENDED_EVENTS:
+                    event["response"]["output"] = await self._settle(event["response"]["output"])
+                out.append(_frame(event))
             self.ended = self._stream.done
         return out
 
@@ -71,9 +83,20 @@ def _sse(
     starting_after: int,
     heartbeat: float,
     on_client_gone: Callable[[], Awaitable[Any]] | None = None,
+    settle: Settle | None = None,
 ) -> EventSourceResponse:
-    wire = _ResponseWire(stream, starting_after)
+    wire = _ResponseWire(stream, starting_after, settle)
     return run_stream(hub, stream.run_id, 0, heartbeat, wire, on_client_gone)
+
+
+def _with_encrypted(engine: AsyncEngine, tenant_id: str, response_id: str) -> Settle:
+    """The ended response's reasoning items with their opaque content (include), which the
+    run's events do not carry: read from the journal."""
+
+    async def settle(output: list[Json]) -> list[Json]:
+        return await service.with_encrypted_reasoning(engine, tenant_id, response_id, output)
+
+    return settle
 
 
 async def _replayed(events: list[Json]) -> AsyncIterator[ServerSentEvent]:
@@ -107,11 +130,12 @@ async def create_response(
             await runs.cancel_run(engine, tenant, run_id)
 
         gone = None if base["background"] else cancel_run
-        return _sse(hub, stream, -1, settings.sse_heartbeat_seconds, gone)
+        settle = _with_encrypted(engine, tenant, loaded.id) if created.encrypted else None
+        return _sse(hub, stream, -1, settings.sse_heartbeat_seconds, gone, settle)
     if not body.background:
         await service.until_done(hub, loaded)
     loaded = await service.load(engine, tenant, loaded.id)
-    return JSONResponse(await service.current(engine, loaded, base))
+    return JSONResponse(await service.current(engine, loaded, base, encrypted=created.encrypted))
 
 
 @router.get(
@@ -128,21 +152,24 @@ async def get_response(
     stream: bool = False,
     starting_after: Annotated[int, Query(ge=-1)] = -1,
     include: Annotated[list[str] | None, Query()] = None,
+    # The openai SDKs send a list as include[]=...
+    include_listed: Annotated[list[str] | None, Query(alias="include[]")] = None,
 ) -> Response:
     """The response as it is now; with `stream=true`, its events (after `starting_after`),
     replayed then live."""
-    if include:
-        raise unsupported("include")
+    encrypted = service.encrypted_included([*(include or []), *(include_listed or [])])
     loaded = await service.load(engine, tenant, response_id)
     if stream:
         if not await hub.has_more(loaded.run.id, 0):  # over, and its events are gone
-            ended = ended_stream(await service.current(engine, loaded))
+            ended = ended_stream(await service.current(engine, loaded, encrypted=encrypted))
             return EventSourceResponse(
                 _replayed([e for e in ended if e["sequence_number"] > starting_after])
             )
         response_stream = service.stream_of(loaded, service.base_of(loaded))
-        return _sse(hub, response_stream, starting_after, settings.sse_heartbeat_seconds)
-    return JSONResponse(await service.current(engine, loaded))
+        settle = _with_encrypted(engine, tenant, loaded.id) if encrypted else None
+        heartbeat = settings.sse_heartbeat_seconds
+        return _sse(hub, response_stream, starting_after, heartbeat, None, settle)
+    return JSONResponse(await service.current(engine, loaded, encrypted=encrypted))
 
 
 @router.post(

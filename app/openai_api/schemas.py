@@ -3,7 +3,7 @@ refused (400 `unsupported_parameter`, naming it), never ignored."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
@@ -24,6 +24,45 @@ class ConversationRef(_Body):
     id: str
 
 
+ENCRYPTED_REASONING = "reasoning.encrypted_content"
+
+
+class ReasoningParam(_Body):
+    """`reasoning`: how much the model thinks before it answers."""
+
+    effort: Literal["none", "minimal", "low", "medium", "high"] | None = Field(
+        default=None,
+        description="Threadline's reasoning effort (`minimal` is `low`, the least it has; "
+        "`none`: no reasoning for this response). Default: the conversation's setting.",
+    )
+    summary: Literal["auto", "concise", "detailed"] | None = Field(
+        default=None,
+        description="Any value: the reasoning as the provider gives it is each reasoning "
+        "item's summary.",
+    )
+
+
+class PromptRef(_Body):
+    """A reusable prompt: a Threadline agent, by name."""
+
+    id: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")] = Field(
+        description="The agent's name."
+    )
+    version: Annotated[str, StringConstraints(pattern=r"^[1-9][0-9]{0,8}$")] | None = Field(
+        default=None, description="The agent's version; default: its latest."
+    )
+    variables: (
+        dict[
+            Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]{1,64}$")],
+            Annotated[str, StringConstraints(max_length=100_000)],
+        ]
+        | None
+    ) = Field(
+        default=None,
+        description="Values for the `{{name}}` placeholders of the agent's instructions.",
+    )
+
+
 class ResponseCreate(_Body):
     """`POST /openai/v1/responses`."""
 
@@ -34,13 +73,20 @@ class ResponseCreate(_Body):
         "Default: the conversation's model.",
     )
     input: str | list[dict[str, Any]] = Field(
-        description="The user's message as text, or items: messages (text and input_image "
-        "parts), function_call, and function_call_output (answers to the previous response's "
+        description="The user's message as text, or items: messages (text, input_image and "
+        "input_file parts: file_data a base64 data URL of a PDF or text, with a filename), "
+        "function_call, and function_call_output (answers to the previous response's "
         "function calls, sent alone)."
     )
     instructions: Annotated[str, StringConstraints(max_length=200_000)] | None = Field(
         default=None,
         description="The conversation's system prompt from this response on.",
+    )
+    prompt: PromptRef | None = Field(
+        default=None,
+        description="An agent (`id`: its name; `version`; `variables` for its instructions' "
+        "`{{name}}` placeholders). A new conversation is created from it (pinned to the "
+        "version); a continued one takes its instructions.",
     )
     tools: Annotated[list[dict[str, Any]], Field(max_length=128)] | None = Field(
         default=None,
@@ -74,6 +120,14 @@ class ResponseCreate(_Body):
         description="`{format: {type: json_schema, name, schema, strict: true}}`: structured "
         "output, the answer JSON that follows the schema (OpenAI's strict-mode rules); "
         "`{format: {type: text}}` (the default): free text.",
+    )
+    reasoning: ReasoningParam | None = None
+    include: Annotated[list[Literal["reasoning.encrypted_content"]], Field(max_length=8)] | None = (
+        Field(
+            default=None,
+            description="`reasoning.encrypted_content`: reasoning items carry the provider's "
+            "opaque content (a signature, encrypted reasoning) in the response.",
+        )
     )
 
 

@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from app.api.schemas import Metadata
 from app.config import Settings
 from app.core import tool_choice as tool_choices
+from app.core.agents import AgentPin, with_variables
 from app.core.entries import EntryKind, JournalEntry, NewEntry, PendingEntry
 from app.core.output_schema import ResponseFormat
 from app.core.projection import without_rolled_back
@@ -42,8 +43,8 @@ from app.openai_api.objects import (
     run_status,
     run_usage,
 )
-from app.openai_api.schemas import ResponseCreate
-from app.services import asks, journal, runs, sessions
+from app.openai_api.schemas import ENCRYPTED_REASONING, ReasoningParam, ResponseCreate
+from app.services import agents, asks, journal, runs, sessions
 from app.services.errors import NotFound
 from app.services.handoff import RunHandoff
 from app.tools.registry import BUILTINS
@@ -112,6 +113,28 @@ def requested_format(text: Mapping[str, Any] | None) -> ResponseFormat | None:
         raise OpenAIError(
             400, f"Invalid value for '{param}': {first['msg']}", param=param, code="invalid_value"
         ) from None
+
+
+def native_reasoning(given: ReasoningParam | None) -> dict[str, Any] | None:
+    """A request's `reasoning` as Threadline's setting (None: the conversation's): OpenAI's
+    efforts are Threadline's, `minimal` its least (`low`)."""
+    if given is None or given.effort is None:
+        return None
+    return {"effort": "low" if given.effort == "minimal" else given.effort}
+
+
+def encrypted_included(include: Sequence[str] | None) -> bool:
+    """Whether reasoning items carry their opaque content; any other `include` is refused."""
+    for i, value in enumerate(include or []):
+        if value != ENCRYPTED_REASONING:
+            raise OpenAIError(
+                400,
+                f"Invalid value for 'include[{i}]': {value!r}. Threadline includes "
+                f"'{ENCRYPTED_REASONING}' only.",
+                param=f"include[{i}]",
+                code="invalid_value",
+            )
+    return bool(include)
 
 
 def checked_model(settings: Settings, name: str) -> str:
@@ -252,12 +275,21 @@ def base_of(loaded: Loaded, previous_response_id: str | None = None) -> Json:
     )
 
 
-def response_of(loaded: Loaded, base: Json | None = None, live: list[Json] | None = None) -> Json:
+def response_of(
+    loaded: Loaded,
+    base: Json | None = None,
+    live: list[Json] | None = None,
+    *,
+    encrypted: bool = False,
+) -> Json:
     """The response as the journal and the run have it now (`live`: the output streamed so
-    far, for a response still in progress)."""
+    far, for a response still in progress; `encrypted`: reasoning items with their opaque
+    content)."""
     run = loaded.run
     part = loaded.parts[loaded.segment]
-    output = mapping.output_items(run.id, loaded.segment, part.outputs, loaded.tool_names)
+    output = mapping.output_items(
+        run.id, loaded.segment, part.outputs, loaded.tool_names, encrypted=encrypted
+    )
     status, reason = run_status(run, part.answered)
     if live is not None and status in ("queued", "in_progress"):
         output = live
@@ -272,16 +304,34 @@ def response_of(loaded: Loaded, base: Json | None = None, live: list[Json] | Non
     )
 
 
+async def with_encrypted_reasoning(
+    engine: AsyncEngine, tenant_id: str, response_id: str, output: list[Json]
+) -> list[Json]:
+    """A streamed output's reasoning items as read back with their opaque content (by id:
+    streamed and read back, an item has the same)."""
+    loaded = await load(engine, tenant_id, response_id)
+    part = loaded.parts[loaded.segment]
+    stored = mapping.output_items(
+        loaded.run.id, loaded.segment, part.outputs, loaded.tool_names, encrypted=True
+    )
+    reasoning = {item["id"]: item for item in stored if item["type"] == "reasoning"}
+    return [
+        reasoning.get(item["id"], item) if item["type"] == "reasoning" else item for item in output
+    ]
+
+
 def stream_of(loaded: Loaded, base: Json) -> ResponseStream:
     queued = bool(base.get("background"))  # a background response is created queued
     return ResponseStream(loaded.run.id, loaded.segment, base, loaded.tool_names, queued=queued)
 
 
-async def current(engine: AsyncEngine, loaded: Loaded, base: Json | None = None) -> Json:
+async def current(
+    engine: AsyncEngine, loaded: Loaded, base: Json | None = None, *, encrypted: bool = False
+) -> Json:
     """The response now: for one in progress, with what its run has streamed so far (the
     journal has only what it committed)."""
     if not loaded.run.active or not loaded.latest:
-        return response_of(loaded, base)
+        return response_of(loaded, base, encrypted=encrypted)
     stream = stream_of(loaded, {})
     after = 0
     while not stream.done:
@@ -294,7 +344,7 @@ async def current(engine: AsyncEngine, loaded: Loaded, base: Json | None = None)
         for row in rows:
             stream.translate(row["type"], row["data"])
         after = int(rows[-1]["seq"])
-    return response_of(loaded, base, stream.output)
+    return response_of(loaded, base, stream.output, encrypted=encrypted)
 
 
 async def until_done(hub: EventHub, loaded: Loaded) -> None:
@@ -313,6 +363,7 @@ async def until_done(hub: EventHub, loaded: Loaded) -> None:
 class Created:
     loaded: Loaded
     base: Json
+    encrypted: bool  # reasoning items with their opaque content (include)
 
 
 async def create_response(
@@ -336,6 +387,7 @@ async def create_response(
             code="invalid_value",
         )
     given = mapping.parse_input(body.input)
+    encrypted = encrypted_included(body.include)
     tools = tool_definitions(body.tools or [])
     choice = requested_tool_choice(body.tool_choice)
     output = requested_format(body.text)
@@ -354,7 +406,7 @@ async def create_response(
         loaded = await _ask(
             engine, settings, tenant_id, body, given, model, tools, choice, output, handoff
         )
-    return Created(loaded, base_of(loaded, body.previous_response_id))
+    return Created(loaded, base_of(loaded, body.previous_response_id), encrypted)
 
 
 async def _answer_calls(
@@ -408,6 +460,7 @@ async def _answer_calls(
             output.as_json() if body.text is not None and output else None,
             params.response_format,
         ),
+        "reasoning": (native_reasoning(body.reasoning), params.reasoning),
     }
     for name, (sent, own) in kept.items():
         if sent is not None and sent != own:
@@ -443,6 +496,7 @@ async def _ask(
     response leaves neither."""
     assert given.content is not None
     steps: list[asks.Prepare] = []
+    pin, instructions = await _prompted(engine, tenant_id, body)
     if body.previous_response_id is not None:
         session_id, fork_at = await _continuing(engine, tenant_id, body.previous_response_id)
         if fork_at is not None:
@@ -453,10 +507,10 @@ async def _ask(
         session_id = await _conversation(engine, tenant_id, given_id, "conversation")
     else:
         session_id = str(uuid.uuid4())
-        config = {"system_prompt": body.instructions} if body.instructions is not None else {}
-        steps.append(_making(tenant_id, session_id, config))
-    if body.instructions is not None:
-        steps.append(_instructing(tenant_id, session_id, body.instructions))
+        config = {"system_prompt": instructions} if instructions is not None else {}
+        steps.append(_making(tenant_id, session_id, config, pin))
+    if instructions is not None:
+        steps.append(_instructing(tenant_id, session_id, instructions))
 
     async def prepare(conn: AsyncConnection) -> None:
         for step in steps:
@@ -475,6 +529,7 @@ async def _ask(
         response_format=output,
         response_format_at=("text", "format", "schema"),
         before=tuple(PendingEntry(str(e.kind), e.payload, e.refs) for e in given.before),
+        reasoning=native_reasoning(body.reasoning),
     )
     result = await asks.ask(
         engine,
@@ -488,8 +543,30 @@ async def _ask(
     return await load(engine, tenant_id, mapping.response_id(result.run.id))
 
 
-def _making(tenant_id: str, session_id: str, config: dict[str, Any]) -> asks.Prepare:
-    """A new conversation for the response."""
+async def _prompted(
+    engine: AsyncEngine, tenant_id: str, body: ResponseCreate
+) -> tuple[AgentPin | None, str | None]:
+    """The agent version `prompt` names, and the instructions the response sets: `instructions`
+    if given, else the agent's with the prompt's variables filled in (when it has some)."""
+    prompt = body.prompt
+    if prompt is None:
+        return None, body.instructions
+    reference = prompt.id if prompt.version is None else f"{prompt.id}@{prompt.version}"
+    pin = await agents.pin_for(engine, tenant_id, reference)
+    if body.instructions is not None:
+        return pin, body.instructions
+    template = pin.config.get("system_prompt")
+    if prompt.variables and template:
+        return pin, with_variables(template, prompt.variables)
+    # A continued conversation takes the agent's instructions; a new one has them by its pin.
+    continued = body.previous_response_id is not None or body.conversation is not None
+    return pin, template if continued else None
+
+
+def _making(
+    tenant_id: str, session_id: str, config: dict[str, Any], agent: AgentPin | None
+) -> asks.Prepare:
+    """A new conversation for the response (pinned to the prompt's agent version, if any)."""
 
     async def make(conn: AsyncConnection) -> None:
         await sessions_db.insert_session(
@@ -499,6 +576,7 @@ def _making(tenant_id: str, session_id: str, config: dict[str, Any]) -> asks.Pre
             title=None,
             metadata={},
             config=config,
+            **sessions.pinned(agent),
             expires_at=sessions_db.tenant_default_expiry(tenant_id),
         )
 
@@ -524,7 +602,7 @@ def _instructing(tenant_id: str, session_id: str, instructions: str) -> asks.Pre
         if session is None:
             raise not_found("conversation", mapping.conversation_id(session_id))
         if session.config.system_prompt != instructions:
-            config = {**session.config.as_json(), "system_prompt": instructions}
+            config = {**session.given_config.as_json(), "system_prompt": instructions}
             await sessions_db.update_session(conn, session_id, {"config": config})
 
     return instruct

@@ -20,22 +20,25 @@ class Transition(StrEnum):
     START = "start"  # a worker takes the queued job
     RETRY = "retry"  # the attempt's worker died; another one starts over from the journal
     AWAIT_TOOL_OUTPUTS = "await_tool_outputs"  # the model called client-side tools
-    RESUME = "resume"  # the client sent the outputs: the run queues again
+    AWAIT_APPROVAL = "await_approval"  # the model called tools that need a person's approval
+    RESUME = "resume"  # the outputs came, or every approval was answered: the run queues again
     COMPLETE = "complete"  # the final answer (or summary) is committed
     FAIL = "fail"  # an error, a broken limit, or outputs that never came
     CANCEL = "cancel"  # a cancel, an interrupting ask or a rollback
 
 
 _Q, _R, _A = RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.REQUIRES_ACTION
+_W = RunStatus.AWAITING_APPROVAL
 # transition -> (the statuses it may start from, the status it leads to)
 RULES: Mapping[Transition, tuple[frozenset[RunStatus], RunStatus]] = {
     Transition.START: (frozenset({_Q}), _R),
     Transition.RETRY: (frozenset({_R}), _R),
     Transition.AWAIT_TOOL_OUTPUTS: (frozenset({_R}), _A),
-    Transition.RESUME: (frozenset({_A}), _Q),
+    Transition.AWAIT_APPROVAL: (frozenset({_R}), _W),
+    Transition.RESUME: (frozenset({_A, _W}), _Q),
     Transition.COMPLETE: (frozenset({_R}), RunStatus.COMPLETED),
-    Transition.FAIL: (frozenset({_R, _A}), RunStatus.FAILED),
-    Transition.CANCEL: (frozenset({_Q, _R, _A}), RunStatus.CANCELLED),
+    Transition.FAIL: (frozenset({_R, _A, _W}), RunStatus.FAILED),
+    Transition.CANCEL: (frozenset({_Q, _R, _A, _W}), RunStatus.CANCELLED),
 }
 ENDINGS = {
     "completed": Transition.COMPLETE,
@@ -103,9 +106,23 @@ def await_tool_outputs(run: Run, calls: Sequence[Mapping[str, Any]], expires_at:
     return Step(status, [(EventType.RUN_REQUIRES_ACTION, data)])
 
 
-def resume(run: Run, committed: Sequence[Any]) -> Step:
-    """The client's outputs are committed; the run queues for a worker again."""
-    return Step(target(run, Transition.RESUME), committed_events(committed))
+def await_approval(run: Run, calls: Sequence[Mapping[str, Any]], expires_at: str) -> Step:
+    """The run waits for a person's ruling on these calls: one request event per call, then
+    the run's own (all requests are out)."""
+    status = target(run, Transition.AWAIT_APPROVAL)
+    events: list[Event] = [
+        (EventType.TOOL_APPROVAL_REQUESTED, {**dict(c), "expires_at": expires_at}) for c in calls
+    ]
+    ids = [str(c["tool_call_id"]) for c in calls]
+    waiting = {"tool_call_ids": ids, "expires_at": expires_at}
+    events.append((EventType.RUN_AWAITING_APPROVAL, waiting))
+    return Step(status, events)
+
+
+def resume(run: Run, committed: Sequence[Any], events: Sequence[Event] = ()) -> Step:
+    """The client's outputs are committed (or every approval answered: `events` announce the
+    rulings); the run queues for a worker again."""
+    return Step(target(run, Transition.RESUME), [*committed_events(committed), *events])
 
 
 def settled(run: Run, outcome: Outcome) -> Outcome:

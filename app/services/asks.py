@@ -30,8 +30,9 @@ from app.core.tool_choice import ToolChoice
 from app.db import jobs as jobs_db
 from app.db import runs as runs_db
 from app.db import sessions as sessions_db
+from app.db import steers as steers_db
 from app.llm.router import tool_choice_problem
-from app.services import quotas
+from app.services import content_checks, quotas
 from app.services import reasoning as reasonings
 from app.services import run_transitions as runs  # named so until the ask path is rewritten
 from app.services.errors import (
@@ -43,10 +44,10 @@ from app.services.errors import (
 )
 from app.services.handoff import RunHandoff
 from app.services.journal import append_in
-from app.services.projection import SessionProjection, project_in, project_session
+from app.services.projection import Answer, SessionProjection, project_in, project_session
 from app.telemetry import metrics
 
-Strategy = Literal["reject", "enqueue", "interrupt", "rollback"]
+Strategy = Literal["reject", "enqueue", "interrupt", "rollback", "steer"]
 # How long a `rollback` ask waits for the run it replaces to stop before giving up (409).
 ROLLBACK_WAIT_SECONDS = 15.0
 
@@ -64,6 +65,7 @@ class AskParams:
     idempotency_key: str | None = None
     run_policy: dict[str, Any] | None = None
     tools: list[dict[str, Any]] = field(default_factory=list)
+    mcp_servers: list[str] = field(default_factory=list)
     tool_choice: ToolChoice = "auto"  # forced choices hold for the first model turn only
     parallel_tool_calls: bool = True
     reasoning: dict[str, Any] | None = None  # over the session's config.reasoning
@@ -81,6 +83,8 @@ class AskResult:
     run: Run
     created: bool  # False: an earlier ask with the same Idempotency-Key
     claimed: bool = False  # its job was committed taken by the handoff's worker (ask())
+    # multitask_strategy steer: the steer the ask became; `run` is the run it steers.
+    steer_id: str | None = None
 
 
 # What a surface writes with its ask, in the ask's transaction and before the ask's own rows:
@@ -115,6 +119,17 @@ async def ask(
             return AskResult(earlier, created=False)
     # Validation, before anything is written: the content suits every provider, the policy
     # resolves, and the ask fits.
+    # The size first: it is read from the base64's length, the rest decodes it.
+    content_checks.check_sizes(
+        settings,
+        [
+            (("input",), params.content),
+            *(
+                (("before", i, "payload", "content"), e.payload.get("content"))
+                for i, e in enumerate(params.before)
+            ),
+        ],
+    )
     refused = [p.as_error("input") for p in content_problems("user", params.content)]
     if refused:
         raise entries_refused(refused)
@@ -132,6 +147,7 @@ async def ask(
             policy=params.context_policy,
             model=params.model,
             extra_tools=params.tools,
+            answer=Answer(params.reasoning, params.max_output_tokens),
         )
         model = _served(checked, params)
     if params.multitask_strategy == "rollback":
@@ -152,6 +168,8 @@ async def ask(
             queued = await _commit(
                 conn, settings, tenant_id, session_id, params, resolved, own_limits, claim
             )
+        if isinstance(queued, Steered):
+            return AskResult(queued.run, True, steer_id=queued.steer_id)
         return AskResult(queued.run, True, queued.claimed)
 
     async def committed() -> AskResult:
@@ -160,7 +178,7 @@ async def ask(
         finally:
             if handoff is not None and claim_for is not None:
                 handoff.release()
-        if result.created and handoff is not None:
+        if result.created and result.steer_id is None and handoff is not None:
             handoff.offer(result.run.id, result.run.job_id, claimed=result.claimed)
         return result
 
@@ -215,7 +233,10 @@ def _pending(params: AskParams) -> list[PendingEntry]:
 
 
 def _served(checked: SessionProjection, params: AskParams) -> str:
-    """The model the ask runs on, once its tool choice is known to be one it can serve."""
+    """The model the ask runs on, once its tool choice is known to be one it can serve and
+    its context what it can read (the ask's input was checked by the projection)."""
+    for at, message in enumerate(checked.projection.messages):
+        content_checks.check_readable(checked.model, message.content, ["context", at, "content"])
     offered = [t.name for t in checked.projection.tool_spec]
     unserved = tool_choice_problem(checked.model, params.tool_choice, offered)
     if unserved is not None:
@@ -240,6 +261,7 @@ async def _validated_in(
         policy=params.context_policy,
         model=params.model,
         extra_tools=params.tools,
+        answer=Answer(params.reasoning, params.max_output_tokens),
     )
     return _served(checked, params)
 
@@ -263,6 +285,14 @@ async def check_quotas(
         await quotas.check_ask(conn, settings, tenant_id, replacing=replacing, own=own_limits)
 
 
+@dataclass(frozen=True)
+class Steered:
+    """An ask that became a steer of the session's running run."""
+
+    run: Run
+    steer_id: str
+
+
 async def _commit(
     conn: AsyncConnection,
     settings: Settings,
@@ -272,8 +302,9 @@ async def _commit(
     model: str,
     own_limits: quotas.Limits | None,
     claim_for: int | None,
-) -> runs_db.QueuedRun:
-    """The user entry, run_start, the run, run.created and the job: one transaction."""
+) -> runs_db.QueuedRun | Steered:
+    """The user entry, run_start, the run, run.created and the job: one transaction; or, for a
+    steer of a running run, the steer."""
     session = await sessions_db.get_session(conn, tenant_id, session_id, lock=True)
     if session is None:
         raise session_not_found(session_id)
@@ -293,8 +324,30 @@ async def _commit(
         where,
         params.tool_choice,
     )
+    config = session.config
+    # The ask's own, else the session's (its config), else the provider decides.
+    temperature = config.temperature if params.temperature is None else params.temperature
+    run_params = RunParams(
+        max_output_tokens=params.max_output_tokens or config.max_output_tokens,
+        temperature=temperature,
+        context_policy=params.context_policy,
+        metadata=params.metadata,
+        on_disconnect=params.on_disconnect,
+        fallback_model=config.fallback_model,
+        run_policy=policy.model_dump(mode="json"),
+        tools=params.tools,
+        mcp_servers=params.mcp_servers,
+        tool_choice=params.tool_choice,
+        parallel_tool_calls=params.parallel_tool_calls,
+        reasoning=reasoning.model_dump(exclude_none=True) if reasoning else None,
+        response_format=params.response_format.as_json() if params.response_format else None,
+    )
     # A compaction in flight is no reason to refuse: the ask's job queues behind it.
     active = await runs_db.active_runs(conn, session_id, kind="ask", tenant_id=tenant_id)
+    if params.multitask_strategy == "steer":
+        steered = await _steer(conn, tenant_id, active, params, model, run_params)
+        if steered is not None:
+            return steered
     if active and params.multitask_strategy == "reject":
         raise Conflict(
             "session_busy",
@@ -342,23 +395,6 @@ async def _commit(
         session_values={"status": "active"},  # the run's
     )
     user_seq = int(appended.entries[len(before)]["seq"])
-    config = session.config
-    # The ask's own, else the session's (its config), else the provider decides.
-    temperature = config.temperature if params.temperature is None else params.temperature
-    run_params = RunParams(
-        max_output_tokens=params.max_output_tokens or config.max_output_tokens,
-        temperature=temperature,
-        context_policy=params.context_policy,
-        metadata=params.metadata,
-        on_disconnect=params.on_disconnect,
-        fallback_model=config.fallback_model,
-        run_policy=policy.model_dump(mode="json"),
-        tools=params.tools,
-        tool_choice=params.tool_choice,
-        parallel_tool_calls=params.parallel_tool_calls,
-        reasoning=reasoning.model_dump(exclude_none=True) if reasoning else None,
-        response_format=params.response_format.as_json() if params.response_format else None,
-    )
     return await runs.create(
         conn,
         id=run_id,
@@ -372,6 +408,37 @@ async def _commit(
         session_marked_active=True,
         claim_for=claim_for,
     )
+
+
+async def _steer(
+    conn: AsyncConnection,
+    tenant_id: str,
+    active: list[Run],
+    params: AskParams,
+    model: str,
+    run_params: RunParams,
+) -> Steered | None:
+    """The ask as a steer of the session's running run (the oldest active one not being
+    cancelled), committed now and journaled at the run's next model turn; None when no run is
+    there to steer (the ask then starts its own). The run's row is locked: a run that ends
+    meanwhile ends after this commit, and its end then finds the steer (run_transitions)."""
+    for candidate in active:
+        run = await runs_db.get_run(conn, candidate.id, tenant_id=tenant_id, lock=True)
+        if run is None or not run.active or run.cancel_mode:
+            continue
+        steer_id = str(uuid.uuid4())
+        steer = steers_db.Steer(
+            steer_id,
+            tenant_id,
+            run.session_id,
+            run.id,
+            params.content,
+            model,
+            run_params.ask_json(),
+        )
+        await steers_db.insert_steer(conn, steer)
+        return Steered(run, steer_id)
+    return None
 
 
 async def _stop_active_runs(

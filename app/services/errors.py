@@ -27,6 +27,14 @@ class Invalid(ServiceError):
     """The request is well-formed JSON but its values do not make sense here."""
 
 
+class Malformed(ServiceError):
+    """The request cannot be read at all (a line of an uploaded file that is not JSON)."""
+
+
+class TooLarge(ServiceError):
+    """Part of the request is larger than the service accepts (a line of an uploaded file)."""
+
+
 class PreconditionFailed(ServiceError):
     """A condition the client set (If-Match, If-None-Match) does not hold for the current state."""
 

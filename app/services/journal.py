@@ -287,16 +287,17 @@ def _prepare(new_entries: Sequence[NewEntry]) -> list[dict[str, Any]]:
         except PayloadError as exc:
             errors += [{**e, "loc": ["entries", index, *e["loc"]]} for e in exc.errors]
             continue
-        rows.append(
-            {
-                "id": entry.id or str(uuid.uuid4()),
-                "client_id": entry.id is not None,
-                "kind": str(entry.kind),
-                "payload": payload,
-                "refs": refs,
-                "token_count": entry_tokens(entry.kind, payload, refs, counter),
-            }
-        )
+        row = {
+            "id": entry.id or str(uuid.uuid4()),
+            "client_id": entry.id is not None,
+            "kind": str(entry.kind),
+            "payload": payload,
+            "refs": refs,
+            "token_count": entry_tokens(entry.kind, payload, refs, counter),
+        }
+        if entry.created_at is not None:
+            row["created_at"] = entry.created_at
+        rows.append(row)
     if errors:
         raise entries_refused(errors)
     return rows

@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import RowMapping
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.core.memory import (
     MAX_MEMORY_BYTES,
@@ -29,7 +29,7 @@ from app.core.memory import (
     memory_lines,
 )
 from app.db import memory as memory_db
-from app.services.errors import Invalid, NotFound, PreconditionFailed
+from app.services.errors import Conflict, Invalid, NotFound, PreconditionFailed
 
 _NAMESPACE = re.compile(NAMESPACE_PATTERN)
 
@@ -232,6 +232,30 @@ async def delete_memory(
             raise memory_not_found(namespace)
         _check_preconditions(namespace, current, if_match, None)
         await memory_db.delete_memory(conn, tenant_id, namespace)
+
+
+async def import_memory_in(
+    conn: AsyncConnection, tenant_id: str, namespace: str, content: str
+) -> None:
+    """Create a memory an imported session file carries, in the import's transaction. The same
+    content already there is fine; other content is a conflict (409): an import never
+    overwrites what the tenant's other sessions remember."""
+    _check_namespace(namespace)
+    _check_size(content)
+    current = await memory_db.get_memory(conn, tenant_id, namespace, lock=True)
+    if current is None:
+        created = await memory_db.put_memory(
+            conn, tenant_id, namespace, content, expected_version=0
+        )
+        if created is not None:
+            return
+    if current is None or current["content"] != content:  # other content, or created meanwhile
+        raise Conflict(
+            "memory_conflict",
+            f"memory {namespace!r} already exists with other content: import without it, or "
+            "delete or rename it first",
+            {"namespace": namespace},
+        )
 
 
 def _check_namespace(namespace: str) -> None:

@@ -12,6 +12,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.config import Settings
 from app.core import policy as policies
+from app.core import reasoning as reasonings
+from app.core import run_policy as run_policies
 from app.core.builtin_tools import with_builtin_schema
 from app.core.compaction import nothing_to_compact, plan_compaction, reaches_checkpoint
 from app.core.entries import EntryKind, JournalEntry, PayloadError, PendingEntry, normalize_entry
@@ -26,8 +28,9 @@ from app.db import journal as journal_db
 from app.db import sessions as sessions_db
 from app.db.engine import read_snapshot
 from app.db.memory import get_memory
-from app.llm.catalog import context_window_for, takes_reasoning_back
+from app.llm.catalog import context_window_for, reasoning_sent_back
 from app.llm.tokenizers import counting_for
+from app.services.content_checks import check_readable
 from app.services.errors import Invalid, entries_refused, session_not_found
 
 
@@ -70,6 +73,8 @@ async def project_session(
     run_id: str | None = None,
     extra_tools: Sequence[Mapping[str, Any]] = (),
     include_expired: bool = False,
+    answer: Answer | None = None,
+    run_policy: Mapping[str, Any] | None = None,
 ) -> SessionProjection:
     """Exactly what an ask would send now; reads only the tail the budget can use, writes
     nothing. Raises Invalid (context_overflow, invalid_policy, invalid_entries, invalid_content)
@@ -81,7 +86,9 @@ async def project_session(
         )
         if session is None:
             raise session_not_found(session_id)
-        done = await _project(conn, settings, session, pending, policy, model, run_id, extra_tools)
+        done = await _project(
+            conn, settings, session, pending, policy, model, run_id, extra_tools, answer, run_policy
+        )
         return done.projected
 
 
@@ -94,11 +101,13 @@ async def project_in(
     policy: Mapping[str, Any] | None = None,
     model: str | None = None,
     extra_tools: Sequence[Mapping[str, Any]] = (),
+    answer: Answer | None = None,
 ) -> SessionProjection:
     """project_session in the caller's transaction, from the session it read (locked)
     there: an ask that writes before it projects (a rollback, a new session) sees its writes."""
+    pending = canonical_pending(pending)
     done = await _project(
-        conn, settings, session, canonical_pending(pending), policy, model, None, extra_tools
+        conn, settings, session, pending, policy, model, None, extra_tools, answer
     )
     return done.projected
 
@@ -134,6 +143,8 @@ async def project_for_run(engine: AsyncEngine, settings: Settings, run: Run) -> 
         run_id=run.id if ask else None,
         extra_tools=run.params.tools if ask else [],
         include_expired=True,  # a run under way finishes
+        answer=Answer.of_run(run) if ask else None,
+        run_policy=run.params.run_policy if ask else None,
     )
 
 
@@ -152,6 +163,8 @@ async def project_run_in(
         run.model if ask else None,
         run.id if ask else None,
         run.params.tools if ask else [],
+        Answer.of_run(run) if ask else None,
+        run.params.run_policy if ask else None,
     )
     return done.projected
 
@@ -184,6 +197,20 @@ async def session_context(
         )
 
 
+@dataclass(frozen=True)
+class Answer:
+    """What an ask asks of the answer that the projection must leave room for: its reasoning
+    (over the session's) and its cap."""
+
+    reasoning: Mapping[str, Any] | None = None  # the ask's; None: the session's
+    max_output_tokens: int | None = None
+
+    @classmethod
+    def of_run(cls, run: Run) -> Answer:
+        # A run's reasoning is already the effective one: None there means off.
+        return cls(run.params.reasoning or {"effort": "none"}, run.params.max_output_tokens)
+
+
 async def _project(
     conn: AsyncConnection,
     settings: Settings,
@@ -193,11 +220,20 @@ async def _project(
     model_override: str | None,
     run_id: str | None,
     extra_tools: Sequence[Mapping[str, Any]],
+    answer: Answer | None = None,
+    run_policy: Mapping[str, Any] | None = None,
 ) -> _Projected:
+    """`run_policy`: the run's resolved one (else the session's), whose `never` tools are not
+    offered."""
     config = session.config
     model = model_override or config.model or settings.default_model
+    # What the model cannot read is refused before what it cannot fit: the clearer reason.
+    for entry in pending:
+        if entry.kind == "message":
+            check_readable(model, entry.payload.get("content", ""), ["body", "input"])
     window = await context_window_for(settings, model)
     policy = resolve_policy(window, settings.context_policy, config.context_policy, overrides)
+    policy = _with_room_to_think(policy, model, config.reasoning, answer or Answer())
     counting = counting_for(model, policy.token_estimator)
     recount = counting.counter.name != STORED_ENCODING
     thread = session.thread
@@ -222,15 +258,41 @@ async def _project(
         system_prompt=config.system_prompt,
         memory=memory["content"] if memory is not None else None,
         memory_namespace=namespace,
-        tools=tool_specs(offered_tools(config, extra_tools)),
+        tools=tool_specs(_allowed(offered_tools(config, extra_tools), run_policy, config)),
         run_id=run_id,
-        send_reasoning=takes_reasoning_back(model),
+        reasoning_sent=reasoning_sent_back(settings, model),
     )
     try:
         projection = project(source)
     except ContextOverflow as exc:
         raise Invalid("context_overflow", str(exc), {**exc.details, "model": model}) from exc
     return _Projected(SessionProjection(model, window, policy, projection), thread, tail, complete)
+
+
+def _with_room_to_think(
+    policy: policies.ContextPolicy,
+    model: str,
+    session_reasoning: Mapping[str, Any] | None,
+    answer: Answer,
+) -> policies.ContextPolicy:
+    """The policy keeping room for the answer's thinking and its text (the thinking budget
+    and the answer's cap) when that is more than its reserve: a large thinking budget fits."""
+    try:
+        thinking = reasonings.effective(session_reasoning, answer.reasoning)
+    except ValidationError:
+        return policy  # not a valid setting: refused where reasoning is checked
+    room = reasonings.output_room(thinking, answer.max_output_tokens)
+    if room <= policy.reserve:
+        return policy
+    if room >= policy.max_input_tokens:
+        raise Invalid(
+            "context_overflow",
+            f"the thinking budget and the answer's cap ({room} tokens) leave no room for the "
+            f"prompt in {model}'s {policy.max_input_tokens} tokens: lower the reasoning budget "
+            "or max_output_tokens",
+            {"model": model, "output_room": room, "max_input_tokens": policy.max_input_tokens},
+        )
+    return policy.model_copy(update={"reserve_output_tokens": room})
 
 
 def resolve_policy(window: int, *layers: Mapping[str, Any] | None) -> policies.ContextPolicy:
@@ -269,6 +331,16 @@ def offered_tools(
     if config.memory_namespace:
         session_tools = [*MEMORY_TOOLS, *session_tools]
     return [with_builtin_schema(t) for t in merge_tools(session_tools, ask_tools)]
+
+
+def _allowed(
+    tools: Sequence[Mapping[str, Any]],
+    run_policy: Mapping[str, Any] | None,
+    config: SessionConfig,
+) -> list[Mapping[str, Any]]:
+    """The tools whose approval rule is not `never`: those the model is not offered."""
+    rules = run_policies.merged(run_policy if run_policy is not None else config.run_policy)
+    return [t for t in tools if rules.approval_rule(str(t["name"])) != "never"]
 
 
 def tool_specs(tools: Sequence[Mapping[str, Any]]) -> tuple[ToolSpec, ...]:

@@ -207,6 +207,7 @@ class UsageRow:
     output_tokens: int
     cached_tokens: int
     cache_write_tokens: int
+    reasoning_tokens: int
     cost_usd: float
     unpriced_runs: int
 
@@ -218,7 +219,14 @@ class UsageReport:
     rows: list[UsageRow]
 
     def totals(self) -> dict[str, Any]:
-        fields = ("runs", "input_tokens", "output_tokens", "cached_tokens", "cache_write_tokens")
+        fields = (
+            "runs",
+            "input_tokens",
+            "output_tokens",
+            "cached_tokens",
+            "cache_write_tokens",
+            "reasoning_tokens",
+        )
         sums: dict[str, Any] = {f: sum(getattr(r, f) for r in self.rows) for f in fields}
         sums["unpriced_runs"] = sum(r.unpriced_runs for r in self.rows)
         sums["cost_usd"] = round(sum(r.cost_usd for r in self.rows), 10)
@@ -267,6 +275,7 @@ async def usage_report(
                 output_tokens=int(r["output_tokens"]),
                 cached_tokens=int(r["cached_tokens"]),
                 cache_write_tokens=int(r["cache_write_tokens"]),
+                reasoning_tokens=int(r["reasoning_tokens"]),
                 cost_usd=float(r["cost_usd"]),
                 unpriced_runs=int(r["unpriced_runs"]),
             )

@@ -9,7 +9,7 @@ from typing import Any
 from app.config import Settings
 from app.core import reasoning as reasonings
 from app.core.tool_choice import ToolChoice
-from app.llm.catalog import can_reason, takes_reasoning_back
+from app.llm.catalog import can_reason
 from app.services.errors import Invalid
 
 UNSUPPORTED = "reasoning_not_supported"
@@ -31,7 +31,7 @@ def check(
         return None
     if not can_reason(settings, model):
         raise Invalid(UNSUPPORTED, reasonings.unsupported(model), {"loc": loc, "model": model})
-    if takes_reasoning_back(model) and tool_choice not in ("auto", "none"):
+    if model.partition(":")[0] == "anthropic" and tool_choice not in ("auto", "none"):
         raise Invalid(
             "invalid_tool_choice",
             "with reasoning, Anthropic models take tool_choice auto or none only",

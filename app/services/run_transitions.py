@@ -10,6 +10,7 @@ unique index of entry ids backs that up).
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,13 +19,15 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.entries import EntryKind, NewEntry
 from app.core.runs import CancelMode, Outcome, Run, RunKind, RunParams, RunStatus, entry_id
+from app.db import approvals as approvals_db
 from app.db import jobs as jobs_db
 from app.db import runs as runs_db
+from app.db import steers as steers_db
 from app.db import tenants as tenants_db
 from app.db.tables import sessions
 from app.eventlog import store as event_store
 from app.eventlog import writer
-from app.eventlog.registry import TERMINAL_BY_STATUS, EventType
+from app.eventlog.registry import TERMINAL_BY_STATUS, Event, EventType
 from app.llm.catalog import cost_usd, model_labels
 from app.runs import machine
 from app.services import webhooks
@@ -136,9 +139,33 @@ async def await_tool_outputs(
     return waiting
 
 
-async def resume(conn: AsyncConnection, run: Run, committed: Sequence[Any]) -> Run:
-    """The client's outputs are committed: queue the run's job again."""
-    step = machine.resume(run, committed)
+async def await_approval(
+    conn: AsyncConnection, run: Run, calls: Sequence[dict[str, Any]], timeout_seconds: float
+) -> Run:
+    """Park the run until a person rules on each of these calls ({tool_call_id, name,
+    arguments}), or the time runs out (then they count as rejected)."""
+    expires = func.now() + func.make_interval(0, 0, 0, 0, 0, 0, timeout_seconds)
+    await approvals_db.request(conn, run.id, calls)
+    waiting = await runs_db.update_run(
+        conn,
+        run.id,
+        {
+            "status": machine.target(run, machine.Transition.AWAIT_APPROVAL),
+            "action_expires_at": expires,
+        },
+    )
+    assert waiting.action_expires_at is not None
+    step = machine.await_approval(run, calls, waiting.action_expires_at.isoformat())
+    await writer.append(conn, run.id, step.events)
+    return waiting
+
+
+async def resume(
+    conn: AsyncConnection, run: Run, committed: Sequence[Any], events: Sequence[Event] = ()
+) -> Run:
+    """The client's outputs are committed (or every approval was answered, which `events`
+    announce): queue the run's job again."""
+    step = machine.resume(run, committed, events)
     job_id = await jobs_db.defer_run(conn, run.id, run.session_id)
     resumed = await runs_db.update_run(
         conn, run.id, {"status": step.status.value, "action_expires_at": None, "job_id": job_id}
@@ -228,6 +255,7 @@ async def finish(conn: AsyncConnection, run: Run, outcome: Outcome) -> Run:
             "output_tokens": sessions.c.output_tokens + usage.output_tokens,
             "cached_tokens": sessions.c.cached_tokens + usage.cached_tokens,
             "cache_write_tokens": sessions.c.cache_write_tokens + usage.cache_write_tokens,
+            "reasoning_tokens": sessions.c.reasoning_tokens + usage.reasoning_tokens,
             "cost_usd": sessions.c.cost_usd + (cost or 0),
         }
     # Fresh ids: they derive from the run, and only this transition writes them, in the
@@ -280,6 +308,7 @@ async def finish(conn: AsyncConnection, run: Run, outcome: Outcome) -> Run:
             "output_tokens": usage.output_tokens if usage else 0,
             "cached_tokens": usage.cached_tokens if usage else 0,
             "cache_write_tokens": usage.cache_write_tokens if usage else 0,
+            "reasoning_tokens": usage.reasoning_tokens if usage else 0,
             "usage_estimated": usage.estimated if usage else False,
             "cost_usd": cost,
             "ended_at": func.now(),
@@ -296,11 +325,91 @@ async def finish(conn: AsyncConnection, run: Run, outcome: Outcome) -> Run:
             output_tokens=usage.output_tokens,
             cached_tokens=usage.cached_tokens,
             cache_write_tokens=usage.cache_write_tokens,
+            reasoning_tokens=usage.reasoning_tokens,
             cost_usd=cost,
         )
+    if run.kind is RunKind.ASK:
+        await writer.append(conn, run.id, await _hand_on_steers(conn, run, step.status))
     await writer.append(conn, run.id, step.events)
     metrics.run_ended(
         run.kind, step.status, ended.created_at, ended.ended_at, model_labels(model), usage, cost
     )
     await webhooks.queue_run_event(conn, ended, TERMINAL_BY_STATUS[ended.status])
     return ended
+
+
+async def _hand_on_steers(conn: AsyncConnection, run: Run, status: RunStatus) -> list[Event]:
+    """The messages sent to the run that its end came before (steers still pending): they
+    start the next run, one run for all of them; a cancelled run's are journaled as messages
+    and start nothing (the user stopped the run). Their run.steered events, for the run's end.
+
+    The run's row is locked by the caller, and a steer is committed under the same lock
+    (app/services/asks.py): every steer of an ended run is settled here or delivered before."""
+    pending = await steers_db.pending_steers(conn, run.id, lock=True)
+    if not pending:
+        return []
+    if status is RunStatus.CANCELLED:
+        kept = [
+            NewEntry(
+                EntryKind.MESSAGE,
+                {"role": "user", "content": s.content},
+                {"steer_id": s.id},
+                entry_id(run.id, f"steer:{s.id}"),
+            )
+            for s in pending
+        ]
+        appended = await append_in(conn, run.tenant_id, run.session_id, kept, fresh_ids=True)
+        events: list[Event] = []
+        for steer, entry in zip(pending, appended.entries, strict=True):
+            await steers_db.settle(conn, steer.id, "journaled", int(entry["seq"]))
+            events.append(
+                (EventType.RUN_STEERED, {"steer_id": steer.id, "entry_seq": entry["seq"]})
+            )
+        return events
+    next_id = str(uuid.uuid4())
+    first = pending[0]
+    messages = [
+        NewEntry(
+            EntryKind.MESSAGE,
+            {"role": "user", "content": s.content},
+            # The first is the next run's input; later ones are steered into it.
+            {"run_id": next_id, "from_steer_id": s.id}
+            if i == 0
+            else {"run_id": next_id, "steer_id": s.id},
+            entry_id(next_id, "input" if i == 0 else f"steer:{s.id}"),
+        )
+        for i, s in enumerate(pending)
+    ]
+    start = NewEntry(
+        EntryKind.RUN_START,
+        {"run_id": next_id, "model": first.model},
+        {"run_id": next_id},
+        entry_id(next_id, "start"),
+    )
+    appended = await append_in(
+        conn,
+        run.tenant_id,
+        run.session_id,
+        [*messages, start],
+        fresh_ids=True,  # derived from next_id, a new uuid4
+        session_values={"status": "active"},  # the next run's
+    )
+    input_seq = int(appended.entries[0]["seq"])
+    await create(
+        conn,
+        id=next_id,
+        tenant_id=run.tenant_id,
+        session_id=run.session_id,
+        kind=RunKind.ASK,
+        model=first.model,
+        params=RunParams.from_json(first.params),
+        idempotency_key=None,
+        user_entry_seq=input_seq,
+        session_marked_active=True,
+    )
+    events = []
+    for steer, entry in zip(pending, appended.entries[: len(pending)], strict=True):
+        await steers_db.settle(conn, steer.id, "next_run", int(entry["seq"]), next_id)
+        data = {"steer_id": steer.id, "entry_seq": int(entry["seq"]), "next_run_id": next_id}
+        events.append((EventType.RUN_STEERED, data))
+    return events

@@ -10,6 +10,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.config import Settings
+from app.core.agents import AgentPin, resolved
 from app.core.lineage import fork_lineage, inherited_range, is_direct_heir, lineage_to_json, without
 from app.core.metadata import MetadataError, merge_patch
 from app.core.sessions import Session
@@ -45,13 +46,15 @@ async def create_session(
     settings: Settings | None = None,
     ttl_seconds: int | None = None,
     expires_at: datetime | None = None,
+    agent: AgentPin | None = None,
 ) -> Session:
     """With `settings`, the config's models must name configured providers (else 422) and the
     tenant's session limit holds (else 429). The session expires at `expires_at`, or
-    `ttl_seconds` from now, else after the tenant's default TTL (if it has one)."""
+    `ttl_seconds` from now, else after the tenant's default TTL (if it has one). With `agent`,
+    it is pinned to that agent version, `config` its own fields over the version's."""
     if settings is not None:
-        check_models(settings, config)
-        _check_reasoning(settings, config)
+        effective = resolved(agent.config, config) if agent is not None else config
+        check_config(settings, effective)
     async with engine.begin() as conn:
         if settings is not None:
             await quotas.check_new_session(conn, settings, tenant_id)
@@ -61,6 +64,7 @@ async def create_session(
             title=title,
             metadata=metadata,
             config=config,
+            **pinned(agent),
             expires_at=_expiry(tenant_id, ttl_seconds, expires_at),
         )
 
@@ -134,7 +138,7 @@ async def update_session(
             except MetadataError as exc:
                 raise Invalid("invalid_metadata", str(exc), {"loc": ["body", "metadata"]}) from exc
         if "config" in changes:
-            config = session.config.as_json()
+            config = session.given_config.as_json()
             for key, value in changes["config"].items():
                 if value is None:
                     config.pop(key, None)
@@ -142,7 +146,7 @@ async def update_session(
                     config[key] = value
             values["config"] = config
             if settings is not None:
-                _check_reasoning(settings, config)
+                check_reasoning(settings, config)
         if changes.get("ttl_seconds") is not None:
             values["expires_at"] = sessions_db.ttl_expiry(int(changes["ttl_seconds"]))
         elif "expires_at" in changes:  # null: never expires
@@ -269,7 +273,8 @@ async def _fork_once(
         tenant_id=tenant_id,
         title=parent.title if title is None else title,
         metadata=parent.metadata if metadata is None else metadata,
-        config=parent.config.as_json(),
+        config=parent.given_config.as_json(),
+        **pinned(parent.agent),
         parent_id=session_id,
         fork_seq=fork_seq,
         lineage=lineage_to_json(lineage),
@@ -281,7 +286,14 @@ async def _fork_once(
     )
 
 
-def _check_reasoning(settings: Settings, config: dict[str, Any]) -> None:
+def check_config(settings: Settings, config: dict[str, Any]) -> None:
+    """Refuse (422) a new session's config these settings cannot serve: its models, its
+    reasoning."""
+    check_models(settings, config)
+    check_reasoning(settings, config)
+
+
+def check_reasoning(settings: Settings, config: dict[str, Any]) -> None:
     """Refuse a config whose reasoning its model cannot do (422, nothing written)."""
     model = str(config.get("model") or settings.default_model)
     where = ["body", "config", "reasoning"]
@@ -305,3 +317,15 @@ def check_models(settings: Settings, config: dict[str, Any]) -> None:
                 f"{error.message}; configured providers: {', '.join(configured)}",
                 {"loc": ["body", "config", name], "model": model, "configured": configured},
             ) from error
+
+
+def pinned(agent: AgentPin | None) -> dict[str, Any]:
+    """A session row's agent columns: the version it is pinned to, with that version's config."""
+    if agent is None:
+        return {}
+    return {
+        "agent_id": agent.id,
+        "agent_name": agent.name,
+        "agent_version": agent.version,
+        "agent_config": dict(agent.config),
+    }

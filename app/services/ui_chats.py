@@ -19,6 +19,7 @@ from app.config import Settings
 from app.core.entries import EntryKind, NewEntry
 from app.core.runs import Run
 from app.core.sessions import Session
+from app.core.ui_messages import KINDS, UIMessage, ui_messages
 from app.db import journal as journal_db
 from app.db import runs as runs_db
 from app.db import sessions as sessions_db
@@ -85,23 +86,49 @@ def no_user_message(messages: list[dict[str, Any]]) -> Invalid:
     )
 
 
-def new_user_text(messages: list[dict[str, Any]]) -> str:
-    """The text of the last message, which must be the user's: the one to journal."""
+# The AI SDK's file parts the service reads, by media type: documents, and images.
+DOCUMENT_FILE_TYPES = frozenset({"application/pdf", "text/plain"})
+
+
+def new_user_content(messages: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
+    """The content of the last message, which must be the user's: the one to journal. Its
+    text parts joined, when it has no file; else its parts in their order, its file parts
+    (useChat's attachments, as data URLs) as document parts (PDF, plain text) or image parts.
+    What the content rules refuse (a PDF that is not one, a size) is checked by the ask."""
     if not messages or messages[-1].get("role") != "user":
         raise no_user_message(messages)
-    parts = messages[-1].get("parts")
-    texts = [
-        p["text"]
-        for p in parts or []
-        if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-    ]
-    if not "".join(texts).strip():
-        raise Invalid(
-            "empty_message",
-            "the user's message has no text part",
-            {"loc": ["body", "messages", len(messages) - 1, "parts"]},
-        )
-    return "\n\n".join(texts)
+    where: list[str | int] = ["body", "messages", len(messages) - 1, "parts"]
+    content: list[dict[str, Any]] = []
+    for at, part in enumerate(messages[-1].get("parts") or []):
+        if not isinstance(part, dict):
+            continue
+        if part.get("type") == "text" and isinstance(part.get("text"), str):
+            content.append({"type": "text", "text": part["text"]})
+        elif part.get("type") == "file":
+            content.append(_file_content(part, [*where, at]))
+    texts = [p["text"] for p in content if p["type"] == "text"]
+    if len(texts) == len(content):  # no file: the text, as it always was
+        if not "".join(texts).strip():
+            raise Invalid("empty_message", "the user's message has no text part", {"loc": where})
+        return "\n\n".join(texts)
+    return [p for p in content if p["type"] != "text" or p["text"].strip()]
+
+
+def _file_content(part: dict[str, Any], loc: list[str | int]) -> dict[str, Any]:
+    media_type, url = part.get("mediaType"), part.get("url")
+    if not isinstance(url, str) or not url.startswith("data:"):
+        message = "a file part must carry its bytes as a data: URL (as useChat sends files)"
+        raise Invalid("unsupported_file", message, {"loc": [*loc, "url"]})
+    if media_type in DOCUMENT_FILE_TYPES:
+        document: dict[str, Any] = {"type": "document", "url": url}
+        if isinstance(part.get("filename"), str):
+            document["filename"] = part["filename"]
+        return document
+    if isinstance(media_type, str) and media_type.startswith("image/"):
+        return {"type": "image_url", "url": url}
+    allowed = ", ".join([*sorted(DOCUMENT_FILE_TYPES), "image/*"])
+    message = f"file type {str(media_type)[:64]!r} is not one of {allowed}"
+    raise Invalid("unsupported_file", message, {"loc": [*loc, "mediaType"]})
 
 
 async def live_user_messages(
@@ -190,7 +217,7 @@ async def ask(
         content = rollback.content
         prepare = _rolling_back(tenant_id, session_id, rollback)
     else:
-        content = new_user_text(messages)
+        content = new_user_content(messages)
         session = await find_session(engine, tenant_id, chat_id)
         if session is None:
             session_id = derived_session_id(tenant_id, chat_id)
@@ -209,6 +236,16 @@ async def ask(
         engine, settings, tenant_id, session_id, asked, handoff=handoff, prepare=prepare
     )
     return result.run
+
+
+async def chat_messages(engine: AsyncEngine, tenant_id: str, chat_id: str) -> list[UIMessage]:
+    """The chat's history as UI messages (none for a chat with no session yet): what no
+    rollback took out, from the journal."""
+    session = await find_session(engine, tenant_id, chat_id)
+    if session is None:
+        return []
+    rows, _ = await journal.live_entries(engine, tenant_id, session.id, [str(k) for k in KINDS])
+    return ui_messages([journal_db.journal_entry(row) for row in rows])
 
 
 @dataclass(frozen=True)

@@ -12,13 +12,16 @@ from typing import TYPE_CHECKING, Any
 
 from app.core.builtin_tools import SEARCH_LIMIT_MAX
 from app.core.eviction import READ_TOOL_OUTPUT_DEFINITION
+from app.core.mcp import SEPARATOR, McpServer
 from app.core.tool_loop import PendingCall
+from app.outbound import OutboundRefused, check_url
 from app.services.search import search_history
 
 # Re-exported: they are the registry's vocabulary (a tool function takes a ToolContext, execute
 # returns a ToolOutcome), and the run loop and the tool modules name them from here.
 from app.tools.context import ToolContext as ToolContext
 from app.tools.context import ToolOutcome as ToolOutcome
+from app.tools.mcp import call_tool
 from app.tools.webhook import call_webhook
 
 if TYPE_CHECKING:
@@ -43,10 +46,13 @@ async def execute(
     context: ToolContext,
     *,
     settings: Settings | None = None,
+    mcp_servers: Mapping[str, McpServer] | None = None,
 ) -> ToolOutcome:
     """Run one call of the model against the tools the run offered.
 
-    `settings` gives webhook tools their signing secret and retries (None: unsigned, 2 retries).
+    `settings` gives webhook tools their signing secret and retries (None: unsigned, 2 retries)
+    and what tool calls may reach (None: anywhere but metadata addresses); `mcp_servers`, the
+    run's MCP servers by name (with their credentials: never part of a tool definition).
     """
     definition = next((t for t in tools if t.get("name") == call.name), None)
     if definition is None and call.name == READ_TOOL_OUTPUT_DEFINITION["name"]:
@@ -57,10 +63,22 @@ async def execute(
         return ToolOutcome(f"Error: there is no tool named {call.name!r}.", is_error=True)
     kind = definition.get("kind", "client")
     timeout = float(definition.get("timeout_seconds", 30))
+    allowed = settings.outbound_allowed if settings else ["*"]
+    if kind == "mcp":
+        server_name, _, tool = call.name.partition(SEPARATOR)
+        server = (mcp_servers or {}).get(server_name)
+        if server is None:
+            return ToolOutcome(f"Error: no MCP server offers {call.name!r}.", is_error=True)
+        mcp_timeout = settings.mcp_timeout_seconds if settings else timeout
+        return await call_tool(server, tool, call.arguments, allowed, seconds=mcp_timeout)
     if kind == "webhook":
         url = definition.get("url")
         if not url:
             return ToolOutcome(f"Error: the webhook tool {call.name} has no url.", is_error=True)
+        try:
+            await check_url(str(url), allowed)
+        except OutboundRefused as exc:
+            return ToolOutcome(f"Error: the webhook tool {call.name}: {exc}.", is_error=True)
         return await call_webhook(
             str(url),
             call,

@@ -31,6 +31,7 @@ from app.eventlog.writer import Committed, EventWriter
 from app.llm.router import Router
 from app.llm.tokenizers import stored_counter
 from app.services import retention, run_transitions
+from app.services.approvals import expire_approvals
 from app.services.runs import expire_waiting_runs
 from app.tools.webhook import aclose_shared_client
 from app.worker import runtime as runtimes
@@ -265,11 +266,16 @@ async def _retry_stalled(
             stalled = await app.job_manager.get_stalled_jobs(
                 seconds_since_heartbeat=settings.stalled_after_seconds
             )
-            async with runtime.engine.connect() as conn:
-                unstarted = await jobs_db.unstarted_runs_jobs(
-                    conn, [job.id for job in stalled if job.id is not None]
-                )
+            ids = [job.id for job in stalled if job.id is not None]
+            async with runtime.engine.begin() as conn:
+                unstarted = await jobs_db.unstarted_runs_jobs(conn, ids)
+                superseded = await jobs_db.superseded_runs_jobs(conn, ids)
+                for job_id in superseded:
+                    log.warning("ending stalled job %s: its run has a newer job", job_id)
+                    await jobs_db.end_job(conn, job_id)
             for job in stalled:
+                if job.id in superseded:
+                    continue
                 # A run's job is its lease's once the run started; any other job is retried.
                 if job.id in unstarted or job.task_name != RUN_TASK:
                     log.warning("retrying stalled job %s", job.id)
@@ -283,5 +289,6 @@ async def _retry_stalled(
                         "this worker (%s) had been deregistered: registered again", worker_id
                     )
             await expire_waiting_runs(runtime.engine)
+            await expire_approvals(runtime.engine)
         except Exception:
             log.exception("checking for stalled jobs failed")

@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.core import approvals as approval_texts
 from app.core import tool_choice as tool_choices
 from app.core.entries import EntryKind, FinishReason, JournalEntry, NewEntry
+from app.core.mcp import McpServer
 from app.core.messages import result_text
 from app.core.output_schema import ResponseFormat, answer_problem
 from app.core.projection import ProjectionMeta
@@ -36,10 +38,13 @@ from app.core.tool_loop import (
     thread_call_id,
 )
 from app.core.usage import UsageReport
+from app.db import approvals as approvals_db
 from app.db import jobs as jobs_db
 from app.db import journal as journal_db
 from app.db import runs as runs_db
 from app.db import sessions as sessions_db
+from app.db import steers as steers_db
+from app.db.approvals import Approval
 from app.db.engine import autocommit, read_snapshot
 from app.db.outage import database_unavailable, retrying
 from app.eventlog.registry import APPROACHING_LIMIT_SHARE, AT_LIMIT_SHARE, EventType
@@ -56,7 +61,8 @@ from app.llm.base import (
 )
 from app.llm.catalog import model_labels
 from app.runs.machine import committed_events
-from app.services import run_transitions
+from app.services import mcp_servers as mcp_services
+from app.services import run_transitions, steering
 from app.services.errors import ServiceError
 from app.services.journal import append_in
 from app.services.projection import (
@@ -66,6 +72,7 @@ from app.services.projection import (
     project_run_in,
 )
 from app.telemetry import carried, metrics
+from app.tools import mcp as mcp_tools
 from app.tools.registry import ToolContext, ToolOutcome, execute
 from app.worker.compaction import (
     auto_compact,
@@ -147,7 +154,7 @@ async def _execute(
     progress = _Progress(model=run.model, first_output=run.attempts > 1)
     try:
         policy = RunPolicy.model_validate(run.params.run_policy or {})
-        outcome: Outcome | Pause
+        outcome: Outcome | Pause | AwaitApproval
         try:
             async with asyncio.timeout(policy.max_run_seconds):
                 outcome = await _attempt(runtime, run, progress)
@@ -171,7 +178,7 @@ async def _execute(
             log.exception("run %s crashed", run_id)
             outcome = Outcome("failed", error={"code": "internal_error", "message": str(exc)})
         # Its end is written whatever happens to the database meanwhile: retried until it is back.
-        if isinstance(outcome, Pause):
+        if isinstance(outcome, Pause | AwaitApproval):
             await retrying(lambda: _pause(runtime, run, outcome))
             return False
         ended = await retrying(lambda: _finish(runtime, run, outcome, job_id))
@@ -181,7 +188,9 @@ async def _execute(
         writer.close(run_id)
 
 
-async def _attempt(runtime: Runtime, run: Run, progress: _Progress) -> Outcome | Pause:
+async def _attempt(
+    runtime: Runtime, run: Run, progress: _Progress
+) -> Outcome | Pause | AwaitApproval:
     """The run's work. A database that cannot be reached mid-run (a restart, a failover) is
     waited for, then the work goes on from what the journal holds; clients are told to drop
     the partial answer they saw (`message.reset`), which streams again."""
@@ -232,10 +241,11 @@ async def _finish(runtime: Runtime, run: Run, outcome: Outcome, job_id: int | No
     return job_id is not None
 
 
-async def _pause(runtime: Runtime, run: Run, pause: Pause) -> None:
-    """Park the run in requires_action until the client posts the outputs (or it expires)."""
+async def _pause(runtime: Runtime, run: Run, pause: Pause | AwaitApproval) -> None:
+    """Park the run in requires_action until the client posts the outputs, or in
+    awaiting_approval until a person rules on the calls (or it expires)."""
     await runtime.writer.flush()
-    timeout = runtime.settings.tool_outputs_timeout_seconds
+    settings = runtime.settings
     async with runtime.engine.begin() as conn:
         locked = await runs_db.get_run(conn, run.id, lock=True)
         if locked is None or not locked.active or locked.attempts != run.attempts:
@@ -247,7 +257,12 @@ async def _pause(runtime: Runtime, run: Run, pause: Pause) -> None:
             {"tool_call_id": c.tool_call_id, "name": c.name, "arguments": c.arguments}
             for c in pause.calls
         ]
-        await run_transitions.await_tool_outputs(conn, locked, calls, timeout)
+        if isinstance(pause, AwaitApproval):
+            timeout = settings.tool_approval_timeout_seconds
+            await run_transitions.await_approval(conn, locked, calls, timeout)
+        else:
+            timeout = settings.tool_outputs_timeout_seconds
+            await run_transitions.await_tool_outputs(conn, locked, calls, timeout)
 
 
 async def _claim(runtime: Runtime, run_id: str) -> Run | None:
@@ -276,7 +291,16 @@ class Pause:
     calls: tuple[PendingCall, ...]
 
 
-async def _converse(runtime: Runtime, run: Run, progress: _Progress) -> Outcome | Pause:
+@dataclass(frozen=True)
+class AwaitApproval:
+    """The run waits for a person to rule on these calls (their tools' rule is `ask`)."""
+
+    calls: tuple[PendingCall, ...]
+
+
+async def _converse(
+    runtime: Runtime, run: Run, progress: _Progress
+) -> Outcome | Pause | AwaitApproval:
     """Model turns and tool calls until a final answer, a failure or a limit; each step is
     decided from what the journal holds, so a retried run picks up where this one stopped."""
     session_id = run.session_id
@@ -302,6 +326,10 @@ async def _converse(runtime: Runtime, run: Run, progress: _Progress) -> Outcome 
             except ServiceError as exc:  # the model turn reports it, if there is one
                 first = exc
     config = session.config if session is not None else SessionConfig()
+    servers: dict[str, McpServer] = {}
+    if run.kind is RunKind.ASK and (config.mcp_servers or run.params.mcp_servers):
+        run, servers = await _with_mcp_tools(runtime, run, config)
+        first = None  # projected again, with the servers' tools
     tools = offered_tools(config, run.params.tools)
     tokens_before = session.tokens_used if session is not None else 0
     if any(r.created_at < run.created_at for r in compactions):
@@ -325,15 +353,66 @@ async def _converse(runtime: Runtime, run: Run, progress: _Progress) -> Outcome 
             server_side = tuple(c for c in step.calls if c.name not in client)
             if not server_side:  # only the client can answer these: wait for its outputs
                 return Pause(step.calls)
-            denied = await _run_tools(runtime, run, server_side, tools, policy)
-            if not denied or policy.on_denied == "continue":
+            gated = [c for c in server_side if policy.needs_approval(c.name)]
+            rulings = await _rulings(runtime, run.id) if gated else {}
+            # Calls nobody ruled on yet wait; the others (and the ruled ones) go ahead now.
+            waiting = tuple(c for c in gated if _undecided(rulings.get(c.tool_call_id)))
+            ready = tuple(c for c in server_side if c not in waiting)
+            denied = await _run_tools(runtime, run, ready, tools, policy, rulings, servers)
+            if denied and policy.on_denied == "stop":
+                step = StopRun("tool_denied", f"the policy does not allow {', '.join(denied)}")
+            elif waiting:
+                return AwaitApproval(waiting)
+            else:
                 continue
-            step = StopRun("tool_denied", f"the policy does not allow {', '.join(denied)}")
         if isinstance(step, StopRun):
             return await _violation(runtime, run, step, progress)
+        if await _deliver_steers(runtime, run, step.iteration):
+            projected = None  # the context now ends with the steered message
         outcome = await _model_turn(runtime, run, step.iteration, progress, projected)
         if outcome is not None:
             return outcome
+
+
+async def _with_mcp_tools(
+    runtime: Runtime, run: Run, config: SessionConfig
+) -> tuple[Run, dict[str, McpServer]]:
+    """The run with its MCP servers' tools among its own (in memory: its stored params keep
+    the names only), and the servers by name. Fetched once per run (a short-lived cache across
+    runs); what is left out, and why, is a context.warning, never a failed run."""
+    names = [*(config.mcp_servers or []), *run.params.mcp_servers]
+    async with autocommit(runtime.engine) as conn:
+        servers, missing = await mcp_services.resolve(conn, runtime.settings, run.tenant_id, names)
+    settings = runtime.settings
+    listing = await mcp_tools.list_tools(
+        servers,
+        settings.outbound_allowed,
+        seconds=settings.mcp_timeout_seconds,
+        ttl=settings.mcp_tools_ttl_seconds,
+    )
+    warnings = [f"no MCP server is named {name}" for name in missing] + listing.warnings
+    for warning in warnings:
+        runtime.writer.emit(
+            run.id, EventType.CONTEXT_WARNING, {"level": "tools_left_out", "message": warning}
+        )
+    params = replace(run.params, tools=[*listing.tools, *run.params.tools])
+    return replace(run, params=params), {s.name: s for s in servers}
+
+
+async def _deliver_steers(runtime: Runtime, run: Run, iteration: int) -> bool:
+    """Journal the messages sent to the run while it worked (steers), before the model turn
+    `iteration`, which then sees them; True if there were any."""
+    async with autocommit(runtime.engine) as conn:
+        if not await steers_db.any_pending(conn, run.id):
+            return False
+    async with runtime.engine.begin() as conn:
+        delivered = await steering.deliver_in(conn, run)
+    for steer_id, entry in delivered:
+        data = {"steer_id": steer_id, "entry_seq": int(entry["seq"]), "iteration": iteration}
+        runtime.writer.emit(run.id, EventType.RUN_STEERED, data, urgent=True)
+    for kind, data in committed_events([entry for _, entry in delivered]):
+        runtime.writer.emit(run.id, kind, data)
+    return bool(delivered)
 
 
 def _over_budget(policy: RunPolicy, tokens_before: int, progress: _Progress) -> StopRun | None:
@@ -628,22 +707,37 @@ def _tool_turn(
     return entries
 
 
+async def _rulings(runtime: Runtime, run_id: str) -> dict[str, Approval]:
+    async with autocommit(runtime.engine) as conn:
+        return {a.tool_call_id: a for a in await approvals_db.of_run(conn, run_id)}
+
+
+def _undecided(approval: Approval | None) -> bool:
+    return approval is None or approval.decision is None
+
+
 async def _run_tools(
     runtime: Runtime,
     run: Run,
     calls: tuple[PendingCall, ...],
     tools: list[Any],
     policy: RunPolicy,
+    rulings: dict[str, Approval],
+    servers: Mapping[str, McpServer],
 ) -> list[str]:
     """Execute a turn's unanswered calls concurrently and commit one result per call; returns
-    the names of calls the policy refused (they get an error result instead)."""
+    the names of calls the policy refused (they get an error result instead). A call that
+    waited for approval runs only if it was approved, with the arguments it was approved with,
+    and at most once (approvals_db.claim_execution); else the model reads why it did not."""
     run_id = run.id
     denied = [c.name for c in calls if not policy.allows(c.name)]
     for call in calls:
+        ruling = rulings.get(call.tool_call_id)
+        arguments = ruling.effective_arguments if ruling is not None else call.arguments
         runtime.writer.emit(
             run_id,
             EventType.TOOL_CALL,
-            {"tool_call_id": call.tool_call_id, "name": call.name, "arguments": call.arguments},
+            {"tool_call_id": call.tool_call_id, "name": call.name, "arguments": arguments},
             urgent=True,
         )
 
@@ -651,7 +745,12 @@ async def _run_tools(
         # Each result is committed the moment its tool returns: if the worker dies while a
         # slower call runs, the finished ones are never executed again.
         _check_fence(runtime, run_id)
-        if policy.allows(call.name):
+        ruling = rulings.get(call.tool_call_id)
+        if not policy.allows(call.name):
+            outcome = _refused(call.name)
+        elif ruling is not None:
+            outcome = await _run_ruled(runtime, run, call, tools, ruling, servers)
+        else:
             context = ToolContext(
                 run.tenant_id,
                 run.session_id,
@@ -659,9 +758,9 @@ async def _run_tools(
                 call.tool_call_id,
                 runtime.engine,
             )
-            outcome = await execute(call, tools, context, settings=runtime.settings)
-        else:
-            outcome = _refused(call.name)
+            outcome = await execute(
+                call, tools, context, settings=runtime.settings, mcp_servers=servers
+            )
         runtime.writer.emit(
             run_id,
             EventType.TOOL_RESULT,
@@ -684,6 +783,37 @@ async def _run_tools(
 
     await asyncio.gather(*(settle(call) for call in calls))
     return denied
+
+
+async def _run_ruled(
+    runtime: Runtime,
+    run: Run,
+    call: PendingCall,
+    tools: list[Any],
+    ruling: Approval,
+    servers: Mapping[str, McpServer],
+) -> ToolOutcome:
+    """A call a person ruled on: the rejection or expiry the model reads, or the approved
+    call run once. The claim is committed before the tool starts: a worker that dies while it
+    runs leaves it claimed, and the retried run reports it interrupted instead of running it
+    again. Whatever the tool's kind (built-in, webhook, MCP): `execute` picks the way."""
+    if ruling.decision == "rejected":
+        return ToolOutcome(approval_texts.rejected_text(ruling.reason), is_error=True)
+    if ruling.decision != "approved":
+        return ToolOutcome(approval_texts.EXPIRED_TEXT, is_error=True)
+    async with runtime.engine.begin() as conn:
+        claimed = await approvals_db.claim_execution(conn, run.id, call.tool_call_id)
+    if not claimed:
+        return ToolOutcome(approval_texts.INTERRUPTED_TEXT, is_error=True)
+    approved = replace(call, arguments=ruling.effective_arguments)
+    context = ToolContext(run.tenant_id, run.session_id, run.id, call.tool_call_id, runtime.engine)
+    outcome = await execute(
+        approved, tools, context, settings=runtime.settings, mcp_servers=servers
+    )
+    if ruling.edited_arguments is None:
+        return outcome
+    note = approval_texts.edited_note(ruling.edited_arguments)
+    return ToolOutcome(note + result_text(outcome.content), is_error=outcome.is_error)
 
 
 def _refused(name: str) -> ToolOutcome:

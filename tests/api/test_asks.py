@@ -346,17 +346,17 @@ async def test_an_api_process_killed_mid_stream_loses_nothing(
 async def test_a_lone_surrogate_from_the_model_is_stored_replaced(
     api: httpx.AsyncClient, upstream: FakeUpstream, model: str
 ) -> None:
-    """A provider's JSON may escape a lone surrogate; Postgres cannot store one, so the answer
-    (and the run's end) could never be written. It arrives as U+FFFD instead."""
+    """A provider's JSON may escape a lone surrogate or a NUL; Postgres cannot store one, so
+    the answer (and the run's end) could never be written. It arrives as U+FFFD instead."""
     sid = (await new_session(api))["id"]
-    upstream.script(Text("a\ud800b"), Text(" ok"))
+    upstream.script(Text("a\ud800b"), Text(" o\x00k"))
     seen = await collect(
         api, "POST", f"/v1/sessions/{sid}/ask", json={"input": "go", "model": model}
     )
     assert seen[-1].type == "run.completed"
-    assert deltas(seen) == "a\ufffdb ok" == seen[-1].data["text"]
+    assert deltas(seen) == "a\ufffdb o\ufffdk" == seen[-1].data["text"]
     answer = (await history(api, sid))[-3]
-    assert answer["payload"]["content"] == "a\ufffdb ok"
+    assert answer["payload"]["content"] == "a\ufffdb o\ufffdk"
 
 
 CALCULATOR = {"name": "calculator", "kind": "builtin"}

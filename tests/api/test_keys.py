@@ -56,6 +56,8 @@ async def test_a_read_only_key_reads_and_writes_nothing(
                 namespace="notes",
                 chat_id="c",
                 webhook_id=uuid.uuid4(),
+                name="helper",
+                server_id=uuid.uuid4(),
             )
             response = await reader.request(method.upper(), url, json={})
             assert response.status_code == 403, (method, path, response.text)

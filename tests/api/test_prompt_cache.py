@@ -72,6 +72,7 @@ async def test_anthropic_requests_mark_the_stable_prefixes_and_count_cache_use(
         "output_tokens": 30,
         "cached_tokens": 1_000,
         "cache_write_tokens": 1_400,
+        "reasoning_tokens": 0,
         "cost_usd": None,
     }
     assert Decimal(str(session["usage"]["cost_usd"])) == pytest.approx(sum(expected))

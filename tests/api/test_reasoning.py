@@ -4,13 +4,15 @@ by a client are checked like any content."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import httpx
 import pytest
 
-from testkit.api import history, new_session
-from testkit.upstream import FakeUpstream
+from app.core.reasoning import DEFAULT_ANSWER_TOKENS
+from testkit.api import append_texts, history, new_session
+from testkit.upstream import FakeUpstream, Text
 
 THINKING = "anthropic:claude-sonnet-4-5"
 PLAIN = "openai:gpt-4o-mini"
@@ -149,3 +151,51 @@ async def test_appended_thinking_parts_are_checked_at_the_door(api: httpx.AsyncC
     assert [e["payload"]["content"] for e in await history(api, sid)] == [[thought]]
     as_input = await api.post(f"/v1/sessions/{sid}/ask", json={"input": [thought]})
     assert as_input.status_code == 422  # an ask's input is what a person says: no reasoning
+
+
+BIG_BUDGET = 100_000  # of a 200k window: more than the default reserve (32k) by far
+
+
+async def test_a_large_thinking_budget_keeps_room_for_the_thinking_and_the_answer(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    """Anthropic refuses a request whose prompt and max_tokens (the thinking budget and the
+    answer's cap) exceed the window: the projection keeps that much of it free."""
+    policy = {"max_input_tokens": 120_000}
+    config = {
+        "model": THINKING,
+        "reasoning": {"budget_tokens": BIG_BUDGET},
+        "context_policy": policy,
+    }
+    sid = (await new_session(api, config=config))["id"]
+    # About 36k tokens of history: within the default budget (90k), not beside 104k of output.
+    long = [f"note {i}: " + "lorem ipsum dolor sit amet " * 300 for i in range(24)]
+    await append_texts(api, sid, *long)
+
+    room = BIG_BUDGET + DEFAULT_ANSWER_TOKENS
+    context = (await api.get(f"/v1/sessions/{sid}/context")).json()
+    assert context["reserve_output_tokens"] == room
+    assert context["budget"] == 120_000 - room
+    dry = (await api.post(f"/v1/sessions/{sid}/projection", json={})).json()
+    assert dry["meta"]["truncated"] is True
+    assert dry["meta"]["estimated_tokens"] <= 120_000 - room
+
+    upstream.script(Text("Done."))
+    answered = await api.post(f"/v1/sessions/{sid}/ask", json={"input": "Sum up.", "stream": False})
+    assert answered.status_code == 202, answered.text
+    run = (await api.get(f"/v1/runs/{answered.json()['id']}", params={"wait": "true"})).json()
+    assert run["status"] == "completed", run
+    body = upstream.requests[-1].body
+    assert body["thinking"]["budget_tokens"] == BIG_BUDGET and body["max_tokens"] == room
+    sent = json.dumps(body["messages"])
+    assert "note 23:" in sent and "note 0:" not in sent  # the oldest notes left out
+
+    # An ask's own cap counts too; one that leaves no room for the prompt is refused.
+    before = await history(api, sid)
+    no_room = await api.post(
+        f"/v1/sessions/{sid}/ask",
+        json={"input": "More", "max_output_tokens": 20_000, "stream": False},
+    )
+    assert no_room.status_code == 422, no_room.text
+    assert no_room.json()["error"]["code"] == "context_overflow"
+    assert await history(api, sid) == before

@@ -31,6 +31,7 @@ async def test_create_and_read(client: httpx.AsyncClient) -> None:
         "output_tokens": 0,
         "cached_tokens": 0,
         "cache_write_tokens": 0,
+        "reasoning_tokens": 0,
         "cost_usd": 0.0,
     }
     assert fetched["config"]["tools"][0]["kind"] == "client"  # defaults are filled in

@@ -25,6 +25,8 @@ SESSION_ROUTES: dict[tuple[str, str], dict[str, Any] | None] = {
     ("GET", "/v1/sessions/{session_id}/stream"): None,
     ("GET", "/v1/sessions/{session_id}/search?q=secret"): None,
     ("POST", "/v1/sessions/{session_id}/compact"): {"keep_last_turns": 0},
+    ("GET", "/v1/sessions/{session_id}/export"): None,
+    ("POST", "/v1/sessions/{session_id}/agent_version"): {},
 }
 RUN_ROUTES: dict[tuple[str, str], dict[str, Any] | None] = {
     ("GET", "/v1/runs/{run_id}"): None,
@@ -32,6 +34,10 @@ RUN_ROUTES: dict[tuple[str, str], dict[str, Any] | None] = {
     ("POST", "/v1/runs/{run_id}/cancel"): None,
     ("POST", "/v1/runs/{run_id}/tool_outputs"): {
         "tool_outputs": [{"tool_call_id": "c1", "output": "x"}]
+    },
+    ("GET", "/v1/runs/{run_id}/approvals"): None,
+    ("POST", "/v1/runs/{run_id}/approvals"): {
+        "approvals": [{"tool_call_id": "c1", "decision": "approve"}]
     },
 }
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import shutil
 import subprocess
@@ -18,9 +19,20 @@ import httpx
 import pytest
 
 from testkit.api import history, new_session
-from testkit.upstream import FailMidStream, FakeUpstream, Hold, Text, ToolCall, Usage
+from testkit.upstream import (
+    FailMidStream,
+    FakeUpstream,
+    Hold,
+    RedactedThinking,
+    Text,
+    Thinking,
+    ToolCall,
+    Usage,
+)
+from tests.documents import pdf
 
-JS = Path(__file__).parent / "ui_chat_js"
+JS = Path(__file__).parent / "ui_chat_js"  # the current major of `ai`, and chat.mjs
+JS_V5 = Path(__file__).parent / "ui_chat_js_v5"  # `ai` 5, for the clients still on it
 HANG_SECONDS = 300
 CALCULATOR = {
     "name": "calculator",
@@ -28,14 +40,21 @@ CALCULATOR = {
     "description": "Arithmetic",
     "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
 }
+THINKING = "anthropic:claude-sonnet-4-5"  # a model that reasons (the fake signs its thinking)
 
 
 def install_ai_sdk() -> None:
-    """The pinned `ai` package (package-lock.json), installed once (`make test` does it too)."""
-    if not (JS / "node_modules" / "ai").is_dir():
-        npm = shutil.which("npm")
-        assert npm is not None, "Node and npm are needed (Node 20 or later)"
-        subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=JS, check=True)
+    """The pinned `ai` packages (package-lock.json), installed once (`make test` does it too)."""
+    for sdk in (JS, JS_V5):
+        if not (sdk / "node_modules" / "ai").is_dir():
+            npm = shutil.which("npm")
+            assert npm is not None, "Node and npm are needed (Node 20 or later)"
+            subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=sdk, check=True)
+
+
+def ai_major(sdk: Path) -> int:
+    version = json.loads((sdk / "node_modules" / "ai" / "package.json").read_text())["version"]
+    return int(version.split(".")[0])
 
 
 @pytest.fixture(scope="module")
@@ -52,9 +71,13 @@ def user(text: str, message_id: str | None = None) -> dict[str, Any]:
 
 
 class Node:
-    """`node chat.mjs` running one scenario; its JSON lines are read as they come."""
+    """`node chat.mjs` running one scenario with the `ai` package installed in `sdk`; its JSON
+    lines are read as they come."""
 
-    def __init__(self, api: httpx.AsyncClient, scenario: str, chat_id: str, **args: Any) -> None:
+    def __init__(
+        self, api: httpx.AsyncClient, scenario: str, chat_id: str, sdk: Path = JS, **args: Any
+    ) -> None:
+        self.sdk = sdk  # where node runs: the `ai` package it loads
         self.args = {
             "api": str(api.base_url.join("/v1/ui/chat")),
             "key": api.headers["Authorization"].removeprefix("Bearer "),
@@ -71,7 +94,7 @@ class Node:
             node,
             str(JS / "chat.mjs"),
             json.dumps(self.args),
-            cwd=JS,
+            cwd=self.sdk,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
         )
@@ -98,8 +121,10 @@ class Node:
             assert self.process.returncode == 0
 
 
-async def run_node(api: httpx.AsyncClient, scenario: str, chat_id: str, **args: Any) -> Any:
-    async with Node(api, scenario, chat_id, **args) as node:
+async def run_node(
+    api: httpx.AsyncClient, scenario: str, chat_id: str, sdk: Path = JS, **args: Any
+) -> Any:
+    async with Node(api, scenario, chat_id, sdk, **args) as node:
         return await node.line()
 
 
@@ -110,6 +135,14 @@ def texts_of(message: dict[str, Any]) -> list[str]:
 def run_id_of(chunks: list[dict[str, Any]]) -> str:
     run: str = next(c for c in chunks if c["type"] == "data-threadline-run")["data"]["runId"]
     return run
+
+
+# The `ai` majors a test runs with: the current one and 5 (for what 5 supports).
+BOTH_MAJORS = pytest.mark.parametrize("sdk", [JS, JS_V5], ids=["ai-current", "ai-5"])
+
+
+def test_the_ai_sdk_projects_hold_the_current_major_and_5(ai_sdk: None) -> None:
+    assert (ai_major(JS), ai_major(JS_V5)) == (7, 5)
 
 
 @pytest.fixture
@@ -170,8 +203,9 @@ async def test_a_streamed_answer_renders_and_only_the_new_message_is_journaled(
     ]
 
 
+@BOTH_MAJORS
 async def test_a_tool_call_renders_as_a_tool_part_and_a_second_step(
-    api: httpx.AsyncClient, upstream: FakeUpstream, ai_sdk: None
+    api: httpx.AsyncClient, upstream: FakeUpstream, ai_sdk: None, sdk: Path
 ) -> None:
     # A chat id that is a session's id is that session (here, one with a tool).
     sid = (await new_session(api, config={"tools": [CALCULATOR]}))["id"]
@@ -181,7 +215,7 @@ async def test_a_tool_call_renders_as_a_tool_part_and_a_second_step(
         Usage(30, 10),
     )
     upstream.script(Text("The result is 12"), Usage(50, 5))
-    result = await run_node(api, "send", sid, messages=[user("Multiply 4 by 3")])
+    result = await run_node(api, "send", sid, sdk, messages=[user("Multiply 4 by 3")])
     parts = result["messages"][-1]["parts"]
     assert [p["type"] for p in parts if not p["type"].startswith("data-")] == [
         "step-start",
@@ -198,8 +232,140 @@ async def test_a_tool_call_renders_as_a_tool_part_and_a_second_step(
     assert result["chunks"][-1] == {"type": "finish", "finishReason": "stop"}
 
 
+@BOTH_MAJORS
+async def test_reasoning_renders_as_reasoning_parts_before_each_turns_text(
+    api: httpx.AsyncClient, upstream: FakeUpstream, ai_sdk: None, sdk: Path
+) -> None:
+    """Thinking streams as reasoning parts (useChat shows them apart from the answer), in
+    their order among each model turn's text and tool calls; a redacted block is an empty
+    part that says so."""
+    config = {"model": THINKING, "tools": [CALCULATOR], "reasoning": {"effort": "medium"}}
+    sid = (await new_session(api, config=config))["id"]
+    upstream.script(
+        Thinking("Four times three."),
+        RedactedThinking(),
+        Text("Computing."),
+        ToolCall("toolu_1", "calculator", '{"expression": "4 * 3"}'),
+    )
+    upstream.script(Thinking("It is twelve."), Text("12"), Usage(40, 9))
+    result = await run_node(api, "send", sid, sdk, messages=[user("Multiply 4 by 3")])
+    assert result["errors"] == []
+    parts = [p for p in result["messages"][-1]["parts"] if not p["type"].startswith("data-")]
+    assert [(p["type"], p.get("text")) for p in parts] == [
+        ("step-start", None),
+        ("reasoning", "Four times three."),
+        ("reasoning", ""),
+        ("text", "Computing."),
+        ("tool-calculator", None),
+        ("step-start", None),
+        ("reasoning", "It is twelve."),
+        ("text", "12"),
+    ]
+    assert all(p["state"] == "done" for p in parts if p["type"] in ("reasoning", "text"))
+    assert parts[2]["providerMetadata"] == {"threadline": {"redacted": True}}
+    assert "providerMetadata" not in parts[1] and "providerMetadata" not in parts[6]
+    assert parts[4]["state"] == "output-available" and parts[4]["output"] == "12"
+    # Each block is opened, written and closed before the turn's text starts.
+    bounds = [
+        (c["type"], c["id"])
+        for c in result["chunks"]
+        if c["type"] in ("reasoning-start", "reasoning-end", "text-start", "text-end")
+    ]
+    assert bounds == [
+        ("reasoning-start", "reasoning-1"),
+        ("reasoning-end", "reasoning-1"),
+        ("reasoning-start", "reasoning-2"),
+        ("reasoning-end", "reasoning-2"),
+        ("text-start", "text-1"),
+        ("text-end", "text-1"),
+        ("reasoning-start", "reasoning-3"),
+        ("reasoning-end", "reasoning-3"),
+        ("text-start", "text-2"),
+        ("text-end", "text-2"),
+    ]
+    # The answer is the text alone: the journal's last answer, and what the model was sent.
+    assert texts_of(result["messages"][-1]) == ["Computing.", "12"]
+
+
+def shown(part: dict[str, Any]) -> dict[str, Any]:
+    """What a page shows of a part (not how it came: streamed chunks' provider flags)."""
+    keys = ("type", "text", "state", "toolCallId", "input", "output", "errorText")
+    return {k: part[k] for k in (*keys, "providerMetadata") if k in part}
+
+
+@BOTH_MAJORS
+async def test_the_stored_messages_are_what_was_streamed_and_useChat_takes_them(
+    api: httpx.AsyncClient, upstream: FakeUpstream, ai_sdk: None, sdk: Path
+) -> None:
+    """GET .../messages: the chat's history as UI messages, reasoning and tools included, in
+    the shapes the stream rendered; the AI SDK validates them and a Chat continues from them."""
+    config = {"model": THINKING, "tools": [CALCULATOR], "reasoning": {"effort": "medium"}}
+    sid = (await new_session(api, config=config))["id"]
+    upstream.script(
+        Thinking("Four times three."),
+        RedactedThinking(),
+        Text("Computing."),
+        ToolCall("toolu_1", "calculator", '{"expression": "4 * 3"}'),
+    )
+    upstream.script(Thinking("It is twelve."), Text("12"), Usage(40, 9))
+    streamed = await run_node(api, "send", sid, sdk, messages=[user("Multiply 4 by 3", "u1")])
+    upstream.script(Thinking("Easy."), Text("You are welcome."))
+    result = await run_node(api, "history", sid, sdk, send="Thanks")
+    assert result["errors"] == []
+    stored = result["stored"]
+    assert [(m["role"], m["id"]) for m in stored] == [
+        ("user", stored[0]["id"]),
+        ("assistant", run_id_of(streamed["chunks"])),
+    ]
+    assert stored[0]["parts"] == [{"type": "text", "text": "Multiply 4 by 3"}]
+    answer = streamed["messages"][-1]["parts"]
+    # The same parts; a tool's output as the journal has it (the stream sends its preview).
+    assert [shown(p) for p in stored[1]["parts"]] == [
+        {**shown(p), "output": 12} if p["type"] == "tool-calculator" else shown(p)
+        for p in answer
+        if not p["type"].startswith("data-")
+    ]
+    # The Chat went on from the stored history: the new answer, its reasoning first.
+    assert [m["role"] for m in result["messages"]] == ["user", "assistant", "user", "assistant"]
+    last = [p for p in result["messages"][-1]["parts"] if not p["type"].startswith("data-")]
+    assert [(p["type"], p.get("text")) for p in last] == [
+        ("step-start", None),
+        ("reasoning", "Easy."),
+        ("text", "You are welcome."),
+    ]
+    new_chat = await api.get(f"/v1/ui/chat/chat-{uuid.uuid4()}/messages")
+    assert new_chat.status_code == 200 and new_chat.json() == {"messages": []}
+
+
+@BOTH_MAJORS
+async def test_an_attached_pdf_is_journaled_as_a_document_and_sent_to_the_model(
+    api: httpx.AsyncClient, upstream: FakeUpstream, ai_sdk: None, sdk: Path
+) -> None:
+    """useChat's sendMessage({text, files}): the PDF file part becomes the user message's
+    document part (in the parts' order), which the provider gets in its own shape; the stored
+    messages give it back as a file part."""
+    chat = f"chat-{uuid.uuid4()}"
+    url = "data:application/pdf;base64," + base64.b64encode(pdf(2)).decode()
+    attached = {"type": "file", "mediaType": "application/pdf", "filename": "plan.pdf", "url": url}
+    upstream.script(Text("Two blank pages."))
+    actions = [{"send": "What is in it?", "files": [attached]}]
+    result = await run_node(api, "chat", chat, sdk, actions=actions)
+    assert result["errors"] == [] and texts_of(result["messages"][-1]) == ["Two blank pages."]
+    sid = (await api.get("/v1/sessions", params={"metadata": f"ai_sdk_chat_id:{chat}"})).json()
+    journal = await history(api, sid["data"][0]["id"])
+    assert journal[0]["payload"]["content"] == [
+        {"type": "document", "url": url, "filename": "plan.pdf"},
+        {"type": "text", "text": "What is in it?"},
+    ]
+    sent = upstream.requests[-1].body["messages"][-1]["content"]
+    assert sent[0] == {"type": "file", "file": {"filename": "plan.pdf", "file_data": url}}
+    stored = (await api.get(f"/v1/ui/chat/{chat}/messages")).json()["messages"]
+    assert stored[0]["parts"] == [attached, {"type": "text", "text": "What is in it?"}]
+
+
+@BOTH_MAJORS
 async def test_a_client_side_tool_runs_in_the_browser_and_the_run_goes_on(
-    api: httpx.AsyncClient, upstream: FakeUpstream, ai_sdk: None
+    api: httpx.AsyncClient, upstream: FakeUpstream, ai_sdk: None, sdk: Path
 ) -> None:
     locate = {"name": "get_location", "kind": "client", "description": "Where the user is"}
     sid = (await new_session(api, config={"tools": [locate]}))["id"]
@@ -207,7 +373,7 @@ async def test_a_client_side_tool_runs_in_the_browser_and_the_run_goes_on(
     upstream.script(Text("You are in Oslo."))
     actions = [{"send": "Where am I?", "until": "You are in Oslo."}]
     outputs = {"get_location": {"city": "Oslo"}}
-    result = await run_node(api, "chat", sid, actions=actions, toolOutputs=outputs)
+    result = await run_node(api, "chat", sid, sdk, actions=actions, toolOutputs=outputs)
     assert result["errors"] == [] and result["status"] == "ready"
     assert [m["role"] for m in result["messages"]] == ["user", "assistant"]
     parts = [p for p in result["messages"][-1]["parts"] if not p["type"].startswith("data-")]
@@ -434,6 +600,24 @@ async def test_bad_requests_get_json_errors(api: httpx.AsyncClient) -> None:
     response = await api.post("/v1/ui/chat", json=regenerate)
     assert response.status_code == 422
     assert response.json()["error"]["code"] == "nothing_to_regenerate"
+    for file, field in (
+        ({"mediaType": "application/zip", "url": "data:application/zip;base64,UEs="}, "mediaType"),
+        ({"mediaType": "application/pdf", "url": "https://example.com/a.pdf"}, "url"),
+    ):
+        parts = [{"type": "text", "text": "Read this"}, {"type": "file", **file}]
+        message = {"id": "m", "role": "user", "parts": parts}
+        response = await api.post("/v1/ui/chat", json={"id": chat, "messages": [message]})
+        assert response.status_code == 422, response.text
+        error = response.json()["error"]
+        assert error["code"] == "unsupported_file"
+        assert error["details"]["loc"] == ["body", "messages", 0, "parts", 1, field]
+    bad_image = {"type": "file", "mediaType": "image/png", "url": "data:image/png;base64,AAAA"}
+    message = {"id": "m", "role": "user", "parts": [bad_image, {"type": "text", "text": "See"}]}
+    response = await api.post("/v1/ui/chat", json={"id": chat, "messages": [message]})
+    assert response.status_code == 422 and response.json()["error"]["code"] != "unsupported_file"
+    # Nothing refused made the chat's session.
+    found = await api.get("/v1/sessions", params={"metadata": f"ai_sdk_chat_id:{chat}"})
+    assert found.json()["data"] == []
     response = await api.post("/v1/ui/chat", json={"id": chat, "messages": [], "trigger": "x"})
     assert response.status_code == 422 and "error" in response.json()
     anonymous = await httpx.AsyncClient(base_url=api.base_url).post("/v1/ui/chat", json=no_user)

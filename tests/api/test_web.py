@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Page, expect
+from playwright.sync_api import Browser, FilePayload, Page, expect
 
 from app.api.web import ASSETS
 from app.config import Settings
@@ -28,8 +28,9 @@ from app.main import create_app
 from testkit.browser import WAIT_MS, chromium_binary, launched_chromium
 from testkit.path_proxy import path_proxy
 from testkit.server import serve_in_thread, stop_thread_server
-from testkit.upstream import FailMidStream, FakeUpstream, Hold, Text
+from testkit.upstream import FailMidStream, FakeUpstream, Hold, RedactedThinking, Text, Thinking
 from tests.conftest import issue_key
+from tests.documents import pdf
 from tests.e2e import create_database, e2e_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -402,6 +403,98 @@ def test_a_retried_turn_shows_its_voided_attempt_apart(
         fail.set()
         release.set()
         page.close()
+
+
+def test_reasoning_shows_folded_under_the_answer_while_streaming_and_after(
+    browser: Browser, served: Served, upstream: FakeUpstream
+) -> None:
+    """A model that thinks: its reasoning streams in folded before the answer, and stays
+    folded there once the journal's version replaces the streamed one; a block the provider
+    redacted says so, with no text."""
+    upstream.clear()
+    release = threading.Event()
+    upstream.script(
+        Thinking("Rain is likely in Oslo today."),
+        RedactedThinking(),
+        Hold(release),
+        Text("Pack an umbrella."),
+    )
+    config = {"model": "anthropic:claude-sonnet-4-5", "reasoning": {"effort": "low"}}
+    with api(served) as client:
+        sid = client.post("/v1/sessions", json={"title": "Think", "config": config}).json()["id"]
+    page = signed_in(browser, served)
+    try:
+        open_session(page, served, sid)
+        box = page.get_by_label("Message", exact=True)
+        box.fill("Umbrella?")
+        box.press("Enter")
+        reasoning = page.locator(".message.assistant details.reasoning")
+        expect(reasoning).to_have_count(2)
+        expect(reasoning.first.locator("summary")).to_have_text("Reasoning")
+        expect(reasoning.first.get_by_text("Rain is likely")).to_be_hidden()  # folded
+        expect(reasoning.last.locator("summary")).to_have_text(
+            "Reasoning (redacted by the provider)"
+        )
+        release.set()
+        expect(page.get_by_role("button", name="Branch from message #3")).to_be_visible()
+        # The journal's answer: its reasoning first, folded, then the text.
+        body = assistant_text(page)
+        expect(body.locator("details.reasoning")).to_have_count(2)
+        expect(body.locator(".text").last).to_have_text("Pack an umbrella.")
+        first = body.locator("details.reasoning").first
+        expect(first.get_by_text("Rain is likely in Oslo today.")).to_be_hidden()
+        first.locator("summary").click()
+        expect(first.get_by_text("Rain is likely in Oslo today.")).to_be_visible()
+        expect(body.locator("details.reasoning").last.locator(".text")).to_have_count(0)
+        shot(page, "06-reasoning")
+    finally:
+        release.set()
+        page.close()
+
+
+def test_a_dropped_or_attached_file_is_shown_and_only_pdf_or_text_is_taken(
+    browser: Browser, served: Served, upstream: FakeUpstream
+) -> None:
+    """Files dropped on the composer or picked with Attach are listed (and can be removed);
+    a type the service does not read is refused on the page, saying why."""
+    upstream.clear()
+    page = signed_in(browser, served)
+    try:
+        page.get_by_role("button", name="Start session").click()
+        expect(page.get_by_label("Message", exact=True)).to_be_visible()
+        drop_file(page, "plan.pdf", "application/pdf", PDF)
+        attachments = page.get_by_role("list", name="Attachments")
+        expect(attachments).to_contain_text("plan.pdf")
+        drop_file(page, "photo.zip", "application/zip", b"PK")
+        expect(page.get_by_role("alert")).to_contain_text(
+            "Only PDF and plain text files can be attached (not photo.zip)"
+        )
+        notes: FilePayload = {"name": "notes.txt", "mimeType": "text/plain", "buffer": b"Milk."}
+        page.locator("input[type=file]").set_input_files(files=[notes])
+        expect(attachments.locator("li")).to_have_count(2)
+        page.get_by_role("button", name="Remove notes.txt").click()
+        expect(attachments.locator("li")).to_have_count(1)
+        shot(page, "08-attachment")
+    finally:
+        page.close()
+
+
+PDF = pdf()
+
+
+def drop_file(page: Page, name: str, media_type: str, data: bytes) -> None:
+    """A file dropped on the composer, as a browser's drag and drop delivers it."""
+    page.evaluate(
+        """([name, type, bytes]) => {
+          const transfer = new DataTransfer();
+          transfer.items.add(new File([new Uint8Array(bytes)], name, { type }));
+          const composer = document.querySelector(".composer");
+          const event = { dataTransfer: transfer, bubbles: true, cancelable: true };
+          composer.dispatchEvent(new DragEvent("dragover", event));
+          composer.dispatchEvent(new DragEvent("drop", event));
+        }""",
+        [name, media_type, list(data)],
+    )
 
 
 def test_tool_calls_fold_and_a_branch_switches_between_threads(

@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.services.keys import create_key
 from testkit.proxy import CuttingProxy
 from testkit.server import free_port
-from testkit.upstream import FakeUpstream, Hold, Text, ToolCall
+from testkit.upstream import FakeUpstream, Hold, Text, Thinking, ToolCall
 from tests.e2e import Service
 from tests.test_cli import Served
 
@@ -282,6 +282,86 @@ async def test_a_client_side_tool_call_stops_the_answer(
     assert child.exit_status() == 0
 
 
+THINKING_CONFIG = {"model": "anthropic:claude-sonnet-4-5", "reasoning": {"effort": "low"}}
+DIM = "\x1b[2;3m"  # dim italic, as the terminal gets it
+
+
+async def test_reasoning_shows_dimmed_above_the_answer_and_can_be_hidden(
+    service: Service, key: str, api: httpx.AsyncClient, upstream: FakeUpstream, spawn: Spawn
+) -> None:
+    created = await api.post("/v1/sessions", json={"config": THINKING_CONFIG})
+    session_id = created.json()["id"]
+    upstream.script(Thinking("Oslo lies far north in winter."), Text("Pack a warm coat."))
+    child = spawn("--url", service.url, "--key", key, "--resume", session_id)
+    child.say("Weather in Oslo?")
+    child.expect_text("Oslo lies far north in winter.")
+    child.expect_text("Pack a warm coat.")
+    thought = child.raw.rindex("Oslo lies far north")
+    assert DIM in child.raw[max(0, thought - 40) : thought]
+
+    child.say("/reasoning")
+    child.expect_text("the model's reasoning is hidden")
+    upstream.script(Thinking("A secret plan, hidden."), Text("Take gloves too."))
+    child.say("And my hands?")
+    child.expect_text("Take gloves too.")
+    child.say("/history")  # the journal's reasoning is not what the model said either
+    child.expect(r"assistant: Take gloves too\.")
+    child.say("/quit")
+    assert child.exit_status() == 0
+    assert "A secret plan" not in child.text
+
+    upstream.script(Thinking("Hidden from the start."), Text("Bring a hat."))
+    child = spawn("--url", service.url, "--key", key, "--resume", session_id, "--hide-reasoning")
+    child.say("And my head?")
+    child.expect_text("Bring a hat.")
+    child.say("/reasoning")
+    child.expect_text("the model's reasoning is shown")
+    child.say("/quit")
+    assert child.exit_status() == 0
+    assert "Hidden from the start." not in child.text
+
+
+async def test_a_tool_call_needing_approval_is_prompted_for(
+    service: Service, key: str, api: httpx.AsyncClient, upstream: FakeUpstream, spawn: Spawn
+) -> None:
+    """Approve with edited arguments (a bad edit is refused and asked again), then reject."""
+    config = {
+        "tools": [{"name": "calculator", "kind": "builtin"}],
+        "run_policy": {"tool_approval": {"default": "ask"}},
+    }
+    session_id = (await api.post("/v1/sessions", json={"config": config})).json()["id"]
+    upstream.script(ToolCall("c1", "calculator", '{"expression": "2+2"}'))
+    upstream.script(Text("It is nine."))
+    child = spawn("--url", service.url, "--key", key, "--resume", session_id)
+    child.say("Compute")
+    child.expect_text('approve? calculator({"expression": "2+2"})')
+    child.expect_text("y approve · e edit · n reject:")
+    child.child.send("e\r")
+    child.expect_text("arguments (JSON):")
+    child.child.send('{"expression": 5}\r')
+    child.expect(r"error: .*invalid_arguments")
+    child.expect_text("y approve · e edit · n reject:")
+    child.child.send("e\r")
+    child.expect_text("arguments (JSON):")
+    child.child.send('{"expression": "3*3"}\r')
+    child.expect_text("approved")
+    child.expect_text("It is nine.")
+    assert "3*3" in upstream.requests[-1].body["messages"][-1]["content"]
+
+    upstream.script(ToolCall("c2", "calculator", '{"expression": "1/0"}'))
+    upstream.script(Text("Understood."))
+    child.say("Again")
+    child.expect_text("y approve · e edit · n reject:")
+    child.child.send("n\r")
+    child.expect_text("reason (optional):")
+    child.child.send("no division by zero\r")
+    child.expect_text("rejected")
+    child.expect_text("Understood.")
+    assert "no division by zero" in upstream.requests[-1].body["messages"][-1]["content"]
+    child.say("/quit")
+    assert child.exit_status() == 0
+
+
 async def test_resume_shows_the_last_turns_and_compact_summarizes(
     service: Service, key: str, api: httpx.AsyncClient, upstream: FakeUpstream, spawn: Spawn
 ) -> None:
@@ -326,6 +406,24 @@ async def test_fork_at_start_chats_in_a_child(
     assert child.exit_status() == 0
     fork = (await api.get(f"/v1/sessions/{fork_id}")).json()
     assert fork["parent_id"] == session_id and fork["rev"] == 2
+
+
+async def test_agent_starts_a_session_from_an_agent(
+    service: Service, key: str, api: httpx.AsyncClient, upstream: FakeUpstream, spawn: Spawn
+) -> None:
+    config = {"model": "openai:gpt-4o-mini", "system_prompt": "You are the travel agent."}
+    await api.post("/v1/agents", json={"name": "travel", "config": config})
+    upstream.script(Text("Lisbon."))
+    child = spawn("--url", service.url, "--key", key, "--agent", "travel@1")
+    session_id = child.session_id()
+    child.expect_text("new session · agent travel v1")
+    child.say("Where to?")
+    child.expect_text("Lisbon.")
+    child.say("/quit")
+    assert child.exit_status() == 0
+    assert upstream.requests[-1].body["messages"][0]["content"] == "You are the travel agent."
+    session = (await api.get(f"/v1/sessions/{session_id}")).json()
+    assert session["agent"]["name"] == "travel"
 
 
 async def test_a_refused_key_or_a_missing_service_is_a_clear_error(

@@ -8,6 +8,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 from rich.console import Console
+from rich.text import Text as RichText
 
 from app.chat.client import RunEvent
 from app.chat.view import RunView, Tail, printable
@@ -185,3 +186,58 @@ def test_a_long_answer_shows_its_tail_while_it_streams() -> None:
     shown = out.getvalue()
     assert "line 20" in shown and "line 1\n" not in shown and "line 17" not in shown
     assert len(shown.splitlines()) == 6  # the screen's height, less room for the prompt
+
+
+THINKING = events(
+    ("reasoning.delta", {"index": 0, "text": "Oslo is far ", "start": True}),
+    ("reasoning.delta", {"index": 0, "text": "north.", "end": True}),
+    ("reasoning.delta", {"index": 1, "text": "", "start": True, "end": True, "redacted": True}),
+    ("message.delta", {"text": "Pack a coat."}),
+    ("run.completed", {**COMPLETED, "text": "Pack a coat."}),
+)
+
+
+def test_reasoning_shows_dimmed_above_the_answer_or_not_at_all_when_hidden() -> None:
+    screen, out = console(terminal=True)
+    view = RunView(screen)
+    show(view, THINKING)
+    thought, redacted, answer = view.blocks[:3]
+    assert isinstance(thought, RichText) and thought.plain == "Oslo is far north."
+    assert thought.style == "dim italic"
+    assert isinstance(redacted, RichText) and "encrypted" in redacted.plain
+    assert answer == "Pack a coat."
+    final = out.getvalue()
+    assert final.index("Oslo is far north.") < final.index("Pack a coat.")
+    assert "\x1b[2;3m" in final  # dim italic
+
+    screen, out = console(terminal=True)
+    hidden = RunView(screen, show_reasoning=False)
+    show(hidden, THINKING)
+    assert hidden.blocks[0] == "Pack a coat."
+    assert "Oslo" not in out.getvalue() and "encrypted" not in out.getvalue()
+
+
+def test_a_pipe_gets_reasoning_marked_as_such_on_lines_of_its_own() -> None:
+    screen, out = console(terminal=False)
+    show(RunView(screen), THINKING)
+    assert out.getvalue().splitlines()[:3] == [
+        "thinking: Oslo is far north.",
+        "(the provider encrypted this reasoning)",
+        "Pack a coat.",
+    ]
+
+
+def test_a_reset_voids_the_reasoning_of_the_turn_too() -> None:
+    screen, _ = console(terminal=True)
+    view = RunView(screen)
+    show(
+        view,
+        events(
+            ("reasoning.delta", {"index": 0, "text": "Half a thou", "start": True}),
+            ("message.reset", {"reason": "provider_retry", "attempt": 1}),
+            ("reasoning.delta", {"index": 0, "text": "Whole.", "start": True, "end": True}),
+            ("run.completed", COMPLETED),
+        ),
+    )
+    shown = [b.plain for b in view.blocks if isinstance(b, RichText)]
+    assert "Half a thou" not in shown and "Whole." in shown

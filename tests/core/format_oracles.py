@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from testkit.upstream import anthropic_document_problem, openai_file_problem
+
 Json = dict[str, Any]
 
 OPENAI_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
@@ -43,6 +45,9 @@ def validate_openai(request: Json) -> list[str]:
     if not isinstance(messages, list) or not messages:
         return ["messages must be a non-empty list"]
     problems: list[str] = []
+    file_problem = openai_file_problem(request)  # documents: the fake upstream's rules
+    if file_problem is not None:
+        problems.append(file_problem)
     seen_ids: set[str] = set()
     open_calls: _OpenCalls | None = None
     for at, message in enumerate(messages):
@@ -103,7 +108,7 @@ def _openai_content_problems(at: int, message: Json) -> list[str]:
             url = (part.get("image_url") or {}).get("url")
             if not (_is_web_url(url) or _is_image_data(url)):
                 problems.append(f"messages[{at}]: image url {str(url)[:40]!r} is not supported")
-        elif kind != "text":
+        elif kind not in ("text", "file"):
             problems.append(f"messages[{at}]: unknown content part type {kind!r}")
     return problems
 
@@ -172,6 +177,9 @@ def validate_anthropic(request: Json) -> list[str]:
     system = request.get("system", [])
     if not isinstance(system, str) and any(b.get("type") != "text" for b in system):
         problems.append("system: only text blocks are allowed")
+    document_problem = anthropic_document_problem(request)
+    if document_problem is not None:
+        problems.append(document_problem)
     seen_ids: set[str] = set()
     for at, message in enumerate(messages):
         problems += _anthropic_role_problems(at, message, messages[at - 1] if at else None)

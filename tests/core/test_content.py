@@ -15,6 +15,7 @@ from app.core.entries import EntryKind, PayloadError, normalize_entry
 from app.core.formats import to_anthropic, to_openai
 from app.core.messages import Message
 from tests.core.format_oracles import validate_anthropic, validate_openai
+from tests.documents import PDF_PART, TEXT_PART, document, encrypted_pdf, pdf
 from tests.images import PNG_URL, data_url, gif, jpeg, png, webp
 
 Json = dict[str, Any]
@@ -171,3 +172,90 @@ def test_hostile_entries_are_refused_with_a_path_or_sent_as_they_are(
     conversation.append(Message("user", "and now?"))
     assert validate_openai(to_openai(conversation, [])) == []
     assert validate_anthropic(to_anthropic(conversation, [])) == []
+
+
+@pytest.mark.parametrize(
+    ("part", "text", "opaque"),
+    [
+        ({"type": "thinking", "thinking": " a\tb\n", "signature": "sig"}, " a\tb\n", "sig"),
+        ({"type": "redacted_thinking", "data": "enc"}, "", "enc"),
+        # A summarized reasoning part (OpenAI's shape): its summaries' texts, one paragraph each.
+        (
+            {
+                "type": "reasoning",
+                "summary": [{"type": "summary_text", "text": "One."}, {"text": "Two."}],
+                "encrypted_content": "gAAA",
+            },
+            "One.\n\nTwo.",
+            "gAAA",
+        ),
+        ({"type": "reasoning", "text": "plain"}, "plain", None),
+    ],
+)
+def test_a_reasoning_parts_text_and_opaque_content_whatever_its_type(
+    part: Json, text: str, opaque: str | None
+) -> None:
+    assert rules.reasoning_text(part) == text
+    assert rules.reasoning_opaque(part) == opaque
+
+
+def _document(media_type: str, raw: bytes, **extra: Any) -> Json:
+    return {**document(media_type, raw), **extra}
+
+
+@pytest.mark.parametrize(
+    ("role", "part", "loc", "rule"),
+    [
+        ("assistant", PDF_PART, [0, "type"], rules.DOCUMENT_ROLE),
+        ("system", TEXT_PART, [0, "type"], rules.DOCUMENT_ROLE),
+        (
+            "user",
+            _document("application/pdf", b"hello, not a pdf"),
+            [0, "url"],
+            rules.DOCUMENT_BYTES,
+        ),
+        (
+            "user",
+            _document("application/pdf", b"%PDF-1.7 garbage"),
+            [0, "url"],
+            rules.DOCUMENT_BYTES,
+        ),
+        ("user", _document("application/pdf", encrypted_pdf()), [0, "url"], rules.DOCUMENT_BYTES),
+        ("user", _document("application/pdf", png()), [0, "url"], rules.DOCUMENT_BYTES),
+        ("user", _document("text/plain", b"\xff\xfe\x00bad"), [0, "url"], rules.DOCUMENT_BYTES),
+        ("user", _document("text/plain", b"  \n"), [0, "url"], rules.DOCUMENT_BYTES),
+        ("user", _document("application/msword", pdf()), [0, "url"], rules.DOCUMENT_MEDIA_TYPE),
+        ("user", _document("image/png", png()), [0, "url"], rules.DOCUMENT_MEDIA_TYPE),
+        (
+            "user",
+            {"type": "document", "url": "data:application/pdf;base64,JVBE!!"},
+            [0, "url"],
+            rules.IMAGE_BASE64,
+        ),
+        ("user", {**PDF_PART, "filename": "a/b.pdf"}, [0, "filename"], rules.DOCUMENT_FILENAME),
+        ("user", {**PDF_PART, "filename": "a\nb.pdf"}, [0, "filename"], rules.DOCUMENT_FILENAME),
+    ],
+)
+def test_documents_refused_with_path_and_rule(
+    role: str, part: Json, loc: list[Any], rule: str
+) -> None:
+    assert _refusal(role, [part]) == [(["payload", "content", *loc], rule)]
+
+
+def test_documents_accepted_and_read() -> None:
+    for part in (PDF_PART, TEXT_PART, _document("application/pdf", pdf())):
+        assert content_problems("user", [{"type": "text", "text": "Summarize"}, part]) == []
+    found = rules.document_of(PDF_PART)
+    assert (found.media_type, found.filename, found.pages) == ("application/pdf", "report.pdf", 2)
+    assert found.size == len(pdf(2))
+    text = rules.document_of({**TEXT_PART, "filename": None})
+    assert (text.filename, text.pages) == ("document.txt", None)
+    assert text.text() == "Quarterly notes: revenue up 4%."
+    # The size comes from the base64 length, whatever the padding.
+    for raw in (b"a", b"ab", b"abc", b"abcd"):
+        assert rules.document_of(_document("text/plain", raw)).size == len(raw)
+
+
+def test_a_document_stored_in_a_role_that_cannot_carry_it_is_sent_as_a_note() -> None:
+    (note,) = sendable_parts("assistant", [PDF_PART])
+    assert note["type"] == "text" and note["text"].startswith("[document not sent:")

@@ -13,13 +13,16 @@ from hypothesis import strategies as st
 from app.core.formats import (
     CONTINUATION_NOTE,
     openai_request_tokens,
+    responses_document,
     to_anthropic,
     to_neutral,
     to_openai,
+    to_openai_responses,
 )
 from app.core.messages import Message, ToolCall, ToolSpec
 from app.core.tokens import HeuristicCounter, request_tokens
 from tests.core.format_oracles import validate_anthropic, validate_openai
+from tests.documents import PDF_PART, TEXT_PART
 from tests.images import PNG_URL, data_url, jpeg
 
 Json = dict[str, Any]
@@ -319,6 +322,86 @@ def test_images_anthropic() -> None:
     ]
 
 
+def test_documents_openai() -> None:
+    content = (_text("Summarize"), PDF_PART, TEXT_PART)
+    assert to_openai([Message("user", content)], [])["messages"][0]["content"] == [
+        _text("Summarize"),
+        {"type": "file", "file": {"filename": "report.pdf", "file_data": PDF_PART["url"]}},
+        _text("notes.txt:\n\nQuarterly notes: revenue up 4%."),
+    ]
+
+
+def test_documents_for_the_responses_api() -> None:
+    assert responses_document(PDF_PART) == {
+        "type": "input_file",
+        "filename": "report.pdf",
+        "file_data": PDF_PART["url"],
+    }
+    assert responses_document(TEXT_PART) == {
+        "type": "input_text",
+        "text": "notes.txt:\n\nQuarterly notes: revenue up 4%.",
+    }
+    # The Responses request carries them so (a ValueError before the two were wired).
+    request = to_openai_responses([Message("user", (_text("Summarize"), PDF_PART))], [])
+    assert request["input"][0]["content"][1] == responses_document(PDF_PART)
+
+
+def test_documents_anthropic() -> None:
+    content = (_text("Summarize"), PDF_PART, {"type": "document", "url": TEXT_PART["url"]})
+    assert to_anthropic([Message("user", content)], [])["messages"][0]["content"] == [
+        _text("Summarize"),
+        {
+            "type": "document",
+            "source": {
+                "type": "base64",
+                "media_type": "application/pdf",
+                "data": PDF_PART["url"].partition(",")[2],
+            },
+            "title": "report.pdf",
+        },
+        {
+            "type": "document",
+            "source": {
+                "type": "text",
+                "media_type": "text/plain",
+                "data": "Quarterly notes: revenue up 4%.",
+            },
+            "title": "document.txt",
+        },
+    ]
+
+
+def test_documents_are_counted_by_their_rule() -> None:
+    class Words:
+        name = "words"
+
+        def count(self, text: str) -> int:
+            return len(text.split())
+
+    # priming 3; user 3+1; a two-page PDF 2 x 3000; "notes.txt:" and its five words
+    messages = [Message("user", (PDF_PART, TEXT_PART))]
+    assert request_tokens(messages, [], Words()) == 3 + 4 + 6000 + 6
+    assert openai_request_tokens(to_openai(messages, []), Words()) == 3 + 4 + 6000 + 6
+
+
+def test_the_validators_refuse_documents_the_providers_refuse() -> None:
+    not_pdf = "data:application/pdf;base64," + PNG_URL.partition(",")[2]
+    bad_file = {"type": "file", "file": {"filename": "a.pdf", "file_data": not_pdf}}
+    unnamed = {"type": "file", "file": {"file_data": PDF_PART["url"]}}
+    for part in (bad_file, unnamed):
+        assert validate_openai({"messages": [{"role": "user", "content": [part]}]})
+    assistant = {"role": "assistant", "content": [{"type": "file", "file": bad_file["file"]}]}
+    assert validate_openai({"messages": [{"role": "user", "content": "x"}, assistant]})
+    pdf_source = {"type": "base64", "media_type": "application/pdf"}
+    for source in (
+        {**pdf_source, "data": PNG_URL.partition(",")[2]},
+        {**pdf_source, "media_type": "text/plain", "data": "eA=="},
+        {"type": "text", "media_type": "application/pdf", "data": "x"},
+    ):
+        block = {"type": "document", "source": source}
+        assert validate_anthropic({"messages": [{"role": "user", "content": [block]}]})
+
+
 def test_an_image_where_a_provider_refuses_it_becomes_a_visible_note() -> None:
     # Stored before the door checked content: never sent where refused, never silently dropped.
     image = {"type": "image_url", "url": PNG_URL}
@@ -556,7 +639,10 @@ image_parts = st.builds(
     st.sampled_from([None, "low", "high", "auto"]),
 )
 # Content the door accepts (app.core.content): part lists are never empty, images are user-only.
-user_content = texts | st.lists(text_parts | image_parts, min_size=1, max_size=3).map(tuple)
+document_parts = st.sampled_from([PDF_PART, TEXT_PART, {**PDF_PART, "filename": None}])
+user_content = texts | st.lists(
+    text_parts | image_parts | document_parts, min_size=1, max_size=3
+).map(tuple)
 assistant_content = texts | st.lists(text_parts, min_size=1, max_size=2).map(tuple)
 tool_specs = st.lists(
     st.builds(

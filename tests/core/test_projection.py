@@ -715,6 +715,20 @@ def test_queued_asks_are_ordered_by_run_and_hidden_from_earlier_runs() -> None:
     assert texts(j.project()) == ["one", "answer one", "two"]
 
 
+def test_a_message_steered_into_a_run_does_not_move_where_the_run_starts() -> None:
+    """A run's input is its first user message; one steered into it later (refs.steer_id) is
+    among its entries. Anchored at the steer, the run's question would follow the ask queued
+    behind it."""
+    j = Journal()
+    j.add("message", {"role": "user", "content": "one"}, run_id="r1")
+    j.add("message", {"role": "user", "content": "two"}, run_id="r2")
+    j.add("message", {"role": "assistant", "content": "working"}, run_id="r1")
+    j.add("message", {"role": "user", "content": "also this"}, run_id="r1", steer_id="s1")
+    j.add("message", {"role": "assistant", "content": "answer one"}, run_id="r1")
+    assert texts(j.project(run_id="r1")) == ["one", "working", "also this", "answer one"]
+    assert texts(j.project(run_id="r2")) == ["one", "working", "also this", "answer one", "two"]
+
+
 def test_the_default_eviction_threshold_shrinks_with_a_small_window() -> None:
     assert ContextPolicy(max_input_tokens=200_000).eviction_tokens == 20_000
     small = ContextPolicy(max_input_tokens=4000, reserve_output_tokens=1000)

@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.core.content import is_reasoning
+from app.core.content import ANTHROPIC_REASONING, is_reasoning
 from app.core.entries import PendingEntry
 from app.core.formats import to_anthropic, to_openai
 from app.core.messages import Message
@@ -48,7 +48,7 @@ def test_the_current_loops_thinking_goes_back_and_older_turns_does_not() -> None
     j.call("call_2", "now", turn="t2", tz="Asia/Tokyo")
     j.result("call_2", "21:00", turn="t2")
 
-    sent = j.project(send_reasoning=True)
+    sent = j.project(reasoning_sent=ANTHROPIC_REASONING)
     plain = j.project()
 
     assistants = [m for m in sent.messages if m.role == "assistant"]
@@ -71,9 +71,9 @@ def test_a_new_ask_ends_the_loop_its_thinking_stays_behind() -> None:
     j.user("What time is it?")
     j.add("message", {"role": "assistant", "content": [THOUGHT, _text("Noon.")]})
 
-    during = j.project(send_reasoning=True)
+    during = j.project(reasoning_sent=ANTHROPIC_REASONING)
     after = j.project(
-        send_reasoning=True,
+        reasoning_sent=ANTHROPIC_REASONING,
         pending=[PendingEntry("message", {"role": "user", "content": "Thanks"})],
     )
 
@@ -91,7 +91,8 @@ def test_a_loop_left_without_an_answer_keeps_its_thinking_for_the_next_ask() -> 
     j.result("call_1", 6, turn="t")
 
     p = j.project(
-        send_reasoning=True, pending=[PendingEntry("message", {"role": "user", "content": "Hi"})]
+        reasoning_sent=ANTHROPIC_REASONING,
+        pending=[PendingEntry("message", {"role": "user", "content": "Hi"})],
     )
 
     wire = to_anthropic(p.messages, p.tool_spec)["messages"]
@@ -155,7 +156,7 @@ def test_reasoning_goes_back_whole_and_only_within_the_newest_turn(
 ) -> None:
     j, pending = generated
     try:
-        sent = j.project(policy=policy, pending=pending, send_reasoning=True)
+        sent = j.project(policy=policy, pending=pending, reasoning_sent=ANTHROPIC_REASONING)
         plain = j.project(policy=policy, pending=pending)
     except ContextOverflow:
         return
@@ -190,7 +191,7 @@ def test_reasoning_goes_back_whole_and_only_within_the_newest_turn(
     assert request_tokens(plain.messages, plain.tool_spec, O200K) == plain.meta.estimated_tokens
     if not sent.meta.truncated:  # (else the larger turns may leave older history out)
         assert sent.meta.estimated_tokens >= plain.meta.estimated_tokens
-    assert j.project(policy=policy, pending=pending, send_reasoning=True) == sent
+    assert j.project(policy=policy, pending=pending, reasoning_sent=ANTHROPIC_REASONING) == sent
 
 
 def _text(text: str) -> dict[str, Any]:

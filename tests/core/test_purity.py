@@ -31,6 +31,10 @@ ALLOWED = {
     "binascii",
     "struct",
     "jsonschema_rs",  # checking structured answers against their schema (app.core.output_schema)
+    # A PDF's bytes parsed in memory (io.BytesIO, pypdf's reader): whether a document part is a
+    # PDF and how many pages it has (app.core.content). Nothing is read from a file or socket.
+    "io",
+    "pypdf",
 }
 
 

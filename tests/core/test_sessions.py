@@ -53,6 +53,7 @@ def session(**changes: Any) -> Session:
         output_tokens=0,
         cached_tokens=0,
         cache_write_tokens=0,
+        reasoning_tokens=0,
         cost_usd=Decimal(0),
         created_at=now,
         updated_at=now,

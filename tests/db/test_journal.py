@@ -1,17 +1,24 @@
-"""The projection loader reads only the tail a budget can use, whatever the thread's length."""
+"""The projection loader reads only the tail a budget can use, whatever the thread's length;
+what the journal keeps byte for byte, and what it cannot."""
 
 from __future__ import annotations
 
 import uuid
 
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.core.content import unstorable
 from app.core.entries import EntryKind, JournalEntry, NewEntry
 from app.core.policy import ContextPolicy
 from app.core.projection import tail_suffices
 from app.db.journal import read_tail, run_entries
 from app.db.sessions import get_session
+from app.services.errors import Invalid
 from app.services.journal import append_entries
 from app.services.keys import create_key, tenant_for_key
 from app.services.sessions import create_session, fork_session
@@ -104,3 +111,43 @@ async def test_a_runs_entries_are_read_by_its_sessions_tenant_only(engine: Async
         mine = await run_entries(conn, sid, 1, run_id, tenant_id=owner)
         assert [e.payload["content"] for e in mine] == ["an answer"]
         assert await run_entries(conn, sid, 1, run_id, tenant_id=other) == []
+
+
+# Any code point, NUL and lone surrogates (high or low) included, and a few of each kind.
+THINKING_TEXT = st.text(
+    alphabet=st.one_of(
+        st.characters(codec=None, categories=None),
+        st.sampled_from(["\x00", "\ud800", "\udfff", "\U0001f914", "\t", "\n", " "]),
+    ),
+    max_size=24,
+)
+
+
+@given(thinking=THINKING_TEXT)
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+async def test_thinking_round_trips_byte_for_byte_or_is_known_unstorable(
+    engine: AsyncEngine, thinking: str
+) -> None:
+    """`unstorable` is exactly what the journal refuses (its entry checks, or Postgres): any
+    other thinking text comes back as it went in, byte for byte; refused text leaves nothing
+    written."""
+    tenant_id = await tenant(engine)
+    sid = (await create_session(engine, tenant_id, title=None, metadata={}, config={})).id
+    part = {"type": "thinking", "thinking": thinking, "signature": "c2lnbmVk"}
+    answer = {"role": "assistant", "content": [part, {"type": "text", "text": "ok"}]}
+    entry = NewEntry(EntryKind.MESSAGE, answer, {})
+    if unstorable(part) is None:
+        await append_entries(engine, tenant_id, sid, [entry], expected_rev=None)
+        async with engine.connect() as conn:
+            session = await get_session(conn, tenant_id, sid)
+            assert session is not None and session.rev == 1
+            stored = (await read_tail(conn, session.thread, lambda _: False))[0]
+        assert stored[-1].payload["content"][0]["thinking"].encode() == thinking.encode()
+    else:
+        with pytest.raises((Invalid, DBAPIError, UnicodeEncodeError)):
+            await append_entries(engine, tenant_id, sid, [entry], expected_rev=None)
+        async with engine.connect() as conn:
+            session = await get_session(conn, tenant_id, sid)
+        assert session is not None and session.rev == 0

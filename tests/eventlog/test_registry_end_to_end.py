@@ -152,6 +152,8 @@ async def test_every_event_on_the_wire_matches_its_model_and_every_type_is_seen(
     await auto_compaction(wire, upstream)
     await compaction_job(wire, upstream)
     await retried_after_a_worker_died(wire, upstream, e2e_engine)
+    await steered(wire, upstream)
+    await approval(wire, upstream)
 
     never = set(EventType) - set(wire.seen) - set(KNOWN_GAPS)
     assert not never, f"no scenario produced {sorted(never)}: add one, or a KNOWN_GAPS reason"
@@ -214,6 +216,28 @@ async def client_tool(wire: Wire, upstream: FakeUpstream) -> None:
     run = await wire.ask(sid, "where am I?", send_the_output)
     assert "run.requires_action" in types(run)
     assert run[-1].type == "run.completed" and run[-1].data["text"] == "You are in Oslo."
+
+
+async def approval(wire: Wire, upstream: FakeUpstream) -> None:
+    """A call that waits for a person's approval, approved while the stream is open."""
+    policy = {"tool_approval": {"default": "ask"}}
+    sid = (await new_session(wire.api, config={"tools": [CALCULATOR], "run_policy": policy}))["id"]
+    upstream.script(ToolCall("up_1", "calculator", '{"expression": "6*7"}'))
+    upstream.script(Text("42."))
+    run_id = ""
+
+    async def approve(event: Event) -> None:
+        nonlocal run_id
+        if event.type == "run.created":
+            run_id = event.data["run_id"]
+        if event.type == "run.awaiting_approval":
+            rulings = [{"tool_call_id": "call_1_1_0", "decision": "approve"}]
+            sent = await wire.api.post(f"/v1/runs/{run_id}/approvals", json={"approvals": rulings})
+            assert sent.status_code == 200, sent.text
+
+    run = await wire.ask(sid, "6*7?", approve)
+    assert "tool.approval_requested" in types(run) and "tool.approval_answered" in types(run)
+    assert run[-1].type == "run.completed" and run[-1].data["text"] == "42."
 
 
 async def failures(wire: Wire, upstream: FakeUpstream) -> None:
@@ -354,6 +378,28 @@ async def retried_after_a_worker_died(
     assert types(run)[:3] == ["run.created", "message.reset", "run.started"]
     assert data(run, "message.reset") == {"reason": "retry", "attempt": 2}
     assert run[-1].type == "run.completed" and run[-1].data["text"] == "the retried answer"
+
+
+async def steered(wire: Wire, upstream: FakeUpstream) -> None:
+    """A message sent while the run's model turn is held lands before its next turn."""
+    sid = (await new_session(wire.api, config={"tools": [CALCULATOR]}))["id"]
+    release = threading.Event()
+    upstream.script(Hold(release), ToolCall("c1", "calculator", '{"expression": "2*3"}'))
+    upstream.script(Text("6, in metric"))
+    asked = len(upstream.requests)
+    try:
+        first = (
+            await wire.api.post(f"/v1/sessions/{sid}/ask", json={"input": "2*3", "stream": False})
+        ).json()
+        await upstream.requests_arrived(asked + 1)  # its first model turn is held
+        body = {"input": "in metric", "stream": False, "multitask_strategy": "steer"}
+        steer = await wire.api.post(f"/v1/sessions/{sid}/ask", json=body)
+        assert steer.status_code == 202 and steer.json()["id"] == first["id"]
+    finally:
+        release.set()
+    run = await wire.run(first["id"])
+    assert data(run, "run.steered")["iteration"] == 2
+    assert run[-1].type == "run.completed"
 
 
 def test_the_documented_schema_tells_events_apart() -> None:

@@ -17,9 +17,10 @@ from hypothesis import strategies as st
 from app.core.formats import to_anthropic
 from app.core.messages import Message, ToolCall, ToolSpec
 from app.core.output_schema import ResponseFormat
+from app.core.reasoning import DEFAULT_ANSWER_TOKENS
 from app.core.tool_choice import NamedTool, ToolChoice, anthropic_tool_choice
 from app.core.usage import UsageReport
-from app.llm.anthropic_provider import DEFAULT_MAX_TOKENS, AnthropicProvider, _State
+from app.llm.anthropic_provider import AnthropicProvider, _State
 from app.llm.base import (
     Finish,
     ModelRequest,
@@ -144,7 +145,7 @@ async def test_max_tokens_defaults_and_unset_fields_stay_out(
     await collect(provider.stream(replace(HELLO, temperature=0.5)))
 
     body = upstream.requests[0].body
-    assert body["max_tokens"] == DEFAULT_MAX_TOKENS
+    assert body["max_tokens"] == DEFAULT_ANSWER_TOKENS
     assert set(body) == {"model", "messages", "max_tokens", "stream"}
 
 
@@ -373,7 +374,7 @@ async def test_the_body_is_the_one_the_sdks_create_sends(
         omit = anthropic.omit
         events = await client.messages.create(
             model=request_.model,
-            max_tokens=request_.max_output_tokens or DEFAULT_MAX_TOKENS,
+            max_tokens=request_.max_output_tokens or DEFAULT_ANSWER_TOKENS,
             messages=wire["messages"],
             system=wire.get("system", omit),
             tools=wire.get("tools", omit),

@@ -11,9 +11,9 @@ import pytest
 
 from app.core.formats import to_anthropic
 from app.core.messages import Message, ToolCall, ToolSpec
-from app.core.reasoning import EFFORT_BUDGETS, Reasoning
+from app.core.reasoning import DEFAULT_ANSWER_TOKENS, EFFORT_BUDGETS, Reasoning
 from app.core.usage import UsageReport
-from app.llm.anthropic_provider import DEFAULT_MAX_TOKENS, AnthropicProvider
+from app.llm.anthropic_provider import AnthropicProvider
 from app.llm.base import (
     Finish,
     ModelRequest,
@@ -87,7 +87,7 @@ async def test_sends_thinking_with_max_tokens_above_the_budget(
     budgeted = Reasoning(budget_tokens=2000)
     await collect(provider.stream(ModelRequest("claude-sonnet-4-5", QUESTION, reasoning=budgeted)))
     assert upstream.requests[1].body["thinking"]["budget_tokens"] == 2000
-    assert upstream.requests[1].body["max_tokens"] == 2000 + DEFAULT_MAX_TOKENS
+    assert upstream.requests[1].body["max_tokens"] == 2000 + DEFAULT_ANSWER_TOKENS
 
 
 async def test_without_reasoning_no_thinking_is_asked(
@@ -262,3 +262,44 @@ def _with(request: ModelRequest, messages: tuple[Message, ...]) -> ModelRequest:
 
 def _content(message: Message, content: tuple[Any, ...]) -> Message:
     return Message(message.role, content, tool_calls=message.tool_calls)
+
+
+INTERLEAVED = (
+    Thinking("Check the clock first."),
+    ScriptedCall("toolu_1", "now", "{}"),
+    Thinking("Then the calendar."),
+    ScriptedCall("toolu_2", "now", '{"calendar": true}'),
+)
+
+
+@pytest.mark.parametrize(
+    ("model", "interleaved"), [("claude-sonnet-4-5", True), ("claude-3-7-sonnet-latest", False)]
+)
+async def test_a_model_that_can_thinks_between_its_tool_calls(
+    provider: AnthropicProvider, upstream: FakeUpstream, model: str, interleaved: bool
+) -> None:
+    """Interleaved thinking (the Claude 4 family, by its beta header): a thought between two
+    tool calls streams and is kept whole, in order; a model without it thinks before only."""
+    upstream.script(*INTERLEAVED)
+    request = ModelRequest(model, QUESTION, tools=(CLOCK,), reasoning=HIGH)
+
+    events = await collect(provider.stream(request))
+
+    beta = upstream.requests[-1].headers.get("anthropic-beta")
+    assert (beta == "interleaved-thinking-2025-05-14") is interleaved
+    thoughts = [p["thinking"] for p in _parts(events)]
+    expected = ["Check the clock first.", "Then the calendar."] if interleaved else thoughts[:1]
+    assert thoughts == expected and thoughts[0] == "Check the clock first."
+    calls = sorted({e.index for e in events if isinstance(e, ToolCallDelta)})
+    blocks = [e.index for e in events if isinstance(e, ReasoningBlock)]
+    assert blocks == ([0, 2] if interleaved else [0]) and calls == (
+        [1, 3] if interleaved else [1, 2]
+    )
+
+
+async def test_no_beta_header_without_tools_or_without_reasoning(
+    provider: AnthropicProvider, upstream: FakeUpstream
+) -> None:
+    await collect(provider.stream(ModelRequest(MODEL, QUESTION, reasoning=HIGH)))
+    await collect(provider.stream(ModelRequest(MODEL, QUESTION, tools=(CLOCK,))))
+    assert [r.headers.get("anthropic-beta") for r in upstream.requests] == [None, None]

@@ -106,3 +106,28 @@ def test_a_compat_endpoint_reasons_only_when_configured_to() -> None:
     assert not catalog.can_reason(settings, "compat:plain")
     assert catalog.can_reason(settings, "compat:r1")
     assert catalog.can_reason(settings, "compat:r1/deepseek-r1")
+
+
+@pytest.mark.parametrize(
+    ("api", "model", "responses"),
+    [
+        ("auto", "openai:o4-mini", True),
+        ("auto", "openai:gpt-5-mini", True),
+        ("auto", "openai:gpt-5-chat-latest", False),
+        ("auto", "openai:gpt-4o-mini", False),
+        ("responses", "openai:gpt-4o-mini", True),
+        ("chat", "openai:o3", False),
+        ("responses", "anthropic:claude-sonnet-4-5", False),
+        ("responses", "compat:srv", False),
+    ],
+)
+def test_the_responses_api_serves_reasoning_models_or_as_configured(
+    api: str, model: str, responses: bool
+) -> None:
+    settings = Settings(_env_file=None, openai_api=api)
+    assert catalog.uses_responses_api(settings, model) is responses
+    sent = catalog.reasoning_sent_back(settings, model)
+    if model.startswith("anthropic:"):
+        assert sent == {"thinking", "redacted_thinking"}
+    else:
+        assert sent == ({"reasoning"} if responses else set())

@@ -20,7 +20,16 @@ from app.core.messages import Message, ToolCall, ToolSpec
 from app.core.output_schema import ResponseFormat
 from app.core.tool_choice import NamedTool, ToolChoice, openai_fields
 from app.core.usage import UsageReport
-from app.llm.base import Finish, ModelRequest, ProviderError, StreamEvent, TextDelta, ToolCallDelta
+from app.llm.base import (
+    Finish,
+    ModelRequest,
+    ProviderError,
+    ReasoningBlock,
+    ReasoningDelta,
+    StreamEvent,
+    TextDelta,
+    ToolCallDelta,
+)
 from app.llm.openai_provider import OpenAIProvider, Read, read_chunk
 from testkit.upstream import (
     Chunk,
@@ -28,6 +37,7 @@ from testkit.upstream import (
     FailMidStream,
     FakeUpstream,
     Malformed,
+    ReasoningContent,
     Stall,
     Step,
     Text,
@@ -110,6 +120,29 @@ async def test_reasoning_tokens_are_reported_apart_where_the_server_says(
     events = await collect(provider.stream(HELLO))
 
     assert events[-2] == UsageReport(12, 40, reasoning_tokens=32)
+
+
+async def test_a_compatible_servers_reasoning_streams_as_blocks_in_their_place(
+    provider: OpenAIProvider, upstream: FakeUpstream
+) -> None:
+    upstream.script(
+        ReasoningContent("Think", fragments=2),
+        Text("Hi"),
+        ReasoningContent("More", field="reasoning", fragments=1),
+        Text("!"),
+    )
+
+    events = await collect(provider.stream(HELLO))
+
+    assert events[:7] == [
+        ReasoningDelta(0, "Thi"),
+        ReasoningDelta(0, "nk"),
+        ReasoningBlock(0, {"type": "reasoning_text", "text": "Think"}),
+        TextDelta("Hi"),
+        ReasoningDelta(1, "More"),
+        ReasoningBlock(1, {"type": "reasoning_text", "text": "More"}),
+        TextDelta("!"),
+    ]
 
 
 async def test_sends_the_formatted_conversation(
@@ -603,7 +636,7 @@ chunks = json_values | _chunks(any_part=False) | _chunks(any_part=True)
 
 def typed_reading(chunk: ChatCompletionChunk) -> Read:
     """How the provider read the SDK's typed chunks before it read parsed JSON."""
-    events: list[TextDelta | ToolCallDelta | Finish] = []
+    events: list[TextDelta | ReasoningDelta | ToolCallDelta | Finish] = []
     for choice in chunk.choices:
         if choice.index != 0:
             continue
@@ -651,6 +684,8 @@ def test_any_chunk_is_read_as_the_sdks_type_has_it_or_is_a_bad_response(chunk: o
         elif isinstance(event, ToolCallDelta):
             assert type(event.index) is int and type(event.arguments) is str
             assert all(v is None or type(v) is str for v in (event.id, event.name))
+        elif isinstance(event, ReasoningDelta):
+            assert type(event.text) is str and event.text
         else:
             assert type(event.reason) is str
     if usage is not None:

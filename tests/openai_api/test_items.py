@@ -22,6 +22,7 @@ from app.openai_api.items import (
     parse_response_id,
     response_id,
 )
+from tests.documents import PDF_PART
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(max_size=5),
@@ -97,6 +98,36 @@ def test_function_calls_and_outputs() -> None:
     )
 
 
+def test_an_input_file_is_a_document_part_and_reads_back_as_one() -> None:
+    pdf_data = PDF_PART["url"]
+    bare = pdf_data.partition(",")[2]
+    parsed = parse_input(
+        [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "input_text", "text": "Summarize"},
+                    {"type": "input_file", "file_data": pdf_data, "filename": "report.pdf"},
+                    {"type": "input_file", "file_data": bare, "filename": "Scan.PDF"},
+                ],
+            }
+        ]
+    )
+    assert parsed.content == [
+        {"type": "text", "text": "Summarize"},
+        {"type": "document", "url": pdf_data, "filename": "report.pdf"},
+        {"type": "document", "url": pdf_data, "filename": "Scan.PDF"},
+    ]
+    payload = {"role": "user", "content": parsed.content}
+    entry = JournalEntry(seq=1, kind=EntryKind.MESSAGE, payload=payload)
+    read = entry_item(entry, "msg_1")
+    assert read is not None and read["content"][1] == {
+        "type": "input_file",
+        "file_data": pdf_data,
+        "filename": "report.pdf",
+    }
+
+
 @pytest.mark.parametrize(
     ("value", "param"),
     [
@@ -104,6 +135,14 @@ def test_function_calls_and_outputs() -> None:
         ([{"role": "assistant", "content": "hi"}], "input[0]"),
         (
             [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}],
+            "input[0].content[0].file_data",
+        ),
+        (
+            [{"role": "user", "content": [{"type": "input_file", "file_data": "JVBERi0="}]}],
+            "input[0].content[0].file_data",
+        ),
+        (
+            [{"role": "user", "content": [{"type": "input_video", "url": "x"}]}],
             "input[0].content[0].type",
         ),
         (

@@ -1,5 +1,6 @@
 """The official `openai` package for Node drives /openai/v1 unchanged (as the Python SDK does
-in test_routes.py): a chain, a stream, a function tool round trip, a conversation, a refusal."""
+in test_routes.py): a chain, a stream, a function tool round trip, a conversation, a refusal;
+reasoning streamed and returned."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from testkit.upstream import FakeUpstream, Text, ToolCall
+from testkit.upstream import FakeUpstream, Text, Thinking, ToolCall
 from tests.e2e import Service
 
 NODE_SDK = Path(__file__).parent / "node_sdk"
@@ -67,3 +68,37 @@ async def test_the_node_sdk_drives_responses_and_conversations(
     assert result["refused"] == {"status": 400, "param": "top_p", "code": "unsupported_parameter"}
     wire = "/messages" if model.startswith("claude") else "/chat/completions"
     assert all(r.path.endswith(wire) for r in upstream.requests)
+
+
+async def test_the_node_sdk_streams_reasoning(
+    api: httpx.AsyncClient, service: Service, upstream: FakeUpstream
+) -> None:
+    install_openai_for_node()
+    upstream.script(Thinking("Try primes up to 31.", fragments=3), Text("Yes."))
+    args = {
+        "baseURL": f"{service.url}/openai/v1",
+        "apiKey": api.headers["Authorization"].removeprefix("Bearer "),
+        "model": "claude-sonnet-4-5",
+    }
+    node = await asyncio.create_subprocess_exec(
+        "node",
+        str(NODE_SDK / "reasoning.mjs"),
+        json.dumps(args),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(node.communicate(), HANG_SECONDS)
+    assert node.returncode == 0, err.decode()
+    result = json.loads(out)
+    assert result["summary"] == "Try primes up to 31." and result["answer"] == "Yes."
+    assert result["output"] == ["reasoning", "message"]
+    assert result["reasoning"] == ["Try primes up to 31."]
+    assert result["encrypted"] == "string"  # included: the stream's last response has it
+    assert result["readBack"] == [["reasoning", None], ["message", None]]  # not included
+    for event in (
+        "response.reasoning_summary_part.added",
+        "response.reasoning_summary_text.done",
+        "response.reasoning_summary_part.done",
+    ):
+        assert result["types"].count(event) == 1
+    assert upstream.requests[-1].body["thinking"]["budget_tokens"] == 1024

@@ -18,6 +18,10 @@ EXPECTED = {  # (transition, from) -> to: written out by hand, so a changed RULE
     (Transition.RETRY, RunStatus.RUNNING): RunStatus.RUNNING,
     (Transition.AWAIT_TOOL_OUTPUTS, RunStatus.RUNNING): RunStatus.REQUIRES_ACTION,
     (Transition.RESUME, RunStatus.REQUIRES_ACTION): RunStatus.QUEUED,
+    (Transition.AWAIT_APPROVAL, RunStatus.RUNNING): RunStatus.AWAITING_APPROVAL,
+    (Transition.RESUME, RunStatus.AWAITING_APPROVAL): RunStatus.QUEUED,
+    (Transition.FAIL, RunStatus.AWAITING_APPROVAL): RunStatus.FAILED,
+    (Transition.CANCEL, RunStatus.AWAITING_APPROVAL): RunStatus.CANCELLED,
     (Transition.COMPLETE, RunStatus.RUNNING): RunStatus.COMPLETED,
     (Transition.FAIL, RunStatus.RUNNING): RunStatus.FAILED,
     (Transition.FAIL, RunStatus.REQUIRES_ACTION): RunStatus.FAILED,
@@ -94,6 +98,31 @@ def test_waiting_for_tool_outputs_lists_the_calls_and_the_deadline() -> None:
     ]
     with pytest.raises(IllegalTransition):
         machine.await_tool_outputs(a_run(RunStatus.QUEUED), calls, "x")
+
+
+def test_waiting_for_approval_requests_each_call_then_announces_the_wait() -> None:
+    calls = [
+        {"tool_call_id": "call_3_1_0", "name": "send", "arguments": {"to": "a"}},
+        {"tool_call_id": "call_3_1_1", "name": "send", "arguments": {"to": "b"}},
+    ]
+    step = machine.await_approval(a_run(RunStatus.RUNNING), calls, "2026-01-01T01:00:00")
+    assert step.status is RunStatus.AWAITING_APPROVAL
+    assert step.events == [
+        ("tool.approval_requested", {**calls[0], "expires_at": "2026-01-01T01:00:00"}),
+        ("tool.approval_requested", {**calls[1], "expires_at": "2026-01-01T01:00:00"}),
+        (
+            "run.awaiting_approval",
+            {"tool_call_ids": ["call_3_1_0", "call_3_1_1"], "expires_at": "2026-01-01T01:00:00"},
+        ),
+    ]
+    with pytest.raises(IllegalTransition):
+        machine.await_approval(a_run(RunStatus.REQUIRES_ACTION), calls, "x")
+
+
+def test_answered_approvals_queue_the_run_again() -> None:
+    ruling = ("tool.approval_answered", {"tool_call_id": "c", "name": "n", "decision": "rejected"})
+    step = machine.resume(a_run(RunStatus.AWAITING_APPROVAL), [], [ruling])  # type: ignore[list-item]
+    assert step.status is RunStatus.QUEUED and step.events == [ruling]
 
 
 def test_resume_queues_again_and_announces_the_outputs() -> None:

@@ -305,3 +305,66 @@ async def test_compaction_over_thinking_turns_summarizes_what_was_said_not_the_t
     assert (await streamed_ask(api, sid, "Right?"))[-1].type == "run.completed"
     assert all(not blocks for blocks in reasoning_sent(upstream.requests[-1].body))
     assert "Secret plan" not in repr(upstream.requests[-1].body)
+
+
+async def test_thinking_the_journal_cannot_store_is_asked_again_never_half_written(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    """Postgres stores no NUL character and no lone surrogate: a thinking block holding one
+    cannot be kept byte for byte, nor changed (its signature covers it). The model turn is
+    asked again, and the run never writes the block, altered or not."""
+    sid = (await new_session(api, config=CONFIG))["id"]
+    upstream.script(Thinking("a NUL \x00 here"), Text("Lost."))
+    upstream.script(Thinking("a lone \ud800 surrogate"), Text("Lost too."))
+    upstream.script(Thinking("Clean."), Text("It is 2."))
+
+    events = await streamed_ask(api, sid, "One plus one?")
+
+    assert events[-1].type == "run.completed", events[-1].data
+    assert [e.data["reason"] for e in events if e.type == "message.reset"] == [
+        "provider_retry",
+        "provider_retry",
+    ]
+    journal = await history(api, sid)
+    everything = repr([e["payload"] for e in journal])
+    assert "NUL" not in everything and "lone" not in everything and "Lost" not in everything
+    assert assistants(journal)[0]["payload"]["content"] == [
+        thought("Clean."),
+        {"type": "text", "text": "It is 2."},
+    ]
+
+
+async def test_interleaved_thinking_between_tool_calls_is_kept_and_sent_back_in_order(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    sid = (await new_session(api, config=CONFIG))["id"]  # a Claude 4 model: it interleaves
+    upstream.script(
+        Thinking("First one sum."),
+        ToolCall("toolu_1", "calculator", '{"expression": "1+1"}'),
+        Thinking("Then another."),
+        ToolCall("toolu_2", "calculator", '{"expression": "2+2"}'),
+    )
+    upstream.script(Thinking("Both known."), Text("2 and 4."))
+
+    events = await streamed_ask(api, sid, "1+1 and 2+2?")
+
+    assert events[-1].type == "run.completed", events[-1].data
+    journal = await history(api, sid)
+    first = assistants(journal)[0]
+    assert first["payload"]["content"] == [
+        thought("First one sum.", 0, 2),
+        thought("Then another.", 1, 2),
+    ]
+    calls = [e for e in journal if e["kind"] == "tool_call"]
+    assert [c["payload"]["arguments"] for c in calls] == [
+        {"expression": "1+1"},
+        {"expression": "2+2"},
+    ]
+    # Both thoughts streamed as blocks of their own, and went back whole, in order (the fake
+    # refuses a loop whose thinking is missing, altered or reordered).
+    blocks = blocks_streamed(events)
+    assert blocks[(0, 0)]["text"] == "First one sum." and blocks[(0, 2)]["text"] == "Then another."
+    assert all(r.headers.get("anthropic-beta") for r in upstream.requests)
+    assert reasoning_sent(upstream.requests[1].body) == [
+        [thought("First one sum.", 0, 2), thought("Then another.", 1, 2)]
+    ]

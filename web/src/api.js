@@ -130,10 +130,10 @@ export function entriesToMessages(entries) {
     const { kind, payload } = entry;
     if (kind === "message" && payload.role === "user") {
       turn = null;
-      messages.push({ id: entry.id, role: "user", parts: [{ type: "text", text: textOf(payload.content) }], metadata: { seq: entry.seq } });
+      messages.push({ id: entry.id, role: "user", parts: contentParts(payload.content), metadata: { seq: entry.seq } });
     } else if (kind === "message" && payload.role === "assistant") {
-      const text = textOf(payload.content);
-      if (text) assistant(entry).parts.push({ type: "text", text, state: "done" });
+      const parts = contentParts(payload.content).filter((p) => p.type !== "text" || p.text);
+      if (parts.length) assistant(entry).parts.push(...parts);
       if (payload.status === "incomplete") assistant(entry).metadata.incomplete = true;
     } else if (kind === "tool_call") {
       const part = {
@@ -157,6 +157,43 @@ export function entriesToMessages(entries) {
     }
   }
   return messages;
+}
+
+// What a reasoning part that the provider redacted (encrypted: no text) carries, as the AI SDK
+// stream marks it.
+export const REDACTED = { threadline: { redacted: true } };
+
+// A message's stored content as UI message parts, in order: its text, the model's reasoning
+// (as app/core/content.py's reasoning_text reads it; a redacted block as an empty part marked
+// so), images and documents as file parts.
+export function contentParts(content) {
+  if (!Array.isArray(content)) return [{ type: "text", text: textOf(content), state: "done" }];
+  return content.map(uiPart).filter(Boolean);
+}
+
+function uiPart(part) {
+  switch (part?.type) {
+    case "text":
+      return { type: "text", text: part.text, state: "done" };
+    case "thinking":
+      return { type: "reasoning", text: part.thinking, state: "done" };
+    case "redacted_thinking":
+      return { type: "reasoning", text: "", state: "done", providerMetadata: REDACTED };
+    case "reasoning": // an OpenAI Responses reasoning item: its summary is what can be read
+      return { type: "reasoning", text: (part.summary ?? []).map((s) => s.text).filter(Boolean).join("\n\n"), state: "done" };
+    case "reasoning_text": // an OpenAI-compatible server's reasoning_content
+      return { type: "reasoning", text: part.text, state: "done" };
+    case "image_url":
+    case "document":
+      return { type: "file", mediaType: mediaTypeOf(part.url), filename: part.filename, url: part.url };
+    default:
+      return null;
+  }
+}
+
+function mediaTypeOf(url) {
+  const match = /^data:([^;,]*)[;,]/.exec(url ?? "");
+  return match ? match[1] : "image/*"; // a web URL: only images are given by address
 }
 
 function textOf(content) {

@@ -4,6 +4,19 @@ import { useCallback, useEffect, useMemo, useRef, useState } from "react";
 import { createRoot } from "react-dom/client";
 import { ApiError, apiUrl, entriesToMessages, excerptPieces, makeApi, openRun } from "./api.js";
 
+// What the composer takes as attachments (sent as file parts; the service reads them as documents).
+const ATTACHABLE = ["application/pdf", "text/plain"];
+
+// A picked or dropped file as the AI SDK's file part (its bytes as a data URL).
+function filePart(file) {
+  return new Promise((resolve, reject) => {
+    const reader = new FileReader();
+    reader.onload = () => resolve({ type: "file", mediaType: file.type, filename: file.name, url: reader.result });
+    reader.onerror = () => reject(reader.error);
+    reader.readAsDataURL(file);
+  });
+}
+
 const KEY_NAME = "threadline.key";
 
 function storedKey() {
@@ -319,6 +332,10 @@ function Conversation({ api, apiKey, session, initial, rejoin, onChanged, onOpen
     onChanged();
   };
   const [text, setText] = useState("");
+  const [files, setFiles] = useState([]); // attachments for the next message (file parts)
+  const [refused, setRefused] = useState(null); // why a file was not attached
+  const [dragging, setDragging] = useState(false);
+  const picker = useRef(null); // the hidden file input the Attach button opens
   const [stopping, setStopping] = useState(false);
   const busy = status === "submitted" || status === "streaming";
   const end = useRef(null);
@@ -334,9 +351,28 @@ function Conversation({ api, apiKey, session, initial, rejoin, onChanged, onOpen
     const words = text.trim();
     if (!words || busy) return;
     setText("");
+    setFiles([]);
+    setRefused(null);
     // An untitled session is named by the service from this first message (data-threadline-run
     // then refreshes the list and the bar).
-    sendMessage({ text: words });
+    sendMessage(files.length ? { text: words, files } : { text: words });
+  };
+
+  const attach = async (list) => {
+    const chosen = [...(list ?? [])];
+    const wrong = chosen.filter((file) => !ATTACHABLE.includes(file.type));
+    setRefused(wrong.length ? `Only PDF and plain text files can be attached (not ${wrong.map((f) => f.name).join(", ")}).` : null);
+    try {
+      const parts = await Promise.all(chosen.filter((file) => ATTACHABLE.includes(file.type)).map(filePart));
+      setFiles((shown) => [...shown, ...parts]);
+    } catch (error) {
+      setRefused(`The file could not be read: ${error?.message ?? error}`);
+    }
+  };
+  const drop = (event) => {
+    event.preventDefault();
+    setDragging(false);
+    attach(event.dataTransfer?.files);
   };
 
   const runId = useMemo(() => {
@@ -385,7 +421,33 @@ function Conversation({ api, apiKey, session, initial, rejoin, onChanged, onOpen
         {status === "streaming" && (stopping ? "Stopping…" : "Answering…")}
         {error && <span className="error">The answer failed: {error.message}</span>}
       </div>
-      <form className="composer" onSubmit={send}>
+      {(files.length > 0 || refused) && (
+        <div className="attachments">
+          {files.length > 0 && (
+            <ul className="plain" aria-label="Attachments">
+              {files.map((file, i) => (
+                <li key={i}>
+                  <span className="attachment">{file.filename}</span>{" "}
+                  <button type="button" className="quiet" aria-label={`Remove ${file.filename}`} onClick={() => setFiles((shown) => shown.filter((_, j) => j !== i))}>
+                    Remove
+                  </button>
+                </li>
+              ))}
+            </ul>
+          )}
+          {refused && <p role="alert" className="error">{refused}</p>}
+        </div>
+      )}
+      <form
+        className={`composer ${dragging ? "dragging" : ""}`}
+        onSubmit={send}
+        onDragOver={(e) => {
+          e.preventDefault();
+          setDragging(true);
+        }}
+        onDragLeave={() => setDragging(false)}
+        onDrop={drop}
+      >
         <label htmlFor="message" className="visually-hidden">Message</label>
         <textarea
           id="message"
@@ -395,6 +457,21 @@ function Conversation({ api, apiKey, session, initial, rejoin, onChanged, onOpen
           onChange={(e) => setText(e.target.value)}
           onKeyDown={(e) => {
             if (e.key === "Enter" && !e.shiftKey && !e.nativeEvent.isComposing) send(e);
+          }}
+        />
+        <button type="button" className="quiet" onClick={() => picker.current?.click()} aria-label="Attach a PDF or text file">
+          Attach
+        </button>
+        <input
+          ref={picker}
+          type="file"
+          hidden
+          aria-label="A PDF or text file to attach"
+          accept={ATTACHABLE.join(",")}
+          multiple
+          onChange={(e) => {
+            attach(e.target.files);
+            e.target.value = "";
           }}
         />
         {busy ? (
@@ -458,6 +535,17 @@ function Message({ message, summarized, streaming, onBranch }) {
 
 function Part({ part }) {
   if (part.type === "text") return part.text ? <p className="text">{part.text}</p> : null;
+  if (part.type === "reasoning") {
+    // The model's thinking, folded: it led to the answer but is not the answer.
+    const redacted = part.providerMetadata?.threadline?.redacted;
+    return (
+      <details className="reasoning">
+        <summary>{redacted ? "Reasoning (redacted by the provider)" : part.state === "streaming" ? "Thinking…" : "Reasoning"}</summary>
+        {!redacted && <p className="text">{part.text}</p>}
+      </details>
+    );
+  }
+  if (part.type === "file") return <p className="attachment">{part.filename ?? part.mediaType}</p>;
   if (part.type === "dynamic-tool" || part.type.startsWith("tool-")) {
     const name = part.toolName ?? part.type.slice(5);
     const done = part.state === "output-available" || part.state === "output-error";

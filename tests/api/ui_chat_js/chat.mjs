@@ -4,12 +4,21 @@
 //
 //   node chat.mjs '{"api": ".../v1/ui/chat", "key": "...", "chatId": "...", "scenario": "send",
 //                   "trigger": "submit-message", "messages": [...]}'
-import {
+//
+// The `ai` package is the one installed where node runs (its working directory): this
+// directory's (the current major), or ../ui_chat_js_v5's (the `ai` 5 clients still in use).
+import { createRequire } from "node:module";
+import { join } from "node:path";
+import { pathToFileURL } from "node:url";
+
+const here = createRequire(join(process.cwd(), "package.json"));
+const {
   AbstractChat,
   DefaultChatTransport,
   lastAssistantMessageIsCompleteWithToolCalls,
   readUIMessageStream,
-} from "ai";
+  validateUIMessages,
+} = await import(pathToFileURL(here.resolve("ai")).href);
 
 const args = JSON.parse(process.argv[2]);
 const transport = new DefaultChatTransport({
@@ -83,6 +92,7 @@ class ChatState {
 class Chat extends AbstractChat {
   constructor(options) {
     const state = new ChatState();
+    state.messages = options.messages ?? []; // as @ai-sdk/react's state starts
     super({ ...options, state });
     this.chatState = state;
   }
@@ -99,7 +109,8 @@ async function converse(actions) {
     id: args.chatId,
     transport,
     onToolCall: ({ toolCall }) => {
-      chat.addToolResult({
+      // addToolOutput from `ai` 6 on; `ai` 5 calls it addToolResult.
+      (chat.addToolOutput ?? chat.addToolResult).call(chat, {
         tool: toolCall.toolName,
         toolCallId: toolCall.toolCallId,
         output: args.toolOutputs[toolCall.toolName],
@@ -120,7 +131,7 @@ async function converse(actions) {
           }
         };
       }
-      await chat.sendMessage({ text: action.send });
+      await chat.sendMessage(action.files ? { text: action.send, files: action.files } : { text: action.send });
       chat.chatState.onChange = () => {};
     } else if (action.edit !== undefined) {
       // useChat's sendMessage({text, messageId}): the user edits one of their messages.
@@ -192,6 +203,20 @@ switch (args.scenario) {
       }
     });
     emit({ resumed: true, ...result });
+    break;
+  }
+  case "history": {
+    // A page's load: the chat's stored messages, checked by the AI SDK as the UI messages it
+    // takes (useChat({messages})), then continued with one more message through its Chat.
+    const response = await fetch(`${args.api}/${encodeURIComponent(args.chatId)}/messages`, {
+      headers: { Authorization: `Bearer ${args.key}` },
+    });
+    const { messages } = await response.json();
+    const valid = await validateUIMessages({ messages });
+    const chat = new Chat({ id: args.chatId, transport, messages: valid });
+    await chat.sendMessage({ text: args.send });
+    const errors = chat.error ? [String(chat.error.message ?? chat.error)] : [];
+    emit({ stored: valid, messages: chat.messages, errors });
     break;
   }
   default:

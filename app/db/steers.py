@@ -1,0 +1,79 @@
+"""Steers' rows: a message waiting for a running run's next model turn, and where it landed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import RowMapping, func, insert, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.db.tables import steers
+
+
+@dataclass(frozen=True, slots=True)
+class Steer:
+    id: str
+    tenant_id: str
+    session_id: str
+    run_id: str
+    content: str | list[dict[str, Any]]
+    model: str
+    params: dict[str, Any]
+
+    @classmethod
+    def from_row(cls, row: RowMapping) -> Steer:
+        return cls(
+            str(row["id"]),
+            str(row["tenant_id"]),
+            str(row["session_id"]),
+            str(row["run_id"]),
+            row["content"],
+            row["model"],
+            dict(row["params"]),
+        )
+
+
+async def insert_steer(conn: AsyncConnection, steer: Steer) -> None:
+    await conn.execute(
+        insert(steers).values(
+            id=steer.id,
+            tenant_id=steer.tenant_id,
+            session_id=steer.session_id,
+            run_id=steer.run_id,
+            content=steer.content,
+            model=steer.model,
+            params=steer.params,
+        )
+    )
+
+
+async def any_pending(conn: AsyncConnection, run_id: str) -> bool:
+    query = select(steers.c.id).where(steers.c.run_id == run_id, steers.c.status == "pending")
+    return (await conn.execute(query.limit(1))).first() is not None
+
+
+async def pending_steers(conn: AsyncConnection, run_id: str, *, lock: bool = False) -> list[Steer]:
+    """The run's steers not settled yet, oldest first (locked: the caller settles them)."""
+    query = (
+        select(steers)
+        .where(steers.c.run_id == run_id, steers.c.status == "pending")
+        .order_by(steers.c.created_at, steers.c.id)
+    )
+    if lock:
+        query = query.with_for_update()
+    return [Steer.from_row(r) for r in (await conn.execute(query)).mappings()]
+
+
+async def settle(
+    conn: AsyncConnection,
+    steer_id: str,
+    status: str,
+    entry_seq: int,
+    next_run_id: str | None = None,
+) -> None:
+    await conn.execute(
+        update(steers)
+        .where(steers.c.id == steer_id)
+        .values(status=status, entry_seq=entry_seq, next_run_id=next_run_id, settled_at=func.now())
+    )
