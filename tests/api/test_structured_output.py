@@ -21,7 +21,7 @@ from testkit.upstream import FakeUpstream, JsonAnswer, Text, ToolCall
 
 OPENAI = "openai:gpt-4o-mini"
 ANTHROPIC = "anthropic:claude-sonnet-4-5"
-WEATHER = {
+WEATHER: dict[str, Any] = {
     "type": "object",
     "properties": {
         "city": {"type": "string"},

@@ -219,7 +219,7 @@ def test_sizes_and_depths_beyond_the_limits_are_refused() -> None:
 
 
 def test_an_answer_is_checked_against_its_schema() -> None:
-    answer = {
+    answer: dict[str, Any] = {
         "name": "Ada",
         "age": None,
         "email": "ada@example.com",
