@@ -12,6 +12,10 @@ traffic; this server answers them on 127.0.0.1 instead. Each test scripts the ne
 Scripts are consumed FIFO, one per request, by either API; with none queued the answer is a
 short "ok". Any Authorization / x-api-key header is accepted.
 
+A JsonAnswer streams a structured answer as text. A request's structured output format is
+checked in each API's shape (OpenAI's response_format json_schema, Anthropic's
+output_config.format) and refused with the API's 400 otherwise.
+
 Anthropic extended thinking is streamed as the API streams it (Thinking, RedactedThinking), and
 checked as the API checks it: the fake signs each block (its text, its place among the turn's
 blocks and their number), and refuses with Anthropic's 400 a request whose final assistant turn
@@ -67,6 +71,14 @@ class Text:
     """One streamed text delta."""
 
     text: str
+
+
+@dataclass(frozen=True)
+class JsonAnswer:
+    """A structured answer: `value` as JSON text, streamed as `fragments` text deltas."""
+
+    value: Any
+    fragments: int = 3
 
 
 @dataclass(frozen=True)
@@ -315,14 +327,21 @@ class FakeUpstream:
 
     def script(
         self,
-        *steps: Step,
+        *steps: Step | JsonAnswer,
         token_delay: float = 0.0,
         stop_reason: str | None = None,
         report_usage: bool = True,
     ) -> None:
-        """Queue the answer to one future request (FIFO)."""
+        """Queue the answer to one future request (FIFO); a JsonAnswer is its text deltas."""
+        streamed: list[Step] = []
+        for step in steps:
+            if isinstance(step, JsonAnswer):
+                text = json.dumps(step.value, ensure_ascii=False)
+                streamed.extend(Text(piece) for piece in _fragments(text, step.fragments))
+            else:
+                streamed.append(step)
         with self._lock:
-            self._scripts.append(Script(tuple(steps), token_delay, stop_reason, report_usage))
+            self._scripts.append(Script(tuple(streamed), token_delay, stop_reason, report_usage))
 
     def serve_props(self, props: Json | None) -> None:
         """Answer GET <prefix>/props with `props` (as llama.cpp's server does), None: 404."""
@@ -429,7 +448,11 @@ class FakeUpstream:
         body, script = await self._receive(request)
         if not body.get("stream"):
             return _openai_error(400, "bad_request", "the fake upstream only streams")
-        refused = reasoning_content_problem(body) or openai_file_problem(body)
+        refused = (
+            reasoning_content_problem(body)
+            or openai_file_problem(body)
+            or openai_format_problem(body)
+        )
         if refused is not None:
             return _openai_error(400, "bad_request", refused)
         fail, steps = await self._lead_in(script)
@@ -526,7 +549,11 @@ class FakeUpstream:
         body, script = await self._receive(request)
         if not body.get("stream"):
             return _anthropic_error(400, "bad_request", "the fake upstream only streams")
-        refused = thinking_problem(body) or anthropic_document_problem(body)
+        refused = (
+            thinking_problem(body)
+            or anthropic_document_problem(body)
+            or anthropic_format_problem(body)
+        )
         if refused is not None:
             return _anthropic_error(400, "bad_request", refused)
         fail, steps = await self._lead_in(script)
@@ -654,7 +681,7 @@ class FakeUpstream:
         body, script = await self._receive(request)
         if not body.get("stream"):
             return _openai_error(400, "bad_request", "the fake upstream only streams")
-        refused = responses_problem(body)
+        refused = responses_problem(body) or responses_format_problem(body)
         if refused is not None:
             return _openai_error(400, "bad_request", refused)
         fail, steps = await self._lead_in(script)
@@ -1103,6 +1130,92 @@ def _has_block(message: Json, kind: str) -> bool:
     return isinstance(content, list) and any(
         isinstance(b, dict) and b.get("type") == kind for b in content
     )
+
+
+# --- Structured outputs: the request shapes each API takes --------------------------------
+
+
+def openai_format_problem(body: Json) -> str | None:
+    """What OpenAI's Chat Completions would refuse about a request's response_format."""
+    if "response_format" not in body:
+        return None
+    given = body["response_format"]
+    kind = given.get("type") if isinstance(given, dict) else None
+    if kind in ("text", "json_object") and set(given) == {"type"}:
+        return None
+    if kind != "json_schema":
+        return "Invalid value for 'response_format.type': expected text, json_object, json_schema"
+    spec = given.get("json_schema")
+    if set(given) != {"type", "json_schema"} or not isinstance(spec, dict):
+        return "Missing required parameter: 'response_format.json_schema'."
+    unknown = set(spec) - {"name", "description", "schema", "strict"}
+    if unknown:
+        return f"Unrecognized request argument: 'response_format.json_schema.{unknown.pop()}'"
+    name = spec.get("name")
+    if not isinstance(name, str) or not name or len(name) > 64:
+        return "Invalid 'response_format.json_schema.name': a name of 1 to 64 characters."
+    if not isinstance(spec.get("schema"), dict):
+        return "Invalid type for 'response_format.json_schema.schema': expected an object."
+    if spec.get("strict") is True:
+        return _strict_problem(spec["schema"], "response_format.json_schema.schema")
+    return None
+
+
+def responses_format_problem(body: Json) -> str | None:
+    """What OpenAI's Responses API would refuse about a request's text.format."""
+    text = body.get("text")
+    if text is None:
+        return None
+    given = text.get("format") if isinstance(text, dict) else None
+    if not isinstance(given, dict) or given.get("type") not in (
+        "text",
+        "json_object",
+        "json_schema",
+    ):
+        return "Invalid value for 'text.format.type'"
+    if given["type"] != "json_schema":
+        return None
+    unknown = set(given) - {"type", "name", "description", "schema", "strict"}
+    if unknown:
+        return f"Unknown parameter: 'text.format.{unknown.pop()}'."
+    if not isinstance(given.get("name"), str) or not isinstance(given.get("schema"), dict):
+        return "Missing required parameter: 'text.format.name' or 'text.format.schema'."
+    if given.get("strict") is True:
+        return _strict_problem(given["schema"], "text.format.schema")
+    return None
+
+
+def anthropic_format_problem(body: Json) -> str | None:
+    """What Anthropic's Messages API would refuse about a request's output_config.format."""
+    if "output_format" in body:
+        return "output_format: Extra inputs are not permitted (use output_config.format)"
+    config = body.get("output_config")
+    if config is None:
+        return None
+    if not isinstance(config, dict) or set(config) - {"format", "effort"}:
+        return "output_config: Extra inputs are not permitted"
+    given = config.get("format")
+    if given is None:
+        return None
+    if not isinstance(given, dict) or given.get("type") != "json_schema":
+        return "output_config.format.type: Input should be 'json_schema'"
+    if set(given) != {"type", "schema"} or not isinstance(given["schema"], dict):
+        return "output_config.format: a schema (an object) and nothing else"
+    return _strict_problem(given["schema"], "output_config.format.schema")
+
+
+def _strict_problem(schema: Any, where: str) -> str | None:
+    """Both APIs: every object of a strict schema sets additionalProperties false."""
+    todo: list[tuple[str, Any]] = [(where, schema)]
+    while todo:
+        at, node = todo.pop()
+        if isinstance(node, dict):
+            if node.get("type") == "object" and node.get("additionalProperties") is not False:
+                return f"{at}: 'additionalProperties' is required to be supplied and to be false"
+            todo.extend((f"{at}.{k}", v) for k, v in node.items())
+        elif isinstance(node, list):
+            todo.extend((f"{at}[{i}]", v) for i, v in enumerate(node))
+    return None
 
 
 # --- Wire helpers ------------------------------------------------------------------------

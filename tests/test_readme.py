@@ -22,7 +22,7 @@ from app.config import Settings
 from app.main import create_app
 from testkit.database import create_database
 from testkit.server import serve_in_thread, stop_thread_server
-from testkit.upstream import FakeUpstream, Text, Thinking, ToolCall
+from testkit.upstream import FakeUpstream, JsonAnswer, Text, Thinking, ToolCall
 from tests.conftest import issue_key
 from tests.e2e import Service, e2e_env
 from tests.test_cli import Served as ServedCli
@@ -330,6 +330,36 @@ async def test_the_reasoning_examples_run_as_written(
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout == "thinking: Try the primes up to 31.\nYes, 1021 is prime.\n"
     assert upstream.requests[-1].body["thinking"]["budget_tokens"] == 1024
+
+
+async def test_the_structured_output_examples_run_as_written(
+    api: httpx.AsyncClient, service: Service, upstream: FakeUpstream
+) -> None:
+    """The README's structured output examples: curl's native ask sends the schema and gets the
+    JSON answer; the OpenAI SDK's responses.parse reads it into its pydantic model."""
+    served = Served(service.url, api.headers["Authorization"].removeprefix("Bearer "))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("THREADLINE_")}
+    upstream.clear()
+    upstream.script(JsonAnswer({"city": "Oslo", "celsius": -3}))
+    result = await asyncio.to_thread(
+        subprocess.run,
+        ["bash", "-euo", "pipefail", "-c", sh_block_after("### Structured output")],
+        env={**env, "API": served.url, "KEY": served.key},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "event: run.completed" in result.stdout and '\\"celsius\\": -3' in result.stdout
+    sent = upstream.requests[-1].body["response_format"]["json_schema"]
+    assert sent["name"] == "weather" and sent["strict"] is True
+
+    (example,) = python_blocks_after("### Structured output")
+    upstream.script(JsonAnswer({"city": "Oslo", "celsius": -3.5}))
+    ran = await asyncio.to_thread(run_python, example, served)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout == "city='Oslo' celsius=-3.5\n"
+    assert upstream.requests[-1].body["response_format"]["json_schema"]["name"] == "Weather"
 
 
 def test_the_compaction_result_shown_is_what_the_api_returns() -> None:

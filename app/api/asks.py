@@ -83,6 +83,7 @@ async def ask(
         else NamedTool(body.tool_choice.name),
         parallel_tool_calls=body.parallel_tool_calls,
         reasoning=body.reasoning.model_dump(exclude_none=True) if body.reasoning else None,
+        response_format=body.response_format,
         idempotency_key=idempotency_key,
     )
     result = await service.ask(

@@ -34,6 +34,7 @@ from app.core.entries import (
     ToolResultPayload,
 )
 from app.core.memory import MAX_MEMORY_BYTES, NAMESPACE_PATTERN
+from app.core.output_schema import ResponseFormat
 from app.core.policy import ContextPolicyPatch
 from app.core.projection import ProjectionMeta
 from app.core.reasoning import Reasoning
@@ -548,6 +549,15 @@ class AskRequest(Strict):
         description="Let the model think before it answers, for this ask (over the session's "
         'config.reasoning; {"effort": "none"} turns it off). 422 reasoning_not_supported for a '
         "model that cannot reason.",
+    )
+    response_format: ResponseFormat | None = Field(
+        default=None,
+        description="Structured output: the answer is JSON following this JSON Schema, sent "
+        "to each provider its way (OpenAI response_format, Anthropic output_config.format, a "
+        "llama.cpp grammar for local models). The schema must follow OpenAI's strict-mode rules "
+        "(422 invalid_output_schema with details.location, a JSON pointer, otherwise). The "
+        "answer entry is marked `structured` {name, schema_sha256}; an answer that does not "
+        "follow the schema fails the run with structured_output_invalid (its text kept).",
     )
 
 

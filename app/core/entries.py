@@ -166,6 +166,14 @@ ContentPart = Annotated[
 FinishReason = Literal["stop", "length", "tool_calls", "content_filter", "other"]
 
 
+class StructuredMark(_Strict):
+    """What an answer asked for in a JSON Schema format carries: the format's name and the
+    sha256 of its schema's canonical JSON (app.core.output_schema)."""
+
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+    schema_sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+
+
 class MessagePayload(_Strict):
     role: Literal["system", "user", "assistant"]
     content: str | list[ContentPart]
@@ -176,6 +184,9 @@ class MessagePayload(_Strict):
     status: Literal["complete", "incomplete"] | None = None
     # Why the model stopped writing it (runs set it): "length" marks an answer cut off.
     finish_reason: FinishReason | None = None
+    # An answer asked for as structured output (runs set it; checked against the schema at
+    # the end of the run: a mismatch fails the run, the text kept).
+    structured: StructuredMark | None = None
 
 
 class ToolCallPayload(_Strict):

@@ -65,6 +65,8 @@ class RunParams:
     parallel_tool_calls: bool = True
     # the reasoning the run's model turns use (the ask's, else the session's; None: off)
     reasoning: dict[str, Any] | None = None
+    # the JSON Schema format the answer follows (app.core.output_schema; None: free text)
+    response_format: dict[str, Any] | None = None
     # a compaction's
     focus: str | None = None
     keep_last_turns: int | None = None
@@ -87,6 +89,7 @@ class RunParams:
             tool_choice=tool_choices.parse(data.get("tool_choice") or "auto"),
             parallel_tool_calls=data.get("parallel_tool_calls", True),
             reasoning=data.get("reasoning"),
+            response_format=data.get("response_format"),
             focus=data.get("focus"),
             keep_last_turns=data.get("keep_last_turns"),
             telemetry=dict(data.get("telemetry") or {}),
@@ -106,6 +109,7 @@ class RunParams:
             "tool_choice": tool_choices.as_json(self.tool_choice),
             "parallel_tool_calls": self.parallel_tool_calls,
             "reasoning": self.reasoning,
+            "response_format": self.response_format,
             "telemetry": self.telemetry,
         }
 
@@ -216,6 +220,8 @@ class Outcome:
     # The answer's content parts when the model reasoned (its reasoning blocks among its
     # text); else the text is the content. Only a completed answer keeps them.
     parts: tuple[dict[str, Any], ...] = ()
+    # The answer's mark when it was asked for as structured output (StructuredMark's fields).
+    structured: dict[str, str] | None = None
 
 
 def entry_id(run_id: str, part: str) -> str:

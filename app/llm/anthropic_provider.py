@@ -32,6 +32,7 @@ from typing import Any
 import anthropic
 
 from app.core.formats import to_anthropic
+from app.core.output_schema import ResponseFormat
 from app.core.reasoning import DEFAULT_ANSWER_TOKENS
 from app.core.tool_choice import anthropic_tool_choice
 from app.core.usage import UsageReport
@@ -99,8 +100,10 @@ class AnthropicProvider:
             "max_tokens": answer + (reasoning.budget if reasoning else 0),
             "messages": wire["messages"],
             "model": request.model,
-            "stream": True,
         }
+        if request.response_format is not None:
+            body["output_config"] = {"format": output_format(request.response_format)}
+        body["stream"] = True
         if "system" in wire:
             body["system"] = wire["system"]
         if reasoning is not None:
@@ -131,6 +134,14 @@ class AnthropicProvider:
             raise ProviderError("server", "the stream ended without a stop reason")
         yield state.usage()
         yield Finish(state.stop_reason)
+
+
+def output_format(format: ResponseFormat) -> dict[str, Any]:
+    """A JSON Schema format as Anthropic's structured outputs take it (output_config.format):
+    the schema as the SDK transforms it, the constraints the API does not enforce (numeric
+    bounds, patterns it cannot compile) moved into descriptions. The run still checks the
+    answer against the whole schema."""
+    return {"type": "json_schema", "schema": anthropic.transform_schema(format.schema_)}
 
 
 @dataclass

@@ -10,6 +10,7 @@ from typing import Any, Literal, Protocol
 from app.core.content import unstorable
 from app.core.entries import FinishReason
 from app.core.messages import Message, ToolSpec
+from app.core.output_schema import ResponseFormat
 from app.core.reasoning import Reasoning
 from app.core.tool_choice import ToolChoice
 from app.core.usage import UsageReport
@@ -38,6 +39,8 @@ class ModelRequest:
     # Think before answering (None: no reasoning); providers whose models cannot ignore it
     # (asks are refused before they get here: app.llm.catalog.can_reason).
     reasoning: Reasoning | None = None
+    # The JSON Schema the answer follows (None: free text); each provider sends it its way.
+    response_format: ResponseFormat | None = None
 
 
 def prompt_cache_key(session_id: str) -> str:

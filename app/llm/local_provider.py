@@ -20,6 +20,9 @@ system prompt gets a plain one (NEUTRAL_SYSTEM): else a template's stock identit
 helpful AI assistant named SmolLM") takes its place, and the model quotes it back as an answer.
 llama.cpp's own log lines go to the `llama.cpp` logger (debug; errors as errors), not stderr.
 
+An ask's JSON Schema format (structured output) is held to by a grammar llama.cpp builds from
+the schema, so the answer is JSON of that shape (unless it is cut off by the length limit).
+
 Tool specs are ignored: small local models have no dependable tool-calling format, so this
 provider never produces tool calls (tool calls and results in the history travel as text).
 That honours tool_choice "auto" and "none" and parallel_tool_calls either way; a forced choice
@@ -34,6 +37,7 @@ import ctypes
 import functools
 import importlib.metadata
 import importlib.util
+import json
 import logging
 import re
 import threading
@@ -89,6 +93,8 @@ class _Sampling:
     max_tokens: int
     temperature: float
     decoding: LocalDecoding
+    # The JSON Schema the answer follows (JSON text), held to by a llama.cpp grammar.
+    schema: str | None = None
 
 
 @dataclass(slots=True)
@@ -215,7 +221,9 @@ def _sampling(request: ModelRequest, decoding: LocalDecoding) -> _Sampling:
     room = request.answer_room or decoding.max_output_tokens
     max_tokens = request.max_output_tokens or min(decoding.max_output_tokens, room)
     temperature = decoding.temperature if request.temperature is None else request.temperature
-    return _Sampling(max_tokens, temperature, decoding)
+    format = request.response_format
+    schema = json.dumps(format.schema_) if format is not None else None
+    return _Sampling(max_tokens, temperature, decoding, schema)
 
 
 def tool_choice_problem(choice: ToolChoice) -> str | None:
@@ -264,6 +272,7 @@ def _complete(
     stop: threading.Event,
 ) -> None:
     from llama_cpp import LogitsProcessorList, StoppingCriteriaList
+    from llama_cpp.llama_grammar import LlamaGrammar
 
     llm = model.llm
     rendered = model.formatter(messages=messages)
@@ -303,6 +312,9 @@ def _complete(
         min_p=decoding.min_p,
         repeat_penalty=decoding.repeat_penalty,
         seed=decoding.seed,
+        grammar=LlamaGrammar.from_json_schema(sampling.schema, verbose=False)
+        if sampling.schema is not None
+        else None,
     )
     finish: str | None = None
     try:

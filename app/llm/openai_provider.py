@@ -143,6 +143,8 @@ class OpenAIProvider:
             body["parallel_tool_calls"] = choice["parallel_tool_calls"]
         if self._send_cache_key and request.cache_key is not None:
             body["prompt_cache_key"] = request.cache_key
+        if request.response_format is not None:
+            body["response_format"] = request.response_format.as_json()
         body["stream_options"] = {"include_usage": True}
         if request.temperature is not None:
             body["temperature"] = request.temperature

@@ -84,6 +84,10 @@ def request_body(request: ModelRequest, reasons: bool = True) -> dict[str, Any]:
         body["temperature"] = request.temperature
     if request.cache_key is not None:
         body["prompt_cache_key"] = request.cache_key
+    if request.response_format is not None:
+        # The Responses API takes the chat format's json_schema flattened under text.format.
+        spec = request.response_format.as_json()["json_schema"]
+        body["text"] = {"format": {"type": "json_schema", **spec}}
     if "tools" in wire:
         body["tools"] = wire["tools"]
         choice = openai_fields(request.tool_choice, request.parallel_tool_calls, True)

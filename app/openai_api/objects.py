@@ -59,11 +59,19 @@ def response_base(
         "parallel_tool_calls": params.parallel_tool_calls,
         "background": background,
         "store": True,
-        "text": {"format": {"type": "text"}},
+        "text": {"format": text_format(params.response_format)},
         "truncation": "auto",
         "reasoning": reasoning_object(params.reasoning),
         "user": None,
     }
+
+
+def text_format(response_format: Mapping[str, Any] | None) -> Json:
+    """A run's structured output format as the Responses API shows it (`text.format`)."""
+    if not response_format:
+        return {"type": "text"}
+    spec = response_format["json_schema"]
+    return {"type": "json_schema", **spec}
 
 
 def reasoning_object(reasoning: Mapping[str, Any] | None) -> Json | None:

@@ -115,6 +115,12 @@ class ResponseCreate(_Body):
     max_output_tokens: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
     metadata: OpenAIMetadata | None = None
+    text: dict[str, Any] | None = Field(
+        default=None,
+        description="`{format: {type: json_schema, name, schema, strict: true}}`: structured "
+        "output, the answer JSON that follows the schema (OpenAI's strict-mode rules); "
+        "`{format: {type: text}}` (the default): free text.",
+    )
     reasoning: ReasoningParam | None = None
     include: Annotated[list[Literal["reasoning.encrypted_content"]], Field(max_length=8)] | None = (
         Field(

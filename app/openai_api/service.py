@@ -20,6 +20,7 @@ from app.config import Settings
 from app.core import tool_choice as tool_choices
 from app.core.agents import AgentPin, with_variables
 from app.core.entries import EntryKind, JournalEntry, NewEntry, PendingEntry
+from app.core.output_schema import ResponseFormat
 from app.core.projection import without_rolled_back
 from app.core.runs import Run, RunKind, RunStatus, entry_id
 from app.core.sessions import Session
@@ -81,6 +82,36 @@ def requested_tool_choice(value: str | Mapping[str, Any] | None) -> ToolChoice:
             "'required' and {'type': 'function', 'name': <one of the tools>}.",
             param="tool_choice",
             code="invalid_value",
+        ) from None
+
+
+def requested_format(text: Mapping[str, Any] | None) -> ResponseFormat | None:
+    """A request's `text.format` as the ask's structured output: `{type: json_schema, name,
+    schema, strict, description}` is one; `{type: text}` (or none) is free text."""
+    given = (text or {}).get("format")
+    unknown = sorted(set(text or {}) - {"format"})
+    if unknown:
+        raise unsupported(f"text.{unknown[0]}")
+    if given is None or given == {"type": "text"}:
+        return None
+    kind = given.get("type") if isinstance(given, dict) else None
+    if kind != "json_schema":
+        raise OpenAIError(
+            400,
+            f"Invalid value for 'text.format.type': {kind!r}. Threadline serves 'text' and "
+            "'json_schema' (strict).",
+            param="text.format.type",
+            code="invalid_value",
+        )
+    spec = {k: v for k, v in given.items() if k != "type"}
+    try:
+        return ResponseFormat.model_validate({"type": "json_schema", "json_schema": spec})
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(p) for p in first["loc"][1:])
+        param = f"text.format.{where}" if where else "text.format"
+        raise OpenAIError(
+            400, f"Invalid value for '{param}': {first['msg']}", param=param, code="invalid_value"
         ) from None
 
 
@@ -359,6 +390,7 @@ async def create_response(
     encrypted = encrypted_included(body.include)
     tools = tool_definitions(body.tools or [])
     choice = requested_tool_choice(body.tool_choice)
+    output = requested_format(body.text)
     model = checked_model(settings, body.model) if body.model is not None else None
     if given.content is None:  # function_call_output items: the waiting run goes on
         if body.previous_response_id is None:
@@ -369,9 +401,11 @@ async def create_response(
                 param="previous_response_id",
                 code="missing_required_parameter",
             )
-        loaded = await _answer_calls(engine, tenant_id, body, given, model, tools, choice)
+        loaded = await _answer_calls(engine, tenant_id, body, given, model, tools, choice, output)
     else:
-        loaded = await _ask(engine, settings, tenant_id, body, given, model, tools, choice, handoff)
+        loaded = await _ask(
+            engine, settings, tenant_id, body, given, model, tools, choice, output, handoff
+        )
     return Created(loaded, base_of(loaded, body.previous_response_id), encrypted)
 
 
@@ -383,6 +417,7 @@ async def _answer_calls(
     model: str | None,
     tools: list[dict[str, Any]],
     choice: ToolChoice,
+    output: ResponseFormat | None,
 ) -> Loaded:
     assert body.previous_response_id is not None
     previous = await load(engine, tenant_id, body.previous_response_id, "previous_response_id")
@@ -421,6 +456,10 @@ async def _answer_calls(
         "temperature": (body.temperature, params.temperature),
         "metadata": (body.metadata, params.metadata),
         "background": (body.background, params.on_disconnect == "continue"),
+        "text": (
+            output.as_json() if body.text is not None and output else None,
+            params.response_format,
+        ),
         "reasoning": (native_reasoning(body.reasoning), params.reasoning),
     }
     for name, (sent, own) in kept.items():
@@ -449,6 +488,7 @@ async def _ask(
     model: str | None,
     tools: list[dict[str, Any]],
     choice: ToolChoice,
+    output: ResponseFormat | None,
     handoff: RunHandoff | None,
 ) -> Loaded:
     """The response's ask. The session made for it (a new conversation, or a fork at the
@@ -486,6 +526,8 @@ async def _ask(
         tool_choice=choice,
         parallel_tool_calls=body.parallel_tool_calls is not False,
         on_disconnect="continue" if body.background else "cancel",
+        response_format=output,
+        response_format_at=("text", "format", "schema"),
         before=tuple(PendingEntry(str(e.kind), e.payload, e.refs) for e in given.before),
         reasoning=native_reasoning(body.reasoning),
     )

@@ -24,6 +24,7 @@ from app.config import Settings
 from app.core import run_policy as run_policies
 from app.core.content import content_problems
 from app.core.entries import EntryKind, NewEntry, PendingEntry
+from app.core.output_schema import ResponseFormat, schema_problem
 from app.core.runs import CancelMode, Run, RunKind, RunParams, entry_id
 from app.core.tool_choice import ToolChoice
 from app.db import jobs as jobs_db
@@ -68,6 +69,10 @@ class AskParams:
     tool_choice: ToolChoice = "auto"  # forced choices hold for the first model turn only
     parallel_tool_calls: bool = True
     reasoning: dict[str, Any] | None = None  # over the session's config.reasoning
+    # The JSON Schema the answer follows, and where the surface's request holds its schema
+    # (the path a refusal names).
+    response_format: ResponseFormat | None = None
+    response_format_at: tuple[str, ...] = ("response_format", "json_schema", "schema")
     # Entries committed with the ask, before its user message (a client that sends history
     # along with its question); each gets refs.request_id = the run's id.
     before: tuple[PendingEntry, ...] = ()
@@ -128,6 +133,8 @@ async def ask(
     refused = [p.as_error("input") for p in content_problems("user", params.content)]
     if refused:
         raise entries_refused(refused)
+    if params.response_format is not None:
+        _check_schema(params.response_format, params.response_format_at)
     model: str | None = None
     if prepare is None:
         # Projected before the transaction: the session's row is locked only to commit.
@@ -205,6 +212,20 @@ async def _committing(
     earlier = await run_by_idempotency_key(engine, tenant_id, session_id, params.idempotency_key)
     assert earlier is not None
     return AskResult(earlier, created=False)
+
+
+def _check_schema(format: ResponseFormat, at: tuple[str, ...]) -> None:
+    """422 invalid_output_schema naming (a JSON pointer into the request) the first thing that
+    makes the format's schema unfit for strict structured output."""
+    problem = schema_problem(format.schema_)
+    if problem is None:
+        return
+    location = "".join(f"/{p}" for p in at) + problem.pointer
+    raise Invalid(
+        "invalid_output_schema",
+        f"the schema cannot be used for structured output: {problem.message} (at {location})",
+        {"location": location, "loc": ["body", *at]},
+    )
 
 
 def _pending(params: AskParams) -> list[PendingEntry]:
@@ -319,6 +340,7 @@ async def _commit(
         tool_choice=params.tool_choice,
         parallel_tool_calls=params.parallel_tool_calls,
         reasoning=reasoning.model_dump(exclude_none=True) if reasoning else None,
+        response_format=params.response_format.as_json() if params.response_format else None,
     )
     # A compaction in flight is no reason to refuse: the ask's job queues behind it.
     active = await runs_db.active_runs(conn, session_id, kind="ask", tenant_id=tenant_id)

@@ -205,6 +205,8 @@ async def finish(conn: AsyncConnection, run: Run, outcome: Outcome) -> Run:
             payload["status"] = "incomplete"
         if outcome.finish_reason is not None:
             payload["finish_reason"] = outcome.finish_reason
+        if outcome.structured is not None:
+            payload["structured"] = outcome.structured
         entries.append(
             NewEntry(EntryKind.MESSAGE, payload, {"run_id": run.id}, entry_id(run.id, "answer"))
         )

@@ -22,6 +22,7 @@ from app.core import tool_choice as tool_choices
 from app.core.entries import EntryKind, FinishReason, JournalEntry, NewEntry
 from app.core.mcp import McpServer
 from app.core.messages import result_text
+from app.core.output_schema import ResponseFormat, answer_problem
 from app.core.projection import ProjectionMeta
 from app.core.reasoning import Reasoning
 from app.core.run_policy import RunPolicy
@@ -88,6 +89,8 @@ MAX_OUTAGES = 5
 PREVIEW_CHARS = 500
 # Why a model call's partial answer was voided: `message.reset`'s reason, the rollback's.
 RESTART_REASON = "provider_retry"
+# The run error of an answer that does not follow the ask's JSON Schema.
+STRUCTURED_OUTPUT_INVALID = "structured_output_invalid"
 
 
 @dataclass
@@ -476,6 +479,9 @@ async def _model_turn(
         tool_choice=tool_choices.for_turn(params.tool_choice, iteration),
         parallel_tool_calls=params.parallel_tool_calls,
         reasoning=Reasoning.model_validate(params.reasoning) if params.reasoning else None,
+        response_format=ResponseFormat.model_validate(params.response_format)
+        if params.response_format
+        else None,
     )
     progress.text, progress.parts = [], []
     thinking: set[int] = set()  # reasoning blocks whose start was announced
@@ -529,6 +535,8 @@ async def _model_turn(
     if not calls:
         text = "".join(progress.text)
         parts = tuple(content) if isinstance(content, list) else ()
+        if request.response_format is not None:
+            return _structured(request.response_format, text, parts, finish, progress)
         return Outcome(
             "completed",
             text,
@@ -541,6 +549,35 @@ async def _model_turn(
     await _commit(runtime, run, turn)
     progress.text, progress.parts = [], []  # committed with its calls: not the final answer
     return None
+
+
+def _structured(
+    format: ResponseFormat,
+    text: str,
+    parts: tuple[dict[str, Any], ...],
+    finish: FinishReason | None,
+    progress: _Progress,
+) -> Outcome:
+    """The end of a run whose answer must follow a JSON Schema: completed when it does, else
+    failed with `structured_output_invalid` (the answer kept, marked incomplete)."""
+    mark = format.mark()
+    problem = answer_problem(format.schema_, text)
+    if problem is None:
+        return Outcome(
+            "completed",
+            text,
+            progress.usage,
+            model=progress.model,
+            finish_reason=finish,
+            parts=parts,
+            structured=mark,
+        )
+    cut = " (the answer was cut off by the output limit)" if finish == "length" else ""
+    error = {
+        "code": STRUCTURED_OUTPUT_INVALID,
+        "message": f"the answer does not follow the schema {format.name!r}: {problem}{cut}",
+    }
+    return Outcome("failed", text, progress.usage, error, progress.model, finish, structured=mark)
 
 
 def _add_text(parts: list[dict[str, Any]], text: str) -> None:

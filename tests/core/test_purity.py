@@ -30,6 +30,7 @@ ALLOWED = {
     "base64",  # decoding inline images' headers (app.core.content)
     "binascii",
     "struct",
+    "jsonschema_rs",  # checking structured answers against their schema (app.core.output_schema)
     # A PDF's bytes parsed in memory (io.BytesIO, pypdf's reader): whether a document part is a
     # PDF and how many pages it has (app.core.content). Nothing is read from a file or socket.
     "io",

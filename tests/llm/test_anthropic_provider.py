@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from app.core.formats import to_anthropic
 from app.core.messages import Message, ToolCall, ToolSpec
+from app.core.output_schema import ResponseFormat
 from app.core.reasoning import DEFAULT_ANSWER_TOKENS
 from app.core.tool_choice import NamedTool, ToolChoice, anthropic_tool_choice
 from app.core.usage import UsageReport
@@ -61,6 +62,28 @@ CONVERSATION = (
     Message("user", "And in Rome?"),
 )
 HELLO = ModelRequest("claude-test", (Message("user", "Hi"),))
+STRUCTURED = ResponseFormat.model_validate(
+    {
+        "type": "json_schema",
+        "json_schema": {
+            "name": "city",
+            "schema": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string", "pattern": "^[A-Z]"},
+                    "people": {"type": "integer", "minimum": 0},
+                },
+                "required": ["name", "people"],
+                "additionalProperties": False,
+            },
+        },
+    }
+)
+
+
+def sdk_format(format: ResponseFormat) -> Any:
+    """output_config.format as the SDK's own helper makes it of a JSON Schema."""
+    return {"type": "json_schema", "schema": anthropic.transform_schema(format.schema_)}
 
 
 @pytest.fixture(scope="module")
@@ -332,6 +355,7 @@ async def test_no_tool_choice_goes_out_without_tools(
         ModelRequest("claude-test", CONVERSATION, (WEATHER, CLOCK), 64, cache_breakpoints=(1,)),
         replace(HELLO, tools=(WEATHER,), tool_choice=NamedTool("get_weather")),
         replace(HELLO, tools=(WEATHER,), tool_choice="none", parallel_tool_calls=False),
+        replace(HELLO, tools=(WEATHER,), response_format=STRUCTURED),
     ],
 )
 async def test_the_body_is_the_one_the_sdks_create_sends(
@@ -355,6 +379,9 @@ async def test_the_body_is_the_one_the_sdks_create_sends(
             system=wire.get("system", omit),
             tools=wire.get("tools", omit),
             tool_choice=cast(Any, choice) if choice is not None else omit,
+            output_config={"format": sdk_format(request_.response_format)}
+            if request_.response_format is not None
+            else omit,
             stream=True,
         )
         async with events:

@@ -6,7 +6,7 @@ import json
 import socket
 from collections.abc import AsyncIterator, Collection, Iterator
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import openai
 import pydantic
@@ -17,6 +17,7 @@ from openai.types.chat import ChatCompletionChunk
 
 from app.core.formats import to_openai
 from app.core.messages import Message, ToolCall, ToolSpec
+from app.core.output_schema import ResponseFormat
 from app.core.tool_choice import NamedTool, ToolChoice, openai_fields
 from app.core.usage import UsageReport
 from app.llm.base import (
@@ -77,6 +78,23 @@ async def provider(upstream: FakeUpstream) -> AsyncIterator[OpenAIProvider]:
 
 
 HELLO = ModelRequest("gpt-test", (Message("user", "Hi"),))
+STRUCTURED = ResponseFormat.model_validate(
+    {
+        "type": "json_schema",
+        "json_schema": {
+            "name": "city",
+            "schema": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string", "pattern": "^[A-Z]"},
+                    "people": {"type": "integer", "minimum": 0},
+                },
+                "required": ["name", "people"],
+                "additionalProperties": False,
+            },
+        },
+    }
+)
 
 
 async def test_streams_text_then_usage_then_finish(
@@ -409,6 +427,11 @@ async def test_no_tool_choice_goes_out_without_tools(
             {"legacy_max_tokens": True, "answer_in_room": True, "output_limit": 100},
             replace(HELLO, answer_room=300, cache_key="ignored-here"),
         ),
+        ({"send_cache_key": True}, replace(HELLO, cache_key="s", response_format=STRUCTURED)),
+        (  # as a compat endpoint (llama.cpp server, vLLM) is asked
+            {"legacy_max_tokens": True, "answer_in_room": True},
+            replace(HELLO, tools=(WEATHER,), answer_room=50, response_format=STRUCTURED),
+        ),
     ],
 )
 async def test_the_body_is_the_one_the_sdks_create_sends(
@@ -440,6 +463,9 @@ async def test_the_body_is_the_one_the_sdks_create_sends(
             prompt_cache_key=cache_key if cache_key is not None else omit,
             tool_choice=choice.get("tool_choice", omit),
             parallel_tool_calls=choice.get("parallel_tool_calls", omit),
+            response_format=cast(Any, request_.response_format.as_json())
+            if request_.response_format is not None
+            else omit,
         )
         async with chunks:
             async for _ in chunks:

@@ -5,10 +5,12 @@ Chat Completions provider's are (retryable or not)."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
 
 import pytest
 
 from app.core.messages import Message, ToolCall, ToolSpec
+from app.core.output_schema import ResponseFormat
 from app.core.reasoning import Reasoning
 from app.core.usage import UsageReport
 from app.llm.base import (
@@ -26,6 +28,7 @@ from testkit.upstream import (
     Fail,
     FailMidStream,
     FakeUpstream,
+    JsonAnswer,
     Malformed,
     RedactedThinking,
     Step,
@@ -38,7 +41,7 @@ from testkit.upstream import (
 from testkit.upstream import (
     ToolCall as ScriptedCall,
 )
-from tests.llm.streamed import collect, tool_calls
+from tests.llm.streamed import collect, joined_text, tool_calls
 
 WEATHER = ToolSpec(
     "get_weather",
@@ -257,3 +260,25 @@ async def test_a_model_that_cannot_reason_is_not_asked_for_encrypted_reasoning(
     plain, reasoning = (r.body for r in upstream.requests)
     assert "include" not in plain and plain["store"] is False
     assert reasoning["include"] == ["reasoning.encrypted_content"]
+
+
+async def test_a_structured_output_format_goes_as_text_format(
+    provider: OpenAIResponsesProvider, upstream: FakeUpstream
+) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+        "additionalProperties": False,
+    }
+    structured = ResponseFormat.model_validate(
+        {"type": "json_schema", "json_schema": {"name": "place", "schema": schema}}
+    )
+    upstream.script(JsonAnswer({"city": "Oslo"}))
+
+    events = await collect(provider.stream(replace(HELLO, response_format=structured)))
+
+    assert joined_text(events) == '{"city": "Oslo"}'
+    assert upstream.requests[0].body["text"] == {
+        "format": {"type": "json_schema", "name": "place", "schema": schema, "strict": True}
+    }
