@@ -50,6 +50,29 @@ def walk_through() -> str:
     return section[start : section.index("```\n", start)]
 
 
+def clean_env() -> dict[str, str]:
+    """This process's environment without Threadline's settings (a reader's shell has none)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("THREADLINE_")}
+
+
+async def run_sh_block(
+    heading: str, cwd: Path | None = None, **variables: str
+) -> subprocess.CompletedProcess[str]:
+    """The sh block after `heading`, run by bash as written with these variables set (API, KEY,
+    ...); it must succeed."""
+    result = await asyncio.to_thread(
+        subprocess.run,
+        ["bash", "-euo", "pipefail", "-c", sh_block_after(heading)],
+        cwd=cwd,
+        env={**clean_env(), **variables},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr + result.stdout[-3000:]
+    return result
+
+
 def sh_block_after(heading: str) -> str:
     """The first shell block after a heading, as written."""
     section = README[README.index(heading) :]
@@ -62,17 +85,8 @@ async def test_the_browser_example_runs_as_written(
 ) -> None:
     """The backend issues a stream token; the stream opens with it alone."""
     upstream.script(Text("Hello from the model."))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("THREADLINE_")}
     key = api.headers["Authorization"].removeprefix("Bearer ")
-    result = await asyncio.to_thread(
-        subprocess.run,
-        ["bash", "-euo", "pipefail", "-c", sh_block_after("### From a browser")],
-        env={**env, "API": service.url, "KEY": key},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr + result.stdout[-3000:]
+    result = await run_sh_block("### From a browser", API=service.url, KEY=key)
     assert "event: run.created" in result.stdout
     assert "event: run.completed" in result.stdout
     assert "Hello from the model." in result.stdout
@@ -84,17 +98,8 @@ async def test_the_tool_approval_round_trip_runs_as_written(
     """The call waits for approval, the approval is posted, the run answers."""
     upstream.script(ToolCall("c1", "calculator", '{"expression": "6*7"}'))
     upstream.script(Text("It is 42."))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("THREADLINE_")}
     key = api.headers["Authorization"].removeprefix("Bearer ")
-    result = await asyncio.to_thread(
-        subprocess.run,
-        ["bash", "-euo", "pipefail", "-c", sh_block_after("### Tool approval")],
-        env={**env, "API": service.url, "KEY": key},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr + result.stdout[-3000:]
+    result = await run_sh_block("### Tool approval", API=service.url, KEY=key)
     assert result.stdout.splitlines()[-2:] == ["queued", "It is 42."]
     sent = upstream.requests[-1].body["messages"]
     assert [m["content"] for m in sent if m["role"] == "tool"] == ["42"]
@@ -107,18 +112,8 @@ async def test_the_session_file_example_runs_as_written(
     sid = (await api.post("/v1/sessions", json={"title": "Trip"})).json()["id"]
     body = {"entries": [{"kind": "message", "payload": {"role": "user", "content": "Hi"}}]}
     assert (await api.post(f"/v1/sessions/{sid}/entries", json=body)).status_code == 201
-    env = {k: v for k, v in os.environ.items() if not k.startswith("THREADLINE_")}
     key = api.headers["Authorization"].removeprefix("Bearer ")
-    result = await asyncio.to_thread(
-        subprocess.run,
-        ["bash", "-euo", "pipefail", "-c", sh_block_after("### Session files")],
-        cwd=tmp_path,
-        env={**env, "API": service.url, "KEY": key, "S": sid},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr + result.stdout[-3000:]
+    result = await run_sh_block("### Session files", cwd=tmp_path, API=service.url, KEY=key, S=sid)
     new = json.loads(result.stdout)
     assert new["id"] != sid and new["rev"] == 1 and new["title"] == "Trip"
     assert (tmp_path / "session.jsonl").read_bytes().startswith(b'{"type":"header"')
@@ -143,7 +138,7 @@ def test_the_walk_through_runs_as_written_with_no_configuration(workdir: Path) -
     """Zero configuration: the embedded database and the local model answer every step."""
     served = ServedCli(workdir)  # `threadline serve` with no THREADLINE_* variables
     try:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("THREADLINE_")}
+        env = clean_env()
         result = subprocess.run(
             ["bash", "-euo", "pipefail", "-c", walk_through()],
             cwd=workdir,
@@ -263,7 +258,7 @@ def keyless(database_url: str, upstream: FakeUpstream) -> Iterator[Served]:
 
 
 def run_python(example: str, served: Served) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("THREADLINE_")}
+    env = clean_env()
     return subprocess.run(
         [sys.executable, "-c", example],
         env={**env, "API": served.url, "KEY": served.key},
@@ -308,18 +303,9 @@ async def test_the_reasoning_examples_run_as_written(
     """The README's reasoning examples, with Anthropic configured: curl's native ask streams
     the thinking as reasoning.delta; the OpenAI SDK gets it as reasoning items."""
     served = Served(service.url, api.headers["Authorization"].removeprefix("Bearer "))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("THREADLINE_")}
     upstream.clear()
     upstream.script(Thinking("Try the primes up to 31."), Text("Yes, 1021 is prime."))
-    result = await asyncio.to_thread(
-        subprocess.run,
-        ["bash", "-euo", "pipefail", "-c", sh_block_after("### Reasoning")],
-        env={**env, "API": served.url, "KEY": served.key},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr
+    result = await run_sh_block("### Reasoning", API=served.url, KEY=served.key)
     assert "event: reasoning.delta" in result.stdout
     assert "Try the primes" in result.stdout and "event: run.completed" in result.stdout
     assert upstream.requests[-1].body["thinking"] == {"type": "enabled", "budget_tokens": 1024}
@@ -338,18 +324,9 @@ async def test_the_structured_output_examples_run_as_written(
     """The README's structured output examples: curl's native ask sends the schema and gets the
     JSON answer; the OpenAI SDK's responses.parse reads it into its pydantic model."""
     served = Served(service.url, api.headers["Authorization"].removeprefix("Bearer "))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("THREADLINE_")}
     upstream.clear()
     upstream.script(JsonAnswer({"city": "Oslo", "celsius": -3}))
-    result = await asyncio.to_thread(
-        subprocess.run,
-        ["bash", "-euo", "pipefail", "-c", sh_block_after("### Structured output")],
-        env={**env, "API": served.url, "KEY": served.key},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr
+    result = await run_sh_block("### Structured output", API=served.url, KEY=served.key)
     assert "event: run.completed" in result.stdout and '\\"celsius\\": -3' in result.stdout
     sent = upstream.requests[-1].body["response_format"]["json_schema"]
     assert sent["name"] == "weather" and sent["strict"] is True
@@ -378,7 +355,7 @@ def fresh_shell_env(workdir: Path) -> dict[str, str]:
     the venv not on PATH (the venv running these tests stands in for the checkout's)."""
     venv_bin = Path(sys.executable).parent
     (workdir / ".venv").symlink_to(venv_bin.parent)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("THREADLINE_")}
+    env = clean_env()
     env.pop("VIRTUAL_ENV", None)
     path = [p for p in env["PATH"].split(os.pathsep) if Path(p) != venv_bin]
     env["PATH"] = os.pathsep.join(path)
@@ -441,20 +418,10 @@ async def test_the_document_examples_run_as_written(
 
     (tmp_path / "report.pdf").write_bytes(pdf(2))
     heading = "### Documents: PDFs and text"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("THREADLINE_")}
     key = api.headers["Authorization"].removeprefix("Bearer ")
-    env |= {"API": service.url, "KEY": key}
+    env = {**clean_env(), "API": service.url, "KEY": key}
     upstream.script(Text("A two-page report."))
-    result = await asyncio.to_thread(
-        subprocess.run,
-        ["bash", "-euo", "pipefail", "-c", sh_block_after(heading)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr + result.stdout[-3000:]
+    result = await run_sh_block(heading, cwd=tmp_path, API=service.url, KEY=key)
     assert result.stdout == "completed\n"
     block = upstream.requests[-1].body["messages"][-1]["content"][1]
     assert block["type"] == "document" and block["source"]["media_type"] == "application/pdf"
