@@ -35,6 +35,10 @@ ALLOWED = {
     # PDF and how many pages it has (app.core.content). Nothing is read from a file or socket.
     "io",
     "pypdf",
+    # Schedules' due times (app.core.schedules): cron arithmetic on datetimes given to it, and
+    # title templates parsed with string.Formatter.
+    "croniter",
+    "string",
 }
 
 
