@@ -179,6 +179,18 @@ class Settings(BaseSettings):
         description="When workers purge expired sessions and run events past their retention "
         "(cron, 5 fields; 6 for seconds).",
     )
+    schedule_tick_seconds: float = Field(
+        default=5,
+        gt=0,
+        description="How often workers look for schedules that are due (a firing is at most "
+        "this late).",
+    )
+    schedule_misfire_grace_seconds: float = Field(
+        default=60,
+        ge=0,
+        description="A schedule's due time reached later than this (no worker ran) is a "
+        "misfire: fired once or skipped as the schedule's `misfire` says.",
+    )
     retention_batch_size: int = Field(
         default=100, ge=1, description="Sessions purged per transaction by the retention job."
     )

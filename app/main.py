@@ -24,6 +24,7 @@ from app.api import (
     models,
     projection,
     runs,
+    schedules,
     search,
     session_files,
     sessions,
@@ -136,6 +137,7 @@ def create_app(settings: Settings | None = None, *, workers: int = 0) -> FastAPI
     app.add_middleware(RequestIds)
     app.include_router(sessions.router)
     app.include_router(agents.router)
+    app.include_router(schedules.router)
     app.include_router(entries.router)
     app.include_router(session_files.router)
     app.include_router(projection.router)

@@ -39,6 +39,7 @@ from app.core.policy import ContextPolicyPatch
 from app.core.projection import ProjectionMeta
 from app.core.reasoning import Reasoning
 from app.core.run_policy import RunPolicy
+from app.core.schedules import TITLE_PLACEHOLDERS
 from app.services import approvals as approvals_service
 from app.services.webhooks import WebhookEventType
 
@@ -1035,3 +1036,136 @@ class SessionAgentMove(Strict):
     version: Annotated[int, Field(ge=1)] | None = Field(
         default=None, description="The version to move to; default: the agent's latest."
     )
+
+
+# Schedules (/v1/schedules): cron asks.
+CronExpression = Annotated[str, StringConstraints(min_length=1, max_length=200)]
+TimeZoneName = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+TitleTemplate = Annotated[str, StringConstraints(max_length=512)]
+ScheduleName = Annotated[str, StringConstraints(min_length=1, max_length=200)]
+
+
+class ScheduleAsk(Strict):
+    """What a schedule asks at each due time: the ask body's input and per-ask options."""
+
+    input: str | Annotated[list[InputPart], Field(min_length=1)] = Field(
+        description="The user's message: text, or content parts."
+    )
+    model: ModelName | None = Field(default=None, description="Default: the session's model.")
+    context_policy: ContextPolicyPatch | None = None
+    max_output_tokens: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
+    metadata: Metadata = Field(
+        default_factory=dict,
+        description="The run's metadata (`schedule_id` is added: the schedule's id).",
+    )
+    run_policy: RunPolicy | None = None
+    reasoning: Reasoning | None = None
+
+
+SCHEDULE_TITLE_DOC = "Title of each new session; placeholders: " + ", ".join(
+    f"{{{name}}} ({meaning})" for name, meaning in TITLE_PLACEHOLDERS.items()
+)
+
+
+class ScheduleCreate(Strict):
+    name: ScheduleName
+    cron: CronExpression = Field(
+        description="Five fields (minute hour day month weekday) or an alias (@daily, @hourly), "
+        "read in the time zone's wall clock. A time the clocks skip (DST) is due when they "
+        "jump; one they repeat, at its first occurrence. 422 invalid_cron with the reason."
+    )
+    timezone: TimeZoneName = Field(
+        default="UTC", description="An IANA time zone (Europe/Berlin); 422 invalid_timezone."
+    )
+    ask: ScheduleAsk
+    session_id: Annotated[UUID, Field(strict=False)] | None = Field(
+        default=None, description="Ask in this session each time (or give `agent`)."
+    )
+    agent: AgentName | None = Field(
+        default=None, description="Ask in a new session from this agent each time."
+    )
+    agent_version: Annotated[int, Field(ge=1)] | None = Field(
+        default=None, description="The agent version its sessions pin; default: the latest."
+    )
+    title_template: TitleTemplate | None = Field(default=None, description=SCHEDULE_TITLE_DOC)
+    misfire: Literal["run_once", "skip"] = Field(
+        default="run_once",
+        description="A due time missed (no worker ran, past THREADLINE_SCHEDULE_MISFIRE_GRACE_"
+        "SECONDS): run_once fires once for all the times missed, skip records one skipped "
+        "firing. Never once per missed time.",
+    )
+    busy: Literal["queue", "skip"] = Field(
+        default="queue",
+        description="The target session has a run in progress: queue (the ask's enqueue "
+        "strategy: it runs after it) or skip (a skipped firing, reason session_busy).",
+    )
+    enabled: bool = True
+
+    @model_validator(mode="after")
+    def _one_target(self) -> ScheduleCreate:
+        if (self.session_id is None) == (self.agent is None):
+            raise ValueError("give either session_id or agent")
+        if self.session_id is not None and (
+            self.agent_version is not None or self.title_template is not None
+        ):
+            raise ValueError("agent_version and title_template go with agent")
+        return self
+
+
+class ScheduleUpdate(Strict):
+    name: ScheduleName | None = None
+    cron: CronExpression | None = None
+    timezone: TimeZoneName | None = None
+    ask: ScheduleAsk | None = None
+    agent_version: Annotated[int, Field(ge=1)] | None = None
+    title_template: TitleTemplate | None = None
+    misfire: Literal["run_once", "skip"] | None = None
+    busy: Literal["queue", "skip"] | None = None
+    enabled: bool | None = Field(
+        default=None,
+        description="false: no firing until enabled again; enabling fires from the next due "
+        "time on (times missed while disabled are not fired).",
+    )
+
+
+class Schedule(BaseModel):
+    id: str
+    name: str
+    cron: str
+    timezone: str
+    ask: dict[str, Any]
+    session_id: str | None
+    agent: str | None
+    agent_version: int | None
+    title_template: str | None
+    misfire: str
+    busy: str
+    enabled: bool
+    next_due_at: datetime = Field(description="When it fires next (while enabled).")
+    created_at: datetime
+    updated_at: datetime
+
+
+class ScheduleList(BaseModel):
+    data: list[Schedule]
+
+
+class ScheduleRun(BaseModel):
+    """One due time of a schedule: the run it started, or why it started none."""
+
+    due_at: datetime
+    status: Literal["fired", "skipped", "failed"] = Field(
+        description="fired: a run was started (run_id, run_status); skipped: by the busy or "
+        "misfire policy; failed: the ask was refused (reason: its error code, e.g. a quota's)."
+    )
+    reason: str | None
+    message: str | None
+    session_id: str | None
+    run_id: str | None
+    run_status: str | None = Field(description="The run's status now.")
+    created_at: datetime
+
+
+class ScheduleRunList(BaseModel):
+    data: list[ScheduleRun]

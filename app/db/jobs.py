@@ -18,6 +18,7 @@ WEBHOOK_TASK = "threadline:deliver_webhook"
 WEBHOOK_QUEUE = "webhooks"
 RETENTION_TASK = "threadline:purge"
 MAINTENANCE_QUEUE = "maintenance"
+SCHEDULE_TASK = "threadline:fire_schedules"
 # The constraint a job taken for a worker that is no longer registered breaks.
 UNREGISTERED_WORKER = "procrastinate_jobs_worker_id_fkey"
 

@@ -506,3 +506,59 @@ mcp_servers = Table(
     UniqueConstraint("tenant_id", "name", name="mcp_servers_tenant_name"),
     CheckConstraint("transport IN ('streamable_http', 'sse')", name="mcp_servers_transport"),
 )
+
+# Schedules (app/services/schedules.py): a cron expression in a time zone, what to ask and
+# where; `next_due_at` is when a tick fires it next. One firing row per due time: its unique
+# (schedule_id, due_at), inserted in the transaction that commits the ask, makes a due time fire
+# once however many workers tick.
+schedules = Table(
+    "schedules",
+    metadata,
+    Column("id", UUID(as_uuid=False), primary_key=True, server_default=text("gen_random_uuid()")),
+    Column(
+        "tenant_id",
+        UUID(as_uuid=False),
+        ForeignKey("tenants.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    Column("name", Text, nullable=False),
+    Column("cron", Text, nullable=False),
+    Column("timezone", Text, nullable=False),
+    Column("misfire", Text, nullable=False),
+    Column("busy", Text, nullable=False),
+    Column("enabled", Boolean, nullable=False),
+    Column("session_id", UUID(as_uuid=False)),  # a given session, or
+    Column("agent", Text),  # a new session from this agent each time
+    Column("agent_version", Integer),
+    Column("title_template", Text),
+    Column("ask", JSONB, nullable=False),
+    Column("next_due_at", DateTime(timezone=True), nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    CheckConstraint("misfire IN ('run_once', 'skip')", name="schedules_misfire"),
+    CheckConstraint("busy IN ('queue', 'skip')", name="schedules_busy"),
+    CheckConstraint("(session_id IS NULL) <> (agent IS NULL)", name="schedules_target"),
+    Index("schedules_tenant_created", "tenant_id", "created_at"),
+    Index("schedules_due", "next_due_at", postgresql_where=text("enabled")),
+)
+
+schedule_firings = Table(
+    "schedule_firings",
+    metadata,
+    Column("id", UUID(as_uuid=False), primary_key=True, server_default=text("gen_random_uuid()")),
+    Column(
+        "schedule_id",
+        UUID(as_uuid=False),
+        ForeignKey("schedules.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    Column("due_at", DateTime(timezone=True), nullable=False),
+    Column("status", Text, nullable=False),  # fired | skipped | failed
+    Column("reason", Text),  # why skipped or failed: an error code
+    Column("message", Text),
+    Column("session_id", UUID(as_uuid=False)),
+    Column("run_id", UUID(as_uuid=False)),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    UniqueConstraint("schedule_id", "due_at", name="schedule_firings_once"),
+    CheckConstraint("status IN ('fired', 'skipped', 'failed')", name="schedule_firings_status"),
+)

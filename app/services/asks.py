@@ -76,6 +76,9 @@ class AskParams:
     # Entries committed with the ask, before its user message (a client that sends history
     # along with its question); each gets refs.request_id = the run's id.
     before: tuple[PendingEntry, ...] = ()
+    # The run's id, chosen by a caller that records it with the ask (a schedule's firing,
+    # written by `prepare`); else a new one.
+    run_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -361,7 +364,7 @@ async def _commit(
     # Last before writing: it locks the tenant's row (when runs at once are limited) until the
     # commit, so concurrent asks of the tenant count each other's runs.
     await quotas.check_ask(conn, settings, tenant_id, replacing=stopping, own=own_limits)
-    run_id = str(uuid.uuid4())
+    run_id = params.run_id or str(uuid.uuid4())
     refs = {"run_id": run_id}
     before = [
         NewEntry(

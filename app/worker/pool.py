@@ -24,13 +24,14 @@ from app.db.jobs import (
     RETENTION_TASK,
     RUN_QUEUE,
     RUN_TASK,
+    SCHEDULE_TASK,
     WEBHOOK_QUEUE,
     WEBHOOK_TASK,
 )
 from app.eventlog.writer import Committed, EventWriter
 from app.llm.router import Router
 from app.llm.tokenizers import stored_counter
-from app.services import retention, run_transitions
+from app.services import retention, run_transitions, schedules
 from app.services.approvals import expire_approvals
 from app.services.runs import expire_waiting_runs
 from app.tools.webhook import aclose_shared_client
@@ -94,6 +95,12 @@ def queue_app(settings: Settings, runtime: runtimes.Runtime, concurrency: int) -
             batch_size=settings.retention_batch_size,
         )
 
+    # Queued by _tick_schedules; a firing is claimed in Postgres (app/services/schedules.py),
+    # so two of these running at once fire each due time once all the same.
+    @app.task(name=SCHEDULE_TASK, queue=MAINTENANCE_QUEUE, queueing_lock=SCHEDULE_TASK)
+    async def fire_schedules(timestamp: int) -> None:
+        await schedules.fire_due(runtime.engine, settings)
+
     return app
 
 
@@ -135,6 +142,7 @@ async def worker_pool(
             asyncio.create_task(_retry_stalled(app, runtime, registered), name="stalled-jobs"),
             asyncio.create_task(handoff.watch_aborts(), name="handoff-aborts"),
             asyncio.create_task(_schedule_retention(app, settings), name="retention-schedule"),
+            asyncio.create_task(_tick_schedules(app, settings), name="schedule-ticks"),
             asyncio.create_task(warm_local_model(router, settings), name="local-model-warmup"),
             asyncio.create_task(
                 work_queues(
@@ -250,6 +258,19 @@ async def _schedule_retention(app: procrastinate.App, settings: Settings) -> Non
             pass  # the last tick's purge is still waiting: it covers this one
         except Exception:
             log.exception("queueing the retention job failed")
+
+
+async def _tick_schedules(app: procrastinate.App, settings: Settings) -> None:
+    """Queue a firing of the due schedules every THREADLINE_SCHEDULE_TICK_SECONDS (a loop like
+    _schedule_retention's, for the same reason)."""
+    while True:
+        await asyncio.sleep(settings.schedule_tick_seconds)
+        try:
+            await app.configure_task(SCHEDULE_TASK).defer_async(timestamp=int(time.time()))
+        except procrastinate.exceptions.AlreadyEnqueued:
+            pass  # a firing is waiting to run: it covers this tick
+        except Exception:
+            log.exception("queueing the schedules' firing failed")
 
 
 async def _retry_stalled(
