@@ -12,6 +12,7 @@ from app.api.deps import Engine, Tenant
 from app.api.errors import error_responses
 from app.api.schemas import (
     Schedule,
+    ScheduleAsk,
     ScheduleCreate,
     ScheduleList,
     ScheduleRun,
@@ -30,7 +31,7 @@ def _schedule(s: schedules_db.Schedule) -> Schedule:
         name=s.name,
         cron=s.cron,
         timezone=s.timezone,
-        ask=s.ask,
+        ask=ScheduleAsk.model_validate(s.ask),
         session_id=s.session_id,
         agent=s.agent,
         agent_version=s.agent_version,

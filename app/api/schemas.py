@@ -1134,7 +1134,7 @@ class Schedule(BaseModel):
     name: str
     cron: str
     timezone: str
-    ask: dict[str, Any]
+    ask: ScheduleAsk
     session_id: str | None
     agent: str | None
     agent_version: int | None

@@ -58,6 +58,7 @@ async def test_a_read_only_key_reads_and_writes_nothing(
                 webhook_id=uuid.uuid4(),
                 name="helper",
                 server_id=uuid.uuid4(),
+                schedule_id=uuid.uuid4(),
             )
             response = await reader.request(method.upper(), url, json={})
             assert response.status_code == 403, (method, path, response.text)
