@@ -13,7 +13,9 @@ import uuid
 from asyncio.subprocess import PIPE
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import httpx
 import pytest
@@ -441,3 +443,23 @@ async def test_the_document_examples_run_as_written(
     assert ran.stdout == "Two blank pages.\n"
     part = upstream.requests[-1].body["messages"][-1]["content"][1]
     assert part["type"] == "file" and part["file"]["filename"] == "report.pdf"
+
+
+async def test_the_schedules_example_runs_as_written(
+    api: httpx.AsyncClient, service: Service
+) -> None:
+    """An agent's schedule created, its next due time shown, disabled, its runs listed; an
+    invalid expression refused with the reason."""
+    key = api.headers["Authorization"].removeprefix("Bearer ")
+    result = await run_sh_block("### Schedules", API=service.url, KEY=key)
+    lines = result.stdout.splitlines()
+    due = datetime.fromisoformat(lines[0])
+    assert due.astimezone(ZoneInfo("Europe/Berlin")).strftime("%H:%M") == "08:00"
+    assert due.astimezone(ZoneInfo("Europe/Berlin")).weekday() < 5
+    assert lines[1] == "False"
+    assert lines[2] == "[]"
+    refused = json.loads(lines[3])["error"]
+    assert refused["code"] == "invalid_cron"
+    assert "0 25 * * *" in refused["message"]
+    (schedule,) = (await api.get("/v1/schedules")).json()["data"]
+    assert (schedule["agent"], schedule["title_template"]) == ("triage", "Tickets {date}")
