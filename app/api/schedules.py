@@ -122,7 +122,7 @@ async def list_runs(
         data=[
             ScheduleRun(
                 due_at=f.due_at,
-                status=f.status,  # type: ignore[arg-type]
+                status=f.status,
                 reason=f.reason,
                 message=f.message,
                 session_id=f.session_id,

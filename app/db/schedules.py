@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy import RowMapping, delete, insert, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.core.schedules import Misfire
 from app.db.tables import runs, schedule_firings, schedules
 
 
@@ -20,8 +21,8 @@ class Schedule:
     name: str
     cron: str
     timezone: str
-    misfire: str
-    busy: str
+    misfire: Misfire
+    busy: Literal["queue", "skip"]
     enabled: bool
     session_id: str | None
     agent: str | None
@@ -37,7 +38,7 @@ class Schedule:
 class ScheduleFiring:
     id: str
     due_at: datetime
-    status: str
+    status: Literal["fired", "skipped", "failed"]
     reason: str | None
     message: str | None
     session_id: str | None

@@ -228,7 +228,7 @@ async def fire(
         schedule.misfire,
         schedule.next_due_at,
         now,
-        grace,  # type: ignore[arg-type]
+        grace,
     )
     if firing is None:
         return None
