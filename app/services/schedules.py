@@ -139,6 +139,14 @@ async def update_schedule(
             **changes,
         }
         zone = _check(merged)
+        agent_only = {"agent_version", "title_template"} & changes.keys()
+        if found.agent is None and agent_only:
+            raise Invalid(
+                "invalid_schedule",
+                f"{sorted(agent_only)[0]} goes with an agent's schedule; this one asks in a "
+                "session",
+                {"loc": ["body", sorted(agent_only)[0]]},
+            )
         if {"session_id", "agent", "agent_version"} & changes.keys():
             await _check_target(conn, tenant_id, merged)
         values = dict(changes)

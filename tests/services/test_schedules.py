@@ -111,6 +111,10 @@ async def test_crud_update_disable_and_tenants(
     bad_zone = await client.patch(f"/v1/schedules/{made['id']}", json={"timezone": "Nowhere"})
     assert bad_zone.json()["error"]["code"] == "invalid_timezone"
 
+    not_agent = await client.patch(f"/v1/schedules/{made['id']}", json={"agent_version": 2})
+    assert not_agent.status_code == 422
+    assert not_agent.json()["error"]["code"] == "invalid_schedule"
+
     changed = await client.patch(
         f"/v1/schedules/{made['id']}", json={"cron": "30 6 1 1 *", "enabled": False}
     )
