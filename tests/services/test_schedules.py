@@ -20,6 +20,7 @@ from app.services import quotas
 from app.services import schedules as schedules_service
 from app.services.keys import create_key
 from testkit.api import ended_run, history, new_session
+from testkit.sse_client import collect
 from testkit.upstream import FakeUpstream, Hold, Text
 from tests.e2e import Service
 
@@ -154,6 +155,10 @@ async def test_a_due_time_fires_once_however_many_ticks_run_at_once(
     assert datetime.fromisoformat(fired["due_at"]) == due
     assert (await ended_run(client, fired["run_id"]))["status"] == "completed"
     assert (await runs_of(client, schedule["id"]))[0]["run_status"] == "completed"
+    # Streamed like any run.
+    events = await collect(client, "GET", f"/v1/runs/{fired['run_id']}/events")
+    assert events[-1].type == "run.completed"
+    assert "All quiet." in "".join(e.data.get("text", "") for e in events)
     # An ordinary ask in the session: the user's words, then the answer.
     contents = [e["payload"].get("content") for e in await history(client, sid)]
     assert contents.count("Summarize.") == 1
@@ -257,3 +262,23 @@ async def test_an_agent_schedule_makes_a_titled_session_each_time(
         assert upstream.requests[-1].body["messages"][0]["content"] == "You triage."
     assert titles == ["Tickets 2026-03-27", "Tickets 2026-03-28"]
     assert len(await runs_of(client, schedule["id"])) == 2
+
+
+async def test_a_disabled_schedule_does_not_fire_and_a_deleted_session_fails_the_firing(
+    client: httpx.AsyncClient, service: Service, e2e_engine: AsyncEngine
+) -> None:
+    sid = (await new_session(client, config={"model": MODEL}))["id"]
+    off = await create(client, session_id=sid, enabled=False)
+    gone = await create(client, session_id=sid, name="orphan")
+    assert (await client.delete(f"/v1/sessions/{sid}")).status_code == 204
+    now = datetime.now(UTC)
+    for schedule in (off, gone):
+        await jump(e2e_engine, schedule["id"], now - timedelta(seconds=1))
+    await tick(service, e2e_engine, now)
+
+    assert await runs_of(client, off["id"]) == []
+    (failed,) = await runs_of(client, gone["id"])
+    assert (failed["status"], failed["reason"]) == ("failed", "session_not_found")
+    # Enabled again: from its next due time on, not the one passed while it was off.
+    enabled = (await client.patch(f"/v1/schedules/{off['id']}", json={"enabled": True})).json()
+    assert datetime.fromisoformat(enabled["next_due_at"]) > now
