@@ -131,7 +131,8 @@ async def delete_jobs_of_runs(
 
 
 async def delete_finished_maintenance_jobs(conn: AsyncConnection) -> int:
-    """The maintenance queue's finished jobs (a retention pass each minute, by default)."""
+    """The maintenance queue's finished jobs (a retention pass each minute, schedules' firings
+    every few seconds, by default)."""
     result = await conn.execute(
         text(
             "DELETE FROM procrastinate_jobs WHERE queue_name = :queue"
