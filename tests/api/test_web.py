@@ -756,3 +756,41 @@ def test_the_keyboard_alone_works_and_every_control_is_labelled(
         expect(page.locator("#compact-reason")).to_contain_text("Nothing to compact")
     finally:
         page.close()
+
+
+def test_a_session_started_from_an_agent_runs_its_latest_version(
+    browser: Browser, served: Served, upstream: FakeUpstream
+) -> None:
+    """The agent picker lists the tenant's agents; a session started from one is pinned to its
+    latest version and its runs send that version's instructions."""
+    name = f"helpdesk-{uuid.uuid4().hex[:8]}"
+    with api(served) as client:
+        created = client.post(
+            "/v1/agents",
+            json={"name": name, "config": {"system_prompt": "You are the helpdesk, v1."}},
+        )
+        assert created.status_code == 201, created.text
+        moved = client.patch(
+            f"/v1/agents/{name}", json={"config": {"system_prompt": "You are the helpdesk, v2."}}
+        )
+        assert moved.status_code == 200, moved.text
+    upstream.clear()
+    upstream.script(Text("How can I help?"))
+    page = signed_in(browser, served)
+    try:
+        page.get_by_label("Agent").select_option(name)
+        expect(page.get_by_label("Model")).to_be_disabled()  # the agent's model
+        page.get_by_role("button", name="Start session").click()
+        expect(page.get_by_text(f"agent {name}, version 2")).to_be_visible()
+        box = page.get_by_label("Message", exact=True)
+        box.fill("Hello?")
+        box.press("Enter")
+        expect(assistant_text(page)).to_have_text("How can I help?")
+        session_id = page.evaluate("location.hash").split("=")[1]
+    finally:
+        page.close()
+    with api(served) as client:
+        session = client.get(f"/v1/sessions/{session_id}").json()
+    assert (session["agent"]["name"], session["agent"]["version"]) == (name, 2)
+    system = upstream.requests[-1].body["messages"][0]
+    assert system == {"role": "system", "content": "You are the helpdesk, v2."}

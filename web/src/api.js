@@ -44,6 +44,7 @@ export function makeApi(key) {
   return {
     auth,
     models: () => call("GET", "/v1/models"),
+    agents: () => call("GET", "/v1/agents"),
     sessions: (params) => call("GET", `/v1/sessions${query(params)}`),
     session: (id) => call("GET", `/v1/sessions/${id}`),
     createSession: (body) => call("POST", "/v1/sessions", body),

@@ -204,6 +204,17 @@ function Sessions({ api, models, current, onOpen, version, fail }) {
   const [cursor, setCursor] = useState(null);
   const [model, setModel] = useState("");
   const [title, setTitle] = useState("");
+  const [agents, setAgents] = useState([]);
+  const [agent, setAgent] = useState("");
+
+  // The tenant's agents: a session started from one is pinned to its latest version.
+  useEffect(() => {
+    let live = true;
+    api.agents().then((page) => live && setAgents(page.data), fail);
+    return () => {
+      live = false;
+    };
+  }, [api, version, fail]);
 
   useEffect(() => {
     let live = true;
@@ -234,7 +245,10 @@ function Sessions({ api, models, current, onOpen, version, fail }) {
     event.preventDefault();
     try {
       const chosen = model || models?.default_model;
-      const created = await api.createSession({ title: title.trim() || null, config: chosen ? { model: chosen } : {} });
+      const body = agent
+        ? { title: title.trim() || null, agent } // the agent's own model and instructions
+        : { title: title.trim() || null, config: chosen ? { model: chosen } : {} };
+      const created = await api.createSession(body);
       setTitle("");
       setList((list) => [created, ...list]);
       onOpen(created.id);
@@ -249,9 +263,18 @@ function Sessions({ api, models, current, onOpen, version, fail }) {
         <h2>New session</h2>
         <label htmlFor="new-title">Title (optional)</label>
         <input id="new-title" value={title} onChange={(e) => setTitle(e.target.value)} placeholder="From the first message" />
+        <label htmlFor="new-agent">Agent</label>
+        <select id="new-agent" value={agent} onChange={(e) => setAgent(e.target.value)}>
+          <option value="">None: choose a model</option>
+          {agents.map((a) => (
+            <option key={a.id} value={a.name}>
+              {a.name} (v{a.version})
+            </option>
+          ))}
+        </select>
         <label htmlFor="new-model">Model</label>
         {models && <p className="meta hint">The default: {models.default_model}</p>}
-        <select id="new-model" value={model || models?.default_model || ""} onChange={(e) => setModel(e.target.value)}>
+        <select id="new-model" disabled={Boolean(agent)} value={model || models?.default_model || ""} onChange={(e) => setModel(e.target.value)}>
           {(models?.data ?? []).map((m) => (
             <option key={m.id} value={m.id}>
               {m.id}
@@ -410,7 +433,7 @@ function Conversation({ api, apiKey, session, initial, rejoin, onChanged, onOpen
   return (
     <>
       <ol className="messages" aria-label="Conversation">
-        {messages.length === 0 && <li className="empty"><p>Say something to start. Answers come from {session.config.model}.</p></li>}
+        {messages.length === 0 && <li className="empty"><p>Say something to start. Answers come from {session.config.model}{session.agent ? ` (agent ${session.agent.name}, version ${session.agent.version})` : ""}.</p></li>}
         {messages.map((message) => (
           <Message key={message.id} message={message} summarized={message.role !== "system" && message.metadata?.seq <= summarizedThrough} streaming={busy && message === messages[messages.length - 1] && message.role === "assistant"} onBranch={busy ? null : branch} />
         ))}
