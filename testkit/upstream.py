@@ -18,8 +18,10 @@ output_config.format) and refused with the API's 400 otherwise.
 
 Anthropic extended thinking is streamed as the API streams it (Thinking, RedactedThinking), and
 checked as the API checks it: the fake signs each block (its text, its place among the turn's
-blocks and their number), and refuses with Anthropic's 400 a request whose final assistant turn
-in a tool loop does not start with its thinking, or sends it back altered, reordered or in part;
+blocks and their number, and with interleaved thinking the tool_use blocks before it), and
+refuses with Anthropic's 400 a request whose final assistant turn in a tool loop does not start
+with its thinking, or sends it back altered, reordered, in part, or moved among the turn's
+tool_use blocks;
 a thinking budget under 1024 or not below max_tokens, and thinking with a forced tool_choice.
 
 OpenAI's Responses API (POST /v1/responses) streams the same steps in its own events: Thinking
@@ -593,13 +595,15 @@ class FakeUpstream:
         used_tools = False
         blocks = sum(1 for s in steps if isinstance(s, Thinking | RedactedThinking))
         place = 0  # of the reasoning blocks
+        calls = 0  # tool_use blocks so far: a thought after some is sealed with how many
         for step in steps:
             if isinstance(step, Thinking | RedactedThinking):
                 if open_text:
                     yield _event("content_block_stop", _block_stop(index))
                     open_text = False
                 index += 1
-                for event in self._thinking_events(script, step, index, place, blocks):
+                thought = self._thinking_events(script, step, index, place, blocks, calls)
+                for event in thought:
                     if event is None:
                         await self._sleep(script.token_delay)
                     else:
@@ -620,6 +624,7 @@ class FakeUpstream:
                     open_text = False
                 index += 1
                 used_tools = True
+                calls += 1
                 block = {"type": "tool_use", "id": step.id, "name": step.name, "input": {}}
                 yield _event("content_block_start", _block_start(index, block))
                 for piece in _fragments(step.arguments, step.fragments):
@@ -660,11 +665,19 @@ class FakeUpstream:
         yield _event("message_stop", {"type": "message_stop"})
 
     def _thinking_events(
-        self, script: Script, step: Thinking | RedactedThinking, index: int, place: int, of: int
+        self,
+        script: Script,
+        step: Thinking | RedactedThinking,
+        index: int,
+        place: int,
+        of: int,
+        after: int,
     ) -> Iterator[str | None]:
-        """A reasoning block's events (None: a pause of the script's token delay)."""
+        """A reasoning block's events (None: a pause of the script's token delay); `after`:
+        the tool_use blocks streamed before it (interleaved thinking)."""
         if isinstance(step, RedactedThinking):
-            block: Json = {"type": "redacted_thinking", "data": redacted_data(step.text, place, of)}
+            data = redacted_data(step.text, place, of, after)
+            block: Json = {"type": "redacted_thinking", "data": data}
             yield _event("content_block_start", _block_start(index, block))
         else:
             block = {"type": "thinking", "thinking": "", "signature": ""}
@@ -673,7 +686,7 @@ class FakeUpstream:
                 yield None
                 delta = {"type": "thinking_delta", "thinking": piece}
                 yield _event("content_block_delta", _block_delta(index, delta))
-            delta = {"type": "signature_delta", "signature": signature(step.text, place, of)}
+            delta = {"type": "signature_delta", "signature": signature(step.text, place, of, after)}
             yield _event("content_block_delta", _block_delta(index, delta))
         yield _event("content_block_stop", _block_stop(index))
 
@@ -973,26 +986,30 @@ _SECRET = b"threadline-fake-upstream"
 MIN_THINKING_BUDGET = 1024
 
 
-def _mac(text: str, place: int, of: int) -> str:
+def _mac(text: str, place: int, of: int, after: int = 0) -> str:
     # surrogatepass: a model's text may hold a lone surrogate (JSON escapes one), signed too.
-    message = f"{place}/{of}\x00{text}".encode("utf-8", "surrogatepass")
+    where = f"{place}/{of}/{after}" if after else f"{place}/{of}"
+    message = f"{where}\x00{text}".encode("utf-8", "surrogatepass")
     return hmac.new(_SECRET, message, hashlib.sha256).hexdigest()
 
 
-def signature(text: str, place: int, of: int) -> str:
-    """A thinking block's signature: its place among the turn's `of` reasoning blocks, signed
-    with its text (opaque base64, like Anthropic's)."""
-    return base64.b64encode(f"{place}.{of}.{_mac(text, place, of)}".encode()).decode()
-
-
-def redacted_data(text: str, place: int, of: int) -> str:
-    """A redacted block's data: its text and place, sealed (opaque base64)."""
-    sealed = json.dumps([place, of, text, _mac(text, place, of)])
+def signature(text: str, place: int, of: int, after: int = 0) -> str:
+    """A thinking block's signature: its place among the turn's `of` reasoning blocks, and
+    (interleaved thinking) the `after` tool_use blocks the model wrote before it, signed with
+    its text (opaque base64, like Anthropic's)."""
+    sealed = f"{place}.{of}.{_mac(text, place, of, after)}" + (f".{after}" if after else "")
     return base64.b64encode(sealed.encode()).decode()
 
 
-def _unsealed(block: Json) -> tuple[int, int] | None:
-    """(place, of) of a reasoning block sent back, None if it is not the fake's, unaltered."""
+def redacted_data(text: str, place: int, of: int, after: int = 0) -> str:
+    """A redacted block's data: its text and place, sealed (opaque base64)."""
+    sealed = [place, of, text, _mac(text, place, of, after)] + ([after] if after else [])
+    return base64.b64encode(json.dumps(sealed).encode()).decode()
+
+
+def _opened(block: Json) -> tuple[int, int, int] | None:
+    """(place, of, after) of a reasoning block sent back, None if it is not the fake's,
+    unaltered."""
     try:
         sealed: list[Any]
         if block.get("type") == "thinking":
@@ -1001,11 +1018,18 @@ def _unsealed(block: Json) -> tuple[int, int] | None:
         else:
             sealed = json.loads(base64.b64decode(block["data"]))
         place, of, text, mac = int(sealed[0]), int(sealed[1]), sealed[2], sealed[3]
-        if isinstance(text, str) and hmac.compare_digest(str(mac), _mac(text, place, of)):
-            return place, of
+        after = int(sealed[4]) if len(sealed) > 4 else 0
+        if isinstance(text, str) and hmac.compare_digest(str(mac), _mac(text, place, of, after)):
+            return place, of, after
     except (KeyError, ValueError, TypeError, UnicodeDecodeError):
         pass
     return None
+
+
+def _unsealed(block: Json) -> tuple[int, int] | None:
+    """(place, of) of a reasoning block sent back, None if it is not the fake's, unaltered."""
+    opened = _opened(block)
+    return None if opened is None else opened[:2]
 
 
 def thinking_problem(body: Json) -> str | None:
@@ -1024,9 +1048,14 @@ def thinking_problem(body: Json) -> str | None:
     messages = body.get("messages") or []
     for at, message in enumerate(messages):
         content = message.get("content")
+        calls = 0  # tool_use blocks before this one: a thought must come back where it was
         for place, block in enumerate(content if isinstance(content, list) else []):
             kind = block.get("type") if isinstance(block, dict) else None
-            if kind in ("thinking", "redacted_thinking") and _unsealed(block) is None:
+            calls += kind == "tool_use"
+            if kind not in ("thinking", "redacted_thinking"):
+                continue
+            opened = _opened(block)
+            if opened is None or opened[2] != calls:
                 return f"messages.{at}.content.{place}: Invalid `signature` in `{kind}` block"
     if enabled:
         return _tool_loop_problem(messages)

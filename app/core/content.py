@@ -20,6 +20,8 @@ Messages accept.
   encrypted_content and summary; `reasoning_text`, the readable reasoning an OpenAI-compatible
   server streams) only in assistant messages, their opaque fields non-empty: the provider checks
   them, so they are kept byte for byte, and a projection decides per provider what is sent back.
+  A part the model wrote after some of its turn's tool calls says how many
+  (`tool_calls_before`, typed in app/core/entries.py): it goes back in its place among them.
 """
 
 from __future__ import annotations
@@ -47,6 +49,9 @@ ANTHROPIC_REASONING = frozenset({"thinking", "redacted_thinking"})
 OPENAI_REASONING = frozenset({"reasoning"})  # a Responses API reasoning item
 # Readable reasoning of an OpenAI-compatible server (reasoning_content): those APIs take none back.
 TEXT_REASONING = frozenset({"reasoning_text"})
+# On a reasoning part the model wrote after some of its turn's tool calls (interleaved thinking):
+# how many, so that it goes back to the provider in its place among them.
+TOOL_CALLS_BEFORE = "tool_calls_before"
 REASONING_TYPES = ANTHROPIC_REASONING | OPENAI_REASONING | TEXT_REASONING
 REASONING_ROLES = frozenset({"assistant"})
 _DATA_URL = re.compile(r"data:([^;,]*);base64,(.*)", re.DOTALL)

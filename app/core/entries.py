@@ -106,7 +106,13 @@ class DocumentPart(_Strict):
     filename: Annotated[str, Field(min_length=1, max_length=255)] | None = None
 
 
-class ThinkingPart(_Strict):
+class _ReasoningPart(_Strict):
+    # Interleaved thinking: how many of the turn's tool calls the model made before this part
+    # (absent: none), so that it goes back to the provider in its place among them.
+    tool_calls_before: Annotated[int, Field(ge=1, le=10_000)] | None = None
+
+
+class ThinkingPart(_ReasoningPart):
     """A model's thinking (Anthropic extended thinking): only in assistant messages, kept byte
     for byte with the signature the provider checks when it is sent back."""
 
@@ -115,7 +121,7 @@ class ThinkingPart(_Strict):
     signature: Annotated[str, Field(min_length=1, max_length=200_000)]
 
 
-class RedactedThinkingPart(_Strict):
+class RedactedThinkingPart(_ReasoningPart):
     """Thinking the provider encrypted (Anthropic redacted_thinking): `data` is sent back
     unchanged."""
 
@@ -128,7 +134,7 @@ class SummaryText(_Strict):
     text: Annotated[str, Field(max_length=2_000_000)]
 
 
-class ReasoningItemPart(_Strict):
+class ReasoningItemPart(_ReasoningPart):
     """A reasoning item of OpenAI's Responses API: only in assistant messages, kept byte for
     byte; `encrypted_content` is what the API decrypts when it is sent back, `summary` what
     the model let be read of it."""

@@ -13,6 +13,7 @@ from typing import Any
 from app.core.content import (
     ANTHROPIC_REASONING,
     OPENAI_REASONING,
+    TOOL_CALLS_BEFORE,
     document_of,
     is_reasoning,
     sendable_parts,
@@ -201,37 +202,7 @@ def _responses_items(message: Message) -> list[Json]:
                 "output": output,
             }
         ]
-    items: list[Json] = []
-    if isinstance(message.content, str):
-        if message.content or not message.tool_calls:
-            items.append(
-                _responses_message(message.role, [_text_part(message.role, message.content)])
-            )
-    else:
-        own = without_reasoning(message.content, OPENAI_REASONING)
-        pending: list[Json] = []  # the message parts since the last reasoning item
-        for part in sendable_parts(message.role, own) if own else []:
-            if part.get("type") == "reasoning":
-                if pending:
-                    items.append(_responses_message(message.role, pending))
-                    pending = []
-                # Back exactly as the model wrote it: the API decrypts and checks it.
-                items.append(
-                    {
-                        "type": "reasoning",
-                        "id": part["id"],
-                        "summary": part["summary"],
-                        "encrypted_content": part["encrypted_content"],
-                    }
-                )
-            else:
-                pending.append(_responses_part(message.role, part))
-        pending = [p for p in pending if p.get("type") != _text_type(message.role) or p["text"]]
-        if pending or not (items or message.tool_calls):
-            items.append(
-                _responses_message(message.role, pending or [_text_part(message.role, "")])
-            )
-    items += [
+    calls: list[Json] = [
         {
             "type": "function_call",
             "call_id": c.id,
@@ -240,7 +211,39 @@ def _responses_items(message: Message) -> list[Json]:
         }
         for c in message.tool_calls
     ]
-    return items
+    items: list[Json] = []
+    if isinstance(message.content, str):
+        if message.content or not message.tool_calls:
+            items.append(
+                _responses_message(message.role, [_text_part(message.role, message.content)])
+            )
+        return items + calls
+    own = without_reasoning(message.content, OPENAI_REASONING)
+    made = 0  # the calls placed so far: a reasoning item made after some goes after them
+    pending: list[Json] = []  # the message parts since the last reasoning item
+    for part in sendable_parts(message.role, own) if own else []:
+        if part.get("type") == "reasoning":
+            if pending:
+                items.append(_responses_message(message.role, pending))
+                pending = []
+            before = min(_tool_calls_before(part), len(calls))
+            items += calls[made:before]
+            made = max(made, before)
+            # Back exactly as the model wrote it: the API decrypts and checks it.
+            items.append(
+                {
+                    "type": "reasoning",
+                    "id": part["id"],
+                    "summary": part["summary"],
+                    "encrypted_content": part["encrypted_content"],
+                }
+            )
+        else:
+            pending.append(_responses_part(message.role, part))
+    pending = [p for p in pending if p.get("type") != _text_type(message.role) or p["text"]]
+    if pending or not (items or message.tool_calls):
+        items.append(_responses_message(message.role, pending or [_text_part(message.role, "")]))
+    return items + calls[made:]
 
 
 def _responses_message(role: str, parts: list[Json]) -> Json:
@@ -350,20 +353,37 @@ def _anthropic_turn(message: Message) -> tuple[str, list[Json]]:
         return "user", [_text_block(SYSTEM_NOTE_PREFIX + _sendable_text(message))]
     if message.role == "tool":
         return "user", [_tool_result_block(message)]
-    blocks = _anthropic_content(message.role, message.content)
-    blocks += [
+    calls = [
         {"type": "tool_use", "id": c.id, "name": c.name, "input": _canonical(c.arguments)}
         for c in message.tool_calls
     ]
-    return message.role, blocks
-
-
-def _anthropic_content(role: str, content: Content) -> list[Json]:
-    if isinstance(content, str):
-        return [_text_block(content)]
+    if isinstance(message.content, str):
+        return message.role, [_text_block(message.content), *calls]
     # Other providers' reasoning is not Anthropic's to read (a projection leaves it out).
-    own = without_reasoning(content, ANTHROPIC_REASONING)
-    return [_anthropic_part(p) for p in sendable_parts(role, own)]
+    own = without_reasoning(message.content, ANTHROPIC_REASONING)
+    parts = sendable_parts(message.role, own)
+    return message.role, calls_in_place(parts, [_anthropic_part(p) for p in parts], calls)
+
+
+def calls_in_place(parts: Sequence[Json], sent: list[Json], calls: list[Json]) -> list[Json]:
+    """A model turn's content (`sent[i]` is `parts[i]` as the provider takes it) with its tool
+    calls back where the model made them: a part that came after n of the turn's calls (a
+    thought between tool calls: `tool_calls_before`, recorded as it streamed) goes after the
+    first n calls, and so does every part after it; the calls left go last, as before."""
+    placed: list[Json] = []
+    made = 0
+    for part, block in zip(parts, sent, strict=True):
+        before = min(_tool_calls_before(part), len(calls))
+        while made < before:
+            placed.append(calls[made])
+            made += 1
+        placed.append(block)
+    return placed + calls[made:]
+
+
+def _tool_calls_before(part: Json) -> int:
+    value = part.get(TOOL_CALLS_BEFORE, 0)
+    return value if type(value) is int and value > 0 else 0
 
 
 def _sendable_text(message: Message) -> str:

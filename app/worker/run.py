@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core import approvals as approval_texts
 from app.core import tool_choice as tool_choices
+from app.core.content import TOOL_CALLS_BEFORE
 from app.core.entries import EntryKind, FinishReason, JournalEntry, NewEntry
 from app.core.mcp import McpServer
 from app.core.messages import result_text
@@ -509,7 +510,9 @@ async def _model_turn(
                 _add_text(progress.parts, event.text)
                 runtime.writer.emit(run_id, EventType.MESSAGE_DELTA, {"text": event.text})
             elif isinstance(event, ReasoningDelta | ReasoningBlock):
-                _reasoning_event(runtime, run_id, event, thinking, progress.parts)
+                _reasoning_event(
+                    runtime, run_id, event, thinking, progress.parts, calls_made=len(positions)
+                )
             elif isinstance(event, ToolCallDelta):
                 pieces.append((event.index, event.id, event.name, event.arguments))
                 delta = {"index": event.index, "arguments": event.arguments}
@@ -593,9 +596,12 @@ def _reasoning_event(
     event: ReasoningDelta | ReasoningBlock,
     thinking: set[int],
     parts: list[dict[str, Any]],
+    calls_made: int,
 ) -> None:
     """Stream a reasoning piece (`reasoning.delta`, with its block's start and end) and keep
-    a closed block in the turn's content, where it stands among the text."""
+    a closed block in the turn's content, where it stands among the text; a block the model
+    wrote after some of the turn's tool calls (interleaved thinking) records how many
+    (`tool_calls_before`), so that it goes back in its place among them."""
     data: dict[str, Any] = {"index": event.index, "text": ""}
     if event.index not in thinking:
         thinking.add(event.index)
@@ -603,7 +609,10 @@ def _reasoning_event(
     if isinstance(event, ReasoningDelta):
         data["text"] = event.text
     else:
-        parts.append(dict(event.part))
+        part = dict(event.part)
+        if calls_made:
+            part[TOOL_CALLS_BEFORE] = calls_made
+        parts.append(part)
         data["end"] = True
         if event.part["type"] == "redacted_thinking":
             data["redacted"] = True

@@ -895,3 +895,74 @@ def test_openai_gets_no_reasoning() -> None:
     assert validate_openai(wire) == []
     alone = to_openai([Message("user", "Hi"), Message("assistant", (THOUGHT,))], ())
     assert alone["messages"][1]["content"] == "(empty)"
+
+
+# --- interleaved thinking: thoughts go back in their place among the turn's tool calls -------
+
+
+@st.composite
+def interleaved_turns(draw: st.DrawFn) -> tuple[list[Any], int]:
+    """A model turn as the worker journals it: thoughts (some made after n of the turn's calls,
+    n never decreasing, as a stream goes), maybe text, and how many calls it made."""
+    calls = draw(st.integers(0, 4))
+    thoughts = draw(st.integers(1, 4))
+    afters = sorted(draw(st.lists(st.integers(0, calls), min_size=thoughts, max_size=thoughts)))
+    parts: list[Any] = []
+    for place, after in enumerate(afters):
+        part: dict[str, Any] = {"type": "thinking", "thinking": f"t{place}", "signature": "s"}
+        if after:
+            part["tool_calls_before"] = after
+        parts.append(part)
+    if draw(st.booleans()):
+        parts.insert(draw(st.integers(0, len(parts))), {"type": "text", "text": "Let me see."})
+    return parts, calls
+
+
+def _interleaving(blocks: list[dict[str, Any]], call_type: str) -> list[str]:
+    """A turn's blocks as their order: t<n> for thoughts, c<id> for calls, x for text."""
+    order = []
+    for block in blocks:
+        if block.get("type") in ("thinking", "reasoning"):
+            order.append(block.get("thinking") or block["id"])
+        elif block.get("type") == call_type:
+            order.append(block.get("id") or block["call_id"])
+        else:
+            order.append("x")
+    return order
+
+
+def _expected_order(parts: list[Any], calls: int) -> list[str]:
+    order, made = [], 0
+    for part in parts:
+        while made < part.get("tool_calls_before", 0):
+            order.append(f"c{made}")
+            made += 1
+        order.append(part["thinking"] if part["type"] == "thinking" else "x")
+    return order + [f"c{n}" for n in range(made, calls)]
+
+
+@settings(max_examples=150)
+@given(interleaved_turns())
+def test_thoughts_made_between_tool_calls_go_back_between_them(turn: tuple[list[Any], int]) -> None:
+    parts, calls = turn
+    made = tuple(ToolCall(f"c{n}", "f", {"n": n}) for n in range(calls))
+    messages = [Message("user", "Go."), Message("assistant", tuple(parts), tool_calls=made)]
+    messages += [Message("tool", "ok", tool_call_id=f"c{n}") for n in range(calls)]
+    (sent,) = [m for m in to_anthropic(messages, [])["messages"] if m["role"] == "assistant"]
+    assert _interleaving(sent["content"], "tool_use") == _expected_order(parts, calls)
+    # The Responses API: reasoning items among function_call items, the same way.
+    items = [
+        {**p, "type": "reasoning", "id": p["thinking"], "encrypted_content": "e", "summary": []}
+        if p["type"] == "thinking"
+        else p
+        for p in parts
+    ]
+    messages[1] = Message("assistant", tuple(items), tool_calls=made)
+    body = to_openai_responses(messages, [])
+    turn_items = [
+        i
+        for i in body["input"]
+        if i.get("type") in ("reasoning", "function_call") or (i.get("role") == "assistant")
+    ]
+    expected = [o for o in _expected_order(parts, calls) if o != "x"]
+    assert [o for o in _interleaving(turn_items, "function_call") if o != "x"] == expected

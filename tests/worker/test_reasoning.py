@@ -37,9 +37,11 @@ ITERATIONS = 5
 ODD = "  \t\u00e9\u2603\U0001f914 \n"
 
 
-def thought(text: str, place: int = 0, of: int = 1) -> dict[str, Any]:
-    """The part a Thinking step becomes, as the fake signs it."""
-    return {"type": "thinking", "thinking": text, "signature": signature(text, place, of)}
+def thought(text: str, place: int = 0, of: int = 1, after: int = 0) -> dict[str, Any]:
+    """The part a Thinking step becomes, as the fake signs it (`after`: the tool calls the
+    model made before it)."""
+    sealed = signature(text, place, of, after)
+    return {"type": "thinking", "thinking": text, "signature": sealed}
 
 
 def hidden(text: str, place: int = 0, of: int = 1) -> dict[str, Any]:
@@ -351,10 +353,9 @@ async def test_interleaved_thinking_between_tool_calls_is_kept_and_sent_back_in_
     assert events[-1].type == "run.completed", events[-1].data
     journal = await history(api, sid)
     first = assistants(journal)[0]
-    assert first["payload"]["content"] == [
-        thought("First one sum.", 0, 2),
-        thought("Then another.", 1, 2),
-    ]
+    # The second thought came after the first call: the journal says so, to send it back there.
+    later = {**thought("Then another.", 1, 2, after=1), "tool_calls_before": 1}
+    assert first["payload"]["content"] == [thought("First one sum.", 0, 2), later]
     calls = [e for e in journal if e["kind"] == "tool_call"]
     assert [c["payload"]["arguments"] for c in calls] == [
         {"expression": "1+1"},
@@ -365,6 +366,13 @@ async def test_interleaved_thinking_between_tool_calls_is_kept_and_sent_back_in_
     blocks = blocks_streamed(events)
     assert blocks[(0, 0)]["text"] == "First one sum." and blocks[(0, 2)]["text"] == "Then another."
     assert all(r.headers.get("anthropic-beta") for r in upstream.requests)
+    (turn,) = [m for m in upstream.requests[1].body["messages"] if m["role"] == "assistant"]
+    assert [(b["type"], b.get("thinking") or b.get("input")) for b in turn["content"]] == [
+        ("thinking", "First one sum."),
+        ("tool_use", {"expression": "1+1"}),
+        ("thinking", "Then another."),
+        ("tool_use", {"expression": "2+2"}),
+    ]
     assert reasoning_sent(upstream.requests[1].body) == [
-        [thought("First one sum.", 0, 2), thought("Then another.", 1, 2)]
+        [thought("First one sum.", 0, 2), thought("Then another.", 1, 2, after=1)]
     ]
