@@ -82,7 +82,8 @@ def webhook(name: str, url: str) -> dict[str, object]:
     return {"name": name, "kind": "webhook", "url": f"{url}/{name}", "timeout_seconds": 20}
 
 
-async def wait_for(predicate: object, seconds: float = 20) -> None:
+async def wait_for(predicate: object, seconds: float = 180) -> None:
+    """Until `predicate` holds: generous, as a loaded machine (a parallel suite) is slow."""
     assert callable(predicate)
     for _ in range(int(seconds / 0.05)):
         if predicate():
