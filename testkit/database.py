@@ -28,3 +28,18 @@ def create_database(database_url: str, prefix: str, *, migrate: bool = True) -> 
     if migrate:
         upgrade_to_head(url)
     return url
+
+
+def drop_database(database_url: str, url: str) -> None:
+    """Drop the database at `url` (made by create_database beside `database_url`), ending any
+    connection still open to it."""
+    name = url.partition("?")[0].rsplit("/", 1)[1]
+
+    async def drop() -> None:
+        conn = await asyncpg.connect(libpq_url(database_url))
+        try:
+            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await conn.close()
+
+    asyncio.run(drop())

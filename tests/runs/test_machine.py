@@ -196,7 +196,7 @@ def test_failure_and_cancel_carry_the_partial_text_error_and_reason() -> None:
         (RunStatus.QUEUED, "completed"),
         (RunStatus.QUEUED, "failed"),
         (RunStatus.REQUIRES_ACTION, "completed"),
-        *[(s, e) for s in ENDED for e in ("completed", "failed", "cancelled")],
+        *[(s, e) for s in sorted(ENDED) for e in ("completed", "failed", "cancelled")],
     ],
 )
 def test_ending_is_refused_from_a_status_that_cannot_end_that_way(
