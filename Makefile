@@ -142,6 +142,7 @@ bench: $(TEST_STAMP) postgres pgbouncer
 	$(BIN)/python -m bench.scale_out
 	$(BIN)/python -m bench.projection prefix
 	$(BIN)/python -m bench.export
+	$(BIN)/python -m bench.queue
 
 $(BIN)/python:
 	@echo "==> creating the virtualenv $(VENV)"
