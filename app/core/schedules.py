@@ -38,11 +38,15 @@ def cron_problem(expression: str) -> str | None:
     if not fields[0].startswith("@") and len(fields) != 5:
         return f"a cron expression has 5 fields (minute hour day month weekday), not {len(fields)}"
     try:
-        croniter(expression, datetime(2000, 1, 1))
+        times = croniter(expression, datetime(2000, 1, 1))
     except (CroniterError, ValueError, KeyError) as exc:
         return str(exc) or type(exc).__name__
     if not croniter.is_valid(expression):
         return "not a valid cron expression"
+    try:
+        times.get_next(datetime)
+    except CroniterError:
+        return "it matches no date (such as 30 February)"
     return None
 
 

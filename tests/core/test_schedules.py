@@ -66,6 +66,10 @@ def test_half_hourly_dues_across_the_jump_are_increasing_and_distinct() -> None:
         ("* * * * * *", "5 fields"),
         ("", "empty"),
         ("every day", "5 fields"),
+        ("0 0 30 2 *", "no date"),
+        ("0 8 * * 8", "out of range"),
+        ("*/0 * * * *", "step"),
+        ("H * * * *", "hash"),
     ],
 )
 def test_invalid_cron_expressions_say_why(expression: str, reason: str) -> None:
