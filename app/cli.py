@@ -59,6 +59,7 @@ def capacity_lines(settings: Settings, workers: int) -> list[str]:
 def serve(settings: Settings) -> None:
     import uvicorn
 
+    from app.credentials import vault_for
     from app.db.engine import create_engine
     from app.db.migrate import upgrade_to_head
     from app.main import create_app
@@ -72,7 +73,7 @@ def serve(settings: Settings) -> None:
     embedded = settings.database_url is None
     with database(settings, own_cluster=True) as ready:
         assert ready.database_url is not None
-        progress(upgrade_to_head(ready.direct_url).describe())
+        progress(upgrade_to_head(ready.direct_url, vault_for(settings)).describe())
         if embedded and ready.dev_key:
             key_file = ready.data_dir / "dev-key"
             kept = key_file.read_text().strip() if key_file.exists() else None
@@ -140,11 +141,12 @@ def worker(settings: Settings, concurrency: int) -> None:
 
 
 def migrate(settings: Settings) -> None:
+    from app.credentials import vault_for
     from app.db.migrate import upgrade_to_head
 
     with database(settings, own_cluster=False) as ready:
         assert ready.database_url is not None
-        print(upgrade_to_head(ready.direct_url).describe(), flush=True)
+        print(upgrade_to_head(ready.direct_url, vault_for(settings)).describe(), flush=True)
 
 
 def print_openapi() -> None:

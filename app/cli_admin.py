@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 from app.cli_database import database
 from app.config import Settings
+from app.credentials import vault_for
 
 T = TypeVar("T")
 
@@ -142,7 +143,7 @@ def with_engine(settings: Settings, work: Callable[[Any], Awaitable[T]]) -> T:
 
     with database(settings, own_cluster=False) as ready:
         assert ready.database_url is not None
-        upgrade_to_head(ready.direct_url)
+        upgrade_to_head(ready.direct_url, vault_for(settings))
 
         async def go() -> T:
             engine = create_engine(ready)
@@ -189,9 +190,13 @@ def _keys(settings: Settings, args: argparse.Namespace) -> None:
 
 
 def _reencrypt(settings: Settings) -> None:
-    from app.services import mcp_servers
+    from app.services import mcp_servers, webhooks
 
-    count = with_engine(settings, lambda e: mcp_servers.reencrypt(e, settings))
+    async def reencrypt(engine: Any) -> int:
+        servers = await mcp_servers.reencrypt(engine, settings)
+        return servers + await webhooks.reencrypt(engine, vault_for(settings))
+
+    count = with_engine(settings, reencrypt)
     print(f"re-encrypted {count} credentials under the newest key", flush=True)
 
 

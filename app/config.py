@@ -238,7 +238,7 @@ class Settings(BaseSettings):
     secret_keys: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="Fernet keys that encrypt stored credentials (MCP server headers and "
-        "tokens), comma-separated, newest first: the first "
+        "tokens, webhook signing secrets), comma-separated, newest first: the first "
         "encrypts, every one decrypts (add a new key in front, run `threadline secrets "
         "reencrypt`, then drop the old one). Unset: a key generated once into "
         "data_dir/secret.key (fine for one host; set the same keys on every process).",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Annotated, Any, Literal
 from uuid import UUID
@@ -923,7 +924,7 @@ class Webhook(BaseModel):
     created_at: datetime
 
     @classmethod
-    def from_row(cls, row: RowMapping) -> Webhook:
+    def from_row(cls, row: Mapping[Any, Any]) -> Webhook:
         return cls(
             id=str(row["id"]),
             url=row["url"],
@@ -940,7 +941,8 @@ class WebhookCreated(Webhook):
     )
 
     @classmethod
-    def from_row(cls, row: RowMapping) -> WebhookCreated:
+    def from_row(cls, row: Mapping[str, Any]) -> WebhookCreated:
+        """`row`: the new endpoint's, with its secret in clear (only registration has it)."""
         return cls(**Webhook.from_row(row).model_dump(), secret=row["secret"])
 
 

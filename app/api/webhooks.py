@@ -18,6 +18,7 @@ from app.api.schemas import (
     WebhookDeliveryList,
     WebhookList,
 )
+from app.credentials import vault_for
 from app.services import webhooks as service
 from app.services.errors import Invalid
 
@@ -30,7 +31,9 @@ router = APIRouter(prefix="/v1/webhooks", tags=["webhooks"], route_class=JSONRou
     status_code=201,
     responses=error_responses(400, 401, 404, 413, 422),
 )
-async def create_webhook(body: WebhookCreate, engine: Engine, tenant: Tenant) -> WebhookCreated:
+async def create_webhook(
+    body: WebhookCreate, engine: Engine, tenant: Tenant, settings: Config
+) -> WebhookCreated:
     """Every run of the tenant (or of `session_id`) that ends, or waits for client tools, is
     POSTed to `url`, signed with the returned secret (Standard Webhooks)."""
     row = await service.register(
@@ -39,6 +42,7 @@ async def create_webhook(body: WebhookCreate, engine: Engine, tenant: Tenant) ->
         url=body.url,
         session_id=str(body.session_id) if body.session_id else None,
         event_types=list(body.event_types) if body.event_types else None,
+        vault=vault_for(settings),
     )
     return WebhookCreated.from_row(row)
 

@@ -16,6 +16,8 @@ from sqlalchemy import text
 from sqlalchemy.exc import ProgrammingError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.credentials import Vault
+
 
 def _migrations_dir() -> Path:
     """The alembic scripts: beside this module in an installed wheel (the build maps the
@@ -28,8 +30,10 @@ def _migrations_dir() -> Path:
 MIGRATIONS_DIR = _migrations_dir()
 
 
-def alembic_config(database_url: str | None = None) -> Config:
+def alembic_config(database_url: str | None = None, vault: Vault | None = None) -> Config:
+    """`vault`: the keys of the caller's settings, for migrations that encrypt stored secrets."""
     cfg = Config()
+    cfg.attributes["vault"] = vault
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
     if database_url:
         cfg.set_main_option("sqlalchemy.url", database_url.replace("%", "%%"))
@@ -49,13 +53,13 @@ class Upgrade:
         return f"database at {self.revision}: no migration to apply"
 
 
-def upgrade_to_head(database_url: str) -> Upgrade:
+def upgrade_to_head(database_url: str, vault: Vault | None = None) -> Upgrade:
     """Apply every pending migration. Call outside a running event loop (env.py runs its own).
 
     Alembic's line per migration (and its two about the dialect) are counted, not logged: a
     first start wrote 19 of them; the caller reports the outcome in one (Upgrade.describe)."""
     with _alembic_lines() as lines:
-        command.upgrade(alembic_config(database_url), "head")
+        command.upgrade(alembic_config(database_url, vault), "head")
     applied = sum(1 for line in lines if line.startswith("Running upgrade"))
     return Upgrade(applied, head_revision())
 

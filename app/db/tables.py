@@ -439,7 +439,9 @@ webhook_endpoints = Table(
     ),
     Column("session_id", UUID(as_uuid=False), ForeignKey("sessions.id", ondelete="CASCADE")),
     Column("url", Text, nullable=False),
-    Column("secret", Text, nullable=False),  # whsec_<base64>: signs every delivery
+    # The signing secret (whsec_<base64>), encrypted at rest (app/credentials.py): the row
+    # alone signs nothing.
+    Column("encrypted_secret", Text, nullable=False),
     Column("event_types", JSONB(none_as_null=True)),  # null: every event type
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Index(

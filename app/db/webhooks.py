@@ -17,6 +17,20 @@ async def insert_endpoint(conn: AsyncConnection, **values: Any) -> RowMapping:
     return row
 
 
+async def all_secrets(conn: AsyncConnection) -> list[RowMapping]:
+    """Every endpoint's encrypted signing secret (for re-encryption under the newest key)."""
+    query = select(webhook_endpoints.c.id, webhook_endpoints.c.encrypted_secret)
+    return list((await conn.execute(query)).mappings())
+
+
+async def set_secret(conn: AsyncConnection, endpoint_id: str, encrypted_secret: str) -> None:
+    await conn.execute(
+        webhook_endpoints.update()
+        .where(webhook_endpoints.c.id == endpoint_id)
+        .values(encrypted_secret=encrypted_secret)
+    )
+
+
 async def list_endpoints(conn: AsyncConnection, tenant_id: str) -> list[RowMapping]:
     query = (
         select(webhook_endpoints)
@@ -102,7 +116,7 @@ async def pending_delivery(conn: AsyncConnection, delivery_id: str) -> RowMappin
             webhook_deliveries.c.body,
             webhook_deliveries.c.attempts,
             webhook_endpoints.c.url,
-            webhook_endpoints.c.secret,
+            webhook_endpoints.c.encrypted_secret,
         )
         .join(webhook_endpoints, webhook_endpoints.c.id == webhook_deliveries.c.endpoint_id)
         .where(webhook_deliveries.c.id == delivery_id, webhook_deliveries.c.status == "pending")

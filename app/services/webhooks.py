@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.core.runs import Run
 from app.core.webhook_signing import SECRET_PREFIX
+from app.credentials import Vault
 from app.db import jobs as jobs_db
 from app.db import sessions as sessions_db
 from app.db import webhooks as webhooks_db
@@ -56,8 +57,10 @@ async def register(
     url: str,
     session_id: str | None,
     event_types: list[WebhookEventType] | None,
-) -> RowMapping:
-    """A new endpoint with a fresh signing secret (returned here, and by no later read)."""
+    vault: Vault,
+) -> dict[str, Any]:
+    """A new endpoint with a fresh signing secret: returned here in clear (`secret`), and by no
+    later read; stored encrypted."""
     check_url(url)
     secret = SECRET_PREFIX + base64.b64encode(secrets.token_bytes(32)).decode()
     async with engine.begin() as conn:
@@ -66,14 +69,24 @@ async def register(
             and await sessions_db.get_session(conn, tenant_id, session_id) is None
         ):
             raise session_not_found(session_id)
-        return await webhooks_db.insert_endpoint(
+        row = await webhooks_db.insert_endpoint(
             conn,
             tenant_id=tenant_id,
             session_id=session_id,
             url=url,
-            secret=secret,
+            encrypted_secret=vault.encrypt(secret),
             event_types=sorted(set(event_types)) if event_types else None,
         )
+    return {**row, "secret": secret}
+
+
+async def reencrypt(engine: AsyncEngine, vault: Vault) -> int:
+    """Encrypt every endpoint's signing secret again under the newest key; how many."""
+    async with engine.begin() as conn:
+        rows = await webhooks_db.all_secrets(conn)
+        for row in rows:
+            await webhooks_db.set_secret(conn, row["id"], vault.rotate(row["encrypted_secret"]))
+    return len(rows)
 
 
 async def list_endpoints(engine: AsyncEngine, tenant_id: str) -> list[RowMapping]:

@@ -10,6 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import Settings
 from app.core import webhook_signing
+from app.credentials import vault_for
 from app.db import webhooks as webhooks_db
 
 
@@ -28,7 +29,8 @@ async def deliver(engine: AsyncEngine, settings: Settings, delivery_id: str) -> 
         if row is None:
             return None
         timestamp = int(time.time())
-        headers = webhook_signing.headers(row["secret"], str(row["id"]), timestamp, row["body"])
+        secret = vault_for(settings).decrypt(row["encrypted_secret"])
+        headers = webhook_signing.headers(secret, str(row["id"]), timestamp, row["body"])
         headers |= {"content-type": "application/json", "user-agent": "threadline-webhooks"}
         status_code: int | None = None
         error: str | None = None

@@ -48,9 +48,7 @@ def upgrade() -> None:
             "updated_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
         ),
         sa.UniqueConstraint("tenant_id", "name", name="mcp_servers_tenant_name"),
-        sa.CheckConstraint(
-            "transport IN ('streamable_http', 'sse')", name="mcp_servers_transport"
-        ),
+        sa.CheckConstraint("transport IN ('streamable_http', 'sse')", name="mcp_servers_transport"),
     )
 
 

@@ -15,11 +15,15 @@ from typing import Any
 
 import httpx
 import pytest
+from cryptography.fernet import Fernet
+from sqlalchemy import text
 from standardwebhooks import Webhook as Verifier
 
 from app.config import Settings
+from app.credentials import Vault, local_key, vault_for
 from app.db.engine import create_engine
 from app.main import create_app
+from app.services import webhooks as webhooks_service
 from app.services.keys import create_key
 from app.worker.pool import worker_pool
 from testkit.api import ended_run, new_session
@@ -410,3 +414,37 @@ async def _wait_attempted(client: httpx.AsyncClient, webhook_id: str) -> dict[st
             return dict(delivery)
         assert time.monotonic() < deadline, delivery
         await asyncio.sleep(0.05)
+
+
+async def test_the_signing_secret_is_stored_encrypted_and_reencrypted_under_a_new_key(
+    hooks: httpx.AsyncClient, hooks_service: tuple[str, Settings]
+) -> None:
+    """The row alone signs nothing: it holds a Fernet token of the secret, which `threadline
+    secrets reencrypt` moves to the newest key like every stored credential."""
+    _, settings = hooks_service
+    hook = await register(hooks, "https://hooks.example.com/done")
+    engine = create_engine(settings)
+
+    async def stored() -> str:
+        async with engine.connect() as conn:
+            row = await conn.execute(
+                text("SELECT encrypted_secret FROM webhook_endpoints WHERE id = :id"),
+                {"id": hook["id"]},
+            )
+            value: str = row.scalar_one()
+            return value
+
+    try:
+        token = await stored()
+        assert hook["secret"] not in token and not token.startswith("whsec_")
+        assert vault_for(settings).decrypt(token) == hook["secret"]
+        old = local_key(settings.data_dir)
+        new = Fernet.generate_key().decode()
+        try:
+            assert await webhooks_service.reencrypt(engine, Vault([new, old])) >= 1
+            assert Vault([new]).decrypt(await stored()) == hook["secret"]
+        finally:  # the module's service still has only the old key
+            await webhooks_service.reencrypt(engine, Vault([old, new]))
+        assert Vault([old]).decrypt(await stored()) == hook["secret"]
+    finally:
+        await engine.dispose()
