@@ -499,7 +499,9 @@ class NamedToolChoice(Strict):
     )
 
 
-class AskRequest(Strict):
+class AskInput(Strict):
+    """What every ask says: its input, and the options a schedule's ask takes too."""
+
     input: str | Annotated[list[InputPart], Field(min_length=1)] = Field(
         description="The user's message: text, or content parts."
     )
@@ -507,6 +509,9 @@ class AskRequest(Strict):
     context_policy: ContextPolicyPatch | None = None
     max_output_tokens: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
+
+
+class AskRequest(AskInput):
     metadata: Metadata = Field(default_factory=dict)
     stream: bool = Field(default=True, description="true: answer with the run's SSE stream.")
     multitask_strategy: Literal["reject", "enqueue", "interrupt", "rollback", "steer"] = Field(
@@ -1047,16 +1052,9 @@ TitleTemplate = Annotated[str, StringConstraints(max_length=512)]
 ScheduleName = Annotated[str, StringConstraints(min_length=1, max_length=200)]
 
 
-class ScheduleAsk(Strict):
+class ScheduleAsk(AskInput):
     """What a schedule asks at each due time: the ask body's input and per-ask options."""
 
-    input: str | Annotated[list[InputPart], Field(min_length=1)] = Field(
-        description="The user's message: text, or content parts."
-    )
-    model: ModelName | None = Field(default=None, description="Default: the session's model.")
-    context_policy: ContextPolicyPatch | None = None
-    max_output_tokens: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
-    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
     metadata: Metadata = Field(
         default_factory=dict,
         description="The run's metadata (`schedule_id` is added: the schedule's id).",

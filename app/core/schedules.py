@@ -17,6 +17,8 @@ from typing import Literal
 from croniter import CroniterError, croniter
 
 Misfire = Literal["run_once", "skip"]
+# More than any time zone's clocks ever move at once.
+MAX_CLOCK_CHANGE = timedelta(hours=3)
 
 # The placeholders a title template may use, and what each becomes (the due time, in the
 # schedule's time zone).
@@ -38,11 +40,15 @@ def cron_problem(expression: str) -> str | None:
     if not fields[0].startswith("@") and len(fields) != 5:
         return f"a cron expression has 5 fields (minute hour day month weekday), not {len(fields)}"
     try:
-        croniter(expression, datetime(2000, 1, 1))
+        times = croniter(expression, datetime(2000, 1, 1))
     except (CroniterError, ValueError, KeyError) as exc:
         return str(exc) or type(exc).__name__
     if not croniter.is_valid(expression):
         return "not a valid cron expression"
+    try:
+        times.get_next(datetime)
+    except CroniterError:
+        return "it matches no date (such as 30 February)"
     return None
 
 
@@ -109,13 +115,17 @@ def next_due(expression: str, zone: tzinfo, after: datetime) -> datetime:
 
 
 def last_due(expression: str, zone: tzinfo, since: datetime, now: datetime) -> datetime:
-    """The latest due time in [since, now] (`since` itself being one), in UTC."""
-    latest = since
+    """The latest due time in [since, now] (`since` itself counting as one), in UTC.
+
+    Walked back from a little after `now`'s wall time (by more than any clock change): wall
+    times past it may still be due before `now` (a repeated hour), and _instant is monotonic,
+    so the first found at or before `now` is the latest. A downtime of months costs no more."""
+    wall = now.astimezone(zone).replace(tzinfo=None) + MAX_CLOCK_CHANGE
+    times = croniter(expression, wall)
     while True:
-        following = next_due(expression, zone, latest)
-        if following > now:
-            return latest
-        latest = following
+        due = _instant(times.get_prev(datetime), zone)
+        if due <= now:
+            return max(due, since)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from sqlalchemy import RowMapping, delete, insert, select, update
+from sqlalchemy import RowMapping, delete, func, insert, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -100,10 +100,16 @@ async def update_schedule(
     query = (
         update(schedules)
         .where(schedules.c.id == schedule_id)
-        .values(**values, updated_at=datetime.now().astimezone())
+        .values(**values, updated_at=func.now())
         .returning(schedules)
     )
     return _schedule((await conn.execute(query)).mappings().one())
+
+
+async def advance(conn: AsyncConnection, schedule_id: str, next_due_at: datetime) -> None:
+    """The schedule's next due time, after a firing (not a change of the schedule's own)."""
+    query = update(schedules).where(schedules.c.id == schedule_id).values(next_due_at=next_due_at)
+    await conn.execute(query)
 
 
 async def delete_schedule(conn: AsyncConnection, tenant_id: str, schedule_id: str) -> bool:

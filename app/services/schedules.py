@@ -216,7 +216,7 @@ async def _claim(
         raise _AlreadyFired
     if not await schedules_db.insert_firing(conn, schedule.id, firing.due_at, **values):
         raise _AlreadyFired
-    await schedules_db.update_schedule(conn, schedule.id, {"next_due_at": firing.next_due_at})
+    await schedules_db.advance(conn, schedule.id, firing.next_due_at)
 
 
 async def fire(
@@ -230,14 +230,7 @@ async def fire(
         return None
     zone = zone_of(schedule.timezone)
     grace = timedelta(seconds=settings.schedule_misfire_grace_seconds)
-    firing = core.firing(
-        schedule.cron,
-        zone,
-        schedule.misfire,
-        schedule.next_due_at,
-        now,
-        grace,
-    )
+    firing = core.firing(schedule.cron, zone, schedule.misfire, schedule.next_due_at, now, grace)
     if firing is None:
         return None
     if not firing.fire:

@@ -66,6 +66,10 @@ def test_half_hourly_dues_across_the_jump_are_increasing_and_distinct() -> None:
         ("* * * * * *", "5 fields"),
         ("", "empty"),
         ("every day", "5 fields"),
+        ("0 0 30 2 *", "no date"),
+        ("0 8 * * 8", "out of range"),
+        ("*/0 * * * *", "step"),
+        ("H * * * *", "hash"),
     ],
 )
 def test_invalid_cron_expressions_say_why(expression: str, reason: str) -> None:
@@ -125,3 +129,24 @@ def test_title_templates() -> None:
     assert title_problem("{date.__class__}") is not None
     assert title_problem("{date!r}") is not None
     assert title_problem("{date") is not None
+
+
+def test_a_long_downtime_is_one_firing_at_the_latest_minute() -> None:
+    since = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)  # a year of every-minute due times missed
+    got = firing("* * * * *", BERLIN, "run_once", since, NOW, GRACE)
+    assert got is not None
+    assert (got.due_at, got.fire, got.misfired) == (
+        datetime(2026, 6, 1, 12, 0, tzinfo=UTC),
+        True,
+        True,
+    )
+
+
+def test_the_latest_due_time_in_a_repeated_hour_is_its_first_occurrence() -> None:
+    # 02:45 CET, the second 02:45 of 2026-10-25: the 02:50 due time passed in the first hour.
+    now = datetime(2026, 10, 25, 1, 45, tzinfo=UTC)
+    since = datetime(2026, 10, 24, 0, 0, tzinfo=UTC)
+    got = firing("50 2 * * *", BERLIN, "run_once", since, now, GRACE)
+    assert got is not None
+    assert got.due_at == datetime(2026, 10, 25, 0, 50, tzinfo=UTC)  # 02:50 CEST
+    assert got.next_due_at == datetime(2026, 10, 26, 1, 50, tzinfo=UTC)

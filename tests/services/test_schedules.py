@@ -165,6 +165,7 @@ async def test_a_due_time_fires_once_however_many_ticks_run_at_once(
     assert "All quiet." in str(contents)
     again = (await client.get(f"/v1/schedules/{schedule['id']}")).json()
     assert datetime.fromisoformat(again["next_due_at"]) > now
+    assert again["updated_at"] == schedule["updated_at"]  # a firing is no change of it
 
 
 @pytest.mark.parametrize(("misfire", "fired"), [("run_once", 1), ("skip", 0)])
