@@ -318,12 +318,19 @@ ITEM_PREFIX = {
 
 
 def conversation_items(session_id: str, entries: Sequence[JournalEntry]) -> list[Item]:
-    """A session's entries as conversation items (messages, function calls and outputs)."""
+    """A session's entries as conversation items (messages, function calls and outputs; an
+    assistant message's reasoning blocks as reasoning items before it, their text as the
+    summary, never their opaque content)."""
     out = []
     for entry in entries:
         prefix = ITEM_PREFIX.get(EntryKind(entry.kind))
         if prefix is None:
             continue
+        content = entry.payload.get("content")
+        if prefix == "msg" and isinstance(content, list):
+            thoughts = [part for part in content if is_reasoning(part)]
+            rs = entry_item_id("rs", session_id, entry.seq)
+            out += [reasoning_item(f"{rs}_{n}", reasoning_text(t)) for n, t in enumerate(thoughts)]
         item = entry_item(entry, entry_item_id(prefix, session_id, entry.seq))
         if item is not None:
             out.append(item)

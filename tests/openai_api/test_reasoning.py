@@ -209,3 +209,27 @@ async def test_a_streamed_response_with_include_ends_with_the_encrypted_content(
     )
     replayed = [event async for event in replay]
     assert ended(replayed).model_dump()["output"] == ended(events).model_dump()["output"]
+
+
+async def test_a_conversations_items_show_its_reasoning_before_each_answer(
+    client: AsyncOpenAI, upstream: FakeUpstream
+) -> None:
+    """Listed as conversation items, a reasoning answer is its reasoning items (the readable
+    text as the summary; none of the provider's opaque content), then its message."""
+    conversation = await client.conversations.create()
+    upstream.script(Thinking(THOUGHT), RedactedThinking("flagged"), Text("Wear a coat."))
+    await client.responses.create(
+        model=MODEL,
+        conversation=conversation.id,
+        input="Weather in Oslo?",
+        reasoning={"effort": "low", "summary": "auto"},
+    )
+    page = await client.conversations.items.list(conversation.id, order="asc")
+    kinds = [item.type for item in page.data]
+    assert kinds == ["message", "reasoning", "reasoning", "message"]
+    thought, redacted = page.data[1], page.data[2]
+    assert isinstance(thought, ResponseReasoningItem)
+    assert isinstance(redacted, ResponseReasoningItem)
+    assert [(s.type, s.text) for s in thought.summary] == [("summary_text", THOUGHT)]
+    assert redacted.summary == [] and thought.id != redacted.id
+    assert "flagged" not in page.model_dump_json() and "signature" not in page.model_dump_json()
