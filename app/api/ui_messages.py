@@ -14,7 +14,7 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Path, Response
+from fastapi import APIRouter, Header, Path, Response
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sse_starlette import EventSourceResponse
@@ -63,6 +63,18 @@ UI_STREAM_RESPONSE: dict[int | str, dict[str, Any]] = {
 }
 ChatId = Annotated[
     str, Path(min_length=1, max_length=ui_chats.MAX_CHAT_ID_LENGTH, description="The chat's id.")
+]
+
+
+# The `ai` major a client runs, when it is one that refuses parts of today's protocol: "5"
+# (tool approval parts came with `ai` 6). Set with DefaultChatTransport's `headers`.
+AiSdkMajor = Annotated[
+    Literal["5"] | None,
+    Header(
+        alias="Threadline-AI-SDK",
+        description="`5` for an `ai` 5 client: no tool approval parts (it refuses them); it "
+        "sees the calls, and they are ruled on with POST /v1/runs/{id}/approvals.",
+    ),
 ]
 
 
@@ -115,6 +127,7 @@ async def ui_chat(
     settings: Config,
     hub: Hub,
     local_workers: LocalWorkers,
+    ai_sdk: AiSdkMajor = None,
 ) -> Response:
     """Journal the chat's new user message (or regenerate the last answer) and stream the run
     in the AI SDK's UI message stream protocol."""
@@ -123,7 +136,7 @@ async def ui_chat(
         found = await ui_chats.find_session(engine, tenant, body.id)
         if found is None:
             raise ui_chats.no_user_message(body.messages)
-        sent = await ui_chats.submit_tool_outputs(engine, tenant, found.id, body.messages[-1])
+        sent = await ui_chats.submit_answers(engine, tenant, found.id, body.messages[-1])
         return _ui_stream(
             engine,
             tenant,
@@ -133,6 +146,7 @@ async def ui_chat(
             _canceller(engine, tenant, sent.run_id) if body.on_disconnect == "cancel" else None,
             None,
             sent.streamed_through,
+            approval_parts=ai_sdk != "5",
         )
     run = await ui_chats.ask(
         engine,
@@ -152,7 +166,16 @@ async def ui_chat(
         return await _context_meter(engine, settings, tenant, run.session_id, run.model)
 
     gone = _canceller(engine, tenant, run.id) if body.on_disconnect == "cancel" else None
-    return _ui_stream(engine, tenant, hub, run.id, settings.sse_heartbeat_seconds, gone, meter)
+    return _ui_stream(
+        engine,
+        tenant,
+        hub,
+        run.id,
+        settings.sse_heartbeat_seconds,
+        gone,
+        meter,
+        approval_parts=ai_sdk != "5",
+    )
 
 
 def _canceller(engine: AsyncEngine, tenant: str, run_id: str) -> Callable[[], Awaitable[None]]:
@@ -183,7 +206,12 @@ async def _context_meter(
     },
 )
 async def resume_ui_chat(
-    chat_id: ChatId, engine: Engine, tenant: Tenant, settings: Config, hub: Hub
+    chat_id: ChatId,
+    engine: Engine,
+    tenant: Tenant,
+    settings: Config,
+    hub: Hub,
+    ai_sdk: AiSdkMajor = None,
 ) -> Response:
     """The chat's active run as a UI message stream, from its start: `useChat({resume: true})`
     calls this on load to rejoin a run that a page reload left. Leaving it never cancels."""
@@ -193,7 +221,9 @@ async def resume_ui_chat(
     run = await runs_service.active_run(engine, tenant, session.id)
     if run is None or not await hub.has_more(run.id, 0):
         return Response(status_code=204)
-    return _ui_stream(engine, tenant, hub, run.id, settings.sse_heartbeat_seconds, None, None)
+    heartbeat = settings.sse_heartbeat_seconds
+    parts = ai_sdk != "5"
+    return _ui_stream(engine, tenant, hub, run.id, heartbeat, None, None, approval_parts=parts)
 
 
 class UiChatMessages(BaseModel):
@@ -230,11 +260,12 @@ class _UIWire(Wire):
         run_id: str,
         meter: Callable[[], Coroutine[Any, Any, Chunk]] | None,
         sent_through: int,
+        approval_parts: bool,
     ) -> None:
         self._engine = engine
         self._tenant = tenant
         self._run_id = run_id
-        self._stream = UIStream(run_id)
+        self._stream = UIStream(run_id, approval_parts)
         self._sent_through = sent_through
         self._measuring: asyncio.Task[Chunk] | None = (
             asyncio.create_task(meter()) if meter is not None else None
@@ -291,9 +322,11 @@ def _ui_stream(
     on_client_gone: Callable[[], Awaitable[None]] | None,
     meter: Callable[[], Coroutine[Any, Any, Chunk]] | None,
     sent_through: int = 0,
+    *,
+    approval_parts: bool,
 ) -> EventSourceResponse:
     """The run's events from its first, as a UI message stream (_UIWire)."""
-    wire = _UIWire(engine, tenant, run_id, meter, sent_through)
+    wire = _UIWire(engine, tenant, run_id, meter, sent_through, approval_parts)
     return run_stream(
         hub, run_id, 0, heartbeat_seconds, wire, on_client_gone, headers={HEADER: VERSION}
     )

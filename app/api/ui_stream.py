@@ -60,8 +60,13 @@ def context_meter(tokens: int, budget: int, level: str | None = None) -> Chunk:
 class UIStream:
     """Translate one run's events, from its first (`run.created`), in order."""
 
-    def __init__(self, run_id: str) -> None:
+    def __init__(self, run_id: str, approval_parts: bool = True) -> None:
         self.run_id = run_id
+        # Tool approvals as the protocol's approval parts (`ai` 6 on); `ai` 5 refuses them, so
+        # its clients see the calls only and approve through the REST API.
+        self.approval_parts = approval_parts
+        self._denied: set[str] = set()  # calls a person rejected: no output follows
+        self._shown: set[str] = set()  # calls whose input was sent (tool-input-available)
         self._resets = 0  # message.reset events so far: the marker parts' ids
         self._step_open = False
         self._after_tools = False  # a tool ran: the model's next output is a new step
@@ -99,7 +104,10 @@ class UIStream:
                 return self._reasoning_piece(data)
             case EventType.TOOL_CALL_DELTA:
                 return self._tool_call_piece(data)
+            case EventType.TOOL_CALL if data["tool_call_id"] in self._shown:
+                return []  # an approved call, resumed: the client has it, its output follows
             case EventType.TOOL_CALL:
+                self._shown.add(data["tool_call_id"])
                 out = self._open_step()
                 out.append(
                     {
@@ -111,6 +119,37 @@ class UIStream:
                     }
                 )
                 return out
+            case EventType.TOOL_APPROVAL_REQUESTED:
+                # The call, whole, for the person to judge (it is journaled only once ruled
+                # on: its tool_call event, which then adds nothing), and the request.
+                call_id = data["tool_call_id"]  # the approval's id too: one ruling per call
+                self._shown.add(call_id)
+                out = self._open_step()
+                shown = {"type": "tool-input-available", "toolCallId": call_id}
+                shown |= {"toolName": data["name"], "input": data["arguments"]}
+                out.append({**shown, "providerExecuted": True})
+                if self.approval_parts:
+                    out.append({"type": "tool-approval-request", "toolCallId": call_id})
+                    out[-1]["approvalId"] = call_id
+                return out
+            case EventType.RUN_AWAITING_APPROVAL:
+                # Like client tools: the stream ends; useChat sends the rulings with its next
+                # request (addToolApprovalResponse), which streams the rest of the run.
+                self.waiting = True
+                return [*self._close_step(), {"type": "finish", "finishReason": "tool-calls"}]
+            case EventType.TOOL_APPROVAL_ANSWERED if self.approval_parts:
+                call_id, approved = data["tool_call_id"], data["decision"] == "approved"
+                response: Chunk = {"type": "tool-approval-response", "approvalId": call_id}
+                response["approved"] = approved
+                if data.get("reason"):
+                    response["reason"] = data["reason"]
+                if approved:
+                    return [response]
+                self._denied.add(call_id)
+                return [response, {"type": "tool-output-denied", "toolCallId": call_id}]
+            case EventType.TOOL_RESULT if data["tool_call_id"] in self._denied:
+                self._after_tools = True
+                return []  # what the model reads of a rejection; the client shows it denied
             case EventType.TOOL_RESULT:
                 self._after_tools = True
                 call = {"toolCallId": data["tool_call_id"], "providerExecuted": True}

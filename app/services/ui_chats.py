@@ -17,14 +17,14 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.config import Settings
 from app.core.entries import EntryKind, NewEntry
-from app.core.runs import Run
+from app.core.runs import Run, RunStatus
 from app.core.sessions import Session
 from app.core.ui_messages import KINDS, UIMessage, ui_messages
 from app.db import journal as journal_db
 from app.db import runs as runs_db
 from app.db import sessions as sessions_db
 from app.eventlog import store as event_store
-from app.services import asks, journal, quotas, runs
+from app.services import approvals, asks, journal, quotas, runs
 from app.services.errors import Conflict, Invalid, session_not_found
 from app.services.handoff import RunHandoff
 from app.services.ids import is_uuid
@@ -254,15 +254,47 @@ class ToolOutputs:
     streamed_through: int  # the run's last event seq before the outputs were sent
 
 
-async def submit_tool_outputs(
+async def submit_answers(
     engine: AsyncEngine, tenant_id: str, session_id: str, message: dict[str, Any]
 ) -> ToolOutputs:
-    """The outputs of the client-side tool calls the chat's run waits on, from the assistant
-    message useChat sends back once its onToolCall handlers gave them (`addToolOutput`)."""
+    """What the chat's run waits on, from the assistant message useChat sends back: the
+    rulings on its tool calls (`addToolApprovalResponse`) when it awaits approval, else the
+    outputs of the client-side tool calls its onToolCall handlers gave (`addToolOutput`)."""
     run = await runs.active_run(engine, tenant_id, session_id)
     if run is None:
         raise Conflict("run_not_waiting", "the chat has no run waiting for tool outputs", {})
-    outputs = [
+    async with engine.connect() as conn:
+        seen = (await event_store.read_backlog(conn, run.id, event_store.MAX_EVENT_SEQ, 1)).last_seq
+    if run.status == RunStatus.AWAITING_APPROVAL:
+        await approvals.answer(engine, tenant_id, run.id, _rulings(message))
+        return ToolOutputs(run.id, seen)
+    await runs.submit_tool_outputs(engine, tenant_id, run.id, _tool_outputs(message))
+    return ToolOutputs(run.id, seen)
+
+
+def _rulings(message: dict[str, Any]) -> list[approvals.Answer]:
+    """The tool parts a person ruled on (state `approval-responded`; the approval's id is the
+    call's)."""
+    rulings = []
+    for part in message.get("parts") or []:
+        approval = part.get("approval") if isinstance(part, dict) else None
+        if part.get("state") != "approval-responded" or not isinstance(approval, dict):
+            continue
+        reason = approval.get("reason")
+        rulings.append(
+            approvals.Answer(
+                str(approval.get("id")),
+                approval.get("approved") is True,
+                reason=reason if isinstance(reason, str) and reason else None,
+            )
+        )
+    if not rulings:
+        raise Invalid("no_approvals", "the run awaits approval: no tool part was ruled on", {})
+    return rulings
+
+
+def _tool_outputs(message: dict[str, Any]) -> list[runs.ToolOutput]:
+    return [
         runs.ToolOutput(p["toolCallId"], p.get("errorText", ""), is_error=True)
         if p["state"] == "output-error"
         else runs.ToolOutput(p["toolCallId"], p.get("output"))
@@ -273,10 +305,6 @@ async def submit_tool_outputs(
         and p.get("state") in ("output-available", "output-error")
         and isinstance(p.get("toolCallId"), str)
     ]
-    async with engine.connect() as conn:
-        seen = (await event_store.read_backlog(conn, run.id, event_store.MAX_EVENT_SEQ, 1)).last_seq
-    await runs.submit_tool_outputs(engine, tenant_id, run.id, outputs)
-    return ToolOutputs(run.id, seen)
 
 
 async def events_after(engine: AsyncEngine, run_id: str, seq: int) -> bool:

@@ -639,3 +639,71 @@ async def test_any_chat_id_the_ai_sdk_may_send_is_a_chat_or_a_json_error(
     for bad in ("nul\u0000", "x" * 513, ""):
         response = await api.post("/v1/ui/chat", json={"id": bad, "messages": [user("Hi")]})
         assert response.status_code == 422 and "error" in response.json(), bad
+
+
+async def test_tool_approvals_are_asked_and_answered_through_use_chat(
+    api: httpx.AsyncClient, upstream: FakeUpstream, ai_sdk: None
+) -> None:
+    """`ai` 7: a call that needs approval arrives as a tool-approval-request part; the person's
+    rulings (addToolApprovalResponse) go back with useChat's next request, which streams the
+    rest of the same run: the approved call ran, the rejected one did not and the model read
+    why."""
+    policy = {"tool_approval": {"default": "ask"}}
+    clock = {"name": "current_time", "kind": "builtin"}
+    sid = (await new_session(api, config={"tools": [CALCULATOR, clock], "run_policy": policy}))[
+        "id"
+    ]
+    upstream.script(
+        ToolCall("call_sum", "calculator", '{"expression": "6*7"}'),
+        ToolCall("call_now", "current_time", "{}"),
+    )
+    upstream.script(Text("It is 42; the time I may not say."))
+    approvals = {
+        "calculator": {"approved": True},
+        "current_time": {"approved": False, "reason": "Not now."},
+    }
+    actions = [{"send": "6*7, and the time?", "until": "It is 42; the time I may not say."}]
+    result = await run_node(api, "chat", sid, JS, actions=actions, approvals=approvals)
+    assert result["errors"] == [] and result["status"] == "ready"
+    assert [m["role"] for m in result["messages"]] == ["user", "assistant"]
+    tools = {p["type"]: p for p in result["messages"][-1]["parts"] if p["type"].startswith("tool-")}
+    calc, now = tools["tool-calculator"], tools["tool-current_time"]
+    assert calc["state"] == "output-available" and calc["output"] == "42"
+    assert calc["approval"]["approved"] is True
+    assert now["state"] == "output-denied"
+    assert now["approval"] == {"id": now["toolCallId"], "approved": False, "reason": "Not now."}
+    assert texts_of(result["messages"][-1]) == ["It is 42; the time I may not say."]
+    # One run, and what the model read: the result, and the person's reason.
+    run = (await api.get(f"/v1/runs/{result['messages'][-1]['id']}")).json()
+    assert run["status"] == "completed"  # the message is the run's, continued
+    assert len([r for r in upstream.requests if r.body.get("messages")]) == 2
+    results = [m for m in upstream.requests[-1].body["messages"] if m["role"] == "tool"]
+    assert results[0]["content"] == "42" and "Not now." in results[1]["content"]
+
+
+async def test_an_ai_5_client_sees_the_calls_and_the_run_is_approved_through_the_api(
+    api: httpx.AsyncClient, upstream: FakeUpstream, ai_sdk: None
+) -> None:
+    """`ai` 5 refuses approval parts: with `Threadline-AI-SDK: 5` its stream shows the call and
+    ends while the run waits; a ruling through the REST API finishes the run."""
+    policy = {"tool_approval": {"default": "ask"}}
+    sid = (await new_session(api, config={"tools": [CALCULATOR], "run_policy": policy}))["id"]
+    upstream.script(ToolCall("call_sum", "calculator", '{"expression": "6*7"}'))
+    upstream.script(Text("It is 42."))
+    message = user("6*7?")
+    result = await run_node(
+        api, "send", sid, JS_V5, messages=[message], headers={"Threadline-AI-SDK": "5"}
+    )
+    assert result["errors"] == []
+    types = [c["type"] for c in result["chunks"]]
+    assert "tool-approval-request" not in types and types[-1] == "finish"
+    run_id = run_id_of(result["chunks"])
+    assert (await api.get(f"/v1/runs/{run_id}")).json()["status"] == "awaiting_approval"
+    call = (await api.get(f"/v1/runs/{run_id}/approvals")).json()["approvals"][0]
+    ruled = await api.post(
+        f"/v1/runs/{run_id}/approvals",
+        json={"approvals": [{"tool_call_id": call["tool_call_id"], "decision": "approve"}]},
+    )
+    assert ruled.status_code == 200, ruled.text
+    ended = await api.get(f"/v1/runs/{run_id}", params={"wait": "true", "timeout": 120})
+    assert ended.json()["status"] == "completed" and ended.json()["result"] == "It is 42."

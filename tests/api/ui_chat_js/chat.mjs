@@ -15,6 +15,7 @@ const here = createRequire(join(process.cwd(), "package.json"));
 const {
   AbstractChat,
   DefaultChatTransport,
+  lastAssistantMessageIsCompleteWithApprovalResponses, // `ai` 6 on
   lastAssistantMessageIsCompleteWithToolCalls,
   readUIMessageStream,
   validateUIMessages,
@@ -23,7 +24,7 @@ const {
 const args = JSON.parse(process.argv[2]);
 const transport = new DefaultChatTransport({
   api: args.api,
-  headers: { Authorization: `Bearer ${args.key}` },
+  headers: { Authorization: `Bearer ${args.key}`, ...(args.headers ?? {}) },
   body: args.body ?? {},
 });
 
@@ -116,8 +117,22 @@ async function converse(actions) {
         output: args.toolOutputs[toolCall.toolName],
       });
     },
-    sendAutomaticallyWhen: args.toolOutputs ? lastAssistantMessageIsCompleteWithToolCalls : undefined,
+    sendAutomaticallyWhen: args.toolOutputs
+      ? lastAssistantMessageIsCompleteWithToolCalls
+      : args.approvals
+        ? lastAssistantMessageIsCompleteWithApprovalResponses
+        : undefined,
   });
+  // Tool approvals (`ai` 6 on): each call waiting for one gets args.approvals[toolName]
+  // ({approved, reason}), as a person clicking approve or reject would; useChat then sends the
+  // rulings on its own (sendAutomaticallyWhen).
+  async function rule() {
+    const waiting = (chat.lastMessage?.parts ?? []).filter((p) => p.state === "approval-requested");
+    for (const part of waiting) {
+      const ruling = args.approvals[part.type.slice("tool-".length)];
+      await chat.addToolApprovalResponse({ id: part.approval.id, ...ruling });
+    }
+  }
   for (const action of actions) {
     if (action.send !== undefined) {
       if (action.stopOnText) {
@@ -133,6 +148,7 @@ async function converse(actions) {
       }
       await chat.sendMessage(action.files ? { text: action.send, files: action.files } : { text: action.send });
       chat.chatState.onChange = () => {};
+      if (args.approvals && chat.addToolApprovalResponse) await rule();
     } else if (action.edit !== undefined) {
       // useChat's sendMessage({text, messageId}): the user edits one of their messages.
       const edited = chat.messages.filter((m) => m.role === "user")[action.userIndex];
