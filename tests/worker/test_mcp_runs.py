@@ -5,6 +5,7 @@ errors and unreachable servers land in the journal as tool results, never as a f
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 from collections.abc import Iterator
@@ -124,3 +125,47 @@ async def test_a_server_refusing_its_caller_is_a_warning_and_a_tool_error(
     (result,) = tool_results(await history(api, sid))
     assert result["is_error"] is True
     assert "calc__add" in result["content"]
+
+
+async def test_an_mcp_tool_under_ask_waits_for_a_person_and_runs_once(
+    api: httpx.AsyncClient, upstream: FakeUpstream, mcp_server: McpTestServer
+) -> None:
+    """Approvals apply to MCP tools like any other: the run waits holding no worker, two
+    approvals posted at once are one ruling, the call reaches the server once, and a rejected
+    call never does (the model reads the reason)."""
+    await register(api, "ledger", mcp_server.url, bearer_token=TOKEN)
+    policy = {"tool_approval": {"default": "always", "tools": {"ledger__add": "ask"}}}
+    sid = (await new_session(api, config={"mcp_servers": ["ledger"], "run_policy": policy}))["id"]
+    upstream.script(
+        ToolCall("c1", "ledger__add", json.dumps({"a": 2, "b": 3})),
+        ToolCall("c2", "ledger__add", json.dumps({"a": 9, "b": 9})),
+    )
+    upstream.script(Text("5, and the other was refused."))
+    asked = await api.post(f"/v1/sessions/{sid}/ask", json={"input": "sums", "stream": False})
+    run_id = asked.json()["id"]
+    waiting = await api.get(f"/v1/runs/{run_id}", params={"wait": "true", "timeout": 20})
+    assert waiting.json()["status"] == "awaiting_approval", waiting.text  # wait ends there
+    calls = (await api.get(f"/v1/runs/{run_id}/approvals")).json()["approvals"]
+    assert [c["name"] for c in calls] == ["ledger__add", "ledger__add"]
+    first, second = (c["tool_call_id"] for c in calls)
+
+    body = {
+        "approvals": [
+            {"tool_call_id": first, "decision": "approve"},
+            {"tool_call_id": second, "decision": "reject", "reason": "Too big."},
+        ]
+    }
+    posted = await asyncio.gather(
+        *(api.post(f"/v1/runs/{run_id}/approvals", json=body) for _ in range(2))
+    )
+    assert sorted(p.status_code for p in posted) == [200, 409]
+
+    ended = await api.get(f"/v1/runs/{run_id}", params={"wait": "true", "timeout": 20})
+    assert ended.json()["status"] == "completed", ended.text
+    results = tool_results(await history(api, sid))
+    (rejected,) = [r for r in results if r["is_error"]]
+    (ran,) = [r for r in results if not r["is_error"]]  # once
+    assert ran["content"] == {"text": "5", "structured_content": {"result": 5}}
+    assert "Too big." in rejected["content"]
+    seen = [m["content"] for m in upstream.requests[-1].body["messages"] if m["role"] == "tool"]
+    assert "5" in seen[0] and "Too big." in seen[1] and "18" not in seen[1]
