@@ -146,6 +146,14 @@ async def last_seq(conn: AsyncConnection, run_id: str) -> int:
     return int((await conn.execute(query)).scalar_one())
 
 
+async def last_seq_of_type(conn: AsyncConnection, run_id: str, event_type: str) -> int:
+    """The seq of the run's latest event of `event_type` (0: none)."""
+    query = select(func.coalesce(func.max(run_events.c.seq), 0)).where(
+        run_events.c.run_id == run_id, run_events.c.type == event_type
+    )
+    return int((await conn.execute(query)).scalar_one())
+
+
 async def read_events(
     conn: AsyncConnection, run_id: str, after_seq: int, limit: int = 1000, *, tenant_id: str
 ) -> list[RowMapping]:

@@ -24,6 +24,7 @@ from app.db import journal as journal_db
 from app.db import runs as runs_db
 from app.db import sessions as sessions_db
 from app.eventlog import store as event_store
+from app.eventlog.registry import EventType
 from app.services import approvals, asks, journal, quotas, runs
 from app.services.errors import Conflict, Invalid, session_not_found
 from app.services.handoff import RunHandoff
@@ -265,11 +266,29 @@ async def submit_answers(
         raise Conflict("run_not_waiting", "the chat has no run waiting for tool outputs", {})
     async with engine.connect() as conn:
         seen = (await event_store.read_backlog(conn, run.id, event_store.MAX_EVENT_SEQ, 1)).last_seq
+        if run.status != RunStatus.AWAITING_APPROVAL and _ruled(message):
+            # Every call was ruled on through the API already (edited arguments) and the run
+            # went on: the client's stream ended where the run began to wait.
+            waited = EventType.RUN_AWAITING_APPROVAL
+            return ToolOutputs(run.id, await event_store.last_seq_of_type(conn, run.id, waited))
     if run.status == RunStatus.AWAITING_APPROVAL:
-        await approvals.answer(engine, tenant_id, run.id, _rulings(message))
+        # Calls ruled on already (through the API, e.g. with edited arguments) are left be.
+        waiting = {
+            a.tool_call_id
+            for a in (await approvals.run_approvals(engine, tenant_id, run.id)).approvals
+            if a.decision is None
+        }
+        rulings = [r for r in _rulings(message) if r.tool_call_id in waiting]
+        if rulings:
+            await approvals.answer(engine, tenant_id, run.id, rulings)
         return ToolOutputs(run.id, seen)
     await runs.submit_tool_outputs(engine, tenant_id, run.id, _tool_outputs(message))
     return ToolOutputs(run.id, seen)
+
+
+def _ruled(message: dict[str, Any]) -> bool:
+    parts = message.get("parts") or []
+    return any(isinstance(p, dict) and p.get("state") == "approval-responded" for p in parts)
 
 
 def _rulings(message: dict[str, Any]) -> list[approvals.Answer]:

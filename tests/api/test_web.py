@@ -28,7 +28,15 @@ from app.main import create_app
 from testkit.browser import WAIT_MS, chromium_binary, launched_chromium
 from testkit.path_proxy import path_proxy
 from testkit.server import serve_in_thread, stop_thread_server
-from testkit.upstream import FailMidStream, FakeUpstream, Hold, RedactedThinking, Text, Thinking
+from testkit.upstream import (
+    FailMidStream,
+    FakeUpstream,
+    Hold,
+    RedactedThinking,
+    Text,
+    Thinking,
+    ToolCall,
+)
 from tests.conftest import issue_key
 from tests.documents import pdf
 from tests.e2e import create_database, e2e_env
@@ -794,3 +802,53 @@ def test_a_session_started_from_an_agent_runs_its_latest_version(
     assert (session["agent"]["name"], session["agent"]["version"]) == (name, 2)
     system = upstream.requests[-1].body["messages"][0]
     assert system == {"role": "system", "content": "You are the helpdesk, v2."}
+
+
+def test_a_call_waiting_for_approval_is_approved_edited_or_rejected_on_the_page(
+    browser: Browser, served: Served, upstream: FakeUpstream
+) -> None:
+    """Calls under `ask` show their arguments with Approve, Edit arguments and Reject; the
+    rulings go back and the same answer streams on: the edited call ran with the person's
+    arguments, the rejected one never ran and the model read why."""
+    calculator = {"name": "calculator", "kind": "builtin"}
+    policy = {"tool_approval": {"default": "ask"}}
+    with api(served) as client:
+        config = {"tools": [calculator], "run_policy": policy}
+        session = client.post("/v1/sessions", json={"config": config}).json()
+    upstream.clear()
+    upstream.script(
+        ToolCall("c1", "calculator", '{"expression": "6*7"}'),
+        ToolCall("c2", "calculator", '{"expression": "2**10"}'),
+    )
+    upstream.script(Text("Done: one ran, one was refused."))
+    page = signed_in(browser, served)
+    try:
+        open_session(page, served, session["id"])
+        box = page.get_by_label("Message", exact=True)
+        box.fill("Two sums, please.")
+        box.press("Enter")
+        expect(page.locator("fieldset.approval")).to_have_count(2)
+        first, second = (
+            page.locator("fieldset.approval").first,
+            page.locator("fieldset.approval").last,
+        )
+        expect(first).to_contain_text("6*7")
+        shot(page, "13-approval")
+        first.get_by_role("button", name="Edit arguments").click()
+        first.get_by_label("Arguments (JSON)").fill('{"expression": "not json')
+        first.get_by_role("button", name="Approve with these arguments").click()
+        expect(first.get_by_role("alert")).to_have_text("The arguments are not JSON.")
+        first.get_by_label("Arguments (JSON)").fill('{"expression": "6*6"}')
+        first.get_by_role("button", name="Approve with these arguments").click()
+        second.get_by_label("Reason to reject (optional)").fill("Too big.")
+        second.get_by_role("button", name="Reject").click()
+        expect(assistant_text(page)).to_contain_text("Done: one ran, one was refused.")
+        shot(page, "14-approved")
+    finally:
+        page.close()
+    with api(served) as client:
+        entries = client.get(f"/v1/sessions/{session['id']}/entries").json()["data"]
+    results = [e["payload"] for e in entries if e["kind"] == "tool_result"]
+    ran = [r for r in results if not r["is_error"]]
+    assert len(results) == 2 and len(ran) == 1 and "36" in str(ran[0]["content"])
+    assert any("Too big." in str(r["content"]) for r in results if r["is_error"])

@@ -68,6 +68,8 @@ export function makeApi(key) {
         "Idempotency-Key": `ui-compact-${crypto.randomUUID()}`,
       }),
     waitRun: (id) => call("GET", `/v1/runs/${id}?wait=true&timeout=600`),
+    // A ruling on a call the run waits on: {tool_call_id, decision, arguments?, reason?}.
+    rule: (runId, ruling) => call("POST", `/v1/runs/${runId}/approvals`, { approvals: [ruling] }),
     // A run's events (SSE) to onEvent(type, data) as they come, up to its terminal one; then the
     // run. Without a stream (events already pruned), the run once it has ended.
     async followRun(id, onEvent) {

@@ -1,5 +1,5 @@
 import { useChat } from "@ai-sdk/react";
-import { DefaultChatTransport } from "ai";
+import { DefaultChatTransport, lastAssistantMessageIsCompleteWithApprovalResponses } from "ai";
 import { useCallback, useEffect, useMemo, useRef, useState } from "react";
 import { createRoot } from "react-dom/client";
 import { ApiError, apiUrl, entriesToMessages, excerptPieces, makeApi, openRun } from "./api.js";
@@ -337,15 +337,35 @@ function Conversation({ api, apiKey, session, initial, rejoin, onChanged, onOpen
     [apiKey],
   );
   const reload = useRef(null);
-  const { messages, sendMessage, setMessages, status, stop, error, regenerate } = useChat({
+  const { messages, sendMessage, setMessages, status, stop, error, regenerate, addToolApprovalResponse } = useChat({
     id: session.id,
     messages: initial,
     transport,
+    // Once every call waiting for a person is ruled on, the rulings go back and the run goes on.
+    sendAutomaticallyWhen: lastAssistantMessageIsCompleteWithApprovalResponses,
     resume: rejoin, // a run in progress (a reload left it): rejoin its stream
-    onFinish: () => reload.current?.(),
+    // The journal's version once a run ends; not while it waits for a person's rulings (the
+    // streamed message holds the approval requests).
+    onFinish: ({ message }) => message?.parts?.some((p) => p.state === "approval-requested") || reload.current?.(),
     // The run has started: the user's message is in the journal (the meter, the list).
     onData: (part) => part.type === "data-threadline-run" && onChanged(),
   });
+  // A ruling: approve or reject through useChat (the rulings go back with its next request);
+  // edited arguments through the API first (the protocol has no place for them), then the
+  // same. Returns a problem to show (arguments the tool's schema refuses), or null.
+  const rule = async (message, part, { approved, reason, arguments: edited }) => {
+    if (edited !== undefined) {
+      const runId = message.parts.find((p) => p.type === "data-threadline-run")?.data.runId ?? message.id;
+      try {
+        await api.rule(runId, { tool_call_id: part.toolCallId, decision: "approve", arguments: edited });
+      } catch (error) {
+        if (error instanceof ApiError) return error.message;
+        throw error;
+      }
+    }
+    await addToolApprovalResponse({ id: part.approval.id, approved, reason });
+    return null;
+  };
   reload.current = async () => {
     try {
       setMessages(entriesToMessages(await api.entries(session.id)));
@@ -435,7 +455,7 @@ function Conversation({ api, apiKey, session, initial, rejoin, onChanged, onOpen
       <ol className="messages" aria-label="Conversation">
         {messages.length === 0 && <li className="empty"><p>Say something to start. Answers come from {session.config.model}{session.agent ? ` (agent ${session.agent.name}, version ${session.agent.version})` : ""}.</p></li>}
         {messages.map((message) => (
-          <Message key={message.id} message={message} summarized={message.role !== "system" && message.metadata?.seq <= summarizedThrough} streaming={busy && message === messages[messages.length - 1] && message.role === "assistant"} onBranch={busy ? null : branch} />
+          <Message key={message.id} message={message} summarized={message.role !== "system" && message.metadata?.seq <= summarizedThrough} streaming={busy && message === messages[messages.length - 1] && message.role === "assistant"} onBranch={busy ? null : branch} onRule={rule} />
         ))}
         <li ref={end} aria-hidden="true" className="end" />
       </ol>
@@ -510,7 +530,7 @@ function Conversation({ api, apiKey, session, initial, rejoin, onChanged, onOpen
   );
 }
 
-function Message({ message, summarized, streaming, onBranch }) {
+function Message({ message, summarized, streaming, onBranch, onRule }) {
   const seq = message.metadata?.seq;
   const parts = message.parts;
   // A retried model turn: what came before the last reset was voided; the answer follows it.
@@ -543,7 +563,7 @@ function Message({ message, summarized, streaming, onBranch }) {
       )}
       <div className="body" aria-live={streaming ? "polite" : undefined} aria-busy={streaming || undefined}>
         {shown.map((part, i) => (
-          <Part key={i} part={part} />
+          <Part key={i} part={part} onRule={(ruling) => onRule(message, part, ruling)} />
         ))}
         {aborted && <p className="meta">(stopped: the answer is incomplete)</p>}
       </div>
@@ -556,7 +576,50 @@ function Message({ message, summarized, streaming, onBranch }) {
   );
 }
 
-function Part({ part }) {
+// A call waiting for a person: approve, approve with edited arguments, or reject with a reason.
+function Approval({ part, onRule }) {
+  const [editing, setEditing] = useState(false);
+  const [args, setArgs] = useState(JSON.stringify(part.input ?? {}, null, 2));
+  const [reason, setReason] = useState("");
+  const [problem, setProblem] = useState(null);
+  const name = part.toolName ?? part.type.slice(5);
+  const approveEdited = async () => {
+    let parsed;
+    try {
+      parsed = JSON.parse(args);
+    } catch {
+      setProblem("The arguments are not JSON.");
+      return;
+    }
+    setProblem(await onRule({ approved: true, arguments: parsed }));
+  };
+  return (
+    <fieldset className="approval">
+      <legend>
+        Approve <code>{name}</code>?
+      </legend>
+      {editing ? (
+        <>
+          <label htmlFor={`args-${part.toolCallId}`}>Arguments (JSON)</label>
+          <textarea id={`args-${part.toolCallId}`} rows={4} value={args} onChange={(e) => setArgs(e.target.value)} />
+          <button type="button" onClick={approveEdited}>Approve with these arguments</button>
+        </>
+      ) : (
+        <>
+          <pre>{JSON.stringify(part.input, null, 2)}</pre>
+          <button type="button" onClick={() => onRule({ approved: true })}>Approve</button>
+          <button type="button" className="quiet" onClick={() => setEditing(true)}>Edit arguments</button>
+        </>
+      )}
+      <label htmlFor={`reason-${part.toolCallId}`}>Reason to reject (optional)</label>
+      <input id={`reason-${part.toolCallId}`} value={reason} onChange={(e) => setReason(e.target.value)} />
+      <button type="button" className="quiet" onClick={() => onRule({ approved: false, reason: reason.trim() || undefined })}>Reject</button>
+      {problem && <p role="alert" className="error">{problem}</p>}
+    </fieldset>
+  );
+}
+
+function Part({ part, onRule }) {
   if (part.type === "text") return part.text ? <p className="text">{part.text}</p> : null;
   if (part.type === "reasoning") {
     // The model's thinking, folded: it led to the answer but is not the answer.
@@ -569,6 +632,9 @@ function Part({ part }) {
     );
   }
   if (part.type === "file") return <p className="attachment">{part.filename ?? part.mediaType}</p>;
+  if ((part.type === "dynamic-tool" || part.type.startsWith("tool-")) && part.state === "approval-requested") {
+    return <Approval part={part} onRule={onRule} />;
+  }
   if (part.type === "dynamic-tool" || part.type.startsWith("tool-")) {
     const name = part.toolName ?? part.type.slice(5);
     const done = part.state === "output-available" || part.state === "output-error";
