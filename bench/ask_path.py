@@ -33,12 +33,12 @@ from bench.streams import (
     client_for,
     cpu_seconds,
     create_sessions,
-    postgres_cpu,
     print_header,
     run_loop,
     served,
     tenant_key,
     timed_ask,
+    tree_cpu,
 )
 
 QUICK = "--quick" in sys.argv[1:] or os.environ.get("BENCH_QUICK", "") not in ("", "0")
@@ -93,7 +93,7 @@ async def snapshot(conn: asyncpg.Connection, pids: Pids) -> Snapshot:
     return Snapshot(
         calls,
         cpu_seconds(pids.server),
-        postgres_cpu(pids.postmaster),
+        tree_cpu(pids.postmaster),
         time.perf_counter(),
     )
 

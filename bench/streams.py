@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import math
 import os
 import re
 import shutil
@@ -69,7 +70,7 @@ T = TypeVar("T")
 MODEL = "openai:gpt-4o-mini"
 # `--quick` or BENCH_QUICK=1: fewer asks, the first steps only, a shorter stall.
 QUICK = "--quick" in sys.argv[1:] or os.environ.get("BENCH_QUICK", "") not in ("", "0")
-STEPS = (100, 250) if QUICK else (100, 250, 500, 750, 1000)
+STEPS = (50, 100) if QUICK else (50, 100, 150, 200, 300, 500, 750, 1000)
 SEQUENTIAL_ASKS, WARMUP_ASKS = (30, 5) if QUICK else (100, 5)
 BURST = 200
 FLOOR_INSERTS, FLOOR_WARMUP = 200, 10
@@ -83,6 +84,7 @@ SLOW_STREAMS, SLOW_STALLED = 100, 10
 STALL_SECONDS = 10.0 if QUICK else 30.0
 STALL_AFTER_DELTAS = 25  # a stalled reader stops reading after this many deltas
 CREATE_CONCURRENCY = 32
+SETTLE_SECONDS = 0.5  # after the last plain ask, before its CPU is read
 TAG = re.compile(r"bench-[0-9a-f]{12}")
 THREADLINE = os.path.join(os.path.dirname(sys.executable), "threadline")
 # BENCH_PROFILE=<dir>: py-spy samples each server while it is measured, into <dir>/<name>.txt.
@@ -203,7 +205,9 @@ def launched(name: str, command: list[str], env: dict[str, str], port: int) -> I
     logs = Path(tempfile.mkdtemp(prefix=f"threadline-bench-{name}-"))
     log = logs / f"{name}.log"
     with log.open("wb") as sink:
-        process = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            on_server_core(command), env=env, stdout=sink, stderr=subprocess.STDOUT
+        )
     profiler: subprocess.Popen[bytes] | None = None
     try:
         wait_ready(url, process, log)
@@ -270,18 +274,82 @@ def cpu_seconds(pid: int, *, reaped_children: bool = False) -> float:
     return sum(int(f) for f in fields[11 : 15 if reaped_children else 13]) / CLOCK_TICKS
 
 
-def postgres_cpu(postmaster: int) -> float:
-    """The postmaster, its live backends, and the backends it has reaped."""
-    total = cpu_seconds(postmaster, reaped_children=True)
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+def tree_cpu(root: int) -> float:
+    """A process, its live descendants, and the children it has reaped (Postgres's postmaster
+    and its backends; `threadline serve` and its worker processes)."""
+    parents = parent_pids()
+    total = cpu_seconds(root, reaped_children=True)
+    for pid in descendants(root, parents):
         try:
-            if int(stat_fields(int(entry.name))[1]) == postmaster:
-                total += cpu_seconds(int(entry.name))
+            total += cpu_seconds(pid)
         except (OSError, IndexError, ValueError):
             continue  # gone meanwhile
     return total
+
+
+def parent_pids() -> dict[int, int]:
+    """Every live process's parent, by pid."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int(stat_fields(int(entry.name))[1])
+            except (OSError, IndexError, ValueError):
+                continue  # gone meanwhile
+    return parents
+
+
+def descendants(root: int, parents: dict[int, int]) -> list[int]:
+    """The pids under `root`, from a pid -> parent pid map."""
+    children: dict[int, list[int]] = {}
+    for pid, parent in parents.items():
+        children.setdefault(parent, []).append(pid)
+    found, todo = [], list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(children.get(pid, []))
+    return found
+
+
+# --- Pinning -------------------------------------------------------------------------------
+# The server under test (Threadline or the relay) on SERVER_CORE; this process (the load
+# generator and the fake upstream's thread) and Postgres on LOAD_CORE, so that both servers
+# get the same one core and the load generator does not take CPU from either.
+LOAD_CORE, SERVER_CORE = 0, 1
+PINNED = {LOAD_CORE, SERVER_CORE} <= os.sched_getaffinity(0)
+
+
+def pin_load_generator() -> None:
+    """Pin this process to LOAD_CORE before it starts threads or Postgres: both inherit it."""
+    if PINNED:
+        os.sched_setaffinity(0, {LOAD_CORE})
+
+
+def pin_tree(root: int, core: int) -> None:
+    """Pin a running process and its descendants (a postmaster started elsewhere) to `core`."""
+    if not PINNED:
+        return
+    parents = parent_pids()
+    for pid in (root, *descendants(root, parents)):
+        try:
+            os.sched_setaffinity(pid, {core})
+        except OSError:
+            continue  # gone meanwhile
+
+
+def on_server_core(command: list[str]) -> list[str]:
+    """`command` pinned to SERVER_CORE with taskset (its child processes inherit the pin)."""
+    return ["taskset", "-c", str(SERVER_CORE), *command] if PINNED else command
+
+
+def pinning() -> str:
+    if not PINNED:
+        return f"none (cores {sorted(os.sched_getaffinity(0))} available; needs 0 and 1)"
+    return (
+        f"server under test on core {SERVER_CORE} (taskset); load generator, fake upstream and"
+        f" Postgres on core {LOAD_CORE}"
+    )
 
 
 @dataclass(frozen=True)
@@ -314,8 +382,8 @@ def cpu_sample(processes: dict[str, int], postmaster: int) -> CpuSample:
     own = os.times()
     return CpuSample(
         wall=time.perf_counter(),
-        processes={name: cpu_seconds(pid) for name, pid in processes.items()},
-        postgres=postgres_cpu(postmaster),
+        processes={name: tree_cpu(pid) for name, pid in processes.items()},
+        postgres=tree_cpu(postmaster),
         bench=own.user + own.system,
         machine=machine_cpu(),
     )
@@ -580,15 +648,37 @@ def report_overhead(
         report(area, "  first error", error)
 
 
+@dataclass
+class Figures:
+    """One server's figures for the comparison table (ms, streams)."""
+
+    overhead_p50: float = float("nan")
+    overhead_p99: float = float("nan")
+    burst_p99: float = float("nan")  # first token, everything included
+    burst_complete: bool = False
+    cpu_per_ask: float = float("nan")
+    streams: int | None = None
+
+
 async def bench_overhead(
     client: httpx.AsyncClient, upstream: TimedUpstream, pids: Pids, floor: float | None
-) -> None:
+) -> Figures:
     area = f"{pids.name[:6]} ask"
+    figures = Figures()
     sessions = await create_sessions(client, WARMUP_ASKS + SEQUENTIAL_ASKS)
+    for session in sessions[:WARMUP_ASKS]:
+        await timed_ask(client, upstream, session)
     before = server_cpu(pids)
-    sequential = [await timed_ask(client, upstream, s) for s in sessions]
-    report_overhead(area, "1 at a time, overhead", sequential[WARMUP_ASKS:], floor)
-    report(area, "  cpu", cpu_use(before, server_cpu(pids)))
+    sequential = [await timed_ask(client, upstream, s) for s in sessions[WARMUP_ASKS:]]
+    await asyncio.sleep(SETTLE_SECONDS)  # the runs' ends and any work after them, counted
+    after = server_cpu(pids)
+    report_overhead(area, "1 at a time, overhead", sequential, floor)
+    report(area, "  cpu", cpu_use(before, after))
+    used = after.processes[pids.name] - before.processes[pids.name]
+    figures.cpu_per_ask = used / len(sequential) * 1000
+    report(area, "  server cpu per ask", f"{figures.cpu_per_ask:.2f} ms (the process tree's)")
+    samples = [o for st, tr in sequential if (o := overhead_ms(st, tr)) is not None]
+    figures.overhead_p50, figures.overhead_p99 = percentile(samples, 50), percentile(samples, 99)
 
     for round_ in ("warm-up", "measured"):
         sessions = await create_sessions(client, BURST)
@@ -597,7 +687,13 @@ async def bench_overhead(
         if round_ == "measured":
             report_overhead(area, f"{BURST} at once, overhead", burst, floor)
             report(area, "  cpu", cpu_use(before, server_cpu(pids)))
+            firsts = [f for st, _ in burst if (f := first_token_ms(st)) is not None]
+            figures.burst_p99 = percentile(firsts, 99)
+            figures.burst_complete = integrity(
+                [st for st, _ in burst], "".join(OVERHEAD_TEXTS)
+            ).clean
         upstream.clear()
+    return figures
 
 
 # --- 2. Concurrent streams ------------------------------------------------------------------
@@ -702,7 +798,8 @@ def report_step(area: str, step: StepResult) -> None:
 async def bench_streams(
     client: httpx.AsyncClient, upstream: TimedUpstream, pids: Pids
 ) -> int | None:
-    """Step N up while the bound holds; returns the largest N that met it."""
+    """Step N up while the bound holds; returns the largest N that met it. (Each server
+    steps until it misses the bound itself: the stepping ends once both have.)"""
     area = f"{pids.name[:6]} N"
     started = time.monotonic()
     best: int | None = None
@@ -787,6 +884,7 @@ async def print_header(
         postmaster = int(stat_fields(backend)[1])  # while the backend lives
     finally:
         await conn.close()
+    pin_tree(postmaster, LOAD_CORE)
     print(title + (" (quick)" if QUICK else ""))
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"machine:  {os.cpu_count()} cores, load average {load} at start")
@@ -797,6 +895,7 @@ async def print_header(
     if relay:
         print("relay:    bench/relay.py (Starlette + uvicorn + openai SDK, no database) in its own")
     print("upstream: FakeUpstream (OpenAI streaming) in a thread of this process")
+    print(f"pinning:  {pinning()}")
     print(f"client:   httpx {httpx.__version__} in this process, {loop_name()}")
     if relay:
         print(
@@ -821,25 +920,89 @@ async def run(database_url: str, upstream: TimedUpstream) -> None:
     floor = await floor_ms(database_url)
     report("floor", "durable 1-row INSERT (asyncpg)", f"{spread(floor)} over {FLOOR_INSERTS}")
     floor_p50 = percentile(floor, 50)
-    capacity: dict[str, int | None] = {}
+    figures: dict[str, Figures] = {}
     with relayed(upstream) as relay:
         pids = Pids(relay.name, relay.pid, postmaster)
         async with client_for(relay, "relay", max(BURST, *STEPS)) as client:
-            await bench_overhead(client, upstream, pids, None)
-            capacity[relay.name] = await bench_streams(client, upstream, pids)
+            figures[relay.name] = await bench_overhead(client, upstream, pids, None)
+            figures[relay.name].streams = await bench_streams(client, upstream, pids)
     key = await tenant_key(database_url)
     with served(database_url, upstream) as server:
         pids = Pids(server.name, server.pid, postmaster)
         async with client_for(server, key, max(BURST, *STEPS)) as client:
-            await bench_overhead(client, upstream, pids, floor_p50)
-            capacity[server.name] = await bench_streams(client, upstream, pids)
+            figures[server.name] = await bench_overhead(client, upstream, pids, floor_p50)
+            figures[server.name].streams = await bench_streams(client, upstream, pids)
             await bench_slow_readers(client, upstream, pids)
-    relay_n, threadline_n = capacity["relay"], capacity["threadline"]
-    report(
-        "streams",
-        "largest N: threadline / relay",
-        f"{threadline_n or 0} / {relay_n or 0} (steps {', '.join(map(str, STEPS))})",
-    )
+    print_comparison(figures["threadline"], figures["relay"])
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the comparison: a figure, Threadline's and the relay's, and the target as
+    the largest (or with `at_least`, the smallest) ratio to the relay that meets it."""
+
+    figure: str
+    threadline: float
+    relay: float
+    target: float
+    at_least: bool = False
+    unit: str = "ms"
+    also: bool = True  # a further condition (every ask completed)
+
+    @property
+    def ratio(self) -> float:
+        return self.threadline / self.relay if self.relay else float("nan")
+
+    @property
+    def met(self) -> bool:
+        ratio = self.ratio
+        return self.also and (ratio >= self.target if self.at_least else ratio <= self.target)
+
+
+def print_table(title: str, rows: Sequence[Row], names: tuple[str, str]) -> None:
+    """The figures side by side, with ratio, target and verdict (a NaN is never met)."""
+    print()
+    print(title + ("; pinned" if PINNED else "; NOT pinned") + (", quick run" if QUICK else ""))
+    width = max(len(r.figure) for r in rows)
+    head = f"{'figure':<{width}}  {names[0]:>11}  {names[1]:>11}  {'ratio':>6}  {'target':>8}"
+    print(head + "  verdict")
+    for r in rows:
+        target = f"{'>=' if r.at_least else '<='}{r.target:g}x"
+        ratio = "n/a" if math.isnan(r.ratio) else f"{r.ratio:.2f}x"
+        print(
+            f"{r.figure:<{width}}  {r.threadline:>8.1f} {r.unit:<2}  {r.relay:>8.1f} {r.unit:<2}"
+            f"  {ratio:>6}  {target:>8}  {'met' if r.met else 'NOT met'}"
+        )
+
+
+def print_comparison(threadline: Figures, relay: Figures) -> None:
+    rows = [
+        Row("1. ask overhead p50, one at a time", threadline.overhead_p50, relay.overhead_p50, 2),
+        Row("1. ask overhead p99, one at a time", threadline.overhead_p99, relay.overhead_p99, 3),
+        Row(
+            f"2. burst of {BURST}: first token p99",
+            threadline.burst_p99,
+            relay.burst_p99,
+            3,
+            also=threadline.burst_complete,
+        ),
+        Row(
+            "3. concurrent streams within the bound",
+            float(threadline.streams or 0),
+            float(relay.streams or 0),
+            0.75,
+            at_least=True,
+            unit="",
+        ),
+        Row(
+            "4. server cpu per ask (per relayed request)",
+            threadline.cpu_per_ask,
+            relay.cpu_per_ask,
+            3,
+        ),
+    ]
+    print_table("Threadline beside the relay, same run", rows, ("threadline", "relay"))
+    print(f"(steps {', '.join(map(str, STEPS))}; statements per ask: bench.ask_path)")
 
 
 def loop_name() -> str:
@@ -858,6 +1021,7 @@ def run_loop(main: Coroutine[Any, Any, T]) -> T:
 
 
 def main() -> None:
+    pin_load_generator()
     with throwaway_cluster("threadline-bench-") as database_url, TimedUpstream() as upstream:
         run_loop(run(database_url, upstream))
 

@@ -27,9 +27,13 @@ from app.db.embedded import throwaway_cluster
 from app.openai_api.items import conversation_id
 from bench.journal import report
 from bench.streams import (
+    BURST,
     MODEL,
     OVERHEAD_TEXTS,
+    SETTLE_SECONDS,
     STREAM_TIMEOUT,
+    Pids,
+    Row,
     Stream,
     TimedUpstream,
     Trace,
@@ -38,11 +42,14 @@ from bench.streams import (
     create_sessions,
     new_tag,
     percentile,
+    pin_load_generator,
     print_header,
+    print_table,
     run_loop,
     served,
     spread,
     tenant_key,
+    tree_cpu,
 )
 
 QUICK = "--quick" in sys.argv[1:] or os.environ.get("BENCH_QUICK", "") not in ("", "0")
@@ -132,8 +139,9 @@ async def openai_responses(client: httpx.AsyncClient, session_id: str, tag: str)
 
 
 Surface = Callable[[httpx.AsyncClient, str, str], Awaitable[Asked]]
+NATIVE = "native POST /v1/sessions/{id}/ask"
 SURFACES: dict[str, Surface] = {
-    "native POST /v1/sessions/{id}/ask": native,
+    NATIVE: native,
     "AI SDK POST /v1/ui/chat": ai_sdk,
     "OpenAI POST /openai/v1/responses": openai_responses,
 }
@@ -153,45 +161,130 @@ async def timed(
     return await surface(client, session_id, tag), trace
 
 
-async def run(database_url: str, upstream: TimedUpstream) -> None:
-    await print_header(database_url, "Threadline ask overhead by surface", relay=False)
-    key = await tenant_key(database_url)
-    results: dict[str, list[tuple[Asked, Trace]]] = {name: [] for name in SURFACES}
-    with served(database_url, upstream) as server:
-        async with client_for(server, key, 8) as client:
-            sessions = await create_sessions(client, (WARMUP + ASKS) * len(SURFACES))
-            for round_ in range(WARMUP + ASKS):
-                for name, surface in SURFACES.items():
-                    result = await timed(client, upstream, surface, sessions.pop())
-                    if round_ >= WARMUP:
-                        results[name].append(result)
-    area = "ask overhead"
-    report(area, "asks per surface (one at a time, taking turns)", str(ASKS))
-    native_p50: float | None = None
+@dataclass
+class SurfaceFigures:
+    overheads: list[float]  # ms, one at a time
+    wrong: int  # asks without the whole answer
+    first_error: str | None
+    cpu_seconds: float = 0.0  # the server's, over this surface's one-at-a-time asks
+    burst_p99: float = float("nan")  # first token, all included, BURST at once
+    burst_wrong: int = 0
+
+
+async def one_at_a_time(
+    client: httpx.AsyncClient, upstream: TimedUpstream, pids: Pids
+) -> dict[str, SurfaceFigures]:
+    """Every surface's overhead and CPU per ask, the surfaces taking turns. An ask's CPU is
+    the server's from its start to the next ask's start (what it leaves running is counted)."""
+    done: dict[str, list[tuple[Asked, Trace]]] = {name: [] for name in SURFACES}
+    cpu = dict.fromkeys(SURFACES, 0.0)
+    sessions = await create_sessions(client, (WARMUP + ASKS) * len(SURFACES))
+    measured: str | None = None
+    mark = tree_cpu(pids.server)
+    for round_ in range(WARMUP + ASKS):
+        for name, surface in SURFACES.items():
+            now = tree_cpu(pids.server)
+            if measured is not None:
+                cpu[measured] += now - mark
+            mark, measured = now, (name if round_ >= WARMUP else None)
+            result = await timed(client, upstream, surface, sessions.pop())
+            if round_ >= WARMUP:
+                done[name].append(result)
+    await asyncio.sleep(SETTLE_SECONDS)
+    if measured is not None:
+        cpu[measured] += tree_cpu(pids.server) - mark
     expected = "".join(OVERHEAD_TEXTS)
-    for name, done in results.items():
-        samples = [o for a, t in done if (o := overhead_ms(a, t)) is not None]
-        wrong = sum(a.text != expected for a, _ in done)
-        report(area, name, f"{spread(samples)} over {len(samples)}")
-        firsts = [(a.first - a.started) * 1000 for a, _ in done if a.first is not None]
-        report(area, "  first token, all included", spread(firsts))
-        p50 = percentile(samples, 50)
-        if native_p50 is None:
-            native_p50 = p50
-        else:
-            ratio = p50 / native_p50
-            verdict = "within" if ratio <= TARGET else "NOT within"
+    return {
+        name: SurfaceFigures(
+            [o for a, t in results if (o := overhead_ms(a, t)) is not None],
+            sum(a.text != expected for a, _ in results),
+            next((a.error for a, _ in results if a.error), None),
+            cpu[name],
+        )
+        for name, results in done.items()
+    }
+
+
+async def burst(
+    client: httpx.AsyncClient, upstream: TimedUpstream, surface: Surface
+) -> tuple[float, int]:
+    """BURST asks at once through `surface`: first token p99 (ms) and the asks without the
+    whole answer."""
+    sessions = await create_sessions(client, BURST)
+    results = await asyncio.gather(*(timed(client, upstream, surface, s) for s in sessions))
+    upstream.clear()
+    firsts = [(a.first - a.started) * 1000 for a, _ in results if a.first is not None]
+    expected = "".join(OVERHEAD_TEXTS)
+    return percentile(firsts, 99), sum(a.text != expected for a, _ in results)
+
+
+async def run(database_url: str, upstream: TimedUpstream) -> None:
+    postmaster = await print_header(database_url, "Threadline ask overhead by surface", relay=False)
+    key = await tenant_key(database_url)
+    with served(database_url, upstream) as server:
+        pids = Pids(server.name, server.pid, postmaster)
+        async with client_for(server, key, BURST) as client:
+            figures = await one_at_a_time(client, upstream, pids)
+            await burst(client, upstream, native)  # warm-up: the pools fill
+            for name, surface in SURFACES.items():
+                figures[name].burst_p99, figures[name].burst_wrong = await burst(
+                    client, upstream, surface
+                )
+    area = "surface"
+    report(area, "asks per surface (one at a time, taking turns)", str(ASKS))
+    for name, got in figures.items():
+        report(area, name, f"{spread(got.overheads)} over {len(got.overheads)}")
+        report(area, "  server cpu per ask", f"{got.cpu_seconds / ASKS * 1000:.2f} ms")
+        report(area, f"  {BURST} at once, first token p99", f"{got.burst_p99:.1f} ms")
+        if got.wrong or got.burst_wrong:
             report(
                 area,
-                "  p50 ratio to native",
-                f"{ratio:.2f} ({verdict} {round((TARGET - 1) * 100)} %)",
+                "  asks without the whole answer",
+                f"{got.wrong} one at a time, {got.burst_wrong} at once;"
+                f" first error: {got.first_error}",
             )
-        if wrong:
-            first_error = next((a.error for a, _ in done if a.error), None)
-            report(area, "  asks without the whole answer", f"{wrong}; first error: {first_error}")
+    base = figures[NATIVE]
+    rows = []
+    for name, got in figures.items():
+        if name == NATIVE:
+            continue
+        short = name.split(" POST")[0]
+        complete = not (got.wrong or got.burst_wrong)
+        rows += [
+            Row(
+                f"7. {short}: overhead p50",
+                percentile(got.overheads, 50),
+                percentile(base.overheads, 50),
+                TARGET,
+                also=complete,
+            ),
+            Row(
+                f"7. {short}: overhead p99",
+                percentile(got.overheads, 99),
+                percentile(base.overheads, 99),
+                TARGET,
+                also=complete,
+            ),
+            Row(
+                f"7. {short}: burst first token p99",
+                got.burst_p99,
+                base.burst_p99,
+                TARGET,
+                also=complete,
+            ),
+            Row(
+                f"7. {short}: server cpu per ask",
+                got.cpu_seconds / ASKS * 1000,
+                base.cpu_seconds / ASKS * 1000,
+                TARGET,
+                also=complete,
+            ),
+        ]
+    print_table("Each surface beside the native ask, same run", rows, ("surface", "native"))
 
 
 def main() -> None:
+    pin_load_generator()
     with throwaway_cluster("threadline-bench-") as database_url, TimedUpstream() as upstream:
         run_loop(run(database_url, upstream))
 
