@@ -20,6 +20,7 @@ class Steer:
     content: str | list[dict[str, Any]]
     model: str
     params: dict[str, Any]
+    idempotency_key: str | None = None
 
     @classmethod
     def from_row(cls, row: RowMapping) -> Steer:
@@ -31,6 +32,7 @@ class Steer:
             row["content"],
             row["model"],
             dict(row["params"]),
+            row["idempotency_key"],
         )
 
 
@@ -44,8 +46,15 @@ async def insert_steer(conn: AsyncConnection, steer: Steer) -> None:
             content=steer.content,
             model=steer.model,
             params=steer.params,
+            idempotency_key=steer.idempotency_key,
         )
     )
+
+
+async def find_by_idempotency_key(conn: AsyncConnection, session_id: str, key: str) -> Steer | None:
+    query = select(steers).where(steers.c.session_id == session_id, steers.c.idempotency_key == key)
+    row = (await conn.execute(query)).mappings().one_or_none()
+    return None if row is None else Steer.from_row(row)
 
 
 async def any_pending(conn: AsyncConnection, run_id: str) -> bool:

@@ -396,9 +396,12 @@ steers = Table(
     Column("next_run_id", UUID(as_uuid=False)),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("settled_at", DateTime(timezone=True)),
+    # The ask's Idempotency-Key: a repeated steer is the same steer, committed once.
+    Column("idempotency_key", Text),
     CheckConstraint(
         "status IN ('pending', 'delivered', 'next_run', 'journaled')", name="steers_status"
     ),
+    UniqueConstraint("session_id", "idempotency_key", name="steers_idempotency_key"),
     Index("steers_pending", "run_id", postgresql_where=text("status = 'pending'")),
 )
 

@@ -120,6 +120,9 @@ async def ask(
         earlier = await run_by_idempotency_key(engine, tenant_id, session_id, key)
         if earlier is not None:
             return AskResult(earlier, created=False)
+        steered = await steer_by_idempotency_key(engine, tenant_id, key, session_id)
+        if steered is not None:
+            return steered
     # Validation, before anything is written: the content suits every provider, the policy
     # resolves, and the ask fits.
     # The size first: it is read from the base64's length, the rest decodes it.
@@ -210,9 +213,14 @@ async def _committing(
         # the job is queued for whichever worker fetches it, as when the handoff has no room.
         return await commit(None)
     except IntegrityError as exc:
-        if "runs_idempotency_key" not in str(exc.orig) or not params.idempotency_key:
+        unique = ("runs_idempotency_key", "steers_idempotency_key")
+        if not any(name in str(exc.orig) for name in unique) or not params.idempotency_key:
             raise
-    earlier = await run_by_idempotency_key(engine, tenant_id, session_id, params.idempotency_key)
+    key = params.idempotency_key
+    steered = await steer_by_idempotency_key(engine, tenant_id, key, session_id)
+    if steered is not None:
+        return steered
+    earlier = await run_by_idempotency_key(engine, tenant_id, session_id, key)
     assert earlier is not None
     return AskResult(earlier, created=False)
 
@@ -438,6 +446,7 @@ async def _steer(
             params.content,
             model,
             run_params.ask_json(),
+            params.idempotency_key,
         )
         await steers_db.insert_steer(conn, steer)
         return Steered(run, steer_id)
@@ -464,6 +473,18 @@ async def _stop_active_runs(
                 "session_busy", "the running run did not stop in time for a rollback", {}
             )
         await asyncio.sleep(0.05)
+
+
+async def steer_by_idempotency_key(
+    engine: AsyncEngine, tenant_id: str, key: str, session_id: str
+) -> AskResult | None:
+    """The steer an earlier ask with this Idempotency-Key became, with the run it steers."""
+    async with engine.connect() as conn:
+        steer = await steers_db.find_by_idempotency_key(conn, session_id, key)
+        if steer is None or steer.tenant_id != tenant_id:
+            return None
+        run = await runs_db.get_run(conn, steer.run_id, tenant_id=tenant_id)
+    return None if run is None else AskResult(run, created=False, steer_id=steer.id)
 
 
 async def run_by_idempotency_key(

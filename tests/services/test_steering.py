@@ -173,3 +173,27 @@ async def test_with_no_run_in_progress_a_steer_is_an_ordinary_ask(
     response = await api.post(f"/v1/sessions/{sid}/ask", json=body)
     assert response.status_code == 202 and "Threadline-Steer-Id" not in response.headers
     assert (await ended_run(api, response.json()["id"]))["result"] == "hello"
+
+
+async def test_a_steer_sent_twice_with_one_idempotency_key_is_committed_once(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    """A retried steer (the same Idempotency-Key, e.g. after a dropped connection) answers the
+    same steer of the same run, and its message reaches the model once."""
+    release = threading.Event()
+    upstream.script(Hold(release), Text("first answer"))
+    upstream.script(Text("answer to the steer"))
+    sid = (await new_session(api))["id"]
+    started = await api.post(f"/v1/sessions/{sid}/ask", json={"input": "one", "stream": False})
+    await upstream.requests_arrived(1)
+    body = {"input": "and two", "stream": False, "multitask_strategy": "steer"}
+    headers = {"Idempotency-Key": "steer-once"}
+    sent = [await api.post(f"/v1/sessions/{sid}/ask", json=body, headers=headers) for _ in "ab"]
+    assert [r.status_code for r in sent] == [202, 202], sent[1].text
+    steer_ids = {r.headers["Threadline-Steer-Id"] for r in sent}
+    assert len(steer_ids) == 1 and {r.json()["id"] for r in sent} == {started.json()["id"]}
+    release.set()
+    assert (await ended_run(api, started.json()["id"]))["status"] == "completed"
+    journal = await history(api, sid)
+    users = [e for e in journal if e["kind"] == "message" and e["payload"]["role"] == "user"]
+    assert [u["payload"]["content"] for u in users] == ["one", "and two"]
