@@ -69,9 +69,10 @@ ChatId = Annotated[
 # The `ai` major a client runs, when it is one that refuses parts of today's protocol: "5"
 # (tool approval parts came with `ai` 6). Set with DefaultChatTransport's `headers`.
 AiSdkMajor = Annotated[
-    Literal["5"] | None,
+    str,
     Header(
         alias="Threadline-AI-SDK",
+        pattern=r"^(5)?$",
         description="`5` for an `ai` 5 client: no tool approval parts (it refuses them); it "
         "sees the calls, and they are ruled on with POST /v1/runs/{id}/approvals.",
     ),
@@ -127,7 +128,7 @@ async def ui_chat(
     settings: Config,
     hub: Hub,
     local_workers: LocalWorkers,
-    ai_sdk: AiSdkMajor = None,
+    ai_sdk: AiSdkMajor = "",
 ) -> Response:
     """Journal the chat's new user message (or regenerate the last answer) and stream the run
     in the AI SDK's UI message stream protocol."""
@@ -211,7 +212,7 @@ async def resume_ui_chat(
     tenant: Tenant,
     settings: Config,
     hub: Hub,
-    ai_sdk: AiSdkMajor = None,
+    ai_sdk: AiSdkMajor = "",
 ) -> Response:
     """The chat's active run as a UI message stream, from its start: `useChat({resume: true})`
     calls this on load to rejoin a run that a page reload left. Leaving it never cancels."""
