@@ -117,12 +117,9 @@ async def ask(
     makes, if any, is `session_id`."""
     if params.idempotency_key:
         key = params.idempotency_key
-        earlier = await run_by_idempotency_key(engine, tenant_id, session_id, key)
-        if earlier is not None:
-            return AskResult(earlier, created=False)
-        steered = await steer_by_idempotency_key(engine, tenant_id, key, session_id)
-        if steered is not None:
-            return steered
+        answered = await earlier_ask(engine, tenant_id, session_id, key)
+        if answered is not None:
+            return answered
     # Validation, before anything is written: the content suits every provider, the policy
     # resolves, and the ask fits.
     # The size first: it is read from the base64's length, the rest decodes it.
@@ -216,13 +213,9 @@ async def _committing(
         unique = ("runs_idempotency_key", "steers_idempotency_key")
         if not any(name in str(exc.orig) for name in unique) or not params.idempotency_key:
             raise
-    key = params.idempotency_key
-    steered = await steer_by_idempotency_key(engine, tenant_id, key, session_id)
-    if steered is not None:
-        return steered
-    earlier = await run_by_idempotency_key(engine, tenant_id, session_id, key)
-    assert earlier is not None
-    return AskResult(earlier, created=False)
+    answered = await earlier_ask(engine, tenant_id, session_id, params.idempotency_key)
+    assert answered is not None
+    return answered
 
 
 def _check_schema(format: ResponseFormat, at: tuple[str, ...]) -> None:
@@ -475,16 +468,20 @@ async def _stop_active_runs(
         await asyncio.sleep(0.05)
 
 
-async def steer_by_idempotency_key(
-    engine: AsyncEngine, tenant_id: str, key: str, session_id: str
+async def earlier_ask(
+    engine: AsyncEngine, tenant_id: str, session_id: str, key: str
 ) -> AskResult | None:
-    """The steer an earlier ask with this Idempotency-Key became, with the run it steers."""
+    """What an earlier ask with this Idempotency-Key became: its run, or the steer (with the
+    run it steers); one connection for both lookups."""
     async with engine.connect() as conn:
+        run = await _run_by_key(conn, tenant_id, session_id, key, "ask")
+        if run is not None:
+            return AskResult(run, created=False)
         steer = await steers_db.find_by_idempotency_key(conn, session_id, key)
         if steer is None or steer.tenant_id != tenant_id:
             return None
-        run = await runs_db.get_run(conn, steer.run_id, tenant_id=tenant_id)
-    return None if run is None else AskResult(run, created=False, steer_id=steer.id)
+        steered = await runs_db.get_run(conn, steer.run_id, tenant_id=tenant_id)
+    return None if steered is None else AskResult(steered, created=False, steer_id=steer.id)
 
 
 async def run_by_idempotency_key(
@@ -493,9 +490,15 @@ async def run_by_idempotency_key(
     """The run an earlier request with this Idempotency-Key created; 409 when that was a run of
     another kind (an ask's key reused for a compaction, or the reverse)."""
     async with engine.connect() as conn:
-        if await sessions_db.get_session(conn, tenant_id, session_id) is None:
-            raise session_not_found(session_id)
-        run = await runs_db.find_by_idempotency_key(conn, session_id, key)
+        return await _run_by_key(conn, tenant_id, session_id, key, kind)
+
+
+async def _run_by_key(
+    conn: AsyncConnection, tenant_id: str, session_id: str, key: str, kind: str
+) -> Run | None:
+    if await sessions_db.get_session(conn, tenant_id, session_id) is None:
+        raise session_not_found(session_id)
+    run = await runs_db.find_by_idempotency_key(conn, session_id, key)
     if run is not None and run.kind != kind:
         raise Conflict(
             "idempotency_key_reused",
