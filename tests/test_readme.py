@@ -23,6 +23,7 @@ import pytest
 from app.config import Settings
 from app.main import create_app
 from testkit.database import create_database
+from testkit.mcp_server import McpTestServer
 from testkit.server import serve_in_thread, stop_thread_server
 from testkit.upstream import FakeUpstream, JsonAnswer, Text, Thinking, ToolCall
 from tests.conftest import issue_key
@@ -259,11 +260,11 @@ def keyless(database_url: str, upstream: FakeUpstream) -> Iterator[Served]:
         stop_thread_server(server, thread)
 
 
-def run_python(example: str, served: Served) -> subprocess.CompletedProcess[str]:
+def run_python(example: str, served: Served, **more_env: str) -> subprocess.CompletedProcess[str]:
     env = clean_env()
     return subprocess.run(
         [sys.executable, "-c", example],
-        env={**env, "API": served.url, "KEY": served.key},
+        env={**env, "API": served.url, "KEY": served.key, **more_env},
         capture_output=True,
         text=True,
         timeout=300,
@@ -339,6 +340,26 @@ async def test_the_structured_output_examples_run_as_written(
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout == "city='Oslo' celsius=-3.5\n"
     assert upstream.requests[-1].body["response_format"]["json_schema"]["name"] == "Weather"
+
+
+async def test_the_mcp_approval_example_runs_as_written(
+    api: httpx.AsyncClient, service: Service, upstream: FakeUpstream
+) -> None:
+    """The README's MCP example from the OpenAI SDK, against a real MCP server that requires its
+    token: the call waits for approval, is approved, runs, and the model answers."""
+    served = Served(service.url, api.headers["Authorization"].removeprefix("Bearer "))
+    (example,) = python_blocks_after("### MCP tool servers")
+    upstream.clear()
+    upstream.script(ToolCall("c1", "calc__add", json.dumps({"a": 2, "b": 3})))
+    upstream.script(Text("2 + 3 = 5."))
+    with McpTestServer(token="readme-token") as server:
+        ran = await asyncio.to_thread(
+            run_python, example, served, MCP_URL=server.url, MCP_TOKEN="readme-token"
+        )
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout == 'approve? calc add {"a":2,"b":3}\n2 + 3 = 5.\n'
+    seen = [m["content"] for m in upstream.requests[-1].body["messages"] if m["role"] == "tool"]
+    assert len(seen) == 1 and '"result":5' in seen[0].replace(" ", "")
 
 
 def test_the_compaction_result_shown_is_what_the_api_returns() -> None:

@@ -53,6 +53,17 @@ class RunPolicy(BaseModel):
     def needs_approval(self, tool: str) -> bool:
         return self.allows(tool) and self.approval_rule(tool) == "ask"
 
+    def with_tool_rules(self, rules: Mapping[str, ApprovalRule]) -> RunPolicy:
+        """The policy with approval rules for tools it does not name (an MCP server's own
+        `require_approval`): what the policy names wins."""
+        if not rules:
+            return self
+        approval = self.tool_approval or ToolApproval()
+        named = {**rules, **approval.tools}
+        return self.model_copy(
+            update={"tool_approval": approval.model_copy(update={"tools": named})}
+        )
+
     def approval_rule(self, tool: str) -> ApprovalRule:
         """always, ask or never: the tool's rule, "always" when no approval policy is set."""
         return self.tool_approval.rule(tool) if self.tool_approval is not None else "always"

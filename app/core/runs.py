@@ -59,6 +59,10 @@ class RunParams:
     run_policy: dict[str, Any] | None = None
     tools: list[dict[str, Any]] = field(default_factory=list)
     mcp_servers: list[str] = field(default_factory=list)  # the ask's own, by name
+    # servers the request described itself (the Responses API's `mcp` tools): each
+    # {"name", "url" (None: the registered server of that name), "headers" (sealed by the
+    # credential vault), "allowed_tools", "require_approval"}
+    mcp_inline: list[dict[str, Any]] = field(default_factory=list)
     # which tools the model may or must call (app.core.tool_choice), and whether a turn may
     # call several
     tool_choice: ToolChoice = "auto"
@@ -86,6 +90,7 @@ class RunParams:
             run_policy=data.get("run_policy"),
             tools=list(data.get("tools") or []),
             mcp_servers=list(data.get("mcp_servers") or []),
+            mcp_inline=list(data.get("mcp_inline") or []),
             tool_choice=tool_choices.parse(data.get("tool_choice") or "auto"),
             parallel_tool_calls=data.get("parallel_tool_calls", True),
             reasoning=data.get("reasoning"),
@@ -106,6 +111,7 @@ class RunParams:
             "run_policy": self.run_policy,
             "tools": self.tools,
             "mcp_servers": self.mcp_servers,
+            "mcp_inline": self.mcp_inline,
             "tool_choice": tool_choices.as_json(self.tool_choice),
             "parallel_tool_calls": self.parallel_tool_calls,
             "reasoning": self.reasoning,

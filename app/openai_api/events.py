@@ -26,7 +26,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from app.eventlog.registry import EventType
-from app.openai_api.items import Item, output_item_id, reasoning_item
+from app.openai_api.items import (
+    Item,
+    RunTools,
+    approval_request_item,
+    mcp_call_item,
+    output_item_id,
+    reasoning_item,
+    result_fields,
+)
 from app.openai_api.objects import (
     INCOMPLETE_REASONS,
     Json,
@@ -42,18 +50,21 @@ class ResponseStream:
         run_id: str,
         segment: int,
         base: Json,
-        client_tools: frozenset[str],
+        tools: RunTools,
         *,
         queued: bool = False,
     ) -> None:
         self.run_id = run_id
         self.segment = segment
         self.base = base
-        self.client_tools = client_tools
+        self.tools = tools
+        self.client_tools = tools.client
         self.queued = queued
         self.done = False  # the response's last event was sent
         self.output: list[Item] = []
-        self._waits = 0  # run.requires_action events seen
+        self._waits = 0  # waits seen (run.requires_action, run.awaiting_approval)
+        self._gated = set(tools.gated)  # calls that waited for approval, as seen so far
+        self._arguments: dict[str, Any] = {}  # each service-run call's arguments, by id
         self._active = segment == 0
         self._started = False
         self._sequence = -1
@@ -68,8 +79,12 @@ class ResponseStream:
     def translate(self, event_type: str, data: Mapping[str, Any]) -> list[Json]:
         if self.done:
             return []
+        if event_type == EventType.TOOL_APPROVAL_REQUESTED:
+            self._gated.add(str(data["tool_call_id"]))
+        elif event_type == EventType.TOOL_CALL:
+            self._arguments[str(data["tool_call_id"])] = data.get("arguments") or {}
         if not self._active:
-            if event_type == EventType.RUN_REQUIRES_ACTION:
+            if event_type in (EventType.RUN_REQUIRES_ACTION, EventType.RUN_AWAITING_APPROVAL):
                 self._waits += 1
                 if self._waits == self.segment:
                     self._active = True
@@ -93,8 +108,15 @@ class ResponseStream:
                 return self._close_text()
             case EventType.TOOL_RESULT:
                 out = self._close_text()
+                out += self._mcp_call(data)
                 self._new_turn()
                 return out
+            case EventType.TOOL_APPROVAL_REQUESTED:
+                return [*self._close_text(), *self._approval_request(data)]
+            case EventType.RUN_AWAITING_APPROVAL:
+                out = self._close_text()
+                self.done = True
+                return [*out, self._end("response.completed", "completed")]
             case EventType.MESSAGE_RESET:
                 self.output = self.output[: self._turn_start]
                 self._text = None
@@ -319,6 +341,40 @@ class ResponseStream:
             )
             out.append(self._event("response.output_item.done", output_index=index, item=item))
         return out
+
+    def _mcp_call(self, data: Mapping[str, Any]) -> list[Json]:
+        """A call of an MCP server's tool returned: its mcp_call item, whole (its output is the
+        result's preview; the response read back has it all)."""
+        call_id = str(data["tool_call_id"])
+        named = self.tools.mcp_call(str(data["name"]))
+        if named is None:
+            return []
+        index = len(self.output)
+        item_id = output_item_id("mcp", self.run_id, self.segment, index)
+        arguments = self._arguments.get(call_id)
+        item = mcp_call_item(item_id, call_id, named, arguments, call_id in self._gated)
+        self.output.append(item)
+        where = {"item_id": item_id, "output_index": index}
+        out = [
+            self._event("response.output_item.added", output_index=index, item=item),
+            self._event("response.mcp_call.in_progress", **where),
+            self._event("response.mcp_call_arguments.done", **where, arguments=item["arguments"]),
+        ]
+        item |= result_fields(data.get("preview", ""), bool(data.get("is_error")))
+        ended = "response.mcp_call.failed" if item["error"] else "response.mcp_call.completed"
+        out.append(self._event(ended, **where))
+        out.append(self._event("response.output_item.done", output_index=index, item=item))
+        return out
+
+    def _approval_request(self, data: Mapping[str, Any]) -> list[Json]:
+        call_id, name = str(data["tool_call_id"]), str(data["name"])
+        item = approval_request_item(call_id, name, data.get("arguments"), self.tools)
+        index = len(self.output)
+        self.output.append(item)
+        return [
+            self._event("response.output_item.added", output_index=index, item=item),
+            self._event("response.output_item.done", output_index=index, item=item),
+        ]
 
 
 def _json_text(arguments: Any) -> str:

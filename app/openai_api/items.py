@@ -18,12 +18,15 @@ from typing import Any
 
 from app.core.content import is_reasoning, reasoning_opaque, reasoning_text
 from app.core.entries import EntryKind, JournalEntry
+from app.core.mcp import split_name
+from app.core.messages import result_text
 
 Item = dict[str, Any]
 MAX_INPUT_ITEMS = 1000  # a request's input items; input_items reads this far back
 
 _RESPONSE_ID = re.compile(r"^resp_([0-9a-f]{32})(?:_([1-9][0-9]{0,8}))?$")
 _CONVERSATION_ID = re.compile(r"^conv_([0-9a-f]{32})$")
+_APPROVAL_PREFIX = "mcpr_"
 
 
 def response_id(run_id: str, segment: int = 0) -> str:
@@ -59,6 +62,18 @@ def output_item_id(prefix: str, run_id: str, segment: int, index: int) -> str:
     return f"{prefix}_{uuid.UUID(run_id).hex}_{segment}_{index}"
 
 
+def approval_request_id(tool_call_id: str) -> str:
+    """An mcp_approval_request's id: the call's own."""
+    return f"{_APPROVAL_PREFIX}{tool_call_id}"
+
+
+def approved_call_id(approval_request_id: str) -> str | None:
+    """The tool call an approval request id names (None: no approval request id)."""
+    if not approval_request_id.startswith(_APPROVAL_PREFIX):
+        return None
+    return approval_request_id[len(_APPROVAL_PREFIX) :] or None
+
+
 def entry_item_id(prefix: str, session_id: str, seq: int) -> str:
     """The id of a conversation item: its place in the session."""
     return f"{prefix}_{uuid.UUID(session_id).hex}_{seq}"
@@ -92,13 +107,25 @@ class ToolOutputItem:
 
 
 @dataclass(frozen=True)
+class ApprovalItem:
+    """An mcp_approval_response: a person's ruling on a call the previous response asked
+    about."""
+
+    approval_request_id: str
+    approve: bool
+    reason: str | None
+
+
+@dataclass(frozen=True)
 class Input:
     """A request's input: entries before the new user message, the new user message's content
-    (None: the input answers function calls), and function call outputs."""
+    (None: the input answers the previous response's function calls or approval requests),
+    function call outputs, and approval responses."""
 
     before: tuple[NewItem, ...]
     content: str | list[dict[str, Any]] | None
     tool_outputs: tuple[ToolOutputItem, ...]
+    approvals: tuple[ApprovalItem, ...] = ()
 
 
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
@@ -107,10 +134,20 @@ _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "develop
 def parse_input(value: Any, param: str = "input") -> Input:
     """The request's `input` (a string, or a list of items). A list must end with a user
     message (the question), or be function_call_output items only (answers to the previous
-    response's function calls)."""
+    response's function calls), or mcp_approval_response items only (rulings on its
+    approval requests)."""
     if isinstance(value, str):
         return Input((), value, ())
     items = parse_items(value, param)
+    approvals = [i for i in items if isinstance(i, ApprovalItem)]
+    if approvals:
+        if len(approvals) != len(items):
+            raise ItemError(
+                param,
+                "mcp_approval_response items answer the previous response's approval requests: "
+                "send them alone, without other items",
+            )
+        return Input((), None, (), tuple(approvals))
     outputs = [i for i in items if isinstance(i, ToolOutputItem)]
     if outputs:
         if len(outputs) != len(items):
@@ -131,7 +168,7 @@ def parse_input(value: Any, param: str = "input") -> Input:
     return Input(before, last.payload["content"], ())
 
 
-def parse_items(value: Any, param: str) -> list[NewItem | ToolOutputItem]:
+def parse_items(value: Any, param: str) -> list[NewItem | ToolOutputItem | ApprovalItem]:
     """Items (messages, function calls and their outputs) as entries to append."""
     if not isinstance(value, list) or not value:
         raise ItemError(param, f"{param} must be a string or a non-empty list of items")
@@ -140,7 +177,7 @@ def parse_items(value: Any, param: str) -> list[NewItem | ToolOutputItem]:
     return [_item(item, f"{param}[{i}]") for i, item in enumerate(value)]
 
 
-def _item(item: Any, param: str) -> NewItem | ToolOutputItem:
+def _item(item: Any, param: str) -> NewItem | ToolOutputItem | ApprovalItem:
     if not isinstance(item, Mapping):
         raise ItemError(param, "an item must be an object")
     kind = item.get("type", "message")
@@ -168,10 +205,19 @@ def _item(item: Any, param: str) -> NewItem | ToolOutputItem:
         if isinstance(output, list):  # content parts: their text
             output = "".join(str(p.get("text", "")) for p in output if isinstance(p, Mapping))
         return ToolOutputItem(call_id, output)
+    if kind == "mcp_approval_response":
+        request_id = _text(item, "approval_request_id", param)
+        approve = item.get("approve")
+        if not isinstance(approve, bool):
+            raise ItemError(f"{param}.approve", "approve must be true or false")
+        reason = item.get("reason")
+        if reason is not None and not isinstance(reason, str):
+            raise ItemError(f"{param}.reason", "reason must be a string")
+        return ApprovalItem(request_id, approve, reason or None)
     raise ItemError(
         f"{param}.type",
-        f"item type {kind!r} is not supported: send message, function_call or "
-        "function_call_output items",
+        f"item type {kind!r} is not supported: send message, function_call, "
+        "function_call_output or mcp_approval_response items",
     )
 
 
@@ -341,45 +387,96 @@ def conversation_items(session_id: str, entries: Sequence[JournalEntry]) -> list
 
 
 @dataclass(frozen=True)
+class RunTools:
+    """What a run's tool calls are to the Responses API: calls of the client's tools are
+    function_call items, calls of an MCP server's tools (`mcp_servers`: their labels) are
+    mcp_call items, calls the service runs itself are no items. `gated`: the ids of the calls
+    that waited for a person's approval (an mcp_approval_request item each)."""
+
+    client: frozenset[str] = frozenset()
+    mcp_servers: frozenset[str] = frozenset()
+    gated: frozenset[str] = frozenset()
+    ruled: frozenset[str] = frozenset()  # those of `gated` a person ruled on (or that expired)
+
+    def mcp_call(self, name: str) -> tuple[str, str] | None:
+        """(server label, tool) of a call of an MCP server's tool, else None."""
+        return None if name in self.client else split_name(name, self.mcp_servers)
+
+
+@dataclass(frozen=True)
 class Segment:
     """One response of a run: the entries it took as input, and those it wrote."""
 
     inputs: tuple[JournalEntry, ...]
     outputs: tuple[JournalEntry, ...]
-    answered: bool  # the function calls it ended with have outputs (a later segment exists)
+    answered: bool  # the calls it ended with were answered or ruled on (a later segment exists)
+    calls: Mapping[str, JournalEntry] = field(default_factory=dict)  # the run's, by call id
 
 
-def segments(run_entries: Sequence[JournalEntry], client_tools: frozenset[str]) -> list[Segment]:
-    """Split a run's entries (its user message first) at each batch of outputs of client-side
-    tool calls (`client_tools`: the names of the tools the client runs): the n-th batch is the
-    input of the response after the n-th wait."""
+def segments(run_entries: Sequence[JournalEntry], tools: RunTools) -> list[Segment]:
+    """Split a run's entries (its user message first) where the run waited: at each batch
+    of outputs of client-side tool calls (the n-th batch is the input of the response after
+    the n-th wait), and before the first result of calls that waited for approval (the
+    response after the wait writes them)."""
     calls = {
-        e.refs.get("tool_call_id"): e.payload.get("name")
-        for e in run_entries
-        if e.kind == EntryKind.TOOL_CALL
+        str(e.refs.get("tool_call_id")): e for e in run_entries if e.kind == EntryKind.TOOL_CALL
     }
 
     def from_client(entry: JournalEntry) -> bool:
+        call = calls.get(str(entry.refs.get("tool_call_id")))
         return (
             entry.kind == EntryKind.TOOL_RESULT
-            and calls.get(entry.refs.get("tool_call_id")) in client_tools
+            and call is not None
+            and call.payload.get("name") in tools.client
         )
 
     found: list[Segment] = []
     inputs: list[JournalEntry] = []
     outputs: list[JournalEntry] = []
+
+    def waited(entry: JournalEntry) -> bool:
+        """The result of a call this segment asked approval for: the wait ended here."""
+        call_id = entry.refs.get("tool_call_id")
+        return (
+            entry.kind == EntryKind.TOOL_RESULT
+            and call_id in tools.gated
+            and any(
+                o.kind == EntryKind.TOOL_CALL and o.refs.get("tool_call_id") == call_id
+                for o in outputs
+            )
+        )
+
     for entry in run_entries:
         if from_client(entry):
             if outputs:  # the first output of a batch: the response before it has ended
-                found.append(Segment(tuple(inputs), tuple(outputs), True))
+                found.append(Segment(tuple(inputs), tuple(outputs), True, calls))
                 inputs, outputs = [], []
             inputs.append(entry)
+        elif waited(entry):
+            found.append(Segment(tuple(inputs), tuple(outputs), True, calls))
+            inputs, outputs = [], [entry]
         elif not found and not outputs and _is_user_message(entry):
             inputs.append(entry)  # the question the run answers
         else:
             outputs.append(entry)
-    found.append(Segment(tuple(inputs), tuple(outputs), False))
+    if _wait_ended(outputs, tools):  # ruled on, their results still to come: the next one
+        found.append(Segment(tuple(inputs), tuple(outputs), True, calls))
+        inputs, outputs = [], []
+    found.append(Segment(tuple(inputs), tuple(outputs), False, calls))
     return found
+
+
+def _wait_ended(outputs: Sequence[JournalEntry], tools: RunTools) -> bool:
+    """The segment ends with calls that waited for approval, all ruled on."""
+    answered = {e.refs.get("tool_call_id") for e in outputs if e.kind == EntryKind.TOOL_RESULT}
+    waited = [
+        e.refs.get("tool_call_id")
+        for e in outputs
+        if e.kind == EntryKind.TOOL_CALL
+        and e.refs.get("tool_call_id") in tools.gated
+        and e.refs.get("tool_call_id") not in answered
+    ]
+    return bool(waited) and all(call_id in tools.ruled for call_id in waited)
 
 
 def _is_user_message(entry: JournalEntry) -> bool:
@@ -389,30 +486,96 @@ def _is_user_message(entry: JournalEntry) -> bool:
 def output_items(
     run_id: str,
     segment: int,
-    entries: Sequence[JournalEntry],
-    client_tools: frozenset[str],
+    part: Segment,
+    tools: RunTools,
     *,
     encrypted: bool = False,
 ) -> list[Item]:
     """What a response wrote, as its `output`: the model's reasoning (a reasoning item per
-    block, before the message it belongs to, as streamed), assistant messages (not empty ones)
-    and the calls of client-side tools. Calls the service ran itself (built-in and webhook
-    tools) and their results stay in the journal: the client has nothing to do with them.
-    `encrypted`: reasoning items carry the provider's opaque content (`include`
-    reasoning.encrypted_content)."""
+    block, before the message it belongs to, as streamed), assistant messages (not empty ones),
+    the calls of client-side tools, an mcp_call item per call of an MCP server's tool (where
+    its result is), and last, an mcp_approval_request item per call the response ended
+    waiting on. Calls the service ran itself (built-in and webhook tools) and their results
+    stay in the journal: the client has nothing to do with them. `encrypted`: reasoning items
+    carry the provider's opaque content (`include` reasoning.encrypted_content)."""
     out: list[Item] = []
-    for entry in entries:
+    answered = {e.refs.get("tool_call_id") for e in part.outputs if e.kind == EntryKind.TOOL_RESULT}
+    asked: list[JournalEntry] = []
+    for entry in part.outputs:
         if entry.kind == EntryKind.MESSAGE and entry.payload.get("role") == "assistant":
             out += _answer_items(entry, run_id, segment, len(out), encrypted)
             continue
-        if entry.kind == EntryKind.TOOL_CALL and entry.payload.get("name") in client_tools:
-            prefix = "fc"
-        else:
+        if entry.kind == EntryKind.TOOL_CALL:
+            call_id = entry.refs.get("tool_call_id")
+            if call_id in tools.gated and call_id not in answered:
+                asked.append(entry)
+            elif entry.payload.get("name") in tools.client:
+                item = entry_item(entry, output_item_id("fc", run_id, segment, len(out)))
+                assert item is not None
+                out.append(item)
             continue
-        item = entry_item(entry, output_item_id(prefix, run_id, segment, len(out)))
-        assert item is not None
-        out.append(item)
+        if entry.kind == EntryKind.TOOL_RESULT:
+            call = part.calls.get(str(entry.refs.get("tool_call_id")))
+            named = tools.mcp_call(str(call.payload.get("name"))) if call is not None else None
+            if call is not None and named is not None:
+                call_id = str(entry.refs.get("tool_call_id"))
+                item_id = output_item_id("mcp", run_id, segment, len(out))
+                arguments = call.payload.get("arguments")
+                item = mcp_call_item(item_id, call_id, named, arguments, call_id in tools.gated)
+                payload = entry.payload
+                out.append(
+                    item | result_fields(payload.get("content"), bool(payload.get("is_error")))
+                )
+    out += [
+        approval_request_item(
+            str(e.refs.get("tool_call_id")),
+            str(e.payload.get("name")),
+            e.payload.get("arguments"),
+            tools,
+        )
+        for e in asked
+    ]
     return out
+
+
+def mcp_call_item(
+    item_id: str, call_id: str, named: tuple[str, str], arguments: Any, gated: bool
+) -> Item:
+    """An MCP tool's call as an mcp_call item, before its result (`result_fields`)."""
+    return {
+        "type": "mcp_call",
+        "id": item_id,
+        "server_label": named[0],
+        "name": named[1],
+        "arguments": json.dumps(arguments or {}, separators=(",", ":")),
+        "approval_request_id": approval_request_id(call_id) if gated else None,
+        "output": None,
+        "error": None,
+        "status": "in_progress",
+    }
+
+
+def result_fields(content: Any, is_error: bool) -> Item:
+    """An mcp_call's ending: its output (the result as the model read it), or its error."""
+    text = result_text(content)
+    if is_error:
+        error = {"type": "mcp_tool_execution_error", "content": [{"type": "text", "text": text}]}
+        return {"output": None, "error": error, "status": "failed"}
+    return {"output": text, "error": None, "status": "completed"}
+
+
+def approval_request_item(call_id: str, name: str, arguments: Any, tools: RunTools) -> Item:
+    """A call that waits for a person's ruling as an mcp_approval_request item (its id is the
+    one an mcp_approval_response answers). A Threadline tool's call (a built-in or webhook
+    tool the session's policy gates) is named as a tool of the server `threadline`."""
+    server, tool = tools.mcp_call(name) or ("threadline", name)
+    return {
+        "type": "mcp_approval_request",
+        "id": approval_request_id(call_id),
+        "server_label": server,
+        "name": tool,
+        "arguments": json.dumps(arguments or {}, separators=(",", ":")),
+    }
 
 
 def reasoning_item(item_id: str, text: str, opaque: str | None = None) -> Item:

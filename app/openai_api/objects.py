@@ -54,7 +54,10 @@ def response_base(
         "temperature": params.temperature,
         "top_p": None,
         "max_output_tokens": params.max_output_tokens,
-        "tools": [tool_object(t) for t in client_tools],
+        "tools": [
+            *(tool_object(t) for t in client_tools),
+            *(mcp_tool_object(server) for server in params.mcp_inline),
+        ],
         "tool_choice": tool_choices.as_json(params.tool_choice),
         "parallel_tool_calls": params.parallel_tool_calls,
         "background": background,
@@ -95,6 +98,19 @@ def tool_object(tool: Mapping[str, Any]) -> Json:
     return {"type": "builtin", "name": tool["name"]}
 
 
+def mcp_tool_object(server: Mapping[str, Any]) -> Json:
+    """A request's `mcp` tool as the response shows it: never its headers."""
+    allowed = server.get("allowed_tools")
+    return {
+        "type": "mcp",
+        "server_label": server["name"],
+        "server_url": server.get("url"),
+        "headers": None,
+        "allowed_tools": list(allowed) if allowed is not None else None,
+        "require_approval": server.get("require_approval"),
+    }
+
+
 def response_object(
     base: Json,
     status: str,
@@ -117,12 +133,13 @@ def response_object(
 def run_status(run: Run, answered: bool) -> tuple[str, str | None]:
     """The status of a run's response (and its incomplete reason): `answered` when the
     response ended with function calls the client has answered since."""
-    if answered or run.status is RunStatus.REQUIRES_ACTION:
+    if answered or run.status in (RunStatus.REQUIRES_ACTION, RunStatus.AWAITING_APPROVAL):
+        # it waits for the client's outputs or rulings: the next response goes on
         return "completed", None
     match run.status:
         case RunStatus.QUEUED:
             return "queued", None
-        case RunStatus.RUNNING | RunStatus.AWAITING_APPROVAL:  # a person rules; it goes on
+        case RunStatus.RUNNING:
             return "in_progress", None
         case RunStatus.COMPLETED:
             reason = INCOMPLETE_REASONS.get(run.finish_reason or "stop")

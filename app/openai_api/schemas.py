@@ -90,8 +90,10 @@ class ResponseCreate(_Body):
     )
     tools: Annotated[list[dict[str, Any]], Field(max_length=128)] | None = Field(
         default=None,
-        description="`{type: function, name, description, parameters}` (the client runs them) "
-        "or `{type: builtin, name}` (a Threadline built-in tool, e.g. calculator).",
+        description="`{type: function, name, description, parameters}` (the client runs them), "
+        "`{type: mcp, server_label, server_url, headers, allowed_tools, require_approval}` (a "
+        "remote MCP server's tools) or `{type: builtin, name}` (a Threadline built-in tool, "
+        "e.g. calculator).",
     )
     tool_choice: str | dict[str, Any] | None = Field(
         default=None,

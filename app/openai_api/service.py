@@ -25,6 +25,7 @@ from app.core.projection import without_rolled_back
 from app.core.runs import Run, RunKind, RunStatus, entry_id
 from app.core.sessions import Session
 from app.core.tool_choice import ToolChoice
+from app.db import approvals as approvals_db
 from app.db import journal as journal_db
 from app.db import sessions as sessions_db
 from app.db.journal import journal_entry
@@ -35,6 +36,7 @@ from app.llm.router import Router
 from app.openai_api import items as mapping
 from app.openai_api.errors import OpenAIError, unsupported
 from app.openai_api.events import ResponseStream
+from app.openai_api.mcp import MAX_SERVERS, parse_mcp_tool
 from app.openai_api.objects import (
     Json,
     response_base,
@@ -44,9 +46,11 @@ from app.openai_api.objects import (
     run_usage,
 )
 from app.openai_api.schemas import ENCRYPTED_REASONING, ReasoningParam, ResponseCreate
-from app.services import agents, asks, journal, runs, sessions
+from app.outbound import OutboundRefused, check_url
+from app.services import agents, approvals, asks, journal, runs, sessions
 from app.services.errors import NotFound
 from app.services.handoff import RunHandoff
+from app.services.mcp_servers import seal_headers
 from app.tools.registry import BUILTINS
 
 ITEM_KINDS = [str(EntryKind.MESSAGE), str(EntryKind.TOOL_CALL), str(EntryKind.TOOL_RESULT)]
@@ -160,6 +164,8 @@ def tool_definitions(tools: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]
     out: list[dict[str, Any]] = []
     for i, tool in enumerate(tools):
         param = f"tools[{i}]"
+        if tool.get("type") == "mcp":
+            continue  # a server's tools: mcp_servers()
         name = tool.get("name")
         if not isinstance(name, str) or not name:
             raise OpenAIError(400, "A tool needs a name.", param=f"{param}.name")
@@ -188,11 +194,40 @@ def tool_definitions(tools: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]
         else:
             raise OpenAIError(
                 400,
-                f"Tool type '{tool.get('type')}' is not supported: use 'function' tools, or "
-                "'builtin' for Threadline's own tools.",
+                f"Tool type '{tool.get('type')}' is not supported: use 'function' tools, "
+                "'mcp' for a remote MCP server's, or 'builtin' for Threadline's own tools.",
                 param=f"{param}.type",
                 code="unsupported_parameter",
             )
+    return out
+
+
+async def mcp_servers(settings: Settings, tools: Sequence[Mapping[str, Any]]) -> list[Json]:
+    """The request's `mcp` tools as the servers its run uses (`RunParams.mcp_inline`): each
+    URL one tool calls may reach (outbound_allowed), checked now, and headers sealed."""
+    out: list[Json] = []
+    for i, tool in enumerate(tools):
+        if tool.get("type") != "mcp":
+            continue
+        param = f"tools[{i}]"
+        server = parse_mcp_tool(tool, param)
+        if any(s["name"] == server.label for s in out):
+            raise OpenAIError(
+                400,
+                f"Two mcp tools have the server_label '{server.label}'.",
+                param=f"{param}.server_label",
+                code="invalid_value",
+            )
+        if server.url is not None:
+            try:
+                await check_url(server.url, settings.outbound_allowed)
+            except OutboundRefused as exc:
+                raise OpenAIError(
+                    400, str(exc), param=f"{param}.server_url", code="url_not_allowed"
+                ) from exc
+        out.append(server.inline(seal_headers(settings, server.headers)))
+    if len(out) > MAX_SERVERS:
+        raise OpenAIError(400, f"At most {MAX_SERVERS} mcp tools.", param="tools")
     return out
 
 
@@ -211,12 +246,9 @@ class Loaded:
     run: Run
     segment: int
     parts: list[mapping.Segment]
-    tools: list[dict[str, Any]]
+    tools: list[dict[str, Any]]  # the client's
     instructions: str | None
-
-    @property
-    def tool_names(self) -> frozenset[str]:
-        return frozenset(t["name"] for t in self.tools)
+    run_tools: mapping.RunTools
 
     @property
     def latest(self) -> bool:
@@ -245,16 +277,28 @@ async def load(engine: AsyncEngine, tenant_id: str, given: str, param: str | Non
         entries = await journal_db.run_entries(
             conn, run.session_id, run.input_seq, run.id, tenant_id=tenant_id
         )
+        rulings = await approvals_db.of_run(conn, run.id)
     if any(e.id == entry_id(run.id, DELETED_PART) for e in entries):
         raise missing
     # What the run took back (a model turn that started over) was never its answer.
     entries = without_rolled_back(entries)
     tools = client_tools(run, session)
-    parts = mapping.segments(entries, frozenset(t["name"] for t in tools))
+    servers = [
+        *(session.config.mcp_servers or []),
+        *run.params.mcp_servers,
+        *(s["name"] for s in run.params.mcp_inline),
+    ]
+    run_tools = mapping.RunTools(
+        frozenset(t["name"] for t in tools),
+        frozenset(servers),
+        frozenset(a.tool_call_id for a in rulings),
+        frozenset(a.tool_call_id for a in rulings if a.decision is not None),
+    )
+    parts = mapping.segments(entries, run_tools)
     if segment >= len(parts):
         raise missing
     instructions = session.config.system_prompt
-    return Loaded(run, segment, parts, tools, instructions)
+    return Loaded(run, segment, parts, tools, instructions, run_tools)
 
 
 def base_of(loaded: Loaded, previous_response_id: str | None = None) -> Json:
@@ -288,7 +332,7 @@ def response_of(
     run = loaded.run
     part = loaded.parts[loaded.segment]
     output = mapping.output_items(
-        run.id, loaded.segment, part.outputs, loaded.tool_names, encrypted=encrypted
+        run.id, loaded.segment, part, loaded.run_tools, encrypted=encrypted
     )
     status, reason = run_status(run, part.answered)
     if live is not None and status in ("queued", "in_progress"):
@@ -312,7 +356,7 @@ async def with_encrypted_reasoning(
     loaded = await load(engine, tenant_id, response_id)
     part = loaded.parts[loaded.segment]
     stored = mapping.output_items(
-        loaded.run.id, loaded.segment, part.outputs, loaded.tool_names, encrypted=True
+        loaded.run.id, loaded.segment, part, loaded.run_tools, encrypted=True
     )
     reasoning = {item["id"]: item for item in stored if item["type"] == "reasoning"}
     return [
@@ -322,7 +366,7 @@ async def with_encrypted_reasoning(
 
 def stream_of(loaded: Loaded, base: Json) -> ResponseStream:
     queued = bool(base.get("background"))  # a background response is created queued
-    return ResponseStream(loaded.run.id, loaded.segment, base, loaded.tool_names, queued=queued)
+    return ResponseStream(loaded.run.id, loaded.segment, base, loaded.run_tools, queued=queued)
 
 
 async def current(
@@ -392,7 +436,9 @@ async def create_response(
     choice = requested_tool_choice(body.tool_choice)
     output = requested_format(body.text)
     model = checked_model(settings, body.model) if body.model is not None else None
-    if given.content is None:  # function_call_output items: the waiting run goes on
+    if given.approvals:  # mcp_approval_response items: the run waiting on them goes on
+        loaded = await _answer_approvals(engine, tenant_id, body, given)
+    elif given.content is None:  # function_call_output items: the waiting run goes on
         if body.previous_response_id is None:
             raise OpenAIError(
                 400,
@@ -403,10 +449,58 @@ async def create_response(
             )
         loaded = await _answer_calls(engine, tenant_id, body, given, model, tools, choice, output)
     else:
+        servers = await mcp_servers(settings, body.tools or [])
         loaded = await _ask(
-            engine, settings, tenant_id, body, given, model, tools, choice, output, handoff
+            engine, settings, tenant_id, body, given, model, tools, servers, choice, output, handoff
         )
     return Created(loaded, base_of(loaded, body.previous_response_id), encrypted)
+
+
+async def _answer_approvals(
+    engine: AsyncEngine, tenant_id: str, body: ResponseCreate, given: mapping.Input
+) -> Loaded:
+    """Rulings on the previous response's approval requests: the run goes on as the next
+    response once every call it waits on is ruled on (partial rulings are kept)."""
+    if body.previous_response_id is None:
+        raise OpenAIError(
+            400,
+            "mcp_approval_response items answer a response's approval requests: send them "
+            "with that response's id as previous_response_id.",
+            param="previous_response_id",
+            code="missing_required_parameter",
+        )
+    previous = await load(engine, tenant_id, body.previous_response_id, "previous_response_id")
+    run = previous.run
+    waiting = {
+        item["id"]: item
+        for item in mapping.output_items(
+            run.id, previous.segment, previous.parts[previous.segment], previous.run_tools
+        )
+        if item["type"] == "mcp_approval_request"
+    }
+    if run.status is not RunStatus.AWAITING_APPROVAL or not previous.latest or not waiting:
+        raise OpenAIError(
+            400,
+            f"Response '{previous.id}' has no approval requests waiting for a response.",
+            param="input",
+            code="invalid_value",
+        )
+    answers = []
+    for i, approval in enumerate(given.approvals):
+        call_id = mapping.approved_call_id(approval.approval_request_id)
+        if approval.approval_request_id not in waiting or call_id is None:
+            raise OpenAIError(
+                400,
+                f"Response '{previous.id}' has no approval request "
+                f"'{approval.approval_request_id}'; it waits on: {', '.join(sorted(waiting))}.",
+                param=f"input[{i}].approval_request_id",
+                code="invalid_value",
+            )
+        answers.append(approvals.Answer(call_id, approval.approve, reason=approval.reason))
+    ruled = await approvals.answer(engine, tenant_id, run.id, answers)
+    if ruled.run.status is RunStatus.AWAITING_APPROVAL:  # some calls are still to rule on
+        return previous
+    return await load(engine, tenant_id, mapping.response_id(run.id, previous.segment + 1))
 
 
 async def _answer_calls(
@@ -487,6 +581,7 @@ async def _ask(
     given: mapping.Input,
     model: str | None,
     tools: list[dict[str, Any]],
+    servers: list[Json],
     choice: ToolChoice,
     output: ResponseFormat | None,
     handoff: RunHandoff | None,
@@ -523,6 +618,7 @@ async def _ask(
         temperature=body.temperature,
         metadata=dict(body.metadata or {}),
         tools=tools,
+        mcp_inline=servers,
         tool_choice=choice,
         parallel_tool_calls=body.parallel_tool_calls is not False,
         on_disconnect="continue" if body.background else "cancel",
@@ -753,7 +849,13 @@ def conversation_object(session: Session) -> Json:
 
 def _entries(items: list[dict[str, Any]], param: str) -> list[NewEntry]:
     out = []
-    for item in mapping.parse_items(items, param):
+    for i, item in enumerate(mapping.parse_items(items, param)):
+        if isinstance(item, mapping.ApprovalItem):
+            raise mapping.ItemError(
+                f"{param}[{i}].type",
+                "mcp_approval_response items answer a response: send them to POST /responses "
+                "with its id as previous_response_id",
+            )
         if isinstance(item, mapping.ToolOutputItem):
             out.append(
                 NewEntry(

@@ -66,6 +66,7 @@ class AskParams:
     run_policy: dict[str, Any] | None = None
     tools: list[dict[str, Any]] = field(default_factory=list)
     mcp_servers: list[str] = field(default_factory=list)
+    mcp_inline: list[dict[str, Any]] = field(default_factory=list)  # RunParams.mcp_inline
     tool_choice: ToolChoice = "auto"  # forced choices hold for the first model turn only
     parallel_tool_calls: bool = True
     reasoning: dict[str, Any] | None = None  # over the session's config.reasoning
@@ -341,6 +342,7 @@ async def _commit(
         run_policy=policy.model_dump(mode="json"),
         tools=params.tools,
         mcp_servers=params.mcp_servers,
+        mcp_inline=params.mcp_inline,
         tool_choice=params.tool_choice,
         parallel_tool_calls=params.parallel_tool_calls,
         reasoning=reasoning.model_dump(exclude_none=True) if reasoning else None,

@@ -3,9 +3,8 @@ run attaches by name, credentials decrypted; re-encrypt every credential under t
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy import RowMapping
@@ -13,14 +12,12 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.config import Settings
-from app.core.mcp import SEPARATOR, McpServer, Transport
+from app.core.mcp import SEPARATOR, SERVER_NAME, McpServer, Transport
 from app.credentials import Vault, vault_for
 from app.db import mcp_servers as mcp_db
 from app.outbound import OutboundRefused, check_url
 from app.services.errors import Conflict, Invalid, NotFound
 
-# Tool names become `<server>__<tool>` (providers allow 64 characters of [A-Za-z0-9_-]).
-NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]|_(?!_)){0,31}$")
 UNSET: Any = object()  # an update that leaves a field alone
 
 
@@ -44,7 +41,7 @@ def server_not_found(server_id: str) -> NotFound:
 
 
 def check_name(name: str) -> None:
-    if not NAME.match(name):
+    if not SERVER_NAME.match(name):
         raise Invalid(
             "invalid_mcp_server_name",
             "an MCP server name is 1-32 letters, digits, - and single _ (its tools are named "
@@ -167,29 +164,60 @@ async def delete(engine: AsyncEngine, tenant_id: str, server_id: str) -> None:
 
 
 async def resolve(
-    conn: AsyncConnection, settings: Settings, tenant_id: str, names: Sequence[str]
+    conn: AsyncConnection,
+    settings: Settings,
+    tenant_id: str,
+    names: Sequence[str],
+    inline: Sequence[Mapping[str, Any]] = (),
 ) -> tuple[list[McpServer], list[str]]:
-    """The named servers as a run uses them, in the order named, and the names not found."""
-    rows = {r["name"]: r for r in await mcp_db.servers_named(conn, tenant_id, names)}
+    """The servers a run uses, in the order named, and the names not found: registered ones
+    by name, then those the request described (`RunParams.mcp_inline`), which take the place
+    of a registered server of the same name. An inline server without a URL is the registered
+    one, with the request's allowed tools and approval setting."""
+    registered_names = [*names, *(s["name"] for s in inline if s.get("url") is None)]
+    rows = {r["name"]: r for r in await mcp_db.servers_named(conn, tenant_id, registered_names)}
     vault = vault_for(settings)
-    servers: list[McpServer] = []
+    servers: dict[str, McpServer] = {}
     missing: list[str] = []
-    for name in dict.fromkeys(names):
+    for name in dict.fromkeys(registered_names):
         row = rows.get(name)
         if row is None:
             missing.append(name)
             continue
         allowed = row["allowed_tools"]
-        servers.append(
-            McpServer(
-                name=name,
-                url=row["url"],
-                transport=row["transport"],
-                headers=credentials_of(row, vault).request_headers(),
-                allowed_tools=tuple(allowed) if allowed is not None else None,
-            )
+        servers[name] = McpServer(
+            name=name,
+            url=row["url"],
+            transport=row["transport"],
+            headers=credentials_of(row, vault).request_headers(),
+            allowed_tools=tuple(allowed) if allowed is not None else None,
         )
-    return servers, missing
+    for spec in inline:
+        name = spec["name"]
+        given = spec.get("allowed_tools")
+        if spec.get("url") is None:
+            base = servers.get(name)
+            if base is None:
+                continue  # missing, named above
+            if given is not None and base.allowed_tools is not None:
+                given = [t for t in given if t in base.allowed_tools]
+        else:
+            sealed = spec.get("headers")
+            base = McpServer(
+                name=name,
+                url=spec["url"],
+                headers=vault.decrypt_json(sealed) if sealed else {},
+            )
+        allowed_tools = tuple(given) if given is not None else base.allowed_tools
+        servers[name] = replace(
+            base, allowed_tools=allowed_tools, require_approval=spec.get("require_approval")
+        )
+    return list(servers.values()), missing
+
+
+def seal_headers(settings: Settings, headers: Mapping[str, str]) -> str | None:
+    """Headers a request gave for a server it described, as stored with the run: encrypted."""
+    return vault_for(settings).encrypt_json(dict(headers)) if headers else None
 
 
 async def reencrypt(engine: AsyncEngine, settings: Settings) -> int:

@@ -17,7 +17,7 @@ import json
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx2
@@ -28,7 +28,8 @@ from mcp.client.session import IncomingMessage
 from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 
-from app.core.mcp import McpServer, tool_name
+from app.core.approvals import ApprovalRule
+from app.core.mcp import McpServer, approval_rule, tool_name
 from app.outbound import OutboundRefused, check_url
 from app.tools.context import ToolOutcome
 
@@ -46,6 +47,8 @@ class Listing:
 
     tools: list[dict[str, Any]]
     warnings: list[str]
+    # The approval rule of each offered tool whose server says (`require_approval`)
+    approvals: dict[str, ApprovalRule] = field(default_factory=dict)
 
 
 class _Cache:
@@ -181,6 +184,7 @@ async def list_tools(
     results = await asyncio.gather(*(one(s) for s in servers))
     definitions: list[dict[str, Any]] = []
     warnings: list[str] = []
+    approvals: dict[str, ApprovalRule] = {}
     for server, (tools, warning) in zip(servers, results, strict=True):
         if warning is not None:
             warnings.append(warning)
@@ -191,15 +195,21 @@ async def list_tools(
             if problem is not None:
                 warnings.append(f"MCP tool {tool.name} of {server.name} is left out: {problem}")
                 continue
+            name = tool_name(server.name, tool.name)
+            if server.require_approval is not None:
+                read_only = bool(tool.annotations and tool.annotations.read_only_hint)
+                approvals[name] = approval_rule(
+                    server.require_approval, tool.name, read_only=read_only
+                )
             definitions.append(
                 {
-                    "name": tool_name(server.name, tool.name),
+                    "name": name,
                     "kind": "mcp",
                     "description": tool.description or "",
                     "parameters": tool.input_schema,
                 }
             )
-    return Listing(definitions, warnings)
+    return Listing(definitions, warnings, approvals)
 
 
 def _reason(exc: BaseException, timeout: float) -> str:

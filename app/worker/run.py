@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core import approvals as approval_texts
 from app.core import tool_choice as tool_choices
+from app.core.approvals import ApprovalRule
 from app.core.content import TOOL_CALLS_BEFORE
 from app.core.entries import EntryKind, FinishReason, JournalEntry, NewEntry
 from app.core.mcp import McpServer
@@ -328,8 +329,10 @@ async def _converse(
                 first = exc
     config = session.config if session is not None else SessionConfig()
     servers: dict[str, McpServer] = {}
-    if run.kind is RunKind.ASK and (config.mcp_servers or run.params.mcp_servers):
-        run, servers = await _with_mcp_tools(runtime, run, config)
+    params = run.params
+    if run.kind is RunKind.ASK and (config.mcp_servers or params.mcp_servers or params.mcp_inline):
+        run, servers, rules = await _with_mcp_tools(runtime, run, config)
+        policy = policy.with_tool_rules(rules)
         first = None  # projected again, with the servers' tools
     tools = offered_tools(config, run.params.tools)
     tokens_before = session.tokens_used if session is not None else 0
@@ -377,13 +380,16 @@ async def _converse(
 
 async def _with_mcp_tools(
     runtime: Runtime, run: Run, config: SessionConfig
-) -> tuple[Run, dict[str, McpServer]]:
+) -> tuple[Run, dict[str, McpServer], dict[str, ApprovalRule]]:
     """The run with its MCP servers' tools among its own (in memory: its stored params keep
-    the names only), and the servers by name. Fetched once per run (a short-lived cache across
-    runs); what is left out, and why, is a context.warning, never a failed run."""
+    the names only), the servers by name, and the approval rules their tools get from the
+    servers' own `require_approval`. Fetched once per run (a short-lived cache across runs);
+    what is left out, and why, is a context.warning, never a failed run."""
     names = [*(config.mcp_servers or []), *run.params.mcp_servers]
     async with autocommit(runtime.engine) as conn:
-        servers, missing = await mcp_services.resolve(conn, runtime.settings, run.tenant_id, names)
+        servers, missing = await mcp_services.resolve(
+            conn, runtime.settings, run.tenant_id, names, run.params.mcp_inline
+        )
     settings = runtime.settings
     listing = await mcp_tools.list_tools(
         servers,
@@ -397,7 +403,7 @@ async def _with_mcp_tools(
             run.id, EventType.CONTEXT_WARNING, {"level": "tools_left_out", "message": warning}
         )
     params = replace(run.params, tools=[*listing.tools, *run.params.tools])
-    return replace(run, params=params), {s.name: s for s in servers}
+    return replace(run, params=params), {s.name: s for s in servers}, listing.approvals
 
 
 async def _deliver_steers(runtime: Runtime, run: Run, iteration: int) -> bool:
@@ -550,6 +556,15 @@ async def _model_turn(
         )
     turn = _tool_turn(run_id, iteration, content, calls, finish)
     await _commit(runtime, run, turn)
+    for entry in turn:  # a call with unusable arguments, answered with the turn: its result
+        if entry.kind == EntryKind.TOOL_RESULT:
+            result = {
+                "tool_call_id": entry.refs["tool_call_id"],
+                "name": entry.payload["name"] or "unnamed",
+                "is_error": True,
+                "preview": str(entry.payload["content"])[:PREVIEW_CHARS],
+            }
+            runtime.writer.emit(run_id, EventType.TOOL_RESULT, result)
     progress.text, progress.parts = [], []  # committed with its calls: not the final answer
     return None
 

@@ -30,7 +30,7 @@ def a_run(status: RunStatus) -> Run:
     [
         (RunStatus.QUEUED, "queued"),
         (RunStatus.RUNNING, "in_progress"),
-        (RunStatus.AWAITING_APPROVAL, "in_progress"),  # not over: a person is to rule
+        (RunStatus.AWAITING_APPROVAL, "completed"),  # it ended with mcp_approval_request items
         (RunStatus.REQUIRES_ACTION, "completed"),  # it ended with calls for the client
         (RunStatus.FAILED, "failed"),
         (RunStatus.CANCELLED, "cancelled"),

@@ -87,6 +87,10 @@ async def test_unknown_tools_and_bad_arguments_become_error_results(
     assert all(r["payload"]["is_error"] for r in results) and len(results) == 2
     sent = upstream.requests[1].body["messages"]
     assert [m["role"] for m in sent] == ["user", "assistant", "tool", "tool"]
+    # Every result has its tool_result event, the one answered with the turn's calls too.
+    reported = {e.data["tool_call_id"]: e.data for e in events if e.type == "tool_result"}
+    assert set(reported) == {r["refs"]["tool_call_id"] for r in results}
+    assert all(data["is_error"] for data in reported.values())
 
 
 async def test_the_iteration_limit_ends_the_run_with_a_policy_violation(
