@@ -7,7 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Boolean, Integer, column, func, select, text, update
+from sqlalchemy import Boolean, Integer, column, func, select, text, type_coerce, update
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.runs import ACTIVE, Run, RunStatus
@@ -155,6 +156,24 @@ async def expired_approvals(conn: AsyncConnection) -> list[Run]:
         .with_for_update(skip_locked=True)
     )
     return [Run.from_row(r) for r in (await conn.execute(query)).mappings()]
+
+
+async def active_inline_mcp(conn: AsyncConnection) -> list[tuple[str, list[dict[str, Any]]]]:
+    """(id, params.mcp_inline) of every active run with MCP servers of its request's own."""
+    inline = runs.c.params["mcp_inline"]
+    query = select(runs.c.id, inline).where(
+        runs.c.status.in_([str(s) for s in ACTIVE]),
+        func.jsonb_typeof(inline) == "array",
+        inline != type_coerce([], JSONB),  # (jsonb_array_length could meet a scalar first)
+    )
+    return [(str(row[0]), list(row[1])) for row in await conn.execute(query)]
+
+
+async def set_inline_mcp(conn: AsyncConnection, run_id: str, servers: list[dict[str, Any]]) -> None:
+    merged = runs.c.params.op("||")(
+        func.jsonb_build_object("mcp_inline", type_coerce(servers, JSONB))
+    )
+    await conn.execute(update(runs).where(runs.c.id == run_id).values(params=merged))
 
 
 async def count_asks(conn: AsyncConnection, session_id: str) -> int:

@@ -15,6 +15,7 @@ from app.config import Settings
 from app.core.mcp import SEPARATOR, SERVER_NAME, McpServer, Transport
 from app.credentials import Vault, vault_for
 from app.db import mcp_servers as mcp_db
+from app.db import runs as runs_db
 from app.outbound import OutboundRefused, check_url
 from app.services.errors import Conflict, Invalid, NotFound
 
@@ -221,13 +222,22 @@ def seal_headers(settings: Settings, headers: Mapping[str, str]) -> str | None:
 
 
 async def reencrypt(engine: AsyncEngine, settings: Settings) -> int:
-    """Encrypt every stored MCP credential again under the newest key; how many there were."""
+    """Encrypt every stored MCP credential again under the newest key (registered servers',
+    and the headers of servers an active run's request described); how many there were."""
     vault = vault_for(settings)
     async with engine.begin() as conn:
         rows = await mcp_db.all_credentials(conn)
         for row in rows:
             await mcp_db.set_credentials(conn, row["id"], vault.rotate(row["credentials"]))
-    return len(rows)
+        count = len(rows)
+        for run_id, inline in await runs_db.active_inline_mcp(conn):
+            sealed = [s for s in inline if s.get("headers")]
+            for server in sealed:
+                server["headers"] = vault.rotate(server["headers"])
+            if sealed:
+                await runs_db.set_inline_mcp(conn, run_id, inline)
+                count += len(sealed)
+    return count
 
 
 def describe(row: RowMapping, settings: Settings) -> dict[str, Any]:

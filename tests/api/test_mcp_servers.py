@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import Settings
 from app.credentials import Vault, local_key
-from app.db.tables import mcp_servers
+from app.db.tables import mcp_servers, runs
 from app.services import mcp_servers as service
 from tests.conftest import ClientFactory
 
@@ -144,3 +144,45 @@ async def test_credentials_are_reencrypted_under_a_new_key(
     finally:  # the other tests' app still has only the old key
         await service.reencrypt(engine, back)
     assert Vault([old]).decrypt_json(await raw_credentials(engine, sid))["bearer_token"] == TOKEN
+
+
+async def test_headers_of_a_waiting_runs_own_server_are_reencrypted(
+    client: httpx.AsyncClient, engine: AsyncEngine, settings: Settings
+) -> None:
+    """A run whose request described its MCP server (the OpenAI facade's mcp tool) keeps that
+    server's headers sealed in its params: a rotation re-encrypts them while the run is active,
+    so that it still reaches the server once the old key is dropped."""
+    tool = {
+        "type": "mcp",
+        "server_label": "calc",
+        "server_url": "http://127.0.0.1:9/mcp",
+        "headers": {"X-Api-Key": HEADER_VALUE},
+    }
+    created = await client.post(
+        "/openai/v1/responses",
+        json={"model": "gpt-4o-mini", "input": "hi", "tools": [tool], "background": True},
+    )
+    assert created.status_code == 200, created.text
+    old = local_key(settings.data_dir)
+    new = Fernet.generate_key().decode()
+
+    async def sealed() -> str:
+        async with engine.connect() as conn:
+            (params,) = (await conn.execute(select(runs.c.params))).scalars().all()
+        assert HEADER_VALUE not in str(params)
+        value: str = params["mcp_inline"][0]["headers"]
+        return value
+
+    try:
+        assert (
+            await service.reencrypt(
+                engine, Settings(database_url=settings.database_url, secret_keys=[new, old])
+            )
+            >= 1
+        )
+        assert Vault([new]).decrypt_json(await sealed()) == {"X-Api-Key": HEADER_VALUE}
+    finally:
+        await service.reencrypt(
+            engine, Settings(database_url=settings.database_url, secret_keys=[old, new])
+        )
+    assert Vault([old]).decrypt_json(await sealed()) == {"X-Api-Key": HEADER_VALUE}
