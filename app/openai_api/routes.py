@@ -129,7 +129,8 @@ async def create_response(
         async def cancel_run() -> None:  # a response not in the background ends with its stream
             await runs.cancel_run(engine, tenant, run_id)
 
-        gone = None if base["background"] else cancel_run
+        # (one whose input steered a response in progress leaves that response's run be)
+        gone = None if base["background"] or loaded.steered else cancel_run
         settle = _with_encrypted(engine, tenant, loaded.id) if created.encrypted else None
         return _sse(hub, stream, -1, settings.sse_heartbeat_seconds, gone, settle)
     if not body.background:

@@ -124,6 +124,16 @@ class ResponseCreate(_Body):
         "`{format: {type: text}}` (the default): free text.",
     )
     reasoning: ReasoningParam | None = None
+    multitask_strategy: Literal["reject", "enqueue", "interrupt", "rollback", "steer"] | None = (
+        Field(
+            default=None,
+            description="Threadline's own (the SDKs' `extra_body`): what a response in a "
+            "conversation whose response is still in progress does: `reject` (the default, "
+            "409), `enqueue`, `interrupt`, `rollback`, or `steer`: the message goes to the "
+            "response in progress, whose next model turn sees it (after its current tool "
+            "calls), and that response is the one returned.",
+        )
+    )
     include: Annotated[list[Literal["reasoning.encrypted_content"]], Field(max_length=8)] | None = (
         Field(
             default=None,

@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
@@ -249,6 +249,7 @@ class Loaded:
     tools: list[dict[str, Any]]  # the client's
     instructions: str | None
     run_tools: mapping.RunTools
+    steered: bool = False  # a request's input went to it while in progress (a steer)
 
     @property
     def latest(self) -> bool:
@@ -622,6 +623,7 @@ async def _ask(
         tool_choice=choice,
         parallel_tool_calls=body.parallel_tool_calls is not False,
         on_disconnect="continue" if body.background else "cancel",
+        multitask_strategy=body.multitask_strategy or "reject",
         response_format=output,
         response_format_at=("text", "format", "schema"),
         before=tuple(PendingEntry(str(e.kind), e.payload, e.refs) for e in given.before),
@@ -636,6 +638,10 @@ async def _ask(
         handoff=handoff,
         prepare=prepare if steps else None,
     )
+    if result.steer_id is not None:  # the run in progress takes it: its latest response
+        first = await load(engine, tenant_id, mapping.response_id(result.run.id))
+        latest = mapping.response_id(result.run.id, len(first.parts) - 1)
+        return replace(await load(engine, tenant_id, latest), steered=True)
     return await load(engine, tenant_id, mapping.response_id(result.run.id))
 
 
