@@ -22,7 +22,15 @@ from sse_starlette import EventSourceResponse
 from app.api.bodies import JSONRoute
 from app.api.deps import Config, Engine, Hub, LocalWorkers, Tenant
 from app.api.errors import error_responses
-from app.api.ui_stream import DONE, HEADER, VERSION, Chunk, UIStream, context_meter
+from app.api.ui_stream import (
+    CURRENT_MAJOR,
+    DONE,
+    HEADER,
+    VERSION,
+    Chunk,
+    UIStream,
+    context_meter,
+)
 from app.config import Settings
 from app.eventlog.hub import EventHub
 from app.eventlog.registry import EventType
@@ -47,9 +55,11 @@ UI_CHUNK_SCHEMA: dict[str, Any] = {
             "description": "`start`, `start-step`, `text-start`, `text-delta`, `text-end`, "
             "`reasoning-start`, `reasoning-delta`, `reasoning-end`, `tool-input-start`, "
             "`tool-input-delta`, `tool-input-available`, "
-            "`tool-output-available`, `tool-output-error`, `finish-step`, `finish`, `error`, "
-            "`abort`, or a data part: `data-threadline-run`, `data-threadline-context`, "
-            "`data-threadline-usage`, `data-threadline-reset`.",
+            "`tool-output-available`, `tool-output-error`, `tool-approval-request`, "
+            "`tool-approval-response`, `tool-output-denied`, `steering-message`, `finish-step`, "
+            "`finish`, `error`, `abort`, or a data part: `data-threadline-run`, "
+            "`data-threadline-context`, `data-threadline-usage`, `data-threadline-reset`, "
+            "`data-threadline-warning`, `data-threadline-steered`.",
         }
     },
     "additionalProperties": True,
@@ -67,16 +77,23 @@ ChatId = Annotated[
 
 
 # The `ai` major a client runs, when it is one that refuses parts of today's protocol: "5"
-# (tool approval parts came with `ai` 6). Set with DefaultChatTransport's `headers`.
+# (tool approval parts came with `ai` 6), "6" (steering-message with `ai` 7). Set with
+# DefaultChatTransport's `headers`.
 AiSdkMajor = Annotated[
     str,
     Header(
         alias="Threadline-AI-SDK",
-        pattern=r"^(5)?$",
+        pattern=r"^(5|6)?$",
         description="`5` for an `ai` 5 client: no tool approval parts (it refuses them); it "
-        "sees the calls, and they are ruled on with POST /v1/runs/{id}/approvals.",
+        "sees the calls, and they are ruled on with POST /v1/runs/{id}/approvals. `5` or `6`: "
+        "no steering-message parts (`ai` 7's); a steered message is a "
+        "`data-threadline-steered` part.",
     ),
 ]
+
+
+def major_of(ai_sdk: str) -> int:
+    return int(ai_sdk) if ai_sdk else CURRENT_MAJOR
 
 
 class UiChatRequest(BaseModel):
@@ -147,7 +164,7 @@ async def ui_chat(
             _canceller(engine, tenant, sent.run_id) if body.on_disconnect == "cancel" else None,
             None,
             sent.streamed_through,
-            approval_parts=ai_sdk != "5",
+            major=major_of(ai_sdk),
         )
     run = await ui_chats.ask(
         engine,
@@ -175,7 +192,7 @@ async def ui_chat(
         settings.sse_heartbeat_seconds,
         gone,
         meter,
-        approval_parts=ai_sdk != "5",
+        major=major_of(ai_sdk),
     )
 
 
@@ -223,8 +240,47 @@ async def resume_ui_chat(
     if run is None or not await hub.has_more(run.id, 0):
         return Response(status_code=204)
     heartbeat = settings.sse_heartbeat_seconds
-    parts = ai_sdk != "5"
-    return _ui_stream(engine, tenant, hub, run.id, heartbeat, None, None, approval_parts=parts)
+    return _ui_stream(engine, tenant, hub, run.id, heartbeat, None, None, major=major_of(ai_sdk))
+
+
+class UiSteerRequest(BaseModel):
+    message: dict[str, Any] = Field(
+        description="The user's message as useChat builds it: `{role: user, parts: [...]}` "
+        "(its text parts, and file parts for documents and images)."
+    )
+
+
+class UiSteered(BaseModel):
+    run_id: str = Field(
+        description="The run the message went to (or, with none in progress, "
+        "the run it started: stream it with GET /v1/ui/chat/{id}/stream)."
+    )
+    steer_id: str | None = Field(
+        description="The steer, as the stream's steering-message part names it; null when no "
+        "run was in progress and the message was asked."
+    )
+
+
+@router.post(
+    "/{chat_id:path}/steer",
+    operation_id="steerUiChat",
+    status_code=202,
+    responses=error_responses(400, 401, 404, 409, 413, 422),
+)
+async def steer_ui_chat(
+    chat_id: ChatId,
+    body: UiSteerRequest,
+    engine: Engine,
+    tenant: Tenant,
+    settings: Config,
+    local_workers: LocalWorkers,
+) -> UiSteered:
+    """A message sent while the chat's answer streams: the running run's next model turn sees
+    it (after its current tool calls), and the stream shows where it landed (a
+    `steering-message` part, or `data-threadline-steered` for `ai` 5 and 6 clients). With no
+    run in progress it is asked, like a message sent with useChat."""
+    result = await ui_chats.steer(engine, settings, tenant, chat_id, body.message, local_workers)
+    return UiSteered(run_id=result.run.id, steer_id=result.steer_id)
 
 
 class UiChatMessages(BaseModel):
@@ -233,7 +289,9 @@ class UiChatMessages(BaseModel):
         "the user's (text, and file parts for documents and images) and one assistant message "
         "per run, its id the run's, with a `step-start` part per model turn, `reasoning` parts "
         "(a redacted block: empty, `providerMetadata.threadline.redacted`), `text` parts and "
-        "`tool-<name>` parts with their outputs. What a rollback took out is left out."
+        "`tool-<name>` parts with their outputs (a call waiting for approval: state "
+        "`approval-requested`, its approval id the call's), `steering-message` parts where a "
+        "message sent during the run landed. What a rollback took out is left out."
     )
 
 
@@ -242,10 +300,13 @@ class UiChatMessages(BaseModel):
     operation_id="uiChatMessages",
     responses=error_responses(401, 422),
 )
-async def ui_chat_messages(chat_id: ChatId, engine: Engine, tenant: Tenant) -> UiChatMessages:
+async def ui_chat_messages(
+    chat_id: ChatId, engine: Engine, tenant: Tenant, ai_sdk: AiSdkMajor = ""
+) -> UiChatMessages:
     """The chat's history as the AI SDK's UI messages, from the session's journal: what a
     page gives useChat on load. A chat with no session yet has none."""
-    return UiChatMessages(messages=await ui_chats.chat_messages(engine, tenant, chat_id))
+    found = await ui_chats.chat_messages(engine, tenant, chat_id, major_of(ai_sdk))
+    return UiChatMessages(messages=found)
 
 
 class _UIWire(Wire):
@@ -261,12 +322,12 @@ class _UIWire(Wire):
         run_id: str,
         meter: Callable[[], Coroutine[Any, Any, Chunk]] | None,
         sent_through: int,
-        approval_parts: bool,
+        major: int,
     ) -> None:
         self._engine = engine
         self._tenant = tenant
         self._run_id = run_id
-        self._stream = UIStream(run_id, approval_parts)
+        self._stream = UIStream(run_id, major)
         self._sent_through = sent_through
         self._measuring: asyncio.Task[Chunk] | None = (
             asyncio.create_task(meter()) if meter is not None else None
@@ -324,10 +385,10 @@ def _ui_stream(
     meter: Callable[[], Coroutine[Any, Any, Chunk]] | None,
     sent_through: int = 0,
     *,
-    approval_parts: bool,
+    major: int,
 ) -> EventSourceResponse:
     """The run's events from its first, as a UI message stream (_UIWire)."""
-    wire = _UIWire(engine, tenant, run_id, meter, sent_through, approval_parts)
+    wire = _UIWire(engine, tenant, run_id, meter, sent_through, major)
     return run_stream(
         hub, run_id, 0, heartbeat_seconds, wire, on_client_gone, headers={HEADER: VERSION}
     )

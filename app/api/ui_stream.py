@@ -13,8 +13,8 @@ and useChat's Chat keeps every part it was sent, whatever message id comes later
 voided attempt's text and step are closed, and a `data-threadline-reset` part marks where the
 retry begins: the answer is what follows the last marker (the journal keeps only that one).
 Ids derive from the run id and the events alone, so a replay (a resumed stream) yields the
-same chunks. Only chunk types of the protocol's first version (`ai` 5) are sent, so clients on
-every major since read the stream (`ai` 7 added chunks, e.g. `reset-step`, that `ai` 5 refuses).
+same chunks. Chunk types a client's `ai` major refuses are not sent to it (the client says its
+major with a header; `ai` 6 added approval parts, `ai` 7 steering-message).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from app.core.ui_messages import REDACTED
 from app.eventlog.registry import APPROACHING_LIMIT_SHARE, AT_LIMIT_SHARE, EventType
 
 HEADER = "x-vercel-ai-ui-message-stream"
+CURRENT_MAJOR = 7  # the `ai` major whose chunks are all sent
 VERSION = "v1"
 DONE = "[DONE]"
 
@@ -60,11 +61,13 @@ def context_meter(tokens: int, budget: int, level: str | None = None) -> Chunk:
 class UIStream:
     """Translate one run's events, from its first (`run.created`), in order."""
 
-    def __init__(self, run_id: str, approval_parts: bool = True) -> None:
+    def __init__(self, run_id: str, major: int = CURRENT_MAJOR) -> None:
         self.run_id = run_id
-        # Tool approvals as the protocol's approval parts (`ai` 6 on); `ai` 5 refuses them, so
-        # its clients see the calls only and approve through the REST API.
-        self.approval_parts = approval_parts
+        # The `ai` major the client runs: chunks it would refuse are not sent. Tool approvals
+        # as approval parts came with `ai` 6 (`ai` 5 clients see the calls and approve through
+        # the REST API); steering-message with `ai` 7 (older ones get a data part instead).
+        self.approval_parts = major >= 6
+        self.steering_parts = major >= 7
         self._denied: set[str] = set()  # calls a person rejected: no output follows
         self._shown: set[str] = set()  # calls whose input was sent (tool-input-available)
         self._resets = 0  # message.reset events so far: the marker parts' ids
@@ -171,6 +174,8 @@ class UIStream:
                     )
                 self.waiting = True
                 return [*out, *self._close_step(), {"type": "finish", "finishReason": "tool-calls"}]
+            case EventType.RUN_STEERED:
+                return self._steered(data)
             case EventType.MESSAGE_RESET:
                 self._resets += 1
                 self._calls.clear()
@@ -225,6 +230,24 @@ class UIStream:
                 out.append({"type": "tool-output-available", **done, "output": output})
         self._after_tools = True
         return out
+
+    def _steered(self, data: Mapping[str, Any]) -> list[Chunk]:
+        """A message sent during the run: where it landed in this run, a steering-message
+        before the model turn that sees it (as the AI SDK's own steering streams it); else a
+        data part (`nextRunId`: the run it started, which a client may stream)."""
+        text = str(data.get("text", ""))
+        if self.steering_parts and "iteration" in data:
+            parts = [{"type": "text", "text": text}]
+            return [
+                *self._close_step(),
+                {"type": "steering-message", "id": data["steer_id"], "parts": parts},
+            ]
+        steered: Chunk = {"steerId": data["steer_id"], "entrySeq": data["entry_seq"], "text": text}
+        if "next_run_id" in data:
+            steered["nextRunId"] = data["next_run_id"]
+        return [
+            {"type": "data-threadline-steered", "id": f"steer-{data['steer_id']}", "data": steered}
+        ]
 
     def _context(self, data: Mapping[str, Any]) -> Chunk:
         return context_meter(data["tokens"], data["budget"], data["level"])

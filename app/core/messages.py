@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -49,7 +50,7 @@ def result_text(content: Any) -> str:
     return content if isinstance(content, str) else canonical_json(content)
 
 
-def text_of(content: Content) -> str:
+def text_of(content: str | Sequence[Mapping[str, Any]]) -> str:
     if isinstance(content, str):
         return content
     return "".join(str(p.get("text", "")) for p in content if p.get("type") == "text")

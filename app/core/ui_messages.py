@@ -8,7 +8,7 @@ as `tool-<name>` parts with their outputs. User messages keep their attachments 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from app.core.content import is_reasoning, is_redacted, reasoning_text
@@ -23,14 +23,32 @@ UIMessage = dict[str, Any]
 UIPart = dict[str, Any]
 
 
-def ui_messages(entries: Sequence[JournalEntry]) -> list[UIMessage]:
+def ui_messages(
+    entries: Sequence[JournalEntry],
+    *,
+    steering_parts: bool = True,
+    waiting: Collection[str] = (),
+) -> list[UIMessage]:
     """The UI messages of a chat's live entries (no rollback took them out), oldest first;
-    entries of other kinds than KINDS are left out."""
+    entries of other kinds than KINDS are left out. A message steered into a run is a
+    `steering-message` part of its answer, where it landed (`steering_parts`, as `ai` 7
+    streams it; else it splits the answer). `waiting`: the ids of calls that wait for a
+    person's approval, whose parts ask for it (as streamed, with the call's id as approval id)."""
     messages: list[UIMessage] = []
     answer: UIMessage | None = None  # the assistant message being put together
     calls: dict[str, UIPart] = {}  # the answer's tool parts by call id
     for entry in entries:
         role = entry.payload.get("role")
+        steer_id = entry.refs.get("steer_id")
+        if (
+            steering_parts
+            and steer_id is not None
+            and answer is not None
+            and answer["run"] == entry.refs.get("run_id")
+        ):
+            parts = _user_parts(entry.payload["content"])
+            answer["parts"].append({"type": "steering-message", "id": steer_id, "parts": parts})
+            continue
         if entry.kind == EntryKind.MESSAGE and role == "user":
             answer = None
             parts = _user_parts(entry.payload["content"])
@@ -57,6 +75,8 @@ def ui_messages(entries: Sequence[JournalEntry]) -> list[UIMessage]:
                 "state": "input-available",
                 "input": entry.payload.get("arguments"),
             }
+            if call_id in waiting:
+                calls[call_id] |= {"state": "approval-requested", "approval": {"id": call_id}}
             answer["parts"].append(calls[call_id])
         elif (call := calls.get(str(entry.refs.get("tool_call_id")))) is not None:
             output = entry.payload.get("content")

@@ -324,6 +324,7 @@ class RunSteeredData(EventData):
     next_run_id: str | Omitted = sometimes(
         "The run ended first: the run that the message starts (stream it by its id)."
     )
+    text: str | Omitted = sometimes("The message's text (its text parts, joined).")
 
 
 class ReasoningDeltaData(EventData):

@@ -18,6 +18,7 @@ from sqlalchemy import func, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.entries import EntryKind, NewEntry
+from app.core.messages import text_of
 from app.core.runs import CancelMode, Outcome, Run, RunKind, RunParams, RunStatus, entry_id
 from app.db import approvals as approvals_db
 from app.db import jobs as jobs_db
@@ -362,9 +363,8 @@ async def _hand_on_steers(conn: AsyncConnection, run: Run, status: RunStatus) ->
         events: list[Event] = []
         for steer, entry in zip(pending, appended.entries, strict=True):
             await steers_db.settle(conn, steer.id, "journaled", int(entry["seq"]))
-            events.append(
-                (EventType.RUN_STEERED, {"steer_id": steer.id, "entry_seq": entry["seq"]})
-            )
+            data = {"steer_id": steer.id, "entry_seq": entry["seq"], "text": text_of(steer.content)}
+            events.append((EventType.RUN_STEERED, data))
         return events
     next_id = str(uuid.uuid4())
     first = pending[0]
@@ -411,5 +411,6 @@ async def _hand_on_steers(conn: AsyncConnection, run: Run, status: RunStatus) ->
     for steer, entry in zip(pending, appended.entries[: len(pending)], strict=True):
         await steers_db.settle(conn, steer.id, "next_run", int(entry["seq"]), next_id)
         data = {"steer_id": steer.id, "entry_seq": int(entry["seq"]), "next_run_id": next_id}
+        data["text"] = text_of(steer.content)
         events.append((EventType.RUN_STEERED, data))
     return events

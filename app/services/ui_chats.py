@@ -26,7 +26,7 @@ from app.db import sessions as sessions_db
 from app.eventlog import store as event_store
 from app.eventlog.registry import EventType
 from app.services import approvals, asks, journal, quotas, runs
-from app.services.errors import Conflict, Invalid, session_not_found
+from app.services.errors import Conflict, Invalid, NotFound, session_not_found
 from app.services.handoff import RunHandoff
 from app.services.ids import is_uuid
 
@@ -239,14 +239,42 @@ async def ask(
     return result.run
 
 
-async def chat_messages(engine: AsyncEngine, tenant_id: str, chat_id: str) -> list[UIMessage]:
+async def steer(
+    engine: AsyncEngine,
+    settings: Settings,
+    tenant_id: str,
+    chat_id: str,
+    message: dict[str, Any],
+    handoff: RunHandoff | None,
+) -> asks.AskResult:
+    """A user message sent while the chat's run works (`message`: a UI message, its text and
+    file parts): steered into that run (asks' `steer`), or, with no run in progress, asked."""
+    content = new_user_content([message])
+    session = await find_session(engine, tenant_id, chat_id)
+    if session is None:
+        raise NotFound("chat_not_found", f"the chat {chat_id} has no session yet", {})
+    params = asks.AskParams(content=content, multitask_strategy="steer")
+    return await asks.ask(engine, settings, tenant_id, session.id, params, handoff=handoff)
+
+
+async def chat_messages(
+    engine: AsyncEngine, tenant_id: str, chat_id: str, major: int
+) -> list[UIMessage]:
     """The chat's history as UI messages (none for a chat with no session yet): what no
-    rollback took out, from the journal."""
+    rollback took out, from the journal, for a client of `ai` major `major`: the calls its run
+    waits to have approved ask for it (`ai` 6 on), steered messages are steering-message parts
+    (`ai` 7 on)."""
     session = await find_session(engine, tenant_id, chat_id)
     if session is None:
         return []
     rows, _ = await journal.live_entries(engine, tenant_id, session.id, [str(k) for k in KINDS])
-    return ui_messages([journal_db.journal_entry(row) for row in rows])
+    waiting: list[str] = []
+    run = await runs.active_run(engine, tenant_id, session.id)
+    if major >= 6 and run is not None and run.status == RunStatus.AWAITING_APPROVAL:
+        pending = (await approvals.run_approvals(engine, tenant_id, run.id)).approvals
+        waiting = [a.tool_call_id for a in pending if a.decision is None]
+    entries = [journal_db.journal_entry(row) for row in rows]
+    return ui_messages(entries, steering_parts=major >= 7, waiting=waiting)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from app.core.approvals import ApprovalRule
 from app.core.content import TOOL_CALLS_BEFORE
 from app.core.entries import EntryKind, FinishReason, JournalEntry, NewEntry
 from app.core.mcp import McpServer
-from app.core.messages import result_text
+from app.core.messages import result_text, text_of
 from app.core.output_schema import ResponseFormat, answer_problem
 from app.core.projection import ProjectionMeta
 from app.core.reasoning import Reasoning
@@ -416,6 +416,7 @@ async def _deliver_steers(runtime: Runtime, run: Run, iteration: int) -> bool:
         delivered = await steering.deliver_in(conn, run)
     for steer_id, entry in delivered:
         data = {"steer_id": steer_id, "entry_seq": int(entry["seq"]), "iteration": iteration}
+        data["text"] = text_of(entry["payload"]["content"])
         runtime.writer.emit(run.id, EventType.RUN_STEERED, data, urgent=True)
     for kind, data in committed_events([entry for _, entry in delivered]):
         runtime.writer.emit(run.id, kind, data)

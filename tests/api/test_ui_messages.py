@@ -707,3 +707,86 @@ async def test_an_ai_5_client_sees_the_calls_and_the_run_is_approved_through_the
     assert ruled.status_code == 200, ruled.text
     ended = await api.get(f"/v1/runs/{run_id}", params={"wait": "true", "timeout": 120})
     assert ended.json()["status"] == "completed" and ended.json()["result"] == "It is 42."
+
+
+@BOTH_MAJORS
+async def test_a_message_sent_while_the_answer_streams_steers_the_run(
+    api: httpx.AsyncClient, upstream: FakeUpstream, ai_sdk: None, sdk: Path
+) -> None:
+    """POST {chat}/steer while the stream runs: the run's next model turn sees the message,
+    after its current tool call; the stream shows where it landed (a steering-message part for
+    `ai` 7, a data part for `ai` 5, which would refuse it), and so does the stored history."""
+    release = threading.Event()
+    sid = (await new_session(api, config={"tools": [CALCULATOR]}))["id"]
+    upstream.script(ToolCall("call_1", "calculator", '{"expression": "1+1"}'))
+    upstream.script(Hold(release), ToolCall("call_2", "calculator", '{"expression": "2+2"}'))
+    upstream.script(Text("2 and 4, in French: deux et quatre."))
+    headers = {} if sdk == JS else {"Threadline-AI-SDK": "5"}
+    async with Node(
+        api, "steer", sid, sdk, messages=[user("add")], steer="In French.", headers=headers
+    ) as node:
+        steered = (await node.line())["steered"]
+        release.set()
+        result = await node.line()
+    release.set()
+    assert steered["status"] == 202, steered
+    assert result["errors"] == []
+    run_id = run_id_of(result["chunks"])
+    assert steered["body"]["run_id"] == run_id and steered["body"]["steer_id"]
+    # The model's third turn read the message after the second turn's tool result.
+    sent = [m for m in upstream.requests[-1].body["messages"] if m["role"] != "system"]
+    assert [m["role"] for m in sent][-3:] == ["assistant", "tool", "user"]
+    assert sent[-1]["content"] == "In French."
+    answer = result["messages"][-1]
+    stored = result["stored"][-1]
+    if sdk == JS:
+        (chunk,) = [c for c in result["chunks"] if c["type"] == "steering-message"]
+        assert chunk == {
+            "type": "steering-message",
+            "id": steered["body"]["steer_id"],
+            "parts": [{"type": "text", "text": "In French."}],
+        }
+        kinds = [p["type"] for p in answer["parts"] if not p["type"].startswith("data-")]
+        # Where it landed: between the second turn's tool call and the third turn.
+        assert kinds == [
+            "step-start",
+            "tool-calculator",
+            "step-start",
+            "tool-calculator",
+            "steering-message",
+            "step-start",
+            "text",
+        ]
+        assert [p["type"] for p in stored["parts"] if p["type"] != "step-start"] == [
+            k for k in kinds if k != "step-start"
+        ]
+        assert [m["role"] for m in result["stored"]] == ["user", "assistant"]
+    else:
+        (chunk,) = [c for c in result["chunks"] if c["type"] == "data-threadline-steered"]
+        assert chunk["data"]["text"] == "In French."
+        assert "steering-message" not in json.dumps(result["stored"])
+    assert texts_of(answer) == ["2 and 4, in French: deux et quatre."]
+
+
+async def test_a_reloaded_chat_shows_the_calls_that_wait_for_approval(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    """The stored messages of a chat whose run awaits approval ask for it, as the stream did
+    (`ai` 6 on), so that a reloaded page can still approve; an `ai` 5 client sees the call."""
+    policy = {"tool_approval": {"default": "ask"}}
+    sid = (await new_session(api, config={"tools": [CALCULATOR], "run_policy": policy}))["id"]
+    upstream.script(ToolCall("call_sum", "calculator", '{"expression": "6*7"}'))
+    asked = await api.post(f"/v1/sessions/{sid}/ask", json={"input": "6*7?", "stream": False})
+    run_id = asked.json()["id"]
+    for _ in range(10_000):  # until it waits (a condition; the bound only stops a hang)
+        if (await api.get(f"/v1/runs/{run_id}")).json()["status"] == "awaiting_approval":
+            break
+        await asyncio.sleep(0.05)
+
+    stored = (await api.get(f"/v1/ui/chat/{sid}/messages")).json()["messages"]
+    (part,) = [p for p in stored[-1]["parts"] if p["type"] == "tool-calculator"]
+    assert part["state"] == "approval-requested"
+    assert part["approval"] == {"id": part["toolCallId"]}
+    old = await api.get(f"/v1/ui/chat/{sid}/messages", headers={"Threadline-AI-SDK": "5"})
+    (part,) = [p for p in old.json()["messages"][-1]["parts"] if p["type"] == "tool-calculator"]
+    assert part["state"] == "input-available" and "approval" not in part

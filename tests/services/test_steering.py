@@ -78,7 +78,9 @@ async def test_a_message_during_a_three_tool_loop_lands_after_the_current_tool_r
     landed = [e.data for e in events if e.type == "run.steered"]
     journal = await history(api, sid)
     message = next(e for e in journal if e["refs"].get("steer_id") == steer_id)
-    assert landed == [{"steer_id": steer_id, "entry_seq": message["seq"], "iteration": 3}]
+    assert landed == [
+        {"steer_id": steer_id, "entry_seq": message["seq"], "iteration": 3, "text": STEER}
+    ]
     kinds = [(e["kind"], e["payload"].get("role")) for e in journal]
     at = kinds.index(("message", "user"), 1)  # the steered message, after the run's input
     assert kinds[at - 1] == ("tool_result", None)  # after the second turn's result
@@ -157,7 +159,7 @@ async def test_a_cancelled_run_keeps_the_message_and_starts_nothing(
     assert (await ended_run(api, run_id))["status"] == "cancelled"
     events = await collect(api, "GET", f"/v1/runs/{run_id}/events")
     landed = next(e.data for e in events if e.type == "run.steered")
-    assert set(landed) == {"steer_id", "entry_seq"} and landed["steer_id"] == steer_id
+    assert set(landed) == {"steer_id", "entry_seq", "text"} and landed["steer_id"] == steer_id
     journal = await history(api, sid)
     kept = next(e for e in journal if e["seq"] == landed["entry_seq"])
     assert kept["payload"] == {"role": "user", "content": "wait, stop"}

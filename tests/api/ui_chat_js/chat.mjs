@@ -221,6 +221,30 @@ switch (args.scenario) {
     emit({ resumed: true, ...result });
     break;
   }
+  case "steer": {
+    // The user sends a message while the answer streams: once the first tool result shows,
+    // the page posts it to {api}/{chatId}/steer (useChat's stream goes on), and says so.
+    let steering = null;
+    const result = await render(await send(undefined), (chunk) => {
+      if (steering === null && chunk.type === "tool-output-available") {
+        steering = fetch(`${args.api}/${encodeURIComponent(args.chatId)}/steer`, {
+          method: "POST",
+          headers: { Authorization: `Bearer ${args.key}`, "Content-Type": "application/json", ...(args.headers ?? {}) },
+          body: JSON.stringify({ message: { role: "user", parts: [{ type: "text", text: args.steer }] } }),
+        }).then(async (response) => {
+          const steered = { status: response.status, body: await response.json() };
+          emit({ steered });
+          return steered;
+        });
+      }
+    });
+    const history = await fetch(`${args.api}/${encodeURIComponent(args.chatId)}/messages`, {
+      headers: { Authorization: `Bearer ${args.key}`, ...(args.headers ?? {}) },
+    });
+    const { messages } = await history.json();
+    emit({ ...result, steered: await steering, stored: await validateUIMessages({ messages }) });
+    break;
+  }
   case "history": {
     // A page's load: the chat's stored messages, checked by the AI SDK as the UI messages it
     // takes (useChat({messages})), then continued with one more message through its Chat.
