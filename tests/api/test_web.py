@@ -852,3 +852,82 @@ def test_a_call_waiting_for_approval_is_approved_edited_or_rejected_on_the_page(
     ran = [r for r in results if not r["is_error"]]
     assert len(results) == 2 and len(ran) == 1 and "36" in str(ran[0]["content"])
     assert any("Too big." in str(r["content"]) for r in results if r["is_error"])
+
+
+def test_a_reload_while_a_call_waits_for_approval_still_asks_for_it(
+    browser: Browser, served: Served, upstream: FakeUpstream
+) -> None:
+    """The page is reloaded while the run waits for a ruling: the call still asks for it,
+    once, and approving it there finishes the answer."""
+    calculator = {"name": "calculator", "kind": "builtin"}
+    policy = {"tool_approval": {"default": "ask"}}
+    with api(served) as client:
+        session = client.post(
+            "/v1/sessions", json={"config": {"tools": [calculator], "run_policy": policy}}
+        ).json()
+    upstream.clear()
+    upstream.script(ToolCall("c1", "calculator", '{"expression": "6*7"}'))
+    upstream.script(Text("It is 42."))
+    page = signed_in(browser, served)
+    try:
+        open_session(page, served, session["id"])
+        box = page.get_by_label("Message", exact=True)
+        box.fill("6*7?")
+        box.press("Enter")
+        expect(page.locator("fieldset.approval")).to_have_count(1)
+        page.reload()
+        expect(page.locator("fieldset.approval")).to_have_count(1)
+        expect(page.locator(".message.assistant")).to_have_count(1)
+        shot(page, "15-approval-after-reload")
+        page.locator("fieldset.approval").get_by_role("button", name="Approve").click()
+        expect(assistant_text(page)).to_contain_text("It is 42.")
+        expect(page.locator("fieldset.approval")).to_have_count(0)
+    finally:
+        page.close()
+    with api(served) as client:
+        entries = client.get(f"/v1/sessions/{session['id']}/entries").json()["data"]
+    (result,) = [e["payload"] for e in entries if e["kind"] == "tool_result"]
+    assert str(result["content"]) == "42" and not result["is_error"]
+
+
+def test_a_message_sent_while_the_answer_streams_steers_it(
+    browser: Browser, served: Served, upstream: FakeUpstream
+) -> None:
+    """While a tool loop runs, Enter sends the message to it: the model's next turn reads it
+    after the current tool result, and the page shows it inside the answer, where it landed,
+    while streaming and once the journal's version replaces the stream."""
+    calculator = {"name": "calculator", "kind": "builtin"}
+    with api(served) as client:
+        session = client.post("/v1/sessions", json={"config": {"tools": [calculator]}}).json()
+    release = threading.Event()
+    upstream.clear()
+    upstream.script(ToolCall("c1", "calculator", '{"expression": "1+1"}'))
+    upstream.script(Hold(release), ToolCall("c2", "calculator", '{"expression": "2+2"}'))
+    upstream.script(Text("Deux et quatre."))
+    page = signed_in(browser, served)
+    try:
+        open_session(page, served, session["id"])
+        box = page.get_by_label("Message", exact=True)
+        box.fill("Add, please.")
+        box.press("Enter")
+        expect(page.locator("details.tool").first).to_contain_text("returned")
+        box.fill("In French.")
+        box.press("Enter")
+        steer = page.locator(".message.assistant .steer")
+        with api(served) as client:  # committed at once, journaled at the next model turn
+            steers = client.get(f"/v1/sessions/{session['id']}").json()
+        assert steers["id"] == session["id"]
+        release.set()
+        expect(steer).to_contain_text("In French.")
+        expect(assistant_text(page)).to_contain_text("Deux et quatre.")
+        expect(page.get_by_role("button", name="Send", exact=True)).to_be_visible()
+        # The journal's version, once the answer ended: the message still where it landed.
+        expect(steer).to_have_count(1)
+        expect(page.locator(".message.user")).to_have_count(1)
+        shot(page, "16-steered")
+    finally:
+        release.set()
+        page.close()
+    sent = [m for m in upstream.requests[-1].body["messages"] if m["role"] != "system"]
+    assert [m["role"] for m in sent][-2:] == ["tool", "user"]
+    assert sent[-1]["content"] == "In French."

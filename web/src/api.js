@@ -70,6 +70,7 @@ export function makeApi(key) {
     waitRun: (id) => call("GET", `/v1/runs/${id}?wait=true&timeout=600`),
     // A ruling on a call the run waits on: {tool_call_id, decision, arguments?, reason?}.
     rule: (runId, ruling) => call("POST", `/v1/runs/${runId}/approvals`, { approvals: [ruling] }),
+    steer: (sessionId, message) => call("POST", `/v1/ui/chat/${sessionId}/steer`, { message }),
     // A run's events (SSE) to onEvent(type, data) as they come, up to its terminal one; then the
     // run. Without a stream (events already pruned), the run once it has ended.
     async followRun(id, onEvent) {
@@ -121,7 +122,10 @@ export function entriesToMessages(entries) {
   let turn = null; // the assistant message being put together
   const assistant = (entry) => {
     if (!turn) {
-      turn = { id: entry.id, role: "assistant", parts: [], metadata: { seq: entry.seq } };
+      // Its id is the run's, as the stream names it: a rejoined stream replaces it.
+      const runId = entry.refs.run_id;
+      const id = runId && !messages.some((m) => m.id === runId) ? runId : entry.id;
+      turn = { id, role: "assistant", parts: [], metadata: { seq: entry.seq } };
       messages.push(turn);
     }
     turn.metadata.seq = entry.seq;
@@ -131,7 +135,10 @@ export function entriesToMessages(entries) {
   for (const entry of entries) {
     if (rolledBack.has(entry.seq)) continue;
     const { kind, payload } = entry;
-    if (kind === "message" && payload.role === "user") {
+    if (kind === "message" && payload.role === "user" && entry.refs.steer_id && turn && turn.id === entry.refs.run_id) {
+      // Sent while the run worked: where the model read it, as the stream showed it.
+      turn.parts.push({ type: "steering-message", id: entry.refs.steer_id, parts: contentParts(payload.content) });
+    } else if (kind === "message" && payload.role === "user") {
       turn = null;
       messages.push({ id: entry.id, role: "user", parts: contentParts(payload.content), metadata: { seq: entry.seq } });
     } else if (kind === "message" && payload.role === "assistant") {

@@ -337,7 +337,10 @@ function Conversation({ api, apiKey, session, initial, rejoin, onChanged, onOpen
     [apiKey],
   );
   const reload = useRef(null);
-  const { messages, sendMessage, setMessages, status, stop, error, regenerate, addToolApprovalResponse } = useChat({
+  // A message sent while a run streams steers it; one that started a run of its own (the run
+  // had ended, or ended before its next turn) is followed once this stream is over.
+  const follow = useRef(false);
+  const { messages, sendMessage, setMessages, status, stop, error, regenerate, addToolApprovalResponse, resumeStream } = useChat({
     id: session.id,
     messages: initial,
     transport,
@@ -347,8 +350,11 @@ function Conversation({ api, apiKey, session, initial, rejoin, onChanged, onOpen
     // The journal's version once a run ends; not while it waits for a person's rulings (the
     // streamed message holds the approval requests).
     onFinish: ({ message }) => message?.parts?.some((p) => p.state === "approval-requested") || reload.current?.(),
-    // The run has started: the user's message is in the journal (the meter, the list).
-    onData: (part) => part.type === "data-threadline-run" && onChanged(),
+    onData: (part) => {
+      // The run has started: the user's message is in the journal (the meter, the list).
+      if (part.type === "data-threadline-run") onChanged();
+      if (part.type === "data-threadline-steered" && part.data?.nextRunId) follow.current = true;
+    },
   });
   // A ruling: approve or reject through useChat (the rulings go back with its next request);
   // edited arguments through the API first (the protocol has no place for them), then the
@@ -373,6 +379,10 @@ function Conversation({ api, apiKey, session, initial, rejoin, onChanged, onOpen
       fail(error);
     }
     onChanged();
+    if (follow.current) {
+      follow.current = false;
+      resumeStream(); // the run a steered message started
+    }
   };
   const [text, setText] = useState("");
   const [files, setFiles] = useState([]); // attachments for the next message (file parts)
@@ -392,10 +402,21 @@ function Conversation({ api, apiKey, session, initial, rejoin, onChanged, onOpen
   const send = async (event) => {
     event.preventDefault();
     const words = text.trim();
-    if (!words || busy) return;
+    if (!words) return;
     setText("");
     setFiles([]);
     setRefused(null);
+    if (busy) {
+      // While the answer streams: the run's next model turn sees the message (the stream
+      // shows where it landed); with no run left to take it, it starts one.
+      try {
+        const steered = await api.steer(session.id, { role: "user", parts: [...files, { type: "text", text: words }] });
+        if (steered.steer_id === null) follow.current = true;
+      } catch (error) {
+        fail(error);
+      }
+      return;
+    }
     // An untitled session is named by the service from this first message (data-threadline-run
     // then refreshes the list and the bar).
     sendMessage(files.length ? { text: words, files } : { text: words });
@@ -496,7 +517,7 @@ function Conversation({ api, apiKey, session, initial, rejoin, onChanged, onOpen
           id="message"
           rows={2}
           value={text}
-          placeholder="Message (Enter sends, Shift+Enter for a new line)"
+          placeholder={busy ? "Tell the running answer something (Enter sends)" : "Message (Enter sends, Shift+Enter for a new line)"}
           onChange={(e) => setText(e.target.value)}
           onKeyDown={(e) => {
             if (e.key === "Enter" && !e.shiftKey && !e.nativeEvent.isComposing) send(e);
@@ -518,7 +539,10 @@ function Conversation({ api, apiKey, session, initial, rejoin, onChanged, onOpen
           }}
         />
         {busy ? (
-          <button type="button" className="stop" onClick={halt} disabled={stopping}>Stop</button>
+          <>
+            <button type="submit" disabled={!text.trim()} aria-label="Send to the running answer">Steer</button>
+            <button type="button" className="stop" onClick={halt} disabled={stopping}>Stop</button>
+          </>
         ) : (
           <>
             <button type="submit" disabled={!text.trim()}>Send</button>
@@ -653,6 +677,11 @@ function Part({ part, onRule }) {
         )}
       </details>
     );
+  }
+  if (part.type === "steering-message") {
+    // A message the user sent while the run worked, where the model read it.
+    const said = part.parts.filter((p) => p.type === "text").map((p) => p.text).join("\n");
+    return <p className="steer"><span className="meta">You, during the answer: </span>{said}</p>;
   }
   if (part.type === "data-error") return <p className="error">Error: {part.data?.message ?? JSON.stringify(part.data)}</p>;
   return null;
