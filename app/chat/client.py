@@ -63,12 +63,16 @@ class Client:
     # -- plain JSON calls
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        response = self._respond(method, path, **kwargs)
+        return response.json() if response.content else None
+
+    def _respond(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
             response = self._http.request(method, path, **kwargs)
         except httpx.TransportError as exc:
             raise self._unreachable(exc) from None
         self._check(response)
-        return response.json() if response.content else None
+        return response
 
     def _unreachable(self, exc: Exception) -> Unreachable:
         return Unreachable(
@@ -136,6 +140,15 @@ class Client:
         """One ruling ({tool_call_id, decision, arguments?, reason?}) on a waiting call."""
         body = {"approvals": [ruling]}
         return dict(self._call("POST", f"/v1/runs/{run_id}/approvals", json=body))
+
+    def steer(self, session_id: str, text: str) -> tuple[str, str | None]:
+        """A message for the session's run in progress, which its next model turn reads:
+        (the run it went to, the steer's id); with no run in progress it is asked, and the
+        steer id is None (the run is the one it started)."""
+        body = {"input": text, "stream": False, "multitask_strategy": "steer"}
+        key = {"Idempotency-Key": f"chat-{uuid.uuid4()}"}
+        response = self._respond("POST", f"/v1/sessions/{session_id}/ask", json=body, headers=key)
+        return str(response.json()["id"]), response.headers.get("Threadline-Steer-Id")
 
     # -- streams
 

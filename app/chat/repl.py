@@ -18,6 +18,7 @@ from rich.text import Text
 
 from app.chat import commands
 from app.chat.client import ApiError, ChatError, Client, RunEvent, Stream
+from app.chat.steering import NoSteering, SteerReader
 from app.chat.view import RunView, one_line, printable
 from app.core.content import is_reasoning
 from app.eventlog.registry import EventType
@@ -85,6 +86,7 @@ class Chat:
         session: dict[str, Any],
         show_reasoning: bool = True,
         read_answer: Callable[[str], str] | None = None,
+        steer_fd: int | None = None,
     ) -> None:
         self.client, self.console = client, console
         self.session_id = str(session["id"])
@@ -93,6 +95,11 @@ class Chat:
         # How a ruling on a tool call is typed (a prompt, then a line); EOFError: none.
         self.read_answer = read_answer or console.input
         self._requested: list[dict[str, Any]] = []  # approval requests not yet ruled on
+        # Where lines typed during an answer are read from (a terminal's descriptor; None:
+        # nothing is read beside the stream), and the runs they started, to follow next.
+        self.steer_fd = steer_fd
+        self._started: list[str] = []
+        self._steering: SteerReader | NoSteering = NoSteering()
 
     # -- the loop
 
@@ -160,15 +167,19 @@ class Chat:
             self.console.print(shown(exc.message), style="yellow")  # a short chat: not an error
 
     def follow(self, stream: Stream) -> None:
-        """Show a run as it streams. Ctrl-C cancels it and shows how it ended; a second
-        Ctrl-C leaves (KeyboardInterrupt goes up to the loop)."""
+        """Show a run as it streams. A line typed meanwhile goes to the run (a steer). Ctrl-C
+        cancels it and shows how it ended; a second Ctrl-C leaves (KeyboardInterrupt goes up
+        to the loop). Then the runs that typed lines started, if any."""
         shown_id = 0  # the last event shown (Ctrl-C may come between receiving and showing)
-        with RunView(self.console, self.show_reasoning) as view:
+        with RunView(self.console, self.show_reasoning) as view, self._reader(view) as reader:
+            self._steering = reader
             try:
                 for event in stream:
-                    self._show(event, view)
+                    with reader.lock:
+                        self._show(event, view)
                     shown_id = event.id
             except KeyboardInterrupt:
+                reader.stop()
                 view.note("stopping…", "yellow")
                 # Before its first event, the same ask again (same Idempotency-Key) names the
                 # run; an ask the service never got is then made, and cancelled at once.
@@ -178,10 +189,40 @@ class Chat:
                 self._cancel(run_id)
                 for event in self.client.run_events(run_id, shown_id):
                     self._show(event, view)
+            finally:
+                self._steering = NoSteering()
         if stream.ended is not None:  # a repeated key whose run is over: its outcome
             self.console.print(f"[dim]that run had ended: {stream.ended.get('status')}[/]")
         elif view.ended is None:
             self.console.print("[yellow]the stream ended before the run did[/]")
+        self._follow_started()
+
+    def _reader(self, view: RunView) -> SteerReader | NoSteering:
+        if self.steer_fd is None:
+            return NoSteering()
+
+        def send(text: str) -> Callable[[], None]:
+            try:
+                run_id, steer_id = self.client.steer(self.session_id, text)
+            except ChatError as exc:
+                refused = f"not sent: {shown(str(exc))}"
+                return lambda: view.note(refused, "red")
+            if steer_id is None:  # no run was in progress any more: it asked anew
+                self._started.append(run_id)
+                said = f"» sent: {one_line(text, 60)} (it gets an answer of its own)"
+                return lambda: view.note(said)
+            said = f"» sent to the running answer: {one_line(text, 60)}"
+            return lambda: view.note(said, "magenta")
+
+        return SteerReader(self.steer_fd, send)
+
+    def _follow_started(self) -> None:
+        """The runs that lines typed during the last one started (in the order they did)."""
+        while self._started:
+            run_id = self._started.pop(0)
+            with RunView(self.console, self.show_reasoning) as view:
+                for event in self.client.run_events(run_id, 0):
+                    self._show(event, view)
 
     def _show(self, event: RunEvent, view: RunView) -> None:
         if event.event == EventType.RUN_CREATED:
@@ -189,9 +230,11 @@ class Chat:
         view.handle(event)
         if event.event == EventType.TOOL_APPROVAL_REQUESTED:
             self._requested.append(dict(event.data))
+        if event.event == EventType.RUN_STEERED and "next_run_id" in event.data:
+            self._started.append(str(event.data["next_run_id"]))
         if event.event == EventType.RUN_AWAITING_APPROVAL and self.last_run is not None:
             requested, self._requested = self._requested, []
-            with view.paused():
+            with view.paused(), self._steering.paused():
                 for call in requested:
                     self._rule_on(self.last_run, call)
         if event.event == EventType.RUN_REQUIRES_ACTION:
@@ -449,7 +492,8 @@ def main(
     try:
         client = Client(resolve_url(url), resolve_key(key))
         session, how = start_session(client, resume, fork, agent)
-        chat = Chat(client, console, session, show_reasoning=not hide_reasoning)
+        steer_fd = sys.stdin.fileno() if sys.stdin.isatty() else None
+        chat = Chat(client, console, session, show_reasoning=not hide_reasoning, steer_fd=steer_fd)
         model = session["config"].get("model") or client.context(chat.session_id)["model"]
         console.print(f"[bold]Threadline chat[/] · session [bold]{chat.session_id}[/]")
         console.print(f"{how} · model {shown(model)}")

@@ -230,6 +230,10 @@ class RunView:
             style = "red" if data.get("is_error") else "dim cyan"
             self.note(f"  ↳ {one_line(str(data.get('preview', '')), 70)}", style)
             self.turn_start = len(self.blocks)  # a reset voids the next turn, not this one
+        elif kind == EventType.RUN_STEERED and "iteration" in data:
+            self.note(f"» your message reached the model (turn {data['iteration']})", "magenta")
+        elif kind == EventType.RUN_STEERED and "next_run_id" in data:
+            self.note("» your message came as the answer ended: it gets an answer of its own")
         elif kind == EventType.CONTEXT_WARNING and data.get("message"):
             self.note(str(data["message"]), "yellow")
         elif kind == EventType.CONTEXT_WARNING:

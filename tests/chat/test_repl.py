@@ -362,6 +362,35 @@ async def test_a_tool_call_needing_approval_is_prompted_for(
     assert child.exit_status() == 0
 
 
+async def test_a_line_typed_during_an_answer_steers_it(
+    service: Service, key: str, api: httpx.AsyncClient, upstream: FakeUpstream, spawn: Spawn
+) -> None:
+    """Enter during a tool loop sends the line to the run: the model's next turn reads it
+    after the current tool result, and the chat says where it landed."""
+    config = {"tools": [{"name": "calculator", "kind": "builtin"}]}
+    session_id = (await api.post("/v1/sessions", json={"config": config})).json()["id"]
+    release = threading.Event()
+    upstream.script(ToolCall("c1", "calculator", '{"expression": "1+1"}'))
+    upstream.script(Hold(release), ToolCall("c2", "calculator", '{"expression": "2+2"}'))
+    upstream.script(Text("Deux et quatre."))
+    child = spawn("--url", service.url, "--key", key, "--resume", session_id)
+    try:
+        child.say("Add, please.")
+        child.expect_text("↳ 2")  # the first tool result: the second model turn is held
+        child.child.send("In French.\r")
+        child.expect_text("sent to the running answer: In French.")
+        release.set()
+        child.expect(r"your message reached the model \(turn \d\)")
+        child.expect_text("Deux et quatre.")
+    finally:
+        release.set()
+    sent = [m for m in upstream.requests[-1].body["messages"] if m["role"] != "system"]
+    assert [m["role"] for m in sent][-2:] == ["tool", "user"]
+    assert sent[-1]["content"] == "In French."
+    child.say("/quit")
+    assert child.exit_status() == 0
+
+
 async def test_resume_shows_the_last_turns_and_compact_summarizes(
     service: Service, key: str, api: httpx.AsyncClient, upstream: FakeUpstream, spawn: Spawn
 ) -> None:
