@@ -6,9 +6,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import shutil
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 from app import cli_admin, cli_session_files, heap
 from app.cli_database import database, progress
@@ -95,14 +98,67 @@ def serve(settings: Settings) -> None:
         print(f"Chat in the browser: http://{ready.host}:{ready.port}/ui/", flush=True)
         for line in capacity_lines(ready, workers):
             print(line, flush=True)
-        app = create_app(ready, workers=workers)
+        processes = serve_processes(ready)
+        logs = log_config(ready.log_level, ready.log_format)
+        if processes == 1:
+            app = create_app(ready, workers=workers)
+            uvicorn.run(
+                app, host=ready.host, port=ready.port, log_level=ready.log_level, log_config=logs
+            )
+            return
+        print(f"Processes: {processes}, on one port (THREADLINE_PROCESSES or --processes)")
+        os.environ.update(child_environment(ready))
+        # uvicorn's supervisor: the socket bound once and shared, a process that dies started
+        # again, SIGINT/SIGTERM passed on to every process.
         uvicorn.run(
-            app,
+            "app.cli:served_app",
+            factory=True,
+            workers=processes,
             host=ready.host,
             port=ready.port,
             log_level=ready.log_level,
-            log_config=log_config(ready.log_level, ready.log_format),
+            log_config=logs,
         )
+
+
+def serve_processes(settings: Settings) -> int:
+    if settings.processes is not None:
+        return settings.processes
+    if settings.default_model.startswith("local:"):
+        return 1  # the local model's inference uses every core: more processes only compete
+    return max(1, len(os.sched_getaffinity(0)))
+
+
+def child_environment(settings: Settings) -> dict[str, str]:
+    """What the processes of `serve --processes N` need to build the parent's settings: the
+    database it started or was given, and what the command line set. Their metrics are summed
+    across processes (a directory of their own, unless one is set)."""
+    assert settings.database_url is not None
+    env = {
+        "THREADLINE_DATABASE_URL": settings.database_url,
+        "THREADLINE_HOST": settings.host,
+        "THREADLINE_PORT": str(settings.port),
+        "THREADLINE_PROCESSES": "1",
+    }
+    if settings.worker_concurrency is not None:
+        env["THREADLINE_WORKER_CONCURRENCY"] = str(settings.worker_concurrency)
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        metrics_dir = settings.data_dir.resolve() / f"metrics-{settings.port}"
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+        metrics_dir.mkdir(parents=True)
+        env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
+    return env
+
+
+def served_app() -> Any:
+    """One process of `threadline serve --processes N`: its settings from the environment
+    the parent prepared (child_environment)."""
+    from app.main import create_app
+    from app.telemetry.logging import configure
+
+    settings = Settings()
+    configure(settings.log_level, settings.log_format)
+    return create_app(settings, workers=runs_at_once(settings))
 
 
 def worker(settings: Settings, concurrency: int) -> None:
@@ -213,6 +269,13 @@ def parser() -> argparse.ArgumentParser:
         help="runs this process executes at once (THREADLINE_WORKER_CONCURRENCY; 0: API only, "
         "runs left to `threadline worker` processes)",
     )
+    serve_cmd.add_argument(
+        "--processes",
+        type=int,
+        metavar="N",
+        help="processes, each the API and workers, sharing the port (THREADLINE_PROCESSES; "
+        "default: the CPU cores, or 1 with a local default model)",
+    )
     worker_cmd = commands.add_parser("worker", help="run workers only (needs a database URL)")
     worker_cmd.add_argument("--concurrency", type=int, default=None)
     commands.add_parser("migrate", help="apply database migrations")
@@ -273,7 +336,12 @@ def main(argv: list[str] | None = None) -> None:
 
     settings = Settings()
     if args.command == "serve":
-        flags = (("host", args.host), ("port", args.port), ("worker_concurrency", args.workers))
+        flags = (
+            ("host", args.host),
+            ("port", args.port),
+            ("worker_concurrency", args.workers),
+            ("processes", args.processes),
+        )
         overrides = {k: v for k, v in flags if v is not None}
         serve(settings.model_copy(update=overrides))
     elif args.command == "worker":

@@ -146,6 +146,13 @@ class Settings(BaseSettings):
         "available memory / 2 MB): a run waiting on its model holds memory and sockets, not "
         "CPU nor a database connection. Asks beyond it wait in the queue.",
     )
+    processes: int | None = Field(
+        default=None,
+        ge=1,
+        description="Processes `threadline serve` runs, each the API and workers, all on its "
+        "port and database. Unset: the CPU cores it may use, or 1 when the default model is "
+        "local (its inference takes every core already).",
+    )
     worker_heartbeat_seconds: float = Field(
         default=5, gt=0, description="How often a worker tells the queue it is alive."
     )

@@ -109,6 +109,9 @@ def process_env(settings: Settings, **overrides: Any) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("THREADLINE_")}
     values = {
         "database_url": settings.database_url,
+        # One process per `threadline serve`, as the tests count them (kill -9 of "the server",
+        # its logs); serving with several is tested on its own (tests/test_serve.py).
+        "processes": 1,
         **{
             k: getattr(settings, k)
             for k in (

@@ -60,6 +60,7 @@ def _without_checkout() -> dict[str, str]:
 def _env(venv: Path, database_url: str, **settings: str) -> dict[str, str]:
     env = {k: v for k, v in _without_checkout().items() if not k.startswith("THREADLINE_")}
     env["THREADLINE_DATABASE_URL"] = database_url
+    env["THREADLINE_PROCESSES"] = "1"  # one process to watch and stop
     env.update({f"THREADLINE_{k.upper()}": v for k, v in settings.items()})
     return env
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 
 import asyncpg
 from fastapi import APIRouter
@@ -23,7 +24,7 @@ router = APIRouter(tags=["health"], route_class=JSONRoute)
 @router.get("/healthz", operation_id="healthz")
 async def healthz() -> Health:
     """The process is up."""
-    return Health(status="ok")
+    return Health(status="ok", process=os.getpid())
 
 
 @router.get("/readyz", operation_id="readyz", response_model=Health, responses=error_responses(503))

@@ -410,6 +410,9 @@ class Health(BaseModel):
     status: Literal["ok", "ready"]
     database: str | None = None
     revision: str | None = None
+    process: int | None = Field(
+        default=None, description="The id of the process that answered (serve runs several)."
+    )
 
 
 PendingEntryIn = Annotated[

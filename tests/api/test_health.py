@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import AsyncIterator
 
@@ -27,6 +28,7 @@ async def test_healthz_and_readyz(settings: Settings) -> None:
         "status": "ok",
         "database": None,
         "revision": None,
+        "process": os.getpid(),  # the app is served in this process here
     }
     ready = await call(settings, "/readyz")
     assert ready.status_code == 200 and ready.json()["status"] == "ready"
