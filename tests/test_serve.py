@@ -64,6 +64,21 @@ async def test_two_processes_share_the_port_answer_asks_and_stop_together(
             assert sorted(events[-1].data["text"] for events in streams) == [
                 f"answer {n}" for n in range(6)
             ]
+
+            # A process killed outright is started again; the port keeps answering.
+            psutil.Process(min(answered)).kill()
+            replaced: set[int] = set()
+            for _ in range(2_000):
+                try:
+                    async with httpx.AsyncClient(base_url=url, timeout=60) as fresh:
+                        replaced.add((await fresh.get("/healthz")).json()["process"])
+                except httpx.TransportError:
+                    pass
+                if replaced - answered:
+                    break
+                await asyncio.sleep(0.05)
+            assert replaced - answered, "no process took the killed one's place"
+            children = supervisor.children(recursive=True)
     finally:
         served.process.send_signal(signal.SIGTERM)
         try:
