@@ -139,6 +139,7 @@ bench: $(TEST_STAMP) postgres pgbouncer
 	$(BIN)/python -m bench.ask_path
 	$(BIN)/python -m bench.surfaces
 	$(BIN)/python -m bench.streams
+	$(BIN)/python -m bench.processes
 	$(BIN)/python -m bench.scale_out
 	$(BIN)/python -m bench.projection prefix
 	$(BIN)/python -m bench.export

@@ -199,14 +199,20 @@ def stop(process: subprocess.Popen[bytes]) -> None:
 
 
 @contextmanager
-def launched(name: str, command: list[str], env: dict[str, str], port: int) -> Iterator[Server]:
-    """A server (`command`) in an OS process of its own, until the block exits."""
+def launched(
+    name: str, command: list[str], env: dict[str, str], port: int, *, pinned: bool = True
+) -> Iterator[Server]:
+    """A server (`command`) in an OS process of its own (on SERVER_CORE when `pinned`), until
+    the block exits."""
     url = f"http://127.0.0.1:{port}"
     logs = Path(tempfile.mkdtemp(prefix=f"threadline-bench-{name}-"))
     log = logs / f"{name}.log"
     with log.open("wb") as sink:
         process = subprocess.Popen(
-            on_server_core(command), env=env, stdout=sink, stderr=subprocess.STDOUT
+            on_server_core(command) if pinned else command,
+            env=env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
         )
     profiler: subprocess.Popen[bytes] | None = None
     try:
@@ -238,11 +244,18 @@ def profile(pid: int, output: Path) -> subprocess.Popen[bytes]:
 
 
 @contextmanager
-def served(database_url: str, upstream: TimedUpstream) -> Iterator[Server]:
-    """`threadline serve` (API and workers) in an OS process of its own."""
+def served(
+    database_url: str, upstream: TimedUpstream, processes: int | None = None
+) -> Iterator[Server]:
+    """`threadline serve` (API and workers) in an OS process of its own, pinned; with
+    `processes`, that many of them, unpinned (each may use any core)."""
     port = free_port()
     command = [THREADLINE, "serve", "--port", str(port)]
-    with launched("threadline", command, server_env(database_url, upstream), port) as server:
+    env = server_env(database_url, upstream)
+    if processes is not None:
+        env["THREADLINE_PROCESSES"] = str(processes)
+    pinned = processes is None
+    with launched("threadline", command, env, port, pinned=pinned) as server:
         yield server
 
 
