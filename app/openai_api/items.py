@@ -139,24 +139,16 @@ def parse_input(value: Any, param: str = "input") -> Input:
     if isinstance(value, str):
         return Input((), value, ())
     items = parse_items(value, param)
-    approvals = [i for i in items if isinstance(i, ApprovalItem)]
-    if approvals:
-        if len(approvals) != len(items):
-            raise ItemError(
-                param,
-                "mcp_approval_response items answer the previous response's approval requests: "
-                "send them alone, without other items",
-            )
-        return Input((), None, (), tuple(approvals))
-    outputs = [i for i in items if isinstance(i, ToolOutputItem)]
-    if outputs:
-        if len(outputs) != len(items):
-            raise ItemError(
-                param,
-                "function_call_output items answer the previous response's function calls: "
-                "send them alone, without other items",
-            )
-        return Input((), None, tuple(outputs))
+    approvals = tuple(i for i in items if isinstance(i, ApprovalItem))
+    outputs = tuple(i for i in items if isinstance(i, ToolOutputItem))
+    for answers, what in (
+        (approvals, "mcp_approval_response items answer the previous response's approval requests"),
+        (outputs, "function_call_output items answer the previous response's function calls"),
+    ):
+        if answers and len(answers) != len(items):
+            raise ItemError(param, f"{what}: send them alone, without other items")
+    if approvals or outputs:
+        return Input((), None, outputs, approvals)
     last = items[-1]
     assert isinstance(last, NewItem)
     if last.kind != EntryKind.MESSAGE or last.payload["role"] != "user":

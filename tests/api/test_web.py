@@ -804,17 +804,31 @@ def test_a_session_started_from_an_agent_runs_its_latest_version(
     assert system == {"role": "system", "content": "You are the helpdesk, v2."}
 
 
+def calculator_session(served: Served, policy: dict[str, Any] | None = None) -> str:
+    """A session with the calculator (under `policy`: its run_policy): its id."""
+    config: dict[str, Any] = {"tools": [{"name": "calculator", "kind": "builtin"}]}
+    if policy is not None:
+        config["run_policy"] = policy
+    with api(served) as client:
+        session_id: str = client.post("/v1/sessions", json={"config": config}).json()["id"]
+    return session_id
+
+
+def send_in(page: Page, served: Served, session_id: str, text: str) -> None:
+    """Open the session and send a message (Enter in the message box)."""
+    open_session(page, served, session_id)
+    box = page.get_by_label("Message", exact=True)
+    box.fill(text)
+    box.press("Enter")
+
+
 def test_a_call_waiting_for_approval_is_approved_edited_or_rejected_on_the_page(
     browser: Browser, served: Served, upstream: FakeUpstream
 ) -> None:
     """Calls under `ask` show their arguments with Approve, Edit arguments and Reject; the
     rulings go back and the same answer streams on: the edited call ran with the person's
     arguments, the rejected one never ran and the model read why."""
-    calculator = {"name": "calculator", "kind": "builtin"}
-    policy = {"tool_approval": {"default": "ask"}}
-    with api(served) as client:
-        config = {"tools": [calculator], "run_policy": policy}
-        session = client.post("/v1/sessions", json={"config": config}).json()
+    session_id = calculator_session(served, {"tool_approval": {"default": "ask"}})
     upstream.clear()
     upstream.script(
         ToolCall("c1", "calculator", '{"expression": "6*7"}'),
@@ -823,10 +837,7 @@ def test_a_call_waiting_for_approval_is_approved_edited_or_rejected_on_the_page(
     upstream.script(Text("Done: one ran, one was refused."))
     page = signed_in(browser, served)
     try:
-        open_session(page, served, session["id"])
-        box = page.get_by_label("Message", exact=True)
-        box.fill("Two sums, please.")
-        box.press("Enter")
+        send_in(page, served, session_id, "Two sums, please.")
         expect(page.locator("fieldset.approval")).to_have_count(2)
         first, second = (
             page.locator("fieldset.approval").first,
@@ -847,7 +858,7 @@ def test_a_call_waiting_for_approval_is_approved_edited_or_rejected_on_the_page(
     finally:
         page.close()
     with api(served) as client:
-        entries = client.get(f"/v1/sessions/{session['id']}/entries").json()["data"]
+        entries = client.get(f"/v1/sessions/{session_id}/entries").json()["data"]
     results = [e["payload"] for e in entries if e["kind"] == "tool_result"]
     ran = [r for r in results if not r["is_error"]]
     assert len(results) == 2 and len(ran) == 1 and "36" in str(ran[0]["content"])
@@ -859,21 +870,13 @@ def test_a_reload_while_a_call_waits_for_approval_still_asks_for_it(
 ) -> None:
     """The page is reloaded while the run waits for a ruling: the call still asks for it,
     once, and approving it there finishes the answer."""
-    calculator = {"name": "calculator", "kind": "builtin"}
-    policy = {"tool_approval": {"default": "ask"}}
-    with api(served) as client:
-        session = client.post(
-            "/v1/sessions", json={"config": {"tools": [calculator], "run_policy": policy}}
-        ).json()
+    session_id = calculator_session(served, {"tool_approval": {"default": "ask"}})
     upstream.clear()
     upstream.script(ToolCall("c1", "calculator", '{"expression": "6*7"}'))
     upstream.script(Text("It is 42."))
     page = signed_in(browser, served)
     try:
-        open_session(page, served, session["id"])
-        box = page.get_by_label("Message", exact=True)
-        box.fill("6*7?")
-        box.press("Enter")
+        send_in(page, served, session_id, "6*7?")
         expect(page.locator("fieldset.approval")).to_have_count(1)
         page.reload()
         expect(page.locator("fieldset.approval")).to_have_count(1)
@@ -885,7 +888,7 @@ def test_a_reload_while_a_call_waits_for_approval_still_asks_for_it(
     finally:
         page.close()
     with api(served) as client:
-        entries = client.get(f"/v1/sessions/{session['id']}/entries").json()["data"]
+        entries = client.get(f"/v1/sessions/{session_id}/entries").json()["data"]
     (result,) = [e["payload"] for e in entries if e["kind"] == "tool_result"]
     assert str(result["content"]) == "42" and not result["is_error"]
 
@@ -896,9 +899,7 @@ def test_a_message_sent_while_the_answer_streams_steers_it(
     """While a tool loop runs, Enter sends the message to it: the model's next turn reads it
     after the current tool result, and the page shows it inside the answer, where it landed,
     while streaming and once the journal's version replaces the stream."""
-    calculator = {"name": "calculator", "kind": "builtin"}
-    with api(served) as client:
-        session = client.post("/v1/sessions", json={"config": {"tools": [calculator]}}).json()
+    session_id = calculator_session(served)
     release = threading.Event()
     upstream.clear()
     upstream.script(ToolCall("c1", "calculator", '{"expression": "1+1"}'))
@@ -906,17 +907,14 @@ def test_a_message_sent_while_the_answer_streams_steers_it(
     upstream.script(Text("Deux et quatre."))
     page = signed_in(browser, served)
     try:
-        open_session(page, served, session["id"])
-        box = page.get_by_label("Message", exact=True)
-        box.fill("Add, please.")
-        box.press("Enter")
+        send_in(page, served, session_id, "Add, please.")
         expect(page.locator("details.tool").first).to_contain_text("returned")
+        box = page.get_by_label("Message", exact=True)
         box.fill("In French.")
-        box.press("Enter")
+        with page.expect_response(lambda r: r.url.endswith("/steer")) as steered:
+            box.press("Enter")
+        assert steered.value.status == 202  # committed: the held turn may go on
         steer = page.locator(".message.assistant .steer")
-        with api(served) as client:  # committed at once, journaled at the next model turn
-            steers = client.get(f"/v1/sessions/{session['id']}").json()
-        assert steers["id"] == session["id"]
         release.set()
         expect(steer).to_contain_text("In French.")
         expect(assistant_text(page)).to_contain_text("Deux et quatre.")
