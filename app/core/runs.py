@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
@@ -99,6 +99,11 @@ class RunParams:
             keep_last_turns=data.get("keep_last_turns"),
             telemetry=dict(data.get("telemetry") or {}),
         )
+
+    def mcp_server_names(self, session_servers: Sequence[str] | None) -> list[str]:
+        """Every MCP server the run uses, by name: its session's, its ask's, and those its
+        request described."""
+        return [*(session_servers or []), *self.mcp_servers, *(s["name"] for s in self.mcp_inline)]
 
     def ask_json(self) -> dict[str, Any]:
         return {

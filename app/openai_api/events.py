@@ -7,7 +7,7 @@ translates the same run events the same way, so sequence numbers and item ids ar
 `starting_after` resumes exactly.
 
 Tool calls the service runs itself (built-in and webhook tools) are not output items: only
-calls of client-side tools (`client_tools`), which the client answers with
+calls of client-side tools (`tools.client`), which the client answers with
 function_call_output items, are. `message.reset` (the model turn starts over) cannot retract
 what was sent: the voided turn's items are dropped from the response and their output indexes
 are used again.
@@ -58,7 +58,6 @@ class ResponseStream:
         self.segment = segment
         self.base = base
         self.tools = tools
-        self.client_tools = tools.client
         self.queued = queued
         self.done = False  # the response's last event was sent
         self.output: list[Item] = []
@@ -277,7 +276,7 @@ class ResponseStream:
             name = data.get("name")
             if name is None:
                 return out
-            if name not in self.client_tools:
+            if name not in self.tools.client:
                 self._calls[place] = None  # the service runs it: not an output item
                 return out
             index = len(self.output)

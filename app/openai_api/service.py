@@ -284,11 +284,7 @@ async def load(engine: AsyncEngine, tenant_id: str, given: str, param: str | Non
     # What the run took back (a model turn that started over) was never its answer.
     entries = without_rolled_back(entries)
     tools = client_tools(run, session)
-    servers = [
-        *(session.config.mcp_servers or []),
-        *run.params.mcp_servers,
-        *(s["name"] for s in run.params.mcp_inline),
-    ]
+    servers = run.params.mcp_server_names(session.config.mcp_servers)
     run_tools = mapping.RunTools(
         frozenset(t["name"] for t in tools),
         frozenset(servers),
@@ -640,8 +636,7 @@ async def _ask(
     )
     if result.steer_id is not None:  # the run in progress takes it: its latest response
         first = await load(engine, tenant_id, mapping.response_id(result.run.id))
-        latest = mapping.response_id(result.run.id, len(first.parts) - 1)
-        return replace(await load(engine, tenant_id, latest), steered=True)
+        return replace(first, segment=len(first.parts) - 1, steered=True)
     return await load(engine, tenant_id, mapping.response_id(result.run.id))
 
 

@@ -329,8 +329,7 @@ async def _converse(
                 first = exc
     config = session.config if session is not None else SessionConfig()
     servers: dict[str, McpServer] = {}
-    params = run.params
-    if run.kind is RunKind.ASK and (config.mcp_servers or params.mcp_servers or params.mcp_inline):
+    if run.kind is RunKind.ASK and run.params.mcp_server_names(config.mcp_servers):
         run, servers, rules = await _with_mcp_tools(runtime, run, config)
         policy = policy.with_tool_rules(rules)
         first = None  # projected again, with the servers' tools
