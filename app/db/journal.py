@@ -2,11 +2,28 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sqlalchemy import RowMapping, and_, false, func, literal, or_, select, text, union_all
-from sqlalchemy.dialects.postgresql import UUID
+from sqlalchemy import (
+    BigInteger,
+    RowMapping,
+    Text,
+    Update,
+    and_,
+    bindparam,
+    cast,
+    false,
+    func,
+    literal,
+    or_,
+    select,
+    text,
+    true,
+    union_all,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql import Select
 
@@ -95,6 +112,38 @@ async def insert_entries(
     query = entries.insert().returning(*ENTRY_COLUMNS)
     stored = (await conn.execute(query, [{**r, "session_id": session_id} for r in rows])).mappings()
     return sorted(stored, key=lambda r: int(r["seq"]))
+
+
+async def insert_advancing(
+    conn: AsyncConnection, advance: Update, session_id: str, rows: Sequence[dict[str, Any]]
+) -> list[RowMapping]:
+    """insert_entries and the session's rev update (`advance`, returning the new rev: see
+    app/db/sessions.advancing) in one statement: the rows take the seqs the update reserved,
+    in order. Returns them as stored; none when the update found no row to move."""
+    advanced = advance.cte("advanced")
+    taken = (
+        func.unnest(
+            bindparam("entry_ids", [r["id"] for r in rows], ARRAY(Text)),
+            bindparam("entry_kinds", [r["kind"] for r in rows], ARRAY(Text)),
+            bindparam("entry_payloads", [json.dumps(r["payload"]) for r in rows], ARRAY(Text)),
+            bindparam("entry_refs", [json.dumps(r["refs"]) for r in rows], ARRAY(Text)),
+            bindparam("entry_tokens", [r["token_count"] for r in rows], ARRAY(BigInteger)),
+        )
+        .table_valued("id", "kind", "payload", "refs", "token_count", with_ordinality="ord")
+        .render_derived()
+    )
+    values = select(
+        literal(session_id, UUID(as_uuid=False)),
+        advanced.c.rev - len(rows) + taken.c.ord,
+        taken.c.id,
+        taken.c.kind,
+        cast(taken.c.payload, JSONB),
+        cast(taken.c.refs, JSONB),
+        taken.c.token_count,
+    ).select_from(advanced.join(taken, true()))
+    columns = ["session_id", "seq", "id", "kind", "payload", "refs", "token_count"]
+    query = entries.insert().from_select(columns, values).returning(*ENTRY_COLUMNS)
+    return sorted((await conn.execute(query)).mappings(), key=lambda r: int(r["seq"]))
 
 
 async def copy_range(

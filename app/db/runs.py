@@ -7,7 +7,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Boolean, Integer, column, func, select, text, type_coerce, update
+from sqlalchemy import (
+    Boolean,
+    ColumnElement,
+    Integer,
+    column,
+    func,
+    select,
+    text,
+    type_coerce,
+    update,
+)
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -31,7 +41,7 @@ class QueuedRun:
 
 async def insert_queued_run(
     conn: AsyncConnection,
-    first_event: tuple[str, Mapping[str, Any]],
+    created: tuple[str, Mapping[str, Any]],
     *,
     id: str,
     tenant_id: str,
@@ -44,8 +54,8 @@ async def insert_queued_run(
     claim_for: int | None = None,
 ) -> QueuedRun:
     """One statement (one round trip): the run's job deferred, the run inserted with its
-    job_id, and its first event (run.created) appended and announced (`first_event`: the
-    statement's part that does it, with its parameters: app.eventlog.store.first_event). No
+    job_id, and its first event (run.created) appended and announced (`created`: the
+    statement's part that does it, with its parameters: app.eventlog.store.run_event). No
     worker sees the job before the caller's transaction commits, the run with it. `claim_for`:
     a procrastinate worker id of this process, which takes the job at once if its session's
     lock allows (jobs_db.CLAIMED_OR_DEFERRED): that worker must then start the run."""
@@ -56,8 +66,8 @@ async def insert_queued_run(
         "  SELECT CAST(:id AS uuid), CAST(:tenant_id AS uuid), CAST(:session_id AS uuid),"
         "  :kind, :model, CAST(:params AS jsonb), :idempotency_key,"
         "  CAST(:user_entry_seq AS bigint), job.id FROM job RETURNING *),"
-        f" {first_event[0]}"
-        f" SELECT {_RUN_COLUMNS}, (SELECT count(*) FROM told_first) AS told,"
+        f" {created[0]}"
+        f" SELECT {_RUN_COLUMNS}, (SELECT count(*) FROM told_event) AS told,"
         " (SELECT claimed FROM job) AS claimed FROM run"
     ).columns(*runs.c, column("told", Integer), column("claimed", Boolean))  # typed by position
     values = {
@@ -72,7 +82,7 @@ async def insert_queued_run(
         "worker_id": claim_for,
     }
     values |= jobs_db.run_job_params(id, session_id, kind)
-    values |= first_event[1]
+    values |= created[1]
     row = (await conn.execute(query, values)).mappings().one()
     return QueuedRun(Run.from_row(row), bool(row["claimed"]))
 
@@ -120,6 +130,20 @@ async def active_runs(
     return [Run.from_row(r) for r in (await conn.execute(query)).mappings()]
 
 
+def others_active(run_id: str) -> ColumnElement[bool]:
+    """Whether the session of the row being written (sessions) has an unfinished run besides
+    `run_id`: a condition for a statement that updates the session (its status)."""
+    return (
+        select(runs.c.id)
+        .where(
+            runs.c.session_id == sessions.c.id,
+            runs.c.id != run_id,
+            runs.c.status.in_(_ACTIVE),
+        )
+        .exists()
+    )
+
+
 async def update_run(conn: AsyncConnection, run_id: str, values: dict[str, Any]) -> Run:
     query = update(runs).where(runs.c.id == run_id).values(**values).returning(runs)
     return Run.from_row((await conn.execute(query)).mappings().one())
@@ -134,6 +158,47 @@ async def start_attempt(conn: AsyncConnection, run_id: str, status: RunStatus, l
         "started_at": func.coalesce(runs.c.started_at, func.now()),
     }
     return await update_run(conn, run_id, values)
+
+
+@dataclass(frozen=True)
+class FirstStart:
+    run: Run  # started: its first attempt, under the given lease
+    event_seq: int  # its start event's
+    steered: bool  # steers were pending for it when it started
+
+
+async def start_first(
+    conn: AsyncConnection,
+    run_id: str,
+    status: RunStatus,
+    lease: int,
+    started: tuple[str, Mapping[str, Any]],
+) -> FirstStart | None:
+    """One statement (on an autocommit connection, its own transaction): the first attempt of a
+    run that was never started and is not being cancelled (queued, attempts 0), now `status`
+    under `lease`, and its start event appended and announced (`started`: the statement's part
+    that does it, app.eventlog.store.run_event). None: not such a run (the caller starts it
+    under its row's lock, as start_attempt's callers do). The update takes the row's lock: it
+    waits for a cancel holding it, then finds the run cancelled."""
+    query = text(
+        "WITH run AS (UPDATE runs SET status = :status, lease = :lease, attempts = 1,"
+        "  started_at = coalesce(started_at, now())"
+        "  WHERE id = CAST(:id AS uuid) AND status = 'queued' AND attempts = 0"
+        "  AND cancel_mode IS NULL RETURNING *),"
+        f" {started[0]}"
+        f" SELECT {_RUN_COLUMNS}, run_event.seq AS event_seq,"
+        "  (SELECT count(*) FROM told_event) AS told,"
+        "  EXISTS (SELECT 1 FROM steers s WHERE s.run_id = run.id AND s.status = 'pending')"
+        "  AS steered"
+        " FROM run, run_event"
+    ).columns(
+        *runs.c, column("event_seq", Integer), column("told", Integer), column("steered", Boolean)
+    )  # typed by position
+    values = {"id": run_id, "status": status.value, "lease": lease} | started[1]
+    row = (await conn.execute(query, values)).mappings().one_or_none()
+    if row is None:
+        return None
+    return FirstStart(Run.from_row(row), int(row["event_seq"]), bool(row["steered"]))
 
 
 async def expired_actions(conn: AsyncConnection) -> list[Run]:

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, RowMapping, func, literal, or_, select, tuple_, update
+from sqlalchemy import ColumnElement, RowMapping, Update, func, literal, or_, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.agents import AgentPin, resolved
@@ -235,20 +235,37 @@ async def advance_rev(
     Returns the new rev, or None when the session's rev is not `expected_rev` (or the tenant has
     no such session). The lock is held until the transaction ends, so the seqs stay dense.
     """
+    query = advancing(
+        tenant_id, session_id, count, tokens, expected_rev, include_expired, values, title
+    )
+    rev: int | None = (await conn.execute(query)).scalar()
+    return rev
+
+
+def advancing(
+    tenant_id: str,
+    session_id: str,
+    count: int,
+    tokens: int,
+    expected_rev: int | None,
+    include_expired: bool = False,
+    values: Mapping[str, Any] | None = None,
+    title: str | None = None,
+) -> Update:
+    """advance_rev's statement (returning the new rev), for a statement that inserts the
+    entries with it (app/db/journal.insert_advancing)."""
     query = update(sessions).where(sessions.c.id == session_id, sessions.c.tenant_id == tenant_id)
     if not include_expired:
         query = query.where(LIVE)
     if expected_rev is not None:
         query = query.where(sessions.c.rev == expected_rev)
-    query = query.values(
+    return query.values(
         rev=sessions.c.rev + count,
         token_total=sessions.c.token_total + tokens,
         updated_at=func.now(),
         **(values or {}),
         **({"title": func.coalesce(sessions.c.title, title)} if title else {}),
     ).returning(sessions.c.rev)
-    rev: int | None = (await conn.execute(query)).scalar()
-    return rev
 
 
 async def current_rev(

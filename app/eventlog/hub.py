@@ -214,9 +214,8 @@ class EventHub:
     @contextlib.asynccontextmanager
     async def _reading(self) -> AsyncIterator[AsyncConnection]:
         """A connection for the hub's reads, in autocommit: no BEGIN and ROLLBACK around them
-        (two round trips of four). Each statement still reads a fresh snapshot, which is all
-        read_backlog's ordering needs (as under READ COMMITTED). Behind a transaction pooler,
-        in a transaction after all (app/db/engine.autocommit)."""
+        (each read is one statement, one snapshot). Behind a transaction pooler, in a
+        transaction after all (app/db/engine.autocommit)."""
         async with autocommit(self._engine) as conn:
             yield conn
 

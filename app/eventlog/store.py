@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import RowMapping, func, literal, select, text
+from sqlalchemy import Boolean, Integer, RowMapping, column, func, literal, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.db.tables import run_events, runs
@@ -27,9 +27,9 @@ async def append_events(
 ) -> dict[str, int]:
     """Append (run_id, type, data) events in one INSERT; returns each run's last seq.
 
-    The only place run events are inserted (but a new run's first, first_event), and the one
-    seq allocator: each run's events take
-    the seqs after its highest one, in order, so a run's seqs are dense whoever writes them.
+    The only place run events are inserted (but run_event's, each with its run's row), and
+    the one seq allocator (run_event's allocates the same way): each run's events take the
+    seqs after its highest one, in order, so a run's seqs are dense whoever writes them.
     With `attempts` (a worker's writes), a run's events are written only while the run is
     still at that attempt: those of a superseded attempt are dropped (its run is missing from
     the answer). The run row is share-locked, so a takeover waits for the write or fences it.
@@ -82,26 +82,27 @@ async def append_events(
     return {str(run_id): int(seq) for run_id, seq, _ in rows}
 
 
-# A new run's first event (seq 1: the run is inserted by the same statement, so it has no
-# events yet), inserted and announced after the run is: with the CTE `run` (the runs row
-# inserted) before it, `first_event` and `told_first` CTEs; `told_first` must be read.
-_FIRST_EVENT = (
-    "first_event AS (INSERT INTO run_events (run_id, seq, type, data)"
-    " SELECT id, 1, :event_type, CAST(:event_data AS jsonb) FROM run RETURNING run_id, seq),"
-    " told_first AS (SELECT pg_notify(:channel, json_build_object('runs',"
-    "  json_build_object(run_id, seq))::text) FROM first_event)"
+# One event of the run a statement writes (its CTE `run`: inserted, or updated), appended after
+# the run's last event and announced by the same statement: the `run_event` and `told_event`
+# CTEs, which must follow `run`; `told_event` must be read.
+_RUN_EVENT = (
+    "run_event AS (INSERT INTO run_events (run_id, seq, type, data)"
+    " SELECT run.id, coalesce((SELECT max(x.seq) FROM run_events x WHERE x.run_id = run.id),"
+    "  0) + 1, :event_type, CAST(:event_data AS jsonb) FROM run RETURNING run_id, seq),"
+    " told_event AS (SELECT pg_notify(:channel, json_build_object('runs',"
+    "  json_build_object(run_id, seq))::text) FROM run_event)"
 )
 
 
-def first_event(kind: str, data: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
-    """A new run's first event, for app.db.runs.insert_queued_run (which inserts the run): the
-    CTEs that append and announce it, and their parameters."""
+def run_event(kind: str, data: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """One event of the run a statement writes (app.db.runs: a new run's run.created, a first
+    start's run.started): the CTEs that append and announce it, and their parameters."""
     params = {
         "event_type": kind,
         "event_data": json.dumps(data, separators=(",", ":")),
         "channel": CHANNEL,
     }
-    return _FIRST_EVENT, params
+    return _RUN_EVENT, params
 
 
 def numbered(
@@ -187,24 +188,44 @@ class Backlog:
 async def read_backlog(
     conn: AsyncConnection, run_id: str, after_seq: int, limit: int = 1000
 ) -> Backlog:
-    """The run's state, then its events after `after_seq`. The order matters: a run's terminal
-    event commits with its final status, so events read after seeing it ended are complete.
-    By run id alone: the event hub reads for every tenant's followers of its process, each
-    subscribed once its request found the run in its tenant."""
-    # ended_at is set with the final status, by the transaction that commits the terminal event.
-    ended = func.coalesce(
-        select(runs.c.ended_at.is_not(None)).where(runs.c.id == run_id).scalar_subquery(), True
-    )
-    top = (
-        select(func.coalesce(func.max(run_events.c.seq), 0))
-        .where(run_events.c.run_id == run_id)
-        .scalar_subquery()
-    )
-    state = (await conn.execute(select(ended, top))).one()
-    rows = [
-        dict(r) for r in await _events_after(conn, run_id, min(after_seq, MAX_EVENT_SEQ), limit)
+    """The run's state and its events after `after_seq`, in one statement (one snapshot): a
+    run's terminal event commits with its final status, so events read with seeing it ended
+    are complete. By run id alone: the event hub reads for every tenant's followers of its
+    process, each subscribed once its request found the run in its tenant."""
+    rows = (
+        await conn.execute(
+            _BACKLOG,
+            {"run_id": run_id, "after_seq": min(after_seq, MAX_EVENT_SEQ), "limit": limit},
+        )
+    ).all()
+    events = [
+        {"run_id": r.run_id, "seq": r.seq, "type": r.type, "data": r.data}
+        for r in rows
+        if r.seq is not None
     ]
-    return Backlog(rows, bool(state[0]), int(state[1]))
+    return Backlog(events, bool(rows[0].ended), int(rows[0].top))
+
+
+# ended_at is set with the final status, by the transaction that commits the terminal event;
+# a run that no longer exists counts as ended. Always one row at least (the state's), with
+# no event when there is none after the resume point.
+_BACKLOG = text(
+    "SELECT s.ended, s.top, e.run_id, e.seq, e.type, e.data FROM"
+    " (SELECT coalesce((SELECT r.ended_at IS NOT NULL FROM runs r"
+    "   WHERE r.id = CAST(:run_id AS uuid)), true) AS ended,"
+    "  coalesce((SELECT max(x.seq) FROM run_events x"
+    "   WHERE x.run_id = CAST(:run_id AS uuid)), 0) AS top) AS s"
+    " LEFT JOIN LATERAL (SELECT run_events.run_id, run_events.seq, run_events.type,"
+    "  run_events.data FROM run_events WHERE run_events.run_id = CAST(:run_id AS uuid)"
+    "  AND run_events.seq > :after_seq ORDER BY run_events.seq LIMIT :limit) AS e ON true"
+).columns(
+    column("ended", Boolean),
+    column("top", Integer),
+    run_events.c.run_id,
+    run_events.c.seq,
+    run_events.c.type,
+    run_events.c.data,
+)
 
 
 async def read_events_of_runs(

@@ -145,9 +145,14 @@ class EventWriter:
         for run in {run for run, _, _ in rows} - last.keys():
             log.warning("run %s was taken over by another attempt: its events here dropped", run)
             self.superseded.add(run)
+        self.publish(event_store.numbered(rows, last))
+
+    def publish(self, rows: list[dict[str, Any]]) -> None:
+        """Hand committed rows ({run_id, seq, type, data}) to this process's followers: each
+        tick's, and those other statements of this process committed (a run's first start)."""
         if self.on_committed is not None:
             try:
-                self.on_committed(event_store.numbered(rows, last))
+                self.on_committed(rows)
             except Exception:  # followers read the table instead: nothing is lost
                 log.exception("handing committed events to local followers failed")
 

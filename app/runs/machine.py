@@ -96,8 +96,18 @@ def start(run: Run) -> Step:
     events: list[Event] = []
     if transition is Transition.RETRY:
         events.append((EventType.MESSAGE_RESET, {"reason": "retry", "attempt": attempt}))
-    events.append((EventType.RUN_STARTED, {"attempt": attempt}))
+    events.append(_started(attempt))
     return Step(status, events)
+
+
+def first_start() -> Step:
+    """What `start` answers for a run never started (queued, attempts 0), known without the
+    run's row: app/db/runs.start_first applies it in the statement that reads the row."""
+    return Step(RULES[Transition.START][1], [_started(1)])
+
+
+def _started(attempt: int) -> Event:
+    return (EventType.RUN_STARTED, {"attempt": attempt})
 
 
 def await_tool_outputs(run: Run, calls: Sequence[Mapping[str, Any]], expires_at: str) -> Step:

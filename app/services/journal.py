@@ -12,7 +12,14 @@ from sqlalchemy import RowMapping
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from app.core.entries import EntryKind, NewEntry, PayloadError, normalize_entry, range_errors
+from app.core.entries import (
+    RANGE_KINDS,
+    EntryKind,
+    NewEntry,
+    PayloadError,
+    normalize_entry,
+    range_errors,
+)
 from app.core.lineage import segments
 from app.core.messages import text_of
 from app.core.projection import RolledBack, rolled_back
@@ -124,19 +131,24 @@ async def _append_rows(
         replay = await _find_replay(conn, tenant_id, session_id, rows, client_ids, include_expired)
         if replay is not None:
             return replay
-    # Without client ids the common path is this one statement: reserve the seqs.
-    tokens = sum(r["token_count"] for r in rows)
-    rev = await sessions_db.advance_rev(
-        conn,
+    # Without client ids the common path is one statement: reserve the seqs, and insert the
+    # entries at them unless one names a range (checked once its seq is known, before any
+    # insert).
+    advance = sessions_db.advancing(
         tenant_id,
         session_id,
         len(rows),
-        tokens,
+        sum(r["token_count"] for r in rows),
         expected_rev,
         include_expired,
         session_values,
         title=untitled_title(rows),
     )
+    if rows and not any(r["kind"] in RANGE_KINDS for r in rows):
+        inserted = await journal_db.insert_advancing(conn, advance, session_id, _stored(rows))
+        rev = int(inserted[-1]["seq"]) if inserted else None
+    else:
+        inserted, rev = [], (await conn.execute(advance)).scalar()
     if rev is None:
         current = await sessions_db.current_rev(conn, tenant_id, session_id, include_expired)
         if current is None:
@@ -158,15 +170,17 @@ async def _append_rows(
         raise Invalid(
             "invalid_entries", "some entries refer to entries that do not exist", {"errors": errors}
         )
+    if inserted or not rows:
+        return AppendResult(inserted, rev, replayed=False)
     stored = await journal_db.insert_entries(
-        conn,
-        session_id,
-        [
-            {k: v for k, v in r.items() if k != "client_id"} | {"seq": first + i}
-            for i, r in enumerate(rows)
-        ],
+        conn, session_id, [r | {"seq": first + i} for i, r in enumerate(_stored(rows))]
     )
     return AppendResult(stored, rev, replayed=False)
+
+
+def _stored(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows as the entries table takes them (client_id only decided the replay check)."""
+    return [{k: v for k, v in r.items() if k != "client_id"} for r in rows]
 
 
 # A title made from a message is cut at a word boundary near this many characters.

@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import func, update
+from sqlalchemy import case, func, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.entries import EntryKind, NewEntry
@@ -61,7 +61,7 @@ async def create(
     created = machine.created_event(id, session_id, kind, user_entry_seq, model)
     queued = await runs_db.insert_queued_run(
         conn,
-        event_store.first_event(*created),
+        event_store.run_event(*created),
         id=id,
         tenant_id=tenant_id,
         session_id=session_id,
@@ -98,6 +98,17 @@ async def start(conn: AsyncConnection, run: Run, lease: int) -> Run:
     started = await runs_db.start_attempt(conn, run.id, step.status, lease)
     await writer.append(conn, run.id, step.events)
     return started
+
+
+async def start_first(conn: AsyncConnection, run_id: str, lease: int) -> runs_db.FirstStart | None:
+    """`start` for a run never started and not being cancelled, in one statement on an
+    autocommit connection (no lock taken first, no transaction of its own); None: not such a
+    run (the caller starts it under its row's lock)."""
+    step = machine.first_start()
+    ((kind, data),) = step.events
+    return await runs_db.start_first(
+        conn, run_id, step.status, lease, event_store.run_event(kind, data)
+    )
 
 
 async def recover(conn: AsyncConnection, orphan: runs_db.Orphan) -> Run:
@@ -244,12 +255,11 @@ async def finish(conn: AsyncConnection, run: Run, outcome: Outcome) -> Run:
     if outcome.error:
         end["error"] = outcome.error
     entries.append(NewEntry(EntryKind.RUN_END, end, {"run_id": run.id}, entry_id(run.id, "end")))
-    # The session's status and totals, set with the append's rev (one statement).
-    active = await runs_db.active_runs(conn, run.session_id, tenant_id=run.tenant_id)
-    still_active = [r for r in active if r.id != run.id]
-    session_values: dict[str, Any] = {}
-    if not still_active:
-        session_values["status"] = "idle"
+    # The session's status and totals, set with the append's rev (one statement): idle unless
+    # another run of it is still under way.
+    session_values: dict[str, Any] = {
+        "status": case((runs_db.others_active(run.id), sessions.c.status), else_="idle")
+    }
     if usage is not None:
         session_values |= {
             "input_tokens": sessions.c.input_tokens + usage.input_tokens,

@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -35,6 +36,7 @@ from app.core.runs import Run
 from app.db import jobs as jobs_db
 from app.db import runs as runs_db
 from app.db.outage import retrying
+from app.db.runs import FirstStart
 from app.worker.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -59,10 +61,23 @@ _ABORTS = text(
     " WHERE id = ANY(CAST(:ids AS bigint[])) AND status = 'doing' AND abort_requested"
 )
 # What the handoff calls (app/worker/run.py): start a run whose row is locked, in the
-# transaction that claims its job; execute the started run, finishing its job (given) with
-# the run's end if it can (True if it did).
+# transaction that claims its job; start a run never started in one statement (None: not
+# such a run); execute the started run, finishing its job (given) with the run's end if it
+# can (True if it did).
 Start = Callable[[AsyncConnection, Runtime, Run | None], Awaitable[Run | None]]
-Execute = Callable[[Runtime, Run, Callable[[], str | None], int], Awaitable[bool]]
+StartFirst = Callable[[Runtime, str], Awaitable[FirstStart | None]]
+
+
+class Execute(Protocol):
+    def __call__(
+        self,
+        runtime: Runtime,
+        run: Run,
+        abort_reason: Callable[[], str | None],
+        job_id: int,
+        *,
+        unsteered: bool = False,
+    ) -> Awaitable[bool]: ...
 
 
 class _LeftToQueue(Exception):
@@ -80,11 +95,13 @@ class Handoff:
         limit: int,
         start: Start,
         execute: Execute,
+        start_first: StartFirst | None = None,
     ) -> None:
         self._runtime = runtime
         self._worker_ids = worker_ids  # procrastinate's registrations of this process
         self._limit = limit
         self._start = start
+        self._start_first = start_first
         self._execute = execute
         self._running: dict[int, asyncio.Task[None]] = {}  # by job id
         self._reserved = 0  # asks being committed with their job taken for this handoff
@@ -127,21 +144,19 @@ class Handoff:
         task.add_done_callback(lambda _t: self._running.pop(job_id, None))
 
     async def _run(self, run_id: str, job_id: int, claimed: bool) -> None:
+        unsteered = False  # its start found no steer pending
         try:
-            async with self._runtime.engine.begin() as conn:
-                if claimed:
-                    # No job lock held here: waiting for a cancel's lock on the run is safe.
-                    run = await runs_db.get_run(conn, run_id, lock=True)
-                else:
-                    worker_id = self._worker_ids[-1]
-                    params = {"job_id": job_id, "worker_id": worker_id}
-                    if (await conn.execute(_CLAIM, params)).scalar() is None:
-                        # the queue's worker took it, or its session has another job first
-                        return
-                    run = await runs_db.get_run(conn, run_id, lock=True, skip_locked=True)
-                    if run is None:  # being cancelled (or gone): the claim is undone
-                        raise _LeftToQueue
-                started = await self._start(conn, self._runtime, run)
+            # A claimed job's run, never started: one statement starts it (the common case).
+            first = (
+                await self._start_first(self._runtime, run_id)
+                if claimed and self._start_first is not None
+                else None
+            )
+            if first is not None:
+                started: Run | None = first.run
+                unsteered = not first.steered
+            else:
+                started = await self._start_locked(run_id, job_id, claimed)
         except _LeftToQueue:
             return
         except asyncio.CancelledError:
@@ -161,7 +176,11 @@ class Handoff:
         try:
             if started is not None:  # else: over already, or cancelled before it started
                 finished = await self._execute(
-                    self._runtime, started, lambda: self._reason(job_id), job_id
+                    self._runtime,
+                    started,
+                    lambda: self._reason(job_id),
+                    job_id,
+                    unsteered=unsteered,
                 )
             status = "succeeded"
         except asyncio.CancelledError:
@@ -175,6 +194,24 @@ class Handoff:
             self._aborted.discard(job_id)
             if not finished:
                 await asyncio.shield(self._finish(job_id, status))
+
+    async def _start_locked(self, run_id: str, job_id: int, claimed: bool) -> Run | None:
+        """Start the run under its row's lock, claiming its job first unless the ask committed
+        it claimed; _LeftToQueue when the queue's worker is to take it after all."""
+        async with self._runtime.engine.begin() as conn:
+            if claimed:
+                # No job lock held here: waiting for a cancel's lock on the run is safe.
+                run = await runs_db.get_run(conn, run_id, lock=True)
+            else:
+                worker_id = self._worker_ids[-1]
+                params = {"job_id": job_id, "worker_id": worker_id}
+                if (await conn.execute(_CLAIM, params)).scalar() is None:
+                    # the queue's worker took it, or its session has another job first
+                    raise _LeftToQueue
+                run = await runs_db.get_run(conn, run_id, lock=True, skip_locked=True)
+                if run is None:  # being cancelled (or gone): the claim is undone
+                    raise _LeftToQueue
+            return await self._start(conn, self._runtime, run)
 
     async def _finish(self, job_id: int, status: str) -> None:
         async def finish() -> None:

@@ -39,7 +39,7 @@ from app.worker import runtime as runtimes
 from app.worker.handoff import Handoff
 from app.worker.lease import WorkerLease
 from app.worker.registration import keep_registered, work_queues
-from app.worker.run import execute_run, execute_started, start_locked
+from app.worker.run import execute_run, execute_started, start_first, start_locked
 from app.worker.webhooks import deliver
 
 log = logging.getLogger(__name__)
@@ -133,7 +133,7 @@ async def worker_pool(
     app = queue_app(settings, runtime, concurrency)
     registered = keep_registered(app, engine)
     # Only asks are handed over (app/services/asks.py): their runs need no compaction check.
-    handoff = Handoff(runtime, registered, concurrency, start_locked, execute_started)
+    handoff = Handoff(runtime, registered, concurrency, start_locked, execute_started, start_first)
     async with app.open_async():
         background = [
             asyncio.create_task(writer.run(), name="event-writer"),

@@ -62,6 +62,7 @@ from app.llm.base import (
     prompt_cache_key,
 )
 from app.llm.catalog import model_labels
+from app.runs import machine
 from app.runs.machine import committed_events
 from app.services import mcp_servers as mcp_services
 from app.services import run_transitions, steering
@@ -109,6 +110,8 @@ class _Progress:
     model: str | None = None
     # once a summary failed, or is still being written after the wait, this run only windows
     compaction_failed: bool = False
+    # no steer was pending when the run started (start_first): the first look is spared
+    unsteered: bool = False
 
     def add_usage(self, usage: UsageReport | None) -> None:
         if usage is not None:
@@ -138,22 +141,32 @@ async def execute_run(
 
 
 async def execute_started(
-    runtime: Runtime, run: Run, abort_reason: Callable[[], str | None], job_id: int | None = None
+    runtime: Runtime,
+    run: Run,
+    abort_reason: Callable[[], str | None],
+    job_id: int | None = None,
+    *,
+    unsteered: bool = False,
 ) -> bool:
-    """Execute a run whose attempt this worker has started (start_locked). With `job_id` (the
-    run's job, which the caller holds), the job is finished (succeeded) in the transaction
-    that ends the run; True if it was."""
+    """Execute a run whose attempt this worker has started (start_locked, start_first). With
+    `job_id` (the run's job, which the caller holds), the job is finished (succeeded) in the
+    transaction that ends the run; True if it was. `unsteered`: its start found no steer
+    pending (start_first), so its first model turn need not look again."""
     with carried.run_scope(run):
-        return await _execute(runtime, run, abort_reason, job_id)
+        return await _execute(runtime, run, abort_reason, job_id, unsteered)
 
 
 async def _execute(
-    runtime: Runtime, run: Run, abort_reason: Callable[[], str | None], job_id: int | None = None
+    runtime: Runtime,
+    run: Run,
+    abort_reason: Callable[[], str | None],
+    job_id: int | None = None,
+    unsteered: bool = False,
 ) -> bool:
     run_id, writer = run.id, runtime.writer
     writer.open(run_id, run.attempts)
     log.info("run %s: attempt %d started", run_id, run.attempts)
-    progress = _Progress(model=run.model, first_output=run.attempts > 1)
+    progress = _Progress(model=run.model, first_output=run.attempts > 1, unsteered=unsteered)
     try:
         policy = RunPolicy.model_validate(run.params.run_policy or {})
         outcome: Outcome | Pause | AwaitApproval
@@ -274,6 +287,21 @@ async def _claim(runtime: Runtime, run_id: str) -> Run | None:
         return await start_locked(conn, runtime, await runs_db.get_run(conn, run_id, lock=True))
 
 
+async def start_first(runtime: Runtime, run_id: str) -> runs_db.FirstStart | None:
+    """The start of a run never started and not being cancelled (an ask's run this process
+    committed taken): one statement, its event handed to this process's followers at once;
+    None: not such a run (start it under its row's lock: start_locked)."""
+    async with autocommit(runtime.engine) as conn:
+        first = await run_transitions.start_first(conn, run_id, runtime.lease.key)
+        await conn.commit()  # behind a transaction pooler, autocommit is not set
+    if first is not None:
+        ((kind, data),) = machine.first_start().events
+        runtime.writer.publish(
+            [{"run_id": run_id, "seq": first.event_seq, "type": str(kind), "data": data}]
+        )
+    return first
+
+
 async def start_locked(conn: AsyncConnection, runtime: Runtime, run: Run | None) -> Run | None:
     """With the run's row locked in `conn`'s transaction: start its attempt under this
     worker's lease, or end it if it was cancelled before it started; None: nothing to run."""
@@ -333,10 +361,13 @@ async def _converse(
         run, servers, rules = await _with_mcp_tools(runtime, run, config)
         policy = policy.with_tool_rules(rules)
         first = None  # projected again, with the servers' tools
+        progress.unsteered = False  # listing the tools took a while: look before the turn
     tools = offered_tools(config, run.params.tools)
     tokens_before = session.tokens_used if session is not None else 0
     if any(r.created_at < run.created_at for r in compactions):
         first = None  # a compaction queued before it changes the context: projected again
+    if compactions:
+        progress.unsteered = False  # waiting for them may take a while: look before the turn
     if await await_compaction_jobs(runtime, run, config, compactions):
         progress.compaction_failed = True  # one is still summarizing: no second one meanwhile
     while True:
@@ -370,7 +401,7 @@ async def _converse(
                 continue
         if isinstance(step, StopRun):
             return await _violation(runtime, run, step, progress)
-        if await _deliver_steers(runtime, run, step.iteration):
+        if await _deliver_steers(runtime, run, step.iteration, progress):
             projected = None  # the context now ends with the steered message
         outcome = await _model_turn(runtime, run, step.iteration, progress, projected)
         if outcome is not None:
@@ -405,9 +436,12 @@ async def _with_mcp_tools(
     return replace(run, params=params), {s.name: s for s in servers}, listing.approvals
 
 
-async def _deliver_steers(runtime: Runtime, run: Run, iteration: int) -> bool:
+async def _deliver_steers(runtime: Runtime, run: Run, iteration: int, progress: _Progress) -> bool:
     """Journal the messages sent to the run while it worked (steers), before the model turn
     `iteration`, which then sees them; True if there were any."""
+    if progress.unsteered:  # its start found none: a steer sent since is found next time
+        progress.unsteered = False
+        return False
     async with autocommit(runtime.engine) as conn:
         if not await steers_db.any_pending(conn, run.id):
             return False

@@ -44,7 +44,7 @@ def run_values(tenant: str, session: str, key: str | None = None) -> dict[str, A
 
 
 def created(values: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    return event_store.first_event("run.created", {"run_id": values["id"], "kind": "ask"})
+    return event_store.run_event("run.created", {"run_id": values["id"], "kind": "ask"})
 
 
 async def what_is_stored(engine: AsyncEngine, run_id: str) -> dict[str, Any]:

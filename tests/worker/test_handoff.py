@@ -161,7 +161,12 @@ async def test_a_run_held_by_a_cancel_is_left_to_the_queue_with_its_claim_undone
         executed: list[Run] = []
 
         async def execute(
-            _runtime: Runtime, run: Run, _reason: Callable[[], str | None], _job: int
+            _runtime: Runtime,
+            run: Run,
+            _reason: Callable[[], str | None],
+            _job: int,
+            *,
+            unsteered: bool = False,
         ) -> bool:
             executed.append(run)
             return False  # the job is left to the handoff to finish
@@ -303,7 +308,12 @@ async def test_a_cancel_holding_a_claimed_runs_row_ends_it_before_it_starts(
         executed: list[Run] = []
 
         async def execute(
-            _runtime: Runtime, run: Run, _reason: Callable[[], str | None], _job: int
+            _runtime: Runtime,
+            run: Run,
+            _reason: Callable[[], str | None],
+            _job: int,
+            *,
+            unsteered: bool = False,
         ) -> bool:
             executed.append(run)
             return False

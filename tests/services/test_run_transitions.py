@@ -1,0 +1,102 @@
+"""A run's first start in one statement (start_first) does what the start under the row's lock
+does, for the runs it takes; every other run is left to that start, untouched."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+
+import asyncpg
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.core.runs import Run, RunStatus
+from app.db import runs as runs_db
+from app.db import steers as steers_db
+from app.db.engine import autocommit, libpq_url
+from app.eventlog import store as event_store
+from app.services import run_transitions
+from tests.db.test_runs import created, new_session, run_values
+
+LEASE = 424242
+
+
+async def queued_run(engine: AsyncEngine) -> Run:
+    tenant, session = await new_session(engine)
+    values = run_values(tenant, session)
+    async with engine.begin() as conn:
+        return (await runs_db.insert_queued_run(conn, created(values), **values)).run
+
+
+async def start_first(engine: AsyncEngine, run_id: str) -> runs_db.FirstStart | None:
+    async with autocommit(engine) as conn:
+        first = await run_transitions.start_first(conn, run_id, LEASE)
+        await conn.commit()
+    return first
+
+
+async def events_of(engine: AsyncEngine, run: Run) -> list[tuple[int, str, object]]:
+    async with engine.connect() as conn:
+        rows = await event_store.read_events(conn, run.id, 0, tenant_id=run.tenant_id)
+    return [(r["seq"], r["type"], r["data"]) for r in rows]
+
+
+async def test_a_first_start_is_the_locked_start_in_one_statement(
+    engine: AsyncEngine, database_url: str
+) -> None:
+    fast, locked = await queued_run(engine), await queued_run(engine)
+    heard: asyncio.Queue[str] = asyncio.Queue()
+    listener = await asyncpg.connect(libpq_url(database_url))
+    await listener.add_listener(event_store.CHANNEL, lambda *args: heard.put_nowait(args[-1]))
+    try:
+        first = await start_first(engine, fast.id)
+        payload = json.loads(await asyncio.wait_for(heard.get(), 30))
+    finally:
+        await listener.close()
+    async with engine.begin() as conn:
+        row = await runs_db.get_run(conn, locked.id, lock=True)
+        assert row is not None
+        by_lock = await run_transitions.start(conn, row, LEASE)
+    assert first is not None and not first.steered
+    assert payload == {"runs": {fast.id: 2}}  # announced, with the seq it took
+    assert first.event_seq == 2
+    async with engine.connect() as conn:
+        stored = await runs_db.get_run(conn, fast.id)
+    assert stored == first.run  # what came back is the row as stored
+    for run in (first.run, by_lock):
+        assert (run.status, run.attempts, run.lease) == (RunStatus.RUNNING, 1, LEASE)
+        assert run.started_at is not None
+    assert await events_of(engine, first.run) == [
+        (1, "run.created", {"run_id": fast.id, "kind": "ask"}),
+        (2, "run.started", {"attempt": 1}),
+    ]
+    assert (await events_of(engine, by_lock))[1:] == [(2, "run.started", {"attempt": 1})]
+
+
+async def test_a_first_start_says_whether_a_steer_is_waiting(engine: AsyncEngine) -> None:
+    run = await queued_run(engine)
+    async with engine.begin() as conn:
+        steer = steers_db.Steer(
+            str(uuid.uuid4()), run.tenant_id, run.session_id, run.id, "faster", run.model, {}
+        )
+        await steers_db.insert_steer(conn, steer)
+    first = await start_first(engine, run.id)
+    assert first is not None and first.steered
+
+
+async def test_a_run_being_cancelled_or_started_before_is_left_to_the_locked_start(
+    engine: AsyncEngine,
+) -> None:
+    cancelling, started = await queued_run(engine), await queued_run(engine)
+    async with engine.begin() as conn:
+        await runs_db.update_run(conn, cancelling.id, {"cancel_mode": "cancel"})
+    assert await start_first(engine, started.id) is not None
+    for run in (cancelling, started):
+        async with engine.connect() as conn:
+            before = await runs_db.get_run(conn, run.id)
+        events_before = await events_of(engine, run)
+        assert await start_first(engine, run.id) is None
+        async with engine.connect() as conn:
+            assert await runs_db.get_run(conn, run.id) == before  # untouched
+        assert await events_of(engine, run) == events_before
+    assert await start_first(engine, str(uuid.uuid4())) is None  # no such run
