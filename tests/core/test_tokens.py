@@ -17,8 +17,11 @@ from tests.core.token_samples import CJK, CODE, EMOJI, PROSE, SAMPLES
 from tests.images import data_url, png
 
 ESTIMATE = HeuristicCounter()
-# "~1.3x": the CJK sample sits at 1.31 (cl100k spends ~1.1 tokens a character, o200k ~0.7).
-MAX_RATIO = 1.32
+# "~1.3x", and ~1.5x for CJK: never under comes first, and cl100k spends ~1.1 tokens on a
+# common Han character but up to 3 on a rarer one or a Hangul syllable (o200k ~0.7); the CJK
+# sample sits at 1.52.
+MAX_RATIO = {"cjk": 1.53}
+MAX_RATIO_OTHERS = 1.32
 
 
 def real_tokens(text: str) -> int:
@@ -30,7 +33,7 @@ def real_tokens(text: str) -> int:
 def test_estimate_is_at_most_about_1_3x_over_on_samples(name: str) -> None:
     text = SAMPLES[name]
     ratio = ESTIMATE.count(text) / real_tokens(text)
-    assert 1.0 <= ratio <= MAX_RATIO, f"{name}: {ratio:.2f}"
+    assert 1.0 <= ratio <= MAX_RATIO.get(name, MAX_RATIO_OTHERS), f"{name}: {ratio:.2f}"
 
 
 def _chunks(text: str) -> list[str]:
@@ -60,6 +63,14 @@ def test_estimate_is_never_under_on_generated_text(name: str) -> None:
         assert ESTIMATE.count(text) >= real_tokens(text), text
 
     never_under()
+
+
+@pytest.mark.parametrize(
+    ("text", "real"), [("먼射日 题仍", 11), (" る文脈脈べ", 11), ("먼履歴で脈먼저まる", 18)]
+)
+def test_rarer_hangul_and_han_characters_are_not_under(text: str, real: int) -> None:
+    # Found by the generated test: cl100k spends 3 tokens on 먼 and on 脈 (their bytes).
+    assert ESTIMATE.count(text) >= real_tokens(text) == real
 
 
 def test_mixed_text_and_empty() -> None:
