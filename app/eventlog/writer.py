@@ -23,10 +23,19 @@ REASONING = EventType.REASONING_DELTA
 Committed = Callable[[list[dict[str, Any]]], None]
 
 
-async def append(conn: AsyncConnection, run_id: str, events: Sequence[Event]) -> int:
+async def append(
+    conn: AsyncConnection,
+    run_id: str,
+    events: Sequence[Event],
+    written: list[dict[str, Any]] | None = None,
+) -> int:
     """Append a run's events in the caller's transaction, announced when it commits; returns
-    the run's last seq (0 when there were none)."""
-    last = await event_store.append_events(conn, [(run_id, kind, data) for kind, data in events])
+    the run's last seq (0 when there were none). `written` is given the rows, for the caller
+    to hand to its process's followers once the transaction has committed (publish)."""
+    rows = [(run_id, kind, data) for kind, data in events]
+    last = await event_store.append_events(conn, rows)
+    if written is not None:
+        written += event_store.numbered(rows, last)
     return last.get(run_id, 0)
 
 

@@ -26,6 +26,7 @@ from app.core.content import content_problems
 from app.core.entries import EntryKind, NewEntry, PendingEntry
 from app.core.output_schema import ResponseFormat, schema_problem
 from app.core.runs import CancelMode, Run, RunKind, RunParams, entry_id
+from app.core.sessions import Session
 from app.core.tool_choice import ToolChoice
 from app.db import jobs as jobs_db
 from app.db import runs as runs_db
@@ -140,8 +141,9 @@ async def ask(
     if params.response_format is not None:
         _check_schema(params.response_format, params.response_format_at)
     model: str | None = None
-    if prepare is None:
-        # Projected before the transaction: the session's row is locked only to commit.
+    if params.multitask_strategy == "rollback" and prepare is None:
+        # Projected before anything is stopped: a refused ask leaves the running run alone.
+        # Any other ask is projected in its commit, from the session row it locks there.
         checked = await project_session(
             engine,
             settings,
@@ -164,14 +166,14 @@ async def ask(
 
     async def commit(claim: int | None) -> AskResult:
         async with engine.begin() as conn:
-            resolved = model
             if prepare is not None:
                 await prepare(conn)
-                resolved = await _validated_in(conn, settings, tenant_id, session_id, params)
-            assert resolved is not None
-            queued = await _commit(
-                conn, settings, tenant_id, session_id, params, resolved, own_limits, claim
-            )
+            # Locked first: nothing is appended under the projection, nor before the commit.
+            session = await sessions_db.get_session(conn, tenant_id, session_id, lock=True)
+            if session is None:
+                raise session_not_found(session_id)
+            resolved = model or await _validated_in(conn, settings, session, params)
+            queued = await _commit(conn, settings, session, params, resolved, own_limits, claim)
         if isinstance(queued, Steered):
             return AskResult(queued.run, True, steer_id=queued.steer_id)
         return AskResult(queued.run, True, queued.claimed)
@@ -251,13 +253,10 @@ def _served(checked: SessionProjection, params: AskParams) -> str:
 
 
 async def _validated_in(
-    conn: AsyncConnection, settings: Settings, tenant_id: str, session_id: str, params: AskParams
+    conn: AsyncConnection, settings: Settings, session: Session, params: AskParams
 ) -> str:
-    """The ask validated in its own transaction, against what its surface wrote there (its
-    session's row locked first: nothing is appended under the projection)."""
-    session = await sessions_db.get_session(conn, tenant_id, session_id, lock=True)
-    if session is None:
-        raise session_not_found(session_id)
+    """The ask validated in its own transaction, against the session row it locked there (and
+    what its surface wrote before): the model it runs on."""
     checked = await project_in(
         conn,
         settings,
@@ -301,18 +300,15 @@ class Steered:
 async def _commit(
     conn: AsyncConnection,
     settings: Settings,
-    tenant_id: str,
-    session_id: str,
+    session: Session,
     params: AskParams,
     model: str,
     own_limits: quotas.Limits | None,
     claim_for: int | None,
 ) -> runs_db.QueuedRun | Steered:
-    """The user entry, run_start, the run, run.created and the job: one transaction; or, for a
-    steer of a running run, the steer."""
-    session = await sessions_db.get_session(conn, tenant_id, session_id, lock=True)
-    if session is None:
-        raise session_not_found(session_id)
+    """The user entry, run_start, the run, run.created and the job, in the transaction that
+    locked `session`; or, for a steer of a running run, the steer."""
+    tenant_id, session_id = session.tenant_id, session.id
     policy = run_policies.merged(session.config.run_policy, params.run_policy)
     # Counting the session's turns is a query: only made when a turn limit is set.
     turns = await runs_db.count_asks(conn, session_id) if policy.max_turns is not None else 0

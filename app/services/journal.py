@@ -132,8 +132,8 @@ async def _append_rows(
         if replay is not None:
             return replay
     # Without client ids the common path is one statement: reserve the seqs, and insert the
-    # entries at them unless one names a range (checked once its seq is known, before any
-    # insert).
+    # entries at them; unless one names a range (checked once its seq is known, before any
+    # insert) or keeps its time (an import): then two.
     advance = sessions_db.advancing(
         tenant_id,
         session_id,
@@ -144,7 +144,7 @@ async def _append_rows(
         session_values,
         title=untitled_title(rows),
     )
-    if rows and not any(r["kind"] in RANGE_KINDS for r in rows):
+    if rows and not any(r["kind"] in RANGE_KINDS or "created_at" in r for r in rows):
         inserted = await journal_db.insert_advancing(conn, advance, session_id, _stored(rows))
         rev = int(inserted[-1]["seq"]) if inserted else None
     else:

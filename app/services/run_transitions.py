@@ -202,11 +202,17 @@ async def request_cancel(conn: AsyncConnection, run: Run, mode: CancelMode) -> R
     return run
 
 
-async def finish(conn: AsyncConnection, run: Run, outcome: Outcome) -> Run:
+async def finish(
+    conn: AsyncConnection,
+    run: Run,
+    outcome: Outcome,
+    written: list[dict[str, Any]] | None = None,
+) -> Run:
     """Commit the end of `run` (locked by the caller, still active): its answer (partial ones
     marked incomplete), usage and run_end entries, a rollback if one was asked for, its row,
-    the session's status and totals, and its last events. Ending a run twice is refused by
-    the caller's check that it is active: its end entries are written only here."""
+    the session's status and totals, and its last events (given to `written`: see
+    writer.append). Ending a run twice is refused by the caller's check that it is active:
+    its end entries are written only here."""
     outcome = machine.settled(run, outcome)
     model = outcome.model or run.model
     entries: list[NewEntry] = []
@@ -340,8 +346,9 @@ async def finish(conn: AsyncConnection, run: Run, outcome: Outcome) -> Run:
             cost_usd=cost,
         )
     if run.kind is RunKind.ASK:
-        await writer.append(conn, run.id, await _hand_on_steers(conn, run, step.status))
-    await writer.append(conn, run.id, step.events)
+        steered = await _hand_on_steers(conn, run, step.status)
+        await writer.append(conn, run.id, steered, written)
+    await writer.append(conn, run.id, step.events, written)
     metrics.run_ended(
         run.kind, step.status, ended.created_at, ended.ended_at, model_labels(model), usage, cost
     )

@@ -245,14 +245,16 @@ async def _finish(runtime: Runtime, run: Run, outcome: Outcome, job_id: int | No
     """End the run; with `job_id`, its job too (the run's row, then the job's: a cancel's
     order). True if the job was finished here."""
     await runtime.writer.flush()
+    written: list[dict[str, Any]] = []
     async with runtime.engine.begin() as conn:
         locked = await runs_db.get_run(conn, run.id, lock=True)
         if locked is None or not locked.active or locked.attempts != run.attempts:
             # ended meanwhile (a cancel after this worker was thought dead), or taken over
             return False
-        await run_transitions.finish(conn, locked, outcome)
+        await run_transitions.finish(conn, locked, outcome, written)
         if job_id is not None:
             await jobs_db.finish_job(conn, job_id, "succeeded")
+    runtime.writer.publish(written)  # committed: this process's followers have them at once
     return job_id is not None
 
 

@@ -50,6 +50,49 @@ async def test_a_killed_worker_is_replaced_and_nothing_is_duplicated(
     assert len(upstream.requests) == 2
 
 
+@pytest.mark.slow
+async def test_a_worker_killed_mid_tick_loses_renumbers_and_repeats_no_event(
+    api_only: httpx.AsyncClient, upstream: FakeUpstream, workers: Workers
+) -> None:
+    """Two runs streaming in one worker, whose ticks commit both runs' events together, when
+    it is killed (SIGKILL) between ticks or in one; another worker process resumes both. The
+    event ids every client got mean the same events afterwards, and the logs stay dense."""
+    for _ in range(2):  # killed midway
+        upstream.script(*[Text(f"a{i} ") for i in range(300)], token_delay=0.02)
+    for _ in range(2):
+        upstream.script(Text("the retried "), Text("answer"), Usage(7, 3))
+    runs = []
+    for _ in range(2):
+        sid = (await new_session(api_only))["id"]
+        ask = {"input": "q", "stream": False}
+        runs.append((await api_only.post(f"/v1/sessions/{sid}/ask", json=ask)).json()["id"])
+    # A client following the first run live, through the kill and the other worker's retry.
+    live = asyncio.create_task(collect(api_only, "GET", f"/v1/runs/{runs[0]}/events"))
+    before = [
+        await collect(api_only, "GET", f"/v1/runs/{run_id}/events", stop_after=8) for run_id in runs
+    ]
+    workers.kill_and_replace()
+    for run_id in runs:
+        done = (
+            await api_only.get(f"/v1/runs/{run_id}", params={"wait": "true", "timeout": 90})
+        ).json()
+        assert done["status"] == "completed" and done["attempts"] == 2, done
+    followed = await asyncio.wait_for(live, 90)
+    for run_id, seen in zip(runs, before, strict=True):
+        events = await collect(api_only, "GET", f"/v1/runs/{run_id}/events")
+        assert [e.id for e in events] == list(range(1, len(events) + 1))  # dense, in order
+        by_id = {e.id: (e.type, e.data) for e in events}
+        assert [(e.type, e.data) for e in seen] == [by_id[e.id] for e in seen]
+        assert [e.type for e in events].count("run.completed") == 1
+        assert events[-1].type == "run.completed"
+        after_reset = events[[e.type for e in events].index("message.reset") :]
+        texts = [e.data["text"] for e in after_reset if e.type == "message.delta"]
+        assert "".join(texts) == "the retried answer"
+    # The live client got every event once, as stored: nothing lost or repeated in the handover.
+    final = await collect(api_only, "GET", f"/v1/runs/{runs[0]}/events")
+    assert [(e.id, e.type, e.data) for e in followed] == [(e.id, e.type, e.data) for e in final]
+
+
 class Receiver:
     """A webhook tool server: `fast` answers at once, `slow` takes seconds; deliveries counted
     per tool call (by the Idempotency-Key the worker sends)."""
