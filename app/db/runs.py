@@ -18,13 +18,13 @@ from sqlalchemy import (
     type_coerce,
     update,
 )
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import JSONB, Insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.runs import ACTIVE, Run, RunStatus
 from app.db import jobs as jobs_db
 from app.db.sessions import LIVE
-from app.db.tables import runs, sessions
+from app.db.tables import runs, sessions, webhook_endpoints
 
 _ACTIVE = [s.value for s in ACTIVE]
 
@@ -147,6 +147,34 @@ def others_active(run_id: str) -> ColumnElement[bool]:
 async def update_run(conn: AsyncConnection, run_id: str, values: dict[str, Any]) -> Run:
     query = update(runs).where(runs.c.id == run_id).values(**values).returning(runs)
     return Run.from_row((await conn.execute(query)).mappings().one())
+
+
+@dataclass(frozen=True)
+class Ended:
+    run: Run  # as now written
+    webhook_endpoints: list[str]  # the endpoints that want its end (app/db/webhooks.wanting)
+
+
+async def end_run(
+    conn: AsyncConnection,
+    run_id: str,
+    values: dict[str, Any],
+    usage: Insert | None,
+    wanting: ColumnElement[bool],
+) -> Ended:
+    """update_run for a run's end, in one statement with the tenant's usage counted (`usage`,
+    app/db/tenants.usage_added) and the webhook endpoints that want its end read (`wanting`)."""
+    endpoints = select(func.array_agg(webhook_endpoints.c.id)).where(wanting).scalar_subquery()
+    query = (
+        update(runs)
+        .where(runs.c.id == run_id)
+        .values(**values)
+        .returning(runs, endpoints.label("webhook_endpoints"))
+    )
+    if usage is not None:
+        query = query.add_cte(usage.cte("usage"))
+    row = (await conn.execute(query)).mappings().one()
+    return Ended(Run.from_row(row), [str(e) for e in row["webhook_endpoints"] or []])
 
 
 async def start_attempt(conn: AsyncConnection, run_id: str, status: RunStatus, lease: int) -> Run:

@@ -3,16 +3,32 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, RowMapping, Update, func, literal, or_, select, tuple_, update
+from sqlalchemy import (
+    ColumnElement,
+    RowMapping,
+    Update,
+    func,
+    literal,
+    literal_column,
+    or_,
+    select,
+    tuple_,
+    type_coerce,
+    update,
+)
+from sqlalchemy.dialects.postgresql import JSONB, aggregate_order_by
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.agents import AgentPin, resolved
+from app.core.entries import JournalEntry
 from app.core.lineage import Lineage, lineage_from_json, lineage_to_json
+from app.core.runs import ACTIVE
 from app.core.sessions import Session, SessionConfig, SessionStatus
-from app.db.tables import runs, sessions, tenants
+from app.db.tables import entries, runs, sessions, tenants
 
 # A session past its expiry is gone for its tenant at once, before the retention job purges it.
 LIVE = or_(sessions.c.expires_at.is_(None), sessions.c.expires_at > func.now())
@@ -83,6 +99,73 @@ async def get_session(
     if lock:
         query = query.with_for_update()
     return _one_or_none((await conn.execute(query)).mappings().one_or_none())
+
+
+@dataclass(frozen=True)
+class RunStart:
+    """What a run starting reads of its session, in one statement (app/worker/run.py)."""
+
+    session: Session | None  # None: not the tenant's (or gone)
+    compacting: bool  # a compaction run of the session is under way
+    written: list[JournalEntry]  # the entries the run wrote so far (run_entries')
+
+
+async def read_for_run(
+    conn: AsyncConnection, tenant_id: str, session_id: str, run_id: str, from_seq: int
+) -> RunStart:
+    """The session (expired too: work under way goes on), whether a compaction of it is under
+    way, and what the run has written (app/db/journal.run_entries), in one statement: in the
+    caller's snapshot, as three would read them."""
+    compacting = (
+        select(runs.c.id)
+        .where(
+            runs.c.session_id == sessions.c.id,
+            runs.c.kind == "compaction",
+            runs.c.status.in_([s.value for s in ACTIVE]),
+        )
+        .exists()
+    )
+    entry = func.jsonb_build_object(
+        "seq",
+        entries.c.seq,
+        "id",
+        entries.c.id,
+        "kind",
+        entries.c.kind,
+        "payload",
+        entries.c.payload,
+        "refs",
+        entries.c.refs,
+        "token_count",
+        entries.c.token_count,
+    )
+    written = (
+        select(
+            func.coalesce(
+                func.jsonb_agg(aggregate_order_by(entry, entries.c.seq)),
+                literal_column("'[]'::jsonb"),
+            )
+        )
+        .where(
+            entries.c.session_id == sessions.c.id,
+            entries.c.seq >= from_seq,
+            entries.c.refs.contains({"run_id": run_id}),
+        )
+        .scalar_subquery()
+    )
+    query = select(
+        sessions,
+        compacting.label("compacting"),
+        type_coerce(written, JSONB).label("written"),
+    ).where(sessions.c.id == session_id, sessions.c.tenant_id == tenant_id)
+    row = (await conn.execute(query)).mappings().one_or_none()
+    if row is None:
+        return RunStart(None, False, [])
+    return RunStart(
+        _session(row),
+        bool(row["compacting"]),
+        [JournalEntry(**e) for e in row["written"]],
+    )
 
 
 async def tenant_of(conn: AsyncConnection, session_id: str) -> str | None:

@@ -6,7 +6,7 @@ from datetime import date
 from typing import Any
 
 from sqlalchemy import RowMapping, func, select, text, update
-from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.dialects.postgresql import Insert, insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.db.tables import (
@@ -230,6 +230,32 @@ async def add_usage(
     cost_usd: Any,
 ) -> None:
     """Count one ended run's usage into today's (UTC) row of its tenant and model."""
+    await conn.execute(
+        usage_added(
+            tenant_id,
+            model,
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            cached_tokens=cached_tokens,
+            cache_write_tokens=cache_write_tokens,
+            reasoning_tokens=reasoning_tokens,
+            cost_usd=cost_usd,
+        )
+    )
+
+
+def usage_added(
+    tenant_id: str,
+    model: str,
+    *,
+    input_tokens: int,
+    output_tokens: int,
+    cached_tokens: int,
+    cache_write_tokens: int,
+    reasoning_tokens: int = 0,
+    cost_usd: Any,
+) -> Insert:
+    """add_usage's statement, for a statement that ends the run with it (app/db/runs.end_run)."""
     row = {
         "runs": 1,
         "input_tokens": input_tokens,
@@ -243,11 +269,9 @@ async def add_usage(
     statement = insert(tenant_usage).values(
         tenant_id=tenant_id, day=text("(now() AT TIME ZONE 'UTC')::date"), model=model, **row
     )
-    await conn.execute(
-        statement.on_conflict_do_update(
-            index_elements=[tenant_usage.c.tenant_id, tenant_usage.c.day, tenant_usage.c.model],
-            set_={name: tenant_usage.c[name] + statement.excluded[name] for name in row},
-        )
+    return statement.on_conflict_do_update(
+        index_elements=[tenant_usage.c.tenant_id, tenant_usage.c.day, tenant_usage.c.model],
+        set_={name: tenant_usage.c[name] + statement.excluded[name] for name in row},
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import RowMapping, func, literal, or_, select, tuple_, update
+from sqlalchemy import ColumnElement, RowMapping, and_, func, literal, or_, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.db.tables import webhook_deliveries, webhook_endpoints
@@ -60,7 +60,14 @@ async def endpoints_for(
     conn: AsyncConnection, tenant_id: str, session_id: str, event_type: str
 ) -> list[RowMapping]:
     """The tenant's endpoints and the session's that want `event_type`."""
-    query = select(webhook_endpoints.c.id).where(
+    query = select(webhook_endpoints.c.id).where(wanting(tenant_id, session_id, event_type))
+    return list((await conn.execute(query)).mappings())
+
+
+def wanting(tenant_id: str, session_id: str, event_type: str) -> ColumnElement[bool]:
+    """endpoints_for's condition on webhook_endpoints, for a statement that reads them along
+    with other work (app/db/runs.end_run)."""
+    return and_(
         webhook_endpoints.c.tenant_id == tenant_id,
         or_(
             webhook_endpoints.c.session_id.is_(None),
@@ -71,7 +78,6 @@ async def endpoints_for(
             webhook_endpoints.c.event_types.contains([event_type]),
         ),
     )
-    return list((await conn.execute(query)).mappings())
 
 
 async def insert_deliveries(

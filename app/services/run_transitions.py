@@ -25,6 +25,7 @@ from app.db import jobs as jobs_db
 from app.db import runs as runs_db
 from app.db import steers as steers_db
 from app.db import tenants as tenants_db
+from app.db import webhooks as webhooks_db
 from app.db.tables import sessions
 from app.eventlog import store as event_store
 from app.eventlog import writer
@@ -313,7 +314,24 @@ async def finish(
     step = machine.end(
         run, outcome, committed, usage_data, float(cost) if cost is not None else None
     )
-    ended = await runs_db.update_run(
+    # The row, the tenant's daily usage (quotas, reports: it outlives the session) and the
+    # webhook endpoints that want the end: one statement.
+    terminal = TERMINAL_BY_STATUS[step.status]
+    usage_row = (
+        tenants_db.usage_added(
+            run.tenant_id,
+            model,
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
+            cached_tokens=usage.cached_tokens,
+            cache_write_tokens=usage.cache_write_tokens,
+            reasoning_tokens=usage.reasoning_tokens,
+            cost_usd=cost,
+        )
+        if usage is not None
+        else None
+    )
+    end = await runs_db.end_run(
         conn,
         run.id,
         {
@@ -331,20 +349,10 @@ async def finish(
             "ended_at": func.now(),
             "end_entry_seq": end_seq,
         },
+        usage_row,
+        webhooks_db.wanting(run.tenant_id, run.session_id, terminal),
     )
-    if usage is not None:
-        # The tenant's daily usage (quotas, reports): it outlives the session.
-        await tenants_db.add_usage(
-            conn,
-            run.tenant_id,
-            model,
-            input_tokens=usage.input_tokens,
-            output_tokens=usage.output_tokens,
-            cached_tokens=usage.cached_tokens,
-            cache_write_tokens=usage.cache_write_tokens,
-            reasoning_tokens=usage.reasoning_tokens,
-            cost_usd=cost,
-        )
+    ended = end.run
     if run.kind is RunKind.ASK:
         steered = await _hand_on_steers(conn, run, step.status)
         await writer.append(conn, run.id, steered, written)
@@ -352,7 +360,7 @@ async def finish(
     metrics.run_ended(
         run.kind, step.status, ended.created_at, ended.ended_at, model_labels(model), usage, cost
     )
-    await webhooks.queue_run_event(conn, ended, TERMINAL_BY_STATUS[ended.status])
+    await webhooks.queue_run_event(conn, ended, terminal, endpoints=end.webhook_endpoints)
     return ended
 
 

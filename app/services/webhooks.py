@@ -135,10 +135,15 @@ async def queue_run_event(
     run: Run,
     event_type: WebhookEventType,
     extra: Mapping[str, Any] | None = None,
+    *,
+    endpoints: list[str] | None = None,
 ) -> None:
-    """Queue `event_type` of `run` (its row as now written) to every endpoint that wants it,
-    inside the caller's transaction: committed with the run's new state, or not at all."""
-    endpoints = await webhooks_db.endpoints_for(conn, run.tenant_id, run.session_id, event_type)
+    """Queue `event_type` of `run` (its row as now written) to every endpoint that wants it
+    (`endpoints`, when the caller read them already), inside the caller's transaction:
+    committed with the run's new state, or not at all."""
+    if endpoints is None:
+        found = await webhooks_db.endpoints_for(conn, run.tenant_id, run.session_id, event_type)
+        endpoints = [str(e["id"]) for e in found]
     if not endpoints:
         return
     body = json.dumps(
@@ -149,9 +154,7 @@ async def queue_run_event(
         },
         separators=(",", ":"),
     )
-    ids = await webhooks_db.insert_deliveries(
-        conn, [str(e["id"]) for e in endpoints], run.id, event_type, body
-    )
+    ids = await webhooks_db.insert_deliveries(conn, endpoints, run.id, event_type, body)
     await jobs_db.defer_webhook(conn, ids)
 
 

@@ -343,15 +343,16 @@ async def _converse(
     # projection of its first model call (from the same session row, not read twice).
     first: SessionProjection | ServiceError | None = None
     async with read_snapshot(runtime.engine) as conn:
-        session = await sessions_db.get_session(
-            conn, run.tenant_id, session_id, include_expired=True
+        start = await sessions_db.read_for_run(
+            conn, run.tenant_id, session_id, run.id, run.input_seq
         )
-        compactions = await runs_db.active_runs(
-            conn, session_id, kind="compaction", tenant_id=run.tenant_id
+        session = start.session
+        compactions = (
+            await runs_db.active_runs(conn, session_id, kind="compaction", tenant_id=run.tenant_id)
+            if start.compacting
+            else []
         )
-        written: list[JournalEntry] | None = await journal_db.run_entries(
-            conn, session_id, run.input_seq, run.id, tenant_id=run.tenant_id
-        )
+        written: list[JournalEntry] | None = start.written
         if session is not None:
             try:
                 first = await project_run_in(conn, runtime.settings, session, run)
