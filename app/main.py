@@ -84,7 +84,7 @@ def create_app(settings: Settings | None = None, *, workers: int = 0) -> FastAPI
         await app.state.hub.start()
         try:
             if workers:  # `threadline serve`: the worker pool runs in this process too
-                pool = worker_pool(settings, workers, app.state.engine, app.state.hub.publish)
+                pool = worker_pool(settings, workers, app.state.engine, app.state.hub)
                 async with pool as handoff:
                     # The asks of every surface hand their runs to it (app/services/handoff.py).
                     local: RunHandoff = handoff

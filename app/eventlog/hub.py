@@ -26,7 +26,8 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from collections import Counter
+from collections.abc import AsyncGenerator, AsyncIterator, Collection, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,6 +86,10 @@ class _Subscriber:
 class _Feed:
     subscribers: set[_Subscriber] = field(default_factory=set)
     cursor: int = 0  # the highest seq fetched and handed out for this run
+    positioned: int = 0  # subscribers past their replay (the others read the table anyway)
+    # The highest seq announced while no fetch was needed yet: none positioned, or this
+    # process committing the run's events (it hands them out itself: publish).
+    deferred: int = 0
 
 
 class EventHub:
@@ -104,6 +109,7 @@ class EventHub:
         self._feeds: dict[str, _Feed] = {}
         self._listener: asyncpg.Connection | None = None
         self._wanted: dict[str, int] | None = {}  # runs to fetch; None: all of them
+        self._local: Counter[str] = Counter()  # runs whose events this process is committing
         self._fetch_needed = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -177,9 +183,12 @@ class EventHub:
                     if feed.cursor < cursor:
                         self._want({run_id: cursor})
                     positioned = True
+                    feed.positioned += 1
+                    self._undefer(run_id)  # announced during the replay, after its read
                 backlog = await self._next(subscriber, run_id, last)
         finally:
             feed.subscribers.discard(subscriber)
+            feed.positioned -= positioned
             if not feed.subscribers and self._feeds.get(run_id) is feed:
                 del self._feeds[run_id]
 
@@ -246,6 +255,32 @@ class EventHub:
             for subscriber in feed.subscribers:
                 subscriber.offer(row)
 
+    @contextlib.contextmanager
+    def committing(self, run_ids: Collection[str]) -> Iterator[None]:
+        """Around this process's commit of these runs' events and its publish: a NOTIFY of
+        theirs heard meanwhile is not fetched (the publish hands the rows out), unless the
+        publish left the feed behind it (the commit failed after all, or a gap)."""
+        runs = Counter(iter(run_ids))  # a mapping's keys, not its values as counts
+        self._local.update(runs)
+        try:
+            yield
+        finally:
+            self._local.subtract(runs)
+            for run_id in runs:
+                if self._local[run_id] <= 0:
+                    del self._local[run_id]
+                    self._undefer(run_id)
+
+    def _undefer(self, run_id: str) -> None:
+        """Fetch what was announced for the run while no fetch was needed, if that is still
+        ahead of its feed."""
+        feed = self._feeds.get(run_id)
+        if feed is None or not feed.positioned or run_id in self._local:
+            return
+        deferred, feed.deferred = feed.deferred, 0
+        if deferred > feed.cursor:
+            self._want({run_id: deferred})
+
     def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
         try:
             message = json.loads(payload)
@@ -267,11 +302,20 @@ class EventHub:
             await self._fetch_needed.wait()
             self._fetch_needed.clear()
             wanted, self._wanted = self._wanted, {}
-            cursors = {
-                run: feed.cursor
-                for run, feed in self._feeds.items()
-                if feed.subscribers and (wanted is None or wanted.get(run, 0) > feed.cursor)
-            }
+            cursors = {}
+            for run, feed in self._feeds.items():
+                if not feed.subscribers:
+                    continue
+                if wanted is None:  # after a reconnect: every feed, whatever it waits for
+                    cursors[run] = feed.cursor
+                    continue
+                seq = wanted.get(run, 0)
+                if seq <= feed.cursor:
+                    continue
+                if not feed.positioned or run in self._local:
+                    feed.deferred = max(feed.deferred, seq)
+                    continue
+                cursors[run] = feed.cursor
             if not cursors:
                 continue
             try:

@@ -7,8 +7,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Collection, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -19,8 +20,19 @@ from app.eventlog.registry import Event, EventType
 log = logging.getLogger(__name__)
 DELTA = EventType.MESSAGE_DELTA
 REASONING = EventType.REASONING_DELTA
-# Told the rows of each committed tick ({run_id, seq, type, data}): this process's followers.
-Committed = Callable[[list[dict[str, Any]]], None]
+
+
+class LocalFollowers(Protocol):
+    """This process's followers of run events (`threadline serve`: the API's event hub)."""
+
+    def publish(self, rows: list[dict[str, Any]]) -> None:
+        """Rows ({run_id, seq, type, data}) just committed, handed out from memory."""
+        ...
+
+    def committing(self, run_ids: Collection[str]) -> AbstractContextManager[None]:
+        """Around a commit of these runs' events and the publish that follows it: their
+        NOTIFY, heard meanwhile, need not be read back from the table."""
+        ...
 
 
 async def append(
@@ -57,19 +69,19 @@ class EventWriter:
     flushed at once, so the first token is never held back a tick. Reasoning deltas of one
     block are coalesced likewise.
 
-    With `on_committed` (`threadline serve`: the API's event hub), each tick's rows are handed
-    to this process's followers from memory once committed, besides the NOTIFY that tells every
+    With `followers` (`threadline serve`: the API's event hub), each tick's rows are handed to
+    this process's followers from memory once committed, besides the NOTIFY that tells every
     other process to read them from the table."""
 
     def __init__(
         self,
         engine: AsyncEngine,
         tick_seconds: float = 0.05,
-        on_committed: Committed | None = None,
+        followers: LocalFollowers | None = None,
     ) -> None:
         self._engine = engine
         self._tick = tick_seconds
-        self.on_committed = on_committed
+        self._followers = followers
         self._pending: dict[str, list[Event]] = {}
         self._wake = asyncio.Event()
         self._flushing = asyncio.Lock()
@@ -131,14 +143,12 @@ class EventWriter:
         rows = [(run, kind, data) for run, events in batch.items() for kind, data in events]
         attempts = {run: self._attempts.get(run, 0) for run in batch}
         try:
-            async with autocommit(self._engine) as conn:
-                last = await event_store.append_events(conn, rows, attempts)
-                await conn.commit()  # behind a transaction pooler, autocommit is not set
-                # Handed out before the connection goes back to the pool (an await): the hub
-                # hears the NOTIFY meanwhile, and finding its followers behind, it would read
-                # back from the table every row handed out here.
-                self._committed = self._taken
-                self._committed_rows(rows, last)
+            with self.committing(list(batch)):
+                async with autocommit(self._engine) as conn:
+                    last = await event_store.append_events(conn, rows, attempts)
+                    await conn.commit()  # behind a transaction pooler, autocommit is not set
+                    self._committed = self._taken
+                    self._committed_rows(rows, last)
         except Exception:
             if self._committed == self._taken:
                 raise  # written: only giving the connection back failed
@@ -158,12 +168,19 @@ class EventWriter:
 
     def publish(self, rows: list[dict[str, Any]]) -> None:
         """Hand committed rows ({run_id, seq, type, data}) to this process's followers: each
-        tick's, and those other statements of this process committed (a run's first start)."""
-        if self.on_committed is not None:
+        tick's, and those other transactions of this process committed (a run's start, its
+        end), inside `committing`."""
+        if self._followers is not None:
             try:
-                self.on_committed(rows)
+                self._followers.publish(rows)
             except Exception:  # followers read the table instead: nothing is lost
                 log.exception("handing committed events to local followers failed")
+
+    def committing(self, run_ids: Collection[str]) -> AbstractContextManager[None]:
+        """Around a commit of these runs' events and its publish (LocalFollowers.committing)."""
+        if self._followers is None:
+            return contextlib.nullcontext()
+        return self._followers.committing(run_ids)
 
     async def run(self) -> None:
         """Flush every tick (or at once when woken) until cancelled. Ticks keep their rate

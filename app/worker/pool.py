@@ -28,7 +28,7 @@ from app.db.jobs import (
     WEBHOOK_QUEUE,
     WEBHOOK_TASK,
 )
-from app.eventlog.writer import Committed, EventWriter
+from app.eventlog.writer import EventWriter, LocalFollowers
 from app.llm.router import Router
 from app.llm.tokenizers import stored_counter
 from app.services import retention, run_transitions, schedules
@@ -109,12 +109,12 @@ async def worker_pool(
     settings: Settings,
     concurrency: int,
     engine: AsyncEngine | None = None,
-    on_committed: Committed | None = None,
+    followers: LocalFollowers | None = None,
 ) -> AsyncIterator[Handoff]:
     """Run `concurrency` run-executing workers in this process until the block exits; with
     `engine` (`threadline serve`: the API's), on its pool rather than one of their own, so that
-    one process holds one pool of database connections; `on_committed` is told the run events
-    they commit (serve: its event hub, for this process's followers). Yields the handoff
+    one process holds one pool of database connections; `followers` are handed the run events
+    they commit (serve: its event hub). Yields the handoff
     through which this process's asks start their runs at once (app/worker/handoff.py)."""
     own_engine = engine is None
     if engine is None:
@@ -122,7 +122,7 @@ async def worker_pool(
     await asyncio.to_thread(stored_counter)  # load the vocabulary now, not on the first ask
     router = Router(settings)
     await asyncio.to_thread(router.import_providers)
-    writer = EventWriter(engine, settings.event_tick_seconds, on_committed)
+    writer = EventWriter(engine, settings.event_tick_seconds, followers)
     # The lease's lock lives as long as its connection: one of its own, never a pooled one (the
     # pool's would be out of the pool for good) nor one through a transaction pooler (which
     # hands the server connection, and the lock with it, to other clients between transactions).

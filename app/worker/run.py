@@ -246,15 +246,16 @@ async def _finish(runtime: Runtime, run: Run, outcome: Outcome, job_id: int | No
     order). True if the job was finished here."""
     await runtime.writer.flush()
     written: list[dict[str, Any]] = []
-    async with runtime.engine.begin() as conn:
-        locked = await runs_db.get_run(conn, run.id, lock=True)
-        if locked is None or not locked.active or locked.attempts != run.attempts:
-            # ended meanwhile (a cancel after this worker was thought dead), or taken over
-            return False
-        await run_transitions.finish(conn, locked, outcome, written)
-        if job_id is not None:
-            await jobs_db.finish_job(conn, job_id, "succeeded")
-    runtime.writer.publish(written)  # committed: this process's followers have them at once
+    with runtime.writer.committing([run.id]):
+        async with runtime.engine.begin() as conn:
+            locked = await runs_db.get_run(conn, run.id, lock=True)
+            if locked is None or not locked.active or locked.attempts != run.attempts:
+                # ended meanwhile (a cancel after this worker was thought dead), or taken over
+                return False
+            await run_transitions.finish(conn, locked, outcome, written)
+            if job_id is not None:
+                await jobs_db.finish_job(conn, job_id, "succeeded")
+        runtime.writer.publish(written)  # committed: this process's followers have them now
     return job_id is not None
 
 
@@ -293,14 +294,15 @@ async def start_first(runtime: Runtime, run_id: str) -> runs_db.FirstStart | Non
     """The start of a run never started and not being cancelled (an ask's run this process
     committed taken): one statement, its event handed to this process's followers at once;
     None: not such a run (start it under its row's lock: start_locked)."""
-    async with autocommit(runtime.engine) as conn:
-        first = await run_transitions.start_first(conn, run_id, runtime.lease.key)
-        await conn.commit()  # behind a transaction pooler, autocommit is not set
-    if first is not None:
-        ((kind, data),) = machine.first_start().events
-        runtime.writer.publish(
-            [{"run_id": run_id, "seq": first.event_seq, "type": str(kind), "data": data}]
-        )
+    with runtime.writer.committing([run_id]):
+        async with autocommit(runtime.engine) as conn:
+            first = await run_transitions.start_first(conn, run_id, runtime.lease.key)
+            await conn.commit()  # behind a transaction pooler, autocommit is not set
+        if first is not None:
+            ((kind, data),) = machine.first_start().events
+            runtime.writer.publish(
+                [{"run_id": run_id, "seq": first.event_seq, "type": str(kind), "data": data}]
+            )
     return first
 
 

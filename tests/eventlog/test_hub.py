@@ -21,6 +21,7 @@ from app.eventlog.hub import PAGE, EventHub
 from testkit.api import new_session
 from testkit.sse_client import SAFETY_NET_SECONDS, collect
 from testkit.upstream import FakeUpstream, Stall, Text
+from tests.eventlog.test_writer import running_runs
 
 
 @pytest.fixture
@@ -188,7 +189,10 @@ async def test_a_stalled_follower_holds_a_bounded_buffer_and_gets_every_event_la
         asked = await api.post(f"/v1/sessions/{sid}/ask", json={"input": "go", "stream": False})
         run_id = str(asked.json()["id"])
         follower = small.follow(run_id, 0)
-        first = await anext(follower)  # then the client stops reading
+        first = [await anext(follower)]
+        while first[-1]["type"] != "message.delta":  # live now: past its replay
+            first.append(await anext(follower))
+        # then the client stops reading
         for _ in range(600):  # the run ends meanwhile (a failure bound, not a measure)
             if (await api.get(f"/v1/runs/{run_id}")).json()["status"] == "completed":
                 break
@@ -196,7 +200,7 @@ async def test_a_stalled_follower_holds_a_bounded_buffer_and_gets_every_event_la
         (subscriber,) = small._feeds[run_id].subscribers
         assert subscriber.queue.qsize() <= buffer
         assert subscriber.overflowed
-        rows = [first, *[row async for row in follower]]
+        rows = [*first, *[row async for row in follower]]
         assert [r["seq"] for r in rows] == list(range(1, len(rows) + 1))
         assert rows[-1]["type"] == "run.completed"
         deltas = "".join(r["data"]["text"] for r in rows if r["type"] == "message.delta")
@@ -211,3 +215,83 @@ def test_a_follower_that_hears_nothing_reads_the_table_less_and_less_often() -> 
     assert waits == [2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0, 30.0]
     assert hub_module.poll_wait(3600.0, 5) == 3600.0  # never shorter than the first wait
     assert hub_module.poll_wait(2.0, 10**6) == 30.0
+
+
+class Fetches:
+    """The hub's fetches of announced events from the table, counted (and made)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        read = event_store.read_events_of_runs
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            self.count += 1
+            return await read(*args, **kwargs)
+
+        monkeypatch.setattr(event_store, "read_events_of_runs", counted)
+
+
+async def next_row(follower: AsyncIterator[dict[str, Any]]) -> dict[str, Any]:
+    async with asyncio.timeout(SAFETY_NET_SECONDS):
+        return await anext(follower)
+
+
+async def test_events_this_process_commits_reach_its_followers_from_memory_or_the_table(
+    hub: EventHub, e2e_engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Inside `committing`, a commit's NOTIFY is not fetched when the publish hands the rows
+    out; when it does not (no publish: a failed hand-out, a gap), they are fetched once the
+    commit is over. A follower never polls here: every row comes from one of the two."""
+    (run_id,) = await running_runs(e2e_engine, 1)
+    fetches = Fetches(monkeypatch)
+
+    async def commit(kind: str, publish: bool) -> None:
+        rows = [(run_id, kind, {"text": kind})]
+        with hub.committing([run_id]):
+            async with e2e_engine.begin() as conn:
+                last = await event_store.append_events(conn, rows)
+            await asyncio.sleep(0.2)  # its NOTIFY is heard meanwhile (the hub must not fetch)
+            if publish:
+                hub.publish(event_store.numbered(rows, last))
+
+    follower = hub.follow(run_id, 0)
+    await commit("message.delta", publish=True)
+    assert (await next_row(follower))["seq"] == 1  # replayed: committed before it read
+
+    async def live(kind: str, publish: bool) -> dict[str, Any]:
+        waiting = asyncio.create_task(next_row(follower))
+        for _ in range(int(SAFETY_NET_SECONDS / 0.01)):  # until past its replay: live
+            if hub._feeds[run_id].positioned:
+                break
+            await asyncio.sleep(0.01)
+        await commit(kind, publish)
+        return await waiting
+
+    assert (await live("message.delta", publish=True))["seq"] == 2
+    assert fetches.count == 0  # from memory
+    assert (await live("message.delta", publish=False))["seq"] == 3
+    assert fetches.count == 1  # from the table, once the commit was over
+    assert (await live("run.completed", publish=True))["type"] == "run.completed"
+    assert fetches.count == 1
+    await follower.aclose()
+
+
+async def test_a_follower_still_replaying_is_not_fetched_for_and_misses_nothing(
+    hub: EventHub, e2e_engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Announcements heard while a follower has not finished its replay are not fetched for
+    it; once it has, what was announced after its replay's read is fetched."""
+    (run_id,) = await running_runs(e2e_engine, 1)
+    for i in range(3):
+        async with e2e_engine.begin() as conn:
+            await event_store.append_events(conn, [(run_id, "message.delta", {"text": str(i)})])
+    fetches = Fetches(monkeypatch)
+    follower = hub.follow(run_id, 0)
+    assert (await next_row(follower))["seq"] == 1  # stalled in its replay from here
+    async with e2e_engine.begin() as conn:
+        await event_store.append_events(conn, [(run_id, "message.delta", {"text": "3"})])
+    await asyncio.sleep(0.3)  # the NOTIFY is heard while it replays: deferred
+    assert fetches.count == 0
+    seqs = [(await next_row(follower))["seq"] for _ in range(3)]
+    assert seqs == [2, 3, 4] and fetches.count == 1  # seq 4 fetched once it was live
+    await follower.aclose()

@@ -5,8 +5,10 @@ sharing one commit."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import uuid
+from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
 import asyncpg
@@ -23,6 +25,19 @@ from app.services.sessions import create_session
 DELTA = EventType.MESSAGE_DELTA
 # Only bounds a broken test: every wait here ends as soon as its condition holds.
 DEADLINE_SECONDS = 30
+
+
+class Followers:
+    """This process's followers, as the writer hands them rows (app/eventlog/hub.py)."""
+
+    def __init__(self, publish: Callable[[list[dict[str, Any]]], None]) -> None:
+        self.publish = publish
+        self.committed_runs: list[list[str]] = []  # per commit, the runs it wrote
+
+    @contextlib.contextmanager
+    def committing(self, run_ids: Collection[str]) -> Iterator[None]:
+        self.committed_runs.append(sorted(run_ids))
+        yield
 
 
 async def running_runs(engine: AsyncEngine, count: int, attempts: int = 1) -> list[str]:
@@ -55,7 +70,8 @@ async def test_a_flush_writes_each_runs_events_in_order_and_hands_out_the_same_r
     to this process's followers are the rows the table holds."""
     a, b = await running_runs(engine, 2)
     handed: list[dict[str, Any]] = []
-    writer = EventWriter(engine, on_committed=handed.extend)
+    followers = Followers(handed.extend)
+    writer = EventWriter(engine, followers=followers)
     writer.open(a, 1)
     writer.open(b, 1)
     writer.emit(a, DELTA, {"text": "he"})
@@ -78,6 +94,7 @@ async def test_a_flush_writes_each_runs_events_in_order_and_hands_out_the_same_r
     assert sorted((r["run_id"], r["seq"], r["type"], r["data"]) for r in handed) == sorted(
         from_table
     )
+    assert followers.committed_runs == [sorted([a, b]), [a]]  # each commit told its runs
 
 
 async def test_a_flush_notifies_the_runs_it_wrote_with_their_last_seqs(
@@ -139,7 +156,7 @@ async def test_the_events_of_a_superseded_attempt_are_dropped_and_the_run_marked
 ) -> None:
     mine, taken_over = await running_runs(engine, 2, attempts=2)
     handed: list[dict[str, Any]] = []
-    writer = EventWriter(engine, on_committed=handed.extend)
+    writer = EventWriter(engine, followers=Followers(handed.extend))
     writer.open(mine, 2)
     writer.open(taken_over, 1)  # another worker has started attempt 2 since
     writer.emit(mine, DELTA, {"text": "kept"})
@@ -162,7 +179,7 @@ async def test_flushes_waiting_together_share_one_commit(engine: AsyncEngine) ->
         commits.append(rows)
         writer.emit(streaming, DELTA, {"text": "."})  # a run still streaming: more pending
 
-    writer = EventWriter(engine, on_committed=committed)
+    writer = EventWriter(engine, followers=Followers(committed))
     for run_id in (streaming, *ending):
         writer.open(run_id, 1)
 
