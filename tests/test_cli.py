@@ -334,25 +334,27 @@ async def test_usage_prints_the_report(database_url: str, engine: Any) -> None:
         row = await tenants_db.tenant_by_name(conn, tenant)
         assert row is not None
         tenant_id = row["id"]
-        await tenants_db.add_usage(
-            conn,
-            str(tenant_id),
-            "openai:gpt-4o-mini",
-            input_tokens=1000,
-            output_tokens=200,
-            cached_tokens=100,
-            cache_write_tokens=0,
-            cost_usd=Decimal("0.00027"),
+        await conn.execute(
+            tenants_db.usage_added(
+                str(tenant_id),
+                "openai:gpt-4o-mini",
+                input_tokens=1000,
+                output_tokens=200,
+                cached_tokens=100,
+                cache_write_tokens=0,
+                cost_usd=Decimal("0.00027"),
+            )
         )
-        await tenants_db.add_usage(
-            conn,
-            str(tenant_id),
-            "compat:mystery",
-            input_tokens=5,
-            output_tokens=1,
-            cached_tokens=0,
-            cache_write_tokens=0,
-            cost_usd=None,
+        await conn.execute(
+            tenants_db.usage_added(
+                str(tenant_id),
+                "compat:mystery",
+                input_tokens=5,
+                output_tokens=1,
+                cached_tokens=0,
+                cache_write_tokens=0,
+                cost_usd=None,
+            )
         )
     report = json.loads(threadline(database_url, "usage", tenant, "--json").stdout)
     assert report["totals"] == {

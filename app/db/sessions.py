@@ -300,31 +300,6 @@ async def lock_existing(conn: AsyncConnection, session_ids: list[str]) -> int:
     return len((await conn.execute(query)).all())
 
 
-async def advance_rev(
-    conn: AsyncConnection,
-    tenant_id: str,
-    session_id: str,
-    count: int,
-    tokens: int,
-    expected_rev: int | None,
-    include_expired: bool = False,
-    values: Mapping[str, Any] | None = None,
-    title: str | None = None,
-) -> int | None:
-    """Reserve `count` seqs by moving rev forward; the row lock serializes appenders.
-    `values`: more of the session's columns to set in the same statement (its status...);
-    `title`: the session's title if it has none.
-
-    Returns the new rev, or None when the session's rev is not `expected_rev` (or the tenant has
-    no such session). The lock is held until the transaction ends, so the seqs stay dense.
-    """
-    query = advancing(
-        tenant_id, session_id, count, tokens, expected_rev, include_expired, values, title
-    )
-    rev: int | None = (await conn.execute(query)).scalar()
-    return rev
-
-
 def advancing(
     tenant_id: str,
     session_id: str,
@@ -335,8 +310,12 @@ def advancing(
     values: Mapping[str, Any] | None = None,
     title: str | None = None,
 ) -> Update:
-    """advance_rev's statement (returning the new rev), for a statement that inserts the
-    entries with it (app/db/journal.insert_advancing)."""
+    """The statement that reserves `count` seqs by moving rev forward, returning the new rev
+    (app/services/journal runs it, alone or with the entries' insert: app/db/journal.
+    insert_advancing); the row lock serializes appenders, and is held until the transaction
+    ends, so the seqs stay dense. `values`: more of the session's columns to set with it (its
+    status...); `title`: the session's title if it has none. No row when the session's rev is
+    not `expected_rev` (or the tenant has no such session)."""
     query = update(sessions).where(sessions.c.id == session_id, sessions.c.tenant_id == tenant_id)
     if not include_expired:
         query = query.where(LIVE)

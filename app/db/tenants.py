@@ -217,33 +217,6 @@ async def tokens_today(conn: AsyncConnection, tenant_id: str) -> tuple[int, int]
     return int(row[0]), int(row[1])
 
 
-async def add_usage(
-    conn: AsyncConnection,
-    tenant_id: str,
-    model: str,
-    *,
-    input_tokens: int,
-    output_tokens: int,
-    cached_tokens: int,
-    cache_write_tokens: int,
-    reasoning_tokens: int = 0,
-    cost_usd: Any,
-) -> None:
-    """Count one ended run's usage into today's (UTC) row of its tenant and model."""
-    await conn.execute(
-        usage_added(
-            tenant_id,
-            model,
-            input_tokens=input_tokens,
-            output_tokens=output_tokens,
-            cached_tokens=cached_tokens,
-            cache_write_tokens=cache_write_tokens,
-            reasoning_tokens=reasoning_tokens,
-            cost_usd=cost_usd,
-        )
-    )
-
-
 def usage_added(
     tenant_id: str,
     model: str,
@@ -255,7 +228,8 @@ def usage_added(
     reasoning_tokens: int = 0,
     cost_usd: Any,
 ) -> Insert:
-    """add_usage's statement, for a statement that ends the run with it (app/db/runs.end_run)."""
+    """The statement that counts one ended run's usage into today's (UTC) row of its tenant
+    and model (run with the run's end: app/db/runs.end_run)."""
     row = {
         "runs": 1,
         "input_tokens": input_tokens,
