@@ -222,7 +222,7 @@ async def start_first(
     ).columns(
         *runs.c, column("event_seq", Integer), column("told", Integer), column("steered", Boolean)
     )  # typed by position
-    values = {"id": run_id, "status": status.value, "lease": lease} | started[1]
+    values = {"id": run_id, "status": status.value, "lease": lease, **started[1]}
     row = (await conn.execute(query, values)).mappings().one_or_none()
     if row is None:
         return None

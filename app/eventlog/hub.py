@@ -135,7 +135,7 @@ class EventHub:
         backlog = await self._read(run_id, after_seq, limit=1)
         return bool(backlog.rows) or not backlog.ended
 
-    async def follow(self, run_id: str, after_seq: int = 0) -> AsyncIterator[dict[str, Any]]:
+    async def follow(self, run_id: str, after_seq: int = 0) -> AsyncGenerator[dict[str, Any], None]:
         """The run's events after `after_seq`, replayed then live. Ends after its terminal
         event, or as soon as the run is seen to be over without one left to send: a follower
         never outlives its run, whatever its resume point and whether or not events remain."""
@@ -303,19 +303,19 @@ class EventHub:
             self._fetch_needed.clear()
             wanted, self._wanted = self._wanted, {}
             cursors = {}
-            for run, feed in self._feeds.items():
-                if not feed.subscribers:
+            for run, followed in self._feeds.items():
+                if not followed.subscribers:
                     continue
                 if wanted is None:  # after a reconnect: every feed, whatever it waits for
-                    cursors[run] = feed.cursor
+                    cursors[run] = followed.cursor
                     continue
                 seq = wanted.get(run, 0)
-                if seq <= feed.cursor:
+                if seq <= followed.cursor:
                     continue
-                if not feed.positioned or run in self._local:
-                    feed.deferred = max(feed.deferred, seq)
+                if not followed.positioned or run in self._local:
+                    followed.deferred = max(followed.deferred, seq)
                     continue
-                cursors[run] = feed.cursor
+                cursors[run] = followed.cursor
             if not cursors:
                 continue
             try:

@@ -331,7 +331,7 @@ async def finish(
         if usage is not None
         else None
     )
-    end = await runs_db.end_run(
+    closed = await runs_db.end_run(
         conn,
         run.id,
         {
@@ -352,7 +352,7 @@ async def finish(
         usage_row,
         webhooks_db.wanting(run.tenant_id, run.session_id, terminal),
     )
-    ended = end.run
+    ended = closed.run
     if run.kind is RunKind.ASK:
         steered = await _hand_on_steers(conn, run, step.status)
         await writer.append(conn, run.id, steered, written)
@@ -360,7 +360,7 @@ async def finish(
     metrics.run_ended(
         run.kind, step.status, ended.created_at, ended.ended_at, model_labels(model), usage, cost
     )
-    await webhooks.queue_run_event(conn, ended, terminal, endpoints=end.webhook_endpoints)
+    await webhooks.queue_run_event(conn, ended, terminal, endpoints=closed.webhook_endpoints)
     return ended
 
 

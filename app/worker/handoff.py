@@ -75,6 +75,7 @@ class Execute(Protocol):
         run: Run,
         abort_reason: Callable[[], str | None],
         job_id: int,
+        /,
         *,
         unsteered: bool = False,
     ) -> Awaitable[bool]: ...

@@ -5,6 +5,7 @@ never polls, so every ending comes from what it reads or is notified of."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -231,17 +232,39 @@ class Fetches:
         monkeypatch.setattr(event_store, "read_events_of_runs", counted)
 
 
+@pytest.fixture
+async def quiet_hub(e2e_engine: AsyncEngine, e2e_settings: Settings) -> AsyncIterator[EventHub]:
+    """A hub that hears only what its test announces (`announce`): no LISTEN connection, whose
+    notifications of other tests' work (or its reconnect) would come at any moment."""
+    assert e2e_settings.database_url is not None
+    hub = EventHub(e2e_engine, libpq_url(e2e_settings.database_url), poll_seconds=3600)
+    hub._tasks = [asyncio.create_task(hub._fetch_loop())]
+    yield hub
+    await hub.stop()
+
+
+async def announce(hub: EventHub, run_id: str, seq: int) -> None:
+    """The NOTIFY of the run's events up to `seq`, heard and acted on by the fetch loop."""
+    hub._on_notify(None, 0, event_store.CHANNEL, json.dumps({"runs": {run_id: seq}}))
+    for _ in range(10_000):
+        if not hub._fetch_needed.is_set():
+            break
+        await asyncio.sleep(0)
+    await asyncio.sleep(0.05)  # a fetch it started has ended (the counts below wait for none)
+
+
 async def next_row(follower: AsyncIterator[dict[str, Any]]) -> dict[str, Any]:
     async with asyncio.timeout(SAFETY_NET_SECONDS):
         return await anext(follower)
 
 
 async def test_events_this_process_commits_reach_its_followers_from_memory_or_the_table(
-    hub: EventHub, e2e_engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+    quiet_hub: EventHub, e2e_engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Inside `committing`, a commit's NOTIFY is not fetched when the publish hands the rows
     out; when it does not (no publish: a failed hand-out, a gap), they are fetched once the
     commit is over. A follower never polls here: every row comes from one of the two."""
+    hub = quiet_hub
     (run_id,) = await running_runs(e2e_engine, 1)
     fetches = Fetches(monkeypatch)
 
@@ -250,7 +273,7 @@ async def test_events_this_process_commits_reach_its_followers_from_memory_or_th
         with hub.committing([run_id]):
             async with e2e_engine.begin() as conn:
                 last = await event_store.append_events(conn, rows)
-            await asyncio.sleep(0.2)  # its NOTIFY is heard meanwhile (the hub must not fetch)
+            await announce(hub, run_id, last[run_id])  # heard before the hand-out
             if publish:
                 hub.publish(event_store.numbered(rows, last))
 
@@ -277,10 +300,11 @@ async def test_events_this_process_commits_reach_its_followers_from_memory_or_th
 
 
 async def test_a_follower_still_replaying_is_not_fetched_for_and_misses_nothing(
-    hub: EventHub, e2e_engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+    quiet_hub: EventHub, e2e_engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Announcements heard while a follower has not finished its replay are not fetched for
     it; once it has, what was announced after its replay's read is fetched."""
+    hub = quiet_hub
     (run_id,) = await running_runs(e2e_engine, 1)
     for i in range(3):
         async with e2e_engine.begin() as conn:
@@ -290,7 +314,7 @@ async def test_a_follower_still_replaying_is_not_fetched_for_and_misses_nothing(
     assert (await next_row(follower))["seq"] == 1  # stalled in its replay from here
     async with e2e_engine.begin() as conn:
         await event_store.append_events(conn, [(run_id, "message.delta", {"text": "3"})])
-    await asyncio.sleep(0.3)  # the NOTIFY is heard while it replays: deferred
+    await announce(hub, run_id, 4)  # heard while it replays: deferred
     assert fetches.count == 0
     seqs = [(await next_row(follower))["seq"] for _ in range(3)]
     assert seqs == [2, 3, 4] and fetches.count == 1  # seq 4 fetched once it was live
