@@ -62,7 +62,6 @@ from app.llm.base import (
     prompt_cache_key,
 )
 from app.llm.catalog import model_labels
-from app.runs import machine
 from app.runs.machine import committed_events
 from app.services import mcp_servers as mcp_services
 from app.services import run_transitions, steering
@@ -294,15 +293,12 @@ async def start_first(runtime: Runtime, run_id: str) -> runs_db.FirstStart | Non
     """The start of a run never started and not being cancelled (an ask's run this process
     committed taken): one statement, its event handed to this process's followers at once;
     None: not such a run (start it under its row's lock: start_locked)."""
+    written: list[dict[str, Any]] = []
     with runtime.writer.committing([run_id]):
         async with autocommit(runtime.engine) as conn:
-            first = await run_transitions.start_first(conn, run_id, runtime.lease.key)
+            first = await run_transitions.start_first(conn, run_id, runtime.lease.key, written)
             await conn.commit()  # behind a transaction pooler, autocommit is not set
-        if first is not None:
-            ((kind, data),) = machine.first_start().events
-            runtime.writer.publish(
-                [{"run_id": run_id, "seq": first.event_seq, "type": str(kind), "data": data}]
-            )
+        runtime.writer.publish(written)
     return first
 
 

@@ -265,7 +265,8 @@ async def test_events_this_process_commits_reach_its_followers_from_memory_or_th
     out; when it does not (no publish: a failed hand-out, a gap), they are fetched once the
     commit is over. A follower never polls here: every row comes from one of the two."""
     hub = quiet_hub
-    (run_id,) = await running_runs(e2e_engine, 1)
+    # Waiting for tool outputs: no worker of the shared database recovers it meanwhile.
+    (run_id,) = await running_runs(e2e_engine, 1, status="requires_action")
     fetches = Fetches(monkeypatch)
 
     async def commit(kind: str, publish: bool) -> None:
@@ -305,7 +306,8 @@ async def test_a_follower_still_replaying_is_not_fetched_for_and_misses_nothing(
     """Announcements heard while a follower has not finished its replay are not fetched for
     it; once it has, what was announced after its replay's read is fetched."""
     hub = quiet_hub
-    (run_id,) = await running_runs(e2e_engine, 1)
+    # Waiting for tool outputs: no worker of the shared database recovers it meanwhile.
+    (run_id,) = await running_runs(e2e_engine, 1, status="requires_action")
     for i in range(3):
         async with e2e_engine.begin() as conn:
             await event_store.append_events(conn, [(run_id, "message.delta", {"text": str(i)})])

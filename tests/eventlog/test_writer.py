@@ -40,7 +40,9 @@ class Followers:
         yield
 
 
-async def running_runs(engine: AsyncEngine, count: int, attempts: int = 1) -> list[str]:
+async def running_runs(
+    engine: AsyncEngine, count: int, attempts: int = 1, status: str = "running"
+) -> list[str]:
     tenant = await tenant_for_key(engine, await create_key(engine, f"wr-{uuid.uuid4()}"))
     assert tenant is not None
     session = await create_session(engine, tenant, title=None, metadata={}, config={})
@@ -50,9 +52,15 @@ async def running_runs(engine: AsyncEngine, count: int, attempts: int = 1) -> li
             await conn.execute(
                 text(
                     "INSERT INTO runs (id, tenant_id, session_id, model, status, attempts)"
-                    " VALUES (:id, :tenant, :session, 'openai:x', 'running', :attempts)"
+                    " VALUES (:id, :tenant, :session, 'openai:x', :status, :attempts)"
                 ),
-                {"id": run_id, "tenant": tenant, "session": session.id, "attempts": attempts},
+                {
+                    "id": run_id,
+                    "tenant": tenant,
+                    "session": session.id,
+                    "attempts": attempts,
+                    "status": status,
+                },
             )
     return ids
 

@@ -28,9 +28,11 @@ async def queued_run(engine: AsyncEngine) -> Run:
         return (await runs_db.insert_queued_run(conn, created(values), **values)).run
 
 
-async def start_first(engine: AsyncEngine, run_id: str) -> runs_db.FirstStart | None:
+async def start_first(
+    engine: AsyncEngine, run_id: str, written: list[dict[str, object]] | None = None
+) -> runs_db.FirstStart | None:
     async with autocommit(engine) as conn:
-        first = await run_transitions.start_first(conn, run_id, LEASE)
+        first = await run_transitions.start_first(conn, run_id, LEASE, written)
         await conn.commit()
     return first
 
@@ -48,8 +50,9 @@ async def test_a_first_start_is_the_locked_start_in_one_statement(
     heard: asyncio.Queue[str] = asyncio.Queue()
     listener = await asyncpg.connect(libpq_url(database_url))
     await listener.add_listener(event_store.CHANNEL, lambda *args: heard.put_nowait(args[-1]))
+    written: list[dict[str, object]] = []
     try:
-        first = await start_first(engine, fast.id)
+        first = await start_first(engine, fast.id, written)
         payload = json.loads(await asyncio.wait_for(heard.get(), 30))
     finally:
         await listener.close()
@@ -71,6 +74,8 @@ async def test_a_first_start_is_the_locked_start_in_one_statement(
         (2, "run.started", {"attempt": 1}),
     ]
     assert (await events_of(engine, by_lock))[1:] == [(2, "run.started", {"attempt": 1})]
+    # the row its followers are handed is the row stored
+    assert written == [{"run_id": fast.id, "seq": 2, "type": "run.started", "data": {"attempt": 1}}]
 
 
 async def test_a_first_start_says_whether_a_steer_is_waiting(engine: AsyncEngine) -> None:
