@@ -19,17 +19,19 @@ ReasoningBlock: the thinking with its signature (thinking_delta, signature_delta
 redacted_thinking block's data, byte for byte, since the API checks them when they come back
 in a tool loop (app.core.formats.to_anthropic sends them).
 
-As in the OpenAI provider, the SDK makes the call and decodes the stream but hands over each
-event as parsed JSON, read here (_State.read), not as a pydantic model.
+As in the OpenAI provider, the SDK makes the call; the streamed body is read here, its events by
+app/llm/sse.py and each event's JSON by _State.read, not as the SDK's pydantic models.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import anthropic
+import httpx2
 
 from app.core.formats import to_anthropic
 from app.core.output_schema import ResponseFormat
@@ -47,9 +49,11 @@ from app.llm.base import (
     TextDelta,
     ToolCallDelta,
     classified,
+    transport_failure,
 )
 from app.llm.catalog import INTERLEAVED_THINKING_BETA, interleaves_thinking
 from app.llm.openai_provider import kind_for_status
+from app.llm.sse import server_events
 
 # Anthropic's error types (in error bodies and stream error events) as error kinds.
 ERROR_TYPES: dict[str, ErrorKind] = {
@@ -69,7 +73,12 @@ ERROR_TYPES: dict[str, ErrorKind] = {
 class AnthropicProvider:
     def __init__(self, api_key: str, base_url: str | None = None, timeout: float = 120.0) -> None:
         self._client = anthropic.AsyncAnthropic(
-            api_key=api_key, base_url=base_url, max_retries=0, timeout=timeout
+            api_key=api_key,
+            base_url=base_url,
+            max_retries=0,
+            timeout=timeout,
+            # aiohttp's pool and parser (C) under the SDK: see app/llm/sse.py.
+            http_client=anthropic.DefaultAioHttpClient(),
         )
 
     @property
@@ -126,7 +135,7 @@ class AnthropicProvider:
         )
         state = _State()
         async with events:
-            async for event in events:
+            async for event in _events(events.response):
                 for out in state.read(event):
                     yield out
         if state.stop_reason is None:
@@ -134,6 +143,24 @@ class AnthropicProvider:
             raise ProviderError("server", "the stream ended without a stop reason")
         yield state.usage()
         yield Finish(state.stop_reason)
+
+
+async def _events(response: httpx2.Response) -> AsyncIterator[object]:
+    """The streamed events as parsed JSON, as the SDK would hand them over: pings and unnamed
+    events skipped, an `event: error` raised as the SDK raises it (an APIStatusError whose body
+    is the error, with the stream's 200 status)."""
+    async for name, data in server_events(response):
+        if name == "error":
+            body: object = data
+            try:
+                body = json.loads(data)
+                message = f"{body}"
+            except ValueError:
+                message = data or f"Error code: {response.status_code}"
+            raise anthropic.APIStatusError(message, response=response, body=body)
+        if not name or name == "ping" or not data:
+            continue
+        yield json.loads(data)
 
 
 def output_format(format: ResponseFormat) -> dict[str, Any]:
@@ -316,10 +343,8 @@ def _bad(event: object) -> ProviderError:
 
 def classify_anthropic(error: anthropic.APIError) -> ProviderError:
     """The ProviderError for an SDK error, raised before the stream or in it."""
-    if isinstance(error, anthropic.APITimeoutError):
-        return ProviderError("timeout", error.message)
-    if isinstance(error, anthropic.APIConnectionError):
-        return ProviderError("connection", error.message)
+    if isinstance(error, anthropic.APIConnectionError):  # a timeout is one too
+        return transport_failure(error, isinstance(error, anthropic.APITimeoutError))
     error_type = _error_type(error.body)
     message = _error_message(error.body) or error.message
     if isinstance(error, anthropic.APIStatusError) and error.status_code >= 400:

@@ -180,6 +180,25 @@ class ProviderError(Exception):
         return {"code": f"provider_{self.kind}", "message": self.message}
 
 
+def transport_failure(error: BaseException, timed_out: bool) -> ProviderError:
+    """A timed-out or failed transport. `timed_out` is what the error's type says; what went
+    wrong at the bottom of its causes says more when there is one: the SDKs' aiohttp
+    transport raises every aiohttp connection error (refused, reset) as a connect timeout."""
+    import aiohttp
+
+    root = error
+    while root.__cause__ is not None:
+        root = root.__cause__
+    if root is not error:
+        if isinstance(root, TimeoutError):
+            timed_out = True
+        elif isinstance(root, OSError | aiohttp.ClientError):
+            timed_out = False
+    if timed_out:
+        return ProviderError("timeout", f"request timed out: {root!r}")
+    return ProviderError("connection", f"connection failed: {root!r}")
+
+
 @dataclass(frozen=True, slots=True)
 class Restart:
     """What was streamed before this is void: that attempt failed after its output began, and
@@ -219,10 +238,8 @@ async def classified(
             yield event
     except sdk_error as error:
         raise classify(error) from error
-    except httpx2.TimeoutException as error:
-        raise ProviderError("timeout", f"request timed out: {error}") from error
     except (httpx2.RequestError, ssl.SSLError, anyio.EndOfStream) as error:
-        raise ProviderError("connection", f"connection failed: {error!r}") from error
+        raise transport_failure(error, isinstance(error, httpx2.TimeoutException)) from error
     except json.JSONDecodeError as error:
         # The SDKs parse each event's data with json.loads and let its error through.
         raise ProviderError(

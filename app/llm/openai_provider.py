@@ -5,16 +5,19 @@ it), then one UsageReport, then Finish last. A server that reports no usage (sev
 OpenAI-compatible ones ignore stream_options) gets its usage counted here with the stored
 tokenizer and marked estimated, never left at 0. Every failure, before or
 during the stream, is raised as a ProviderError.
-Retries are the router's job, so the SDK's own are off. The SDK makes the call and decodes the
-stream, but hands over each chunk as parsed JSON, read here (read_chunk), rather than as a
-pydantic model: building one per chunk cost more than all the rest of a stream.
+Retries are the router's job, so the SDK's own are off. The SDK makes the call (the request,
+auth, a refusal's error); the streamed body is read here, its events by app/llm/sse.py and each
+chunk's JSON by read_chunk, not as the SDK's pydantic models through its line decoder: those
+cost more than all the rest of a stream.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from typing import Any, cast
 
+import httpx2
 import openai
 
 from app.core.formats import openai_request_tokens, to_openai
@@ -31,7 +34,9 @@ from app.llm.base import (
     TextDelta,
     ToolCallDelta,
     classified,
+    transport_failure,
 )
+from app.llm.sse import server_events
 from app.llm.tokenizers import stored_counter
 
 
@@ -59,7 +64,12 @@ class OpenAIProvider:
         send_cache_key: bool = False,
     ) -> None:
         self._client = openai.AsyncOpenAI(
-            api_key=api_key, base_url=base_url, max_retries=0, timeout=timeout
+            api_key=api_key,
+            base_url=base_url,
+            max_retries=0,
+            timeout=timeout,
+            # aiohttp's pool and parser (C) under the SDK: see app/llm/sse.py.
+            http_client=openai.DefaultAioHttpClient(),
         )
         self._legacy_max_tokens = legacy_max_tokens
         self._output_limit = output_limit
@@ -87,8 +97,8 @@ class OpenAIProvider:
     async def _stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
         wire = to_openai(request.messages, request.tools)
         # The SDK's own create() would build a pydantic ChatCompletionChunk per chunk, the
-        # largest cost of a stream; posting with cast_to=object has the SDK (its HTTP call,
-        # auth, SSE decoding, error events) hand over each chunk as parsed JSON instead.
+        # largest cost of a stream; posting with stream=True has the SDK make the call and
+        # hand over the open response, whose body _chunks reads.
         chunks = await self._client.post(
             "/chat/completions",
             body=self._body(request, wire),
@@ -102,7 +112,7 @@ class OpenAIProvider:
         output: list[str] = []  # what the model wrote, to count when the server does not
         thought = _Thought()
         async with chunks:
-            async for chunk in chunks:
+            async for chunk in _chunks(chunks.response):
                 events, reported = read_chunk(chunk)
                 for event in events:
                     if isinstance(event, Finish):
@@ -153,6 +163,26 @@ class OpenAIProvider:
         if "tools" in wire:
             body["tools"] = wire["tools"]
         return body
+
+
+async def _chunks(response: httpx2.Response) -> AsyncIterator[object]:
+    """The streamed chunks as parsed JSON, read to the end of the body (so that its connection
+    is kept for the next request); an error sent inside the stream is raised as the SDK raises
+    it (an APIError whose body is the error)."""
+    done = False
+    async for _name, data in server_events(response):
+        if done:
+            continue
+        if data.startswith("[DONE]"):
+            done = True
+            continue
+        chunk = json.loads(data)
+        if type(chunk) is dict and chunk.get("error"):
+            error = chunk["error"]
+            said = error.get("message") if type(error) is dict else None
+            message = said if type(said) is str and said else "An error occurred during streaming"
+            raise openai.APIError(message, response.request, body=error)
+        yield chunk
 
 
 class _Thought:
@@ -324,10 +354,8 @@ def estimated_usage(wire: dict[str, Any], output: str) -> UsageReport:
 
 def classify_openai(error: openai.APIError) -> ProviderError:
     """The ProviderError for an SDK error, raised before the stream or in it."""
-    if isinstance(error, openai.APITimeoutError):
-        return ProviderError("timeout", error.message)
-    if isinstance(error, openai.APIConnectionError):
-        return ProviderError("connection", error.message)
+    if isinstance(error, openai.APIConnectionError):  # a timeout is one too
+        return transport_failure(error, isinstance(error, openai.APITimeoutError))
     hint = f"{error.type or ''} {error.code or ''}"
     said = error.body.get("message") if isinstance(error.body, dict) else None
     message = said if isinstance(said, str) else error.message

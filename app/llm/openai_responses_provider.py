@@ -114,7 +114,12 @@ class OpenAIResponsesProvider:
         reasons: Callable[[str], bool] = lambda model: True,
     ) -> None:
         self._client = openai.AsyncOpenAI(
-            api_key=api_key, base_url=base_url, max_retries=0, timeout=timeout
+            api_key=api_key,
+            base_url=base_url,
+            max_retries=0,
+            timeout=timeout,
+            # aiohttp's pool and parser (C) under the SDK: see app/llm/sse.py.
+            http_client=openai.DefaultAioHttpClient(),
         )
         self._reasons = reasons
 
