@@ -45,6 +45,7 @@ from app.eventlog.hub import EventHub
 from app.llm.tokenizers import stored_counter
 from app.openai_api import routes as openai_routes
 from app.services.handoff import RunHandoff
+from app.services.key_cache import KeyCache
 from app.telemetry import metrics as metric_hooks
 from app.telemetry import tracing
 from app.telemetry.logging import RequestIds
@@ -80,7 +81,10 @@ def create_app(settings: Settings | None = None, *, workers: int = 0) -> FastAPI
         # Appends and projections count tokens: load the vocabulary before the first request.
         await asyncio.to_thread(stored_counter)
         # LISTEN needs a session of its own: the hub connects directly, never via a pooler.
-        app.state.hub = EventHub(app.state.engine, libpq_url(settings.direct_url))
+        app.state.key_cache = KeyCache()  # kept true by the hub's LISTEN connection
+        app.state.hub = EventHub(
+            app.state.engine, libpq_url(settings.direct_url), listeners=[app.state.key_cache]
+        )
         await app.state.hub.start()
         try:
             if workers:  # `threadline serve`: the worker pool runs in this process too

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -22,7 +23,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.config import Settings
 from app.db.engine import create_engine
 from app.main import create_app
-from app.services.keys import create_key
+from app.services.key_cache import KeyCache
+from app.services.keys import create_key, hash_key
 from testkit.database import create_database as create_database  # the tests import it here
 from testkit.server import free_port, serve_in_thread, stop_thread_server
 from testkit.upstream import FakeUpstream
@@ -36,6 +38,17 @@ OUTPUT_TAIL_LINES = 80
 class Service:
     url: str
     settings: Settings
+    key_cache: KeyCache
+
+
+async def heard(service: Service, key: str) -> None:
+    """Returns once the service's key cache no longer holds `key`: a change to the key or its
+    tenant's limits made out of its sight (not through its own admin API) was heard from the
+    database. The next request with the key reads what the change wrote."""
+    deadline = time.monotonic() + 60
+    while service.key_cache.get(hash_key(key)) is not None:
+        assert time.monotonic() < deadline, "the key cache never heard of the change"
+        await asyncio.sleep(0.01)
 
 
 @pytest.fixture(scope="session")
@@ -80,8 +93,9 @@ def e2e_settings(e2e_database: str, upstream: FakeUpstream) -> Settings:
 @pytest.fixture(scope="session")
 def service(e2e_settings: Settings) -> Iterator[Service]:
     """`threadline serve` in a thread: the API and a pool of 4 workers."""
-    server, thread, url = serve_in_thread(create_app(e2e_settings, workers=4))
-    yield Service(url, e2e_settings)
+    app = create_app(e2e_settings, workers=4)
+    server, thread, url = serve_in_thread(app)
+    yield Service(url, e2e_settings, app.state.key_cache)
     stop_thread_server(server, thread)
 
 

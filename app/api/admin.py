@@ -25,13 +25,14 @@ from app.api.admin_schemas import (
     UsageReport,
 )
 from app.api.bodies import JSONRoute
-from app.api.deps import Config, Engine, require_admin
+from app.api.deps import Config, Engine, KnownKeys, require_admin
 from app.api.errors import error_responses
 from app.api.usage import From, To, parse_day
 from app.db import tenants as tenants_db
 from app.services import keys as keys_service
 from app.services import quotas
 from app.services.errors import Conflict
+from app.services.key_cache import KeyCache
 
 router = APIRouter(
     prefix="/v1/admin",
@@ -98,9 +99,12 @@ async def create_key(tenant: TenantPath, body: KeyCreate, engine: Engine) -> Iss
     operation_id="adminRevokeKey",
     responses=_errors(401, 404, 422),
 )
-async def revoke_key(key_id: UUID, engine: Engine) -> ApiKey:
-    """Every API process refuses the key from now on (401)."""
-    return ApiKey.of(await keys_service.revoke_key(engine, str(key_id)))
+async def revoke_key(key_id: UUID, engine: Engine, known: KnownKeys) -> ApiKey:
+    """Every API process refuses the key from now on (401): this one at once, the others as
+    soon as the database's notification reaches them (milliseconds)."""
+    revoked = await keys_service.revoke_key(engine, str(key_id))
+    _forget(known)
+    return ApiKey.of(revoked)
 
 
 @router.post(
@@ -109,11 +113,15 @@ async def revoke_key(key_id: UUID, engine: Engine) -> ApiKey:
     status_code=201,
     responses=_errors(400, 401, 404, 413, 422),
 )
-async def rotate_key(key_id: UUID, engine: Engine, body: KeyRotate | None = None) -> IssuedKey:
+async def rotate_key(
+    key_id: UUID, engine: Engine, known: KnownKeys, body: KeyRotate | None = None
+) -> IssuedKey:
     """A new key with the same tenant, name and scope; the old one is revoked at once, or
     after `grace_seconds`."""
     grace = (body or KeyRotate()).grace_seconds
-    return IssuedKey.issued(await keys_service.rotate_key(engine, str(key_id), grace_seconds=grace))
+    rotated = await keys_service.rotate_key(engine, str(key_id), grace_seconds=grace)
+    _forget(known)
+    return IssuedKey.issued(rotated)
 
 
 @router.get(
@@ -131,11 +139,20 @@ async def get_limits(tenant: TenantPath, engine: Engine, settings: Config) -> Te
     responses=_errors(400, 401, 404, 413, 422),
 )
 async def set_limits(
-    tenant: TenantPath, body: LimitValues, engine: Engine, settings: Config
+    tenant: TenantPath, body: LimitValues, engine: Engine, settings: Config, known: KnownKeys
 ) -> TenantLimits:
     """Set the limits the body names (null: back to the server's default); others stay."""
     changes = body.model_dump(exclude_unset=True)
-    return TenantLimits.of(await quotas.set_limits(engine, settings, tenant, changes))
+    limits = await quotas.set_limits(engine, settings, tenant, changes)
+    _forget(known)
+    return TenantLimits.of(limits)
+
+
+def _forget(known: KeyCache | None) -> None:
+    """This process's cached keys, after a change to keys or limits that it made: the others
+    hear of it from the database (app/services/key_cache.py)."""
+    if known is not None:
+        known.forget_all()
 
 
 @router.get("/usage", operation_id="adminGetUsage", responses=_errors(401, 404, 422))

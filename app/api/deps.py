@@ -18,6 +18,7 @@ from app.core.stream_tokens import ExpiredToken, InvalidToken, StreamGrant, veri
 from app.eventlog.hub import EventHub
 from app.services.errors import Forbidden
 from app.services.handoff import RunHandoff
+from app.services.key_cache import KeyCache
 from app.services.keys import Caller, authenticate
 from app.services.quotas import Limits, rate_limited
 from app.telemetry import logging as log_ids
@@ -61,19 +62,30 @@ def get_settings(request: Request) -> Settings:
     return settings
 
 
+def get_key_cache(request: Request) -> KeyCache | None:
+    return getattr(request.app.state, "key_cache", None)
+
+
+KnownKeys = Annotated[KeyCache | None, Depends(get_key_cache)]
+
+
 async def get_caller(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Caller:
-    """The caller's key, looked up (and the request counted) in the database on every request:
-    a revoked key is refused at once, by every process; over the tenant's requests per minute,
-    429 rate_limited."""
+    """The caller's key, from this process's key cache or the database, and the request
+    counted where the tenant has a requests-per-minute limit (over it: 429 rate_limited). A
+    revoked key is refused by every process as soon as the database's notification of it
+    arrives (app/services/key_cache.py)."""
     if credentials is None or credentials.scheme.lower() != "bearer":
         raise HTTPException(
             401, "send Authorization: Bearer <api key>", {"WWW-Authenticate": "Bearer"}
         )
     caller = await authenticate(
-        get_engine(request), credentials.credentials, get_settings(request).default_rpm
+        get_engine(request),
+        credentials.credentials,
+        get_settings(request).default_rpm,
+        get_key_cache(request),
     )
     if caller is None:
         raise HTTPException(401, "unknown or revoked API key", {"WWW-Authenticate": "Bearer"})

@@ -132,7 +132,7 @@ async def tenant_for_key_hash(conn: AsyncConnection, key_hash: str) -> str | Non
 AUTHENTICATE = text(
     """
     WITH key AS (
-        SELECT k.id, k.tenant_id, k.read_only,
+        SELECT k.id, k.tenant_id, k.read_only, k.revoked_at,
                coalesce(l.requests_per_minute, CAST(:default_rpm AS bigint)) AS rpm,
                l.requests_per_minute, l.concurrent_runs, l.input_tokens_per_day,
                l.output_tokens_per_day, l.max_sessions
@@ -150,7 +150,8 @@ AUTHENTICATE = text(
             window_start = greatest(c.window_start, excluded.window_start)
         RETURNING count, window_start
     )
-    SELECT key.tenant_id, key.read_only, key.rpm, counted.count, counted.window_start,
+    SELECT key.tenant_id, key.read_only, key.revoked_at, key.rpm, counted.count,
+           counted.window_start,
            key.requests_per_minute, key.concurrent_runs, key.input_tokens_per_day,
            key.output_tokens_per_day, key.max_sessions,
            greatest(1, ceil(extract(epoch FROM counted.window_start + interval '1 minute'
@@ -165,6 +166,26 @@ async def authenticate(
 ) -> RowMapping | None:
     result = await conn.execute(AUTHENTICATE, {"key_hash": key_hash, "default_rpm": default_rpm})
     return result.mappings().first()
+
+
+# A request of a tenant whose key is known (app/services/key_cache.py), counted: AUTHENTICATE's
+# count alone.
+COUNT_REQUEST = text(
+    """
+    INSERT INTO tenant_request_counts AS c (tenant_id, window_start, count)
+    VALUES (:tenant_id, date_trunc('minute', now()), 1)
+    ON CONFLICT (tenant_id) DO UPDATE SET
+        count = CASE WHEN excluded.window_start > c.window_start THEN 1 ELSE c.count + 1 END,
+        window_start = greatest(c.window_start, excluded.window_start)
+    RETURNING count, window_start,
+              greatest(1, ceil(extract(epoch FROM window_start + interval '1 minute'
+                                                 - clock_timestamp())))::int AS retry_after
+    """
+)
+
+
+async def count_request(conn: AsyncConnection, tenant_id: str) -> RowMapping:
+    return (await conn.execute(COUNT_REQUEST, {"tenant_id": tenant_id})).mappings().one()
 
 
 async def get_limits(conn: AsyncConnection, tenant_id: str) -> RowMapping | None:

@@ -27,9 +27,9 @@ import contextlib
 import json
 import logging
 from collections import Counter
-from collections.abc import AsyncGenerator, AsyncIterator, Collection, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import asyncpg
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -92,6 +92,27 @@ class _Feed:
     deferred: int = 0
 
 
+class Listener(Protocol):
+    """Another channel heard on the hub's LISTEN connection (app/services/key_cache.py): told
+    when LISTEN is in place (what was announced before is unknown), when it is lost (nothing
+    is heard until it is back), and each notification's payload."""
+
+    channel: str
+
+    def connected(self) -> None: ...
+
+    def disconnected(self) -> None: ...
+
+    def notified(self, payload: str) -> None: ...
+
+
+def _handing_to(listener: Listener) -> Callable[[object, int, str, str], None]:
+    def notified(_conn: object, _pid: int, _channel: str, payload: str) -> None:
+        listener.notified(payload)
+
+    return notified
+
+
 class EventHub:
     def __init__(
         self,
@@ -100,8 +121,10 @@ class EventHub:
         poll_seconds: float = 2.0,
         outage_seconds: float = OUTAGE_SECONDS,
         subscriber_buffer: int = SUBSCRIBER_BUFFER,
+        listeners: Sequence[Listener] = (),
     ) -> None:
         self._buffer = subscriber_buffer
+        self._listeners = tuple(listeners)
         self._engine = engine
         self._url = libpq_url
         self._poll = poll_seconds
@@ -347,6 +370,9 @@ class EventHub:
                 self._listener = await asyncpg.connect(self._url)
                 self._listener.add_termination_listener(lambda _conn, lost=lost: lost.set())
                 await self._listener.add_listener(event_store.CHANNEL, self._on_notify)
+                for listener in self._listeners:
+                    await self._listener.add_listener(listener.channel, _handing_to(listener))
+                    listener.connected()
                 delays = _backoff()  # connected: the next loss starts over from the first wait
                 self._want(None)
                 await lost.wait()
@@ -359,6 +385,8 @@ class EventHub:
                 else:
                     log.exception("event hub LISTEN connection failed; reconnecting")
             finally:
+                for listener in self._listeners:
+                    listener.disconnected()
                 if self._listener is not None:
                     with contextlib.suppress(Exception):
                         await self._listener.close()

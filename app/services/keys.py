@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import time
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -19,6 +20,7 @@ from app.db.engine import autocommit
 from app.db.tables import LIMIT_COLUMNS
 from app.services.errors import Invalid, NotFound
 from app.services.ids import is_uuid
+from app.services.key_cache import KeyCache, KnownKey
 from app.services.quotas import Limits, tenant_named
 
 KEY_PREFIX = "tl_"
@@ -164,20 +166,54 @@ class Caller:
         return self.rpm_limit is not None and (self.rpm_count or 0) > self.rpm_limit
 
 
-async def authenticate(engine: AsyncEngine, key: str, default_rpm: int | None) -> Caller | None:
-    """The caller a key speaks for, this request counted; None: unknown or revoked."""
-    async with autocommit(engine) as conn:  # every request: one statement, no transaction
-        row = await tenants_db.authenticate(conn, hash_key(key), default_rpm)
+async def authenticate(
+    engine: AsyncEngine, key: str, default_rpm: int | None, cache: KeyCache | None = None
+) -> Caller | None:
+    """The caller a key speaks for, this request counted; None: unknown or revoked. A key in
+    `cache` takes no statement, or one to count the request where the tenant has a limit."""
+    key_hash = hash_key(key)
+    known = cache.get(key_hash) if cache is not None else None
+    if known is not None and known.rpm_limit is None:
+        return _caller(known, None)
+    async with autocommit(engine) as conn:  # one statement, no transaction
+        if known is not None:
+            return _caller(known, await tenants_db.count_request(conn, known.tenant_id))
+        generation = cache.generation if cache is not None else 0
+        row = await tenants_db.authenticate(conn, key_hash, default_rpm)
     if row is None:
         return None
-    return Caller(
+    known = KnownKey(
         tenant_id=str(row["tenant_id"]),
         read_only=row["read_only"],
         rpm_limit=row["rpm"],
-        rpm_count=row["count"],
-        window_start=row["window_start"],
-        retry_after=row["retry_after"],
         limits=Limits(**{c: row[c] for c in LIMIT_COLUMNS}),
+        revoked_at=row["revoked_at"],
+        read_at=time.monotonic(),
+    )
+    if cache is not None:
+        cache.put(key_hash, known, generation)
+    return _caller(known, row)
+
+
+def _caller(known: KnownKey, counted: RowMapping | None) -> Caller:
+    """`counted`: this request's count in the tenant's minute (None, or a None count: not
+    counted)."""
+    if counted is None or counted["count"] is None:
+        count, window_start, retry_after = None, None, None
+    else:
+        count, window_start, retry_after = (
+            counted["count"],
+            counted["window_start"],
+            counted["retry_after"],
+        )
+    return Caller(
+        tenant_id=known.tenant_id,
+        read_only=known.read_only,
+        rpm_limit=known.rpm_limit,
+        rpm_count=count,
+        window_start=window_start,
+        retry_after=retry_after,
+        limits=known.limits,
     )
 
 

@@ -21,7 +21,7 @@ from app.services import quotas
 from app.services.keys import create_key
 from testkit.api import ended_run, history, new_session
 from testkit.upstream import FakeUpstream, Hold, Text, Usage
-from tests.e2e import Service
+from tests.e2e import Service, heard
 
 
 @dataclass
@@ -40,7 +40,9 @@ async def tenant(
     key = await create_key(e2e_engine, name)
 
     async def limit(**values: int | None) -> quotas.TenantLimits:
-        return await quotas.set_limits(e2e_engine, e2e_settings, name, values)
+        limits = await quotas.set_limits(e2e_engine, e2e_settings, name, values)
+        await heard(service, key)
+        return limits
 
     async with httpx.AsyncClient(
         base_url=service.url, headers={"Authorization": f"Bearer {key}"}, timeout=60
