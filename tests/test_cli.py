@@ -335,6 +335,7 @@ async def test_usage_prints_the_report(database_url: str, engine: Any) -> None:
         assert row is not None
         tenant_id = row["id"]
         await conn.execute(
+            tenants_db.USAGE_ADDED,
             tenants_db.usage_added(
                 str(tenant_id),
                 "openai:gpt-4o-mini",
@@ -343,9 +344,10 @@ async def test_usage_prints_the_report(database_url: str, engine: Any) -> None:
                 cached_tokens=100,
                 cache_write_tokens=0,
                 cost_usd=Decimal("0.00027"),
-            )
+            ),
         )
         await conn.execute(
+            tenants_db.USAGE_ADDED,
             tenants_db.usage_added(
                 str(tenant_id),
                 "compat:mystery",
@@ -354,7 +356,7 @@ async def test_usage_prints_the_report(database_url: str, engine: Any) -> None:
                 cached_tokens=0,
                 cache_write_tokens=0,
                 cost_usd=None,
-            )
+            ),
         )
     report = json.loads(threadline(database_url, "usage", tenant, "--json").stdout)
     assert report["totals"] == {

@@ -8,6 +8,7 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    Insert,
     RowMapping,
     Text,
     Update,
@@ -29,6 +30,7 @@ from sqlalchemy.sql import Select
 
 from app.core.entries import JournalEntry
 from app.core.lineage import Segment
+from app.db.sessions import Advance
 from app.db.tables import entries, sessions
 
 ENTRY_COLUMNS = (
@@ -114,27 +116,48 @@ async def insert_entries(
     return sorted(stored, key=lambda r: int(r["seq"]))
 
 
+# Built once per shape of the advance it goes with (app/db/sessions.advancing).
+_INSERT_ADVANCING: dict[tuple[Any, ...], Insert] = {}
+
+
 async def insert_advancing(
-    conn: AsyncConnection, advance: Update, session_id: str, rows: Sequence[dict[str, Any]]
+    conn: AsyncConnection, advance: Advance, session_id: str, rows: Sequence[dict[str, Any]]
 ) -> list[RowMapping]:
     """insert_entries and the session's rev update (`advance`, returning the new rev: see
     app/db/sessions.advancing) in one statement: the rows take the seqs the update reserved,
     in order. Returns them as stored; none when the update found no row to move."""
+    query = _INSERT_ADVANCING.get(advance.shape)
+    if query is None:
+        query = _INSERT_ADVANCING[advance.shape] = _insert_advancing(advance.statement)
+    params = {
+        **advance.params,
+        "entry_session": session_id,
+        "entry_count": len(rows),
+        "entry_ids": [r["id"] for r in rows],
+        "entry_kinds": [r["kind"] for r in rows],
+        "entry_payloads": [json.dumps(r["payload"]) for r in rows],
+        "entry_refs": [json.dumps(r["refs"]) for r in rows],
+        "entry_tokens": [r["token_count"] for r in rows],
+    }
+    return sorted((await conn.execute(query, params)).mappings(), key=lambda r: int(r["seq"]))
+
+
+def _insert_advancing(advance: Update) -> Insert:
     advanced = advance.cte("advanced")
     taken = (
         func.unnest(
-            bindparam("entry_ids", [r["id"] for r in rows], ARRAY(Text)),
-            bindparam("entry_kinds", [r["kind"] for r in rows], ARRAY(Text)),
-            bindparam("entry_payloads", [json.dumps(r["payload"]) for r in rows], ARRAY(Text)),
-            bindparam("entry_refs", [json.dumps(r["refs"]) for r in rows], ARRAY(Text)),
-            bindparam("entry_tokens", [r["token_count"] for r in rows], ARRAY(BigInteger)),
+            bindparam("entry_ids", type_=ARRAY(Text)),
+            bindparam("entry_kinds", type_=ARRAY(Text)),
+            bindparam("entry_payloads", type_=ARRAY(Text)),
+            bindparam("entry_refs", type_=ARRAY(Text)),
+            bindparam("entry_tokens", type_=ARRAY(BigInteger)),
         )
         .table_valued("id", "kind", "payload", "refs", "token_count", with_ordinality="ord")
         .render_derived()
     )
     values = select(
-        literal(session_id, UUID(as_uuid=False)),
-        advanced.c.rev - len(rows) + taken.c.ord,
+        bindparam("entry_session", type_=UUID(as_uuid=False)),
+        advanced.c.rev - bindparam("entry_count", type_=BigInteger) + taken.c.ord,
         taken.c.id,
         taken.c.kind,
         cast(taken.c.payload, JSONB),
@@ -142,8 +165,7 @@ async def insert_advancing(
         taken.c.token_count,
     ).select_from(advanced.join(taken, true()))
     columns = ["session_id", "seq", "id", "kind", "payload", "refs", "token_count"]
-    query = entries.insert().from_select(columns, values).returning(*ENTRY_COLUMNS)
-    return sorted((await conn.execute(query)).mappings(), key=lambda r: int(r["seq"]))
+    return entries.insert().from_select(columns, values).returning(*ENTRY_COLUMNS)
 
 
 async def copy_range(

@@ -9,8 +9,9 @@ from typing import Any
 
 from sqlalchemy import (
     Boolean,
-    ColumnElement,
     Integer,
+    Update,
+    bindparam,
     column,
     func,
     select,
@@ -18,13 +19,15 @@ from sqlalchemy import (
     type_coerce,
     update,
 )
-from sqlalchemy.dialects.postgresql import JSONB, Insert
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.runs import ACTIVE, Run, RunStatus
 from app.db import jobs as jobs_db
 from app.db.sessions import LIVE
 from app.db.tables import runs, sessions, webhook_endpoints
+from app.db.tenants import USAGE_ADDED
+from app.db.webhooks import WANTING
 
 _ACTIVE = [s.value for s in ACTIVE]
 
@@ -130,20 +133,6 @@ async def active_runs(
     return [Run.from_row(r) for r in (await conn.execute(query)).mappings()]
 
 
-def others_active(run_id: str) -> ColumnElement[bool]:
-    """Whether the session of the row being written (sessions) has an unfinished run besides
-    `run_id`: a condition for a statement that updates the session (its status)."""
-    return (
-        select(runs.c.id)
-        .where(
-            runs.c.session_id == sessions.c.id,
-            runs.c.id != run_id,
-            runs.c.status.in_(_ACTIVE),
-        )
-        .exists()
-    )
-
-
 async def update_run(conn: AsyncConnection, run_id: str, values: dict[str, Any]) -> Run:
     query = update(runs).where(runs.c.id == run_id).values(**values).returning(runs)
     return Run.from_row((await conn.execute(query)).mappings().one())
@@ -155,26 +144,42 @@ class Ended:
     webhook_endpoints: list[str]  # the endpoints that want its end (app/db/webhooks.wanting)
 
 
+# Built once per shape (the values set, whether usage is counted): constructing the statement
+# cost more CPU than running it.
+_END_RUN: dict[tuple[tuple[str, ...], bool], Update] = {}
+
+
 async def end_run(
     conn: AsyncConnection,
     run_id: str,
     values: dict[str, Any],
-    usage: Insert | None,
-    wanting: ColumnElement[bool],
+    usage: dict[str, Any] | None,
+    wanting: dict[str, Any],
 ) -> Ended:
-    """update_run for a run's end, in one statement with the tenant's usage counted (`usage`,
-    app/db/tenants.usage_added) and the webhook endpoints that want its end read (`wanting`)."""
-    endpoints = select(func.array_agg(webhook_endpoints.c.id)).where(wanting).scalar_subquery()
+    """update_run for a run's end (`values`: plain values; ended_at is now), in one statement
+    with the tenant's usage counted (`usage`: app/db/tenants.usage_added's values) and the
+    webhook endpoints that want its end read (`wanting`: app/db/webhooks.wanting_values')."""
+    shape = (tuple(sorted(values)), usage is not None)
+    query = _END_RUN.get(shape)
+    if query is None:
+        query = _END_RUN[shape] = _end_run(*shape)
+    params = {"end_run": run_id, **{f"end_{k}": v for k, v in values.items()}, **wanting}
+    row = (await conn.execute(query, params | (usage or {}))).mappings().one()
+    return Ended(Run.from_row(row), [str(e) for e in row["webhook_endpoints"] or []])
+
+
+def _end_run(names: tuple[str, ...], counted: bool) -> Update:
+    endpoints = select(func.array_agg(webhook_endpoints.c.id)).where(WANTING).scalar_subquery()
     query = (
         update(runs)
-        .where(runs.c.id == run_id)
-        .values(**values)
+        .where(runs.c.id == bindparam("end_run"))
+        .values(
+            ended_at=func.now(),
+            **{name: bindparam(f"end_{name}", type_=runs.c[name].type) for name in names},
+        )
         .returning(runs, endpoints.label("webhook_endpoints"))
     )
-    if usage is not None:
-        query = query.add_cte(usage.cte("usage"))
-    row = (await conn.execute(query)).mappings().one()
-    return Ended(Run.from_row(row), [str(e) for e in row["webhook_endpoints"] or []])
+    return query.add_cte(USAGE_ADDED.cte("usage")) if counted else query
 
 
 async def start_attempt(conn: AsyncConnection, run_id: str, status: RunStatus, lease: int) -> Run:

@@ -8,9 +8,13 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     ColumnElement,
     RowMapping,
+    Text,
     Update,
+    bindparam,
+    case,
     func,
     literal,
     literal_column,
@@ -300,6 +304,30 @@ async def lock_existing(conn: AsyncConnection, session_ids: list[str]) -> int:
     return len((await conn.execute(query)).all())
 
 
+@dataclass(frozen=True)
+class RunEnded:
+    """What an append at a run's end sets on its session besides its rev: the status, idle
+    unless another of its runs is still under way, and the run's usage added to its totals
+    (column -> amount; none when the run reported none)."""
+
+    run_id: str
+    usage: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Advance:
+    """The statement that reserves seqs (built once per shape: see advancing) and the values
+    it binds."""
+
+    statement: Update
+    params: dict[str, Any]
+    shape: tuple[Any, ...]
+
+
+# Built once per shape: constructing the expression cost more CPU than running it.
+_ADVANCING: dict[tuple[Any, ...], Update] = {}
+
+
 def advancing(
     tenant_id: str,
     session_id: str,
@@ -309,25 +337,85 @@ def advancing(
     include_expired: bool = False,
     values: Mapping[str, Any] | None = None,
     title: str | None = None,
-) -> Update:
+    ended: RunEnded | None = None,
+) -> Advance:
     """The statement that reserves `count` seqs by moving rev forward, returning the new rev
     (app/services/journal runs it, alone or with the entries' insert: app/db/journal.
     insert_advancing); the row lock serializes appenders, and is held until the transaction
     ends, so the seqs stay dense. `values`: more of the session's columns to set with it (its
-    status...); `title`: the session's title if it has none. No row when the session's rev is
-    not `expected_rev` (or the tenant has no such session)."""
-    query = update(sessions).where(sessions.c.id == session_id, sessions.c.tenant_id == tenant_id)
+    status...), plain values; `title`: the session's title if it has none; `ended`: see
+    RunEnded. No row when the session's rev is not `expected_rev` (or the tenant has no such
+    session)."""
+    values = values or {}
+    usage = ended.usage if ended is not None and ended.usage is not None else {}
+    shape = (
+        include_expired,
+        expected_rev is not None,
+        title is not None,
+        tuple(sorted(values)),
+        ended is not None,
+        tuple(sorted(usage)),
+    )
+    statement = _ADVANCING.get(shape)
+    if statement is None:
+        statement = _ADVANCING[shape] = _advancing(*shape)
+    params: dict[str, Any] = {
+        "advance_tenant": tenant_id,
+        "advance_session": session_id,
+        "advance_count": count,
+        "advance_tokens": tokens,
+        **{f"advance_set_{name}": value for name, value in values.items()},
+        **{f"advance_add_{name}": amount for name, amount in usage.items()},
+    }
+    if expected_rev is not None:
+        params["advance_expected_rev"] = expected_rev
+    if title is not None:
+        params["advance_title"] = title
+    if ended is not None:
+        params["advance_ended_run"] = ended.run_id
+    return Advance(statement, params, shape)
+
+
+def _advancing(
+    include_expired: bool,
+    expected: bool,
+    titled: bool,
+    names: tuple[str, ...],
+    ended: bool,
+    added: tuple[str, ...],
+) -> Update:
+    query = update(sessions).where(
+        sessions.c.id == bindparam("advance_session"),
+        sessions.c.tenant_id == bindparam("advance_tenant"),
+    )
     if not include_expired:
         query = query.where(LIVE)
-    if expected_rev is not None:
-        query = query.where(sessions.c.rev == expected_rev)
-    return query.values(
-        rev=sessions.c.rev + count,
-        token_total=sessions.c.token_total + tokens,
-        updated_at=func.now(),
-        **(values or {}),
-        **({"title": func.coalesce(sessions.c.title, title)} if title else {}),
-    ).returning(sessions.c.rev)
+    if expected:
+        query = query.where(sessions.c.rev == bindparam("advance_expected_rev"))
+    values: dict[str, Any] = {
+        "rev": sessions.c.rev + bindparam("advance_count", type_=BigInteger),
+        "token_total": sessions.c.token_total + bindparam("advance_tokens", type_=BigInteger),
+        "updated_at": func.now(),
+        **{name: bindparam(f"advance_set_{name}", type_=sessions.c[name].type) for name in names},
+        **{
+            name: sessions.c[name] + bindparam(f"advance_add_{name}", type_=sessions.c[name].type)
+            for name in added
+        },
+    }
+    if titled:
+        values["title"] = func.coalesce(sessions.c.title, bindparam("advance_title", type_=Text))
+    if ended:
+        others_active = (
+            select(runs.c.id)
+            .where(
+                runs.c.session_id == sessions.c.id,
+                runs.c.id != bindparam("advance_ended_run", type_=runs.c.id.type),
+                runs.c.status.in_([s.value for s in ACTIVE]),
+            )
+            .exists()
+        )
+        values["status"] = case((others_active, sessions.c.status), else_="idle")
+    return query.values(**values).returning(sessions.c.rev)
 
 
 async def current_rev(

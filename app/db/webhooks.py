@@ -5,7 +5,18 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, RowMapping, and_, func, literal, or_, select, tuple_, update
+from sqlalchemy import (
+    ColumnElement,
+    RowMapping,
+    and_,
+    bindparam,
+    func,
+    literal,
+    or_,
+    select,
+    tuple_,
+    update,
+)
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.db.tables import webhook_deliveries, webhook_endpoints
@@ -60,13 +71,13 @@ async def endpoints_for(
     conn: AsyncConnection, tenant_id: str, session_id: str, event_type: str
 ) -> list[RowMapping]:
     """The tenant's endpoints and the session's that want `event_type`."""
-    query = select(webhook_endpoints.c.id).where(wanting(tenant_id, session_id, event_type))
+    query = select(webhook_endpoints.c.id).where(wanting(tenant_id, session_id, [event_type]))
     return list((await conn.execute(query)).mappings())
 
 
-def wanting(tenant_id: str, session_id: str, event_type: str) -> ColumnElement[bool]:
-    """endpoints_for's condition on webhook_endpoints, for a statement that reads them along
-    with other work (app/db/runs.end_run)."""
+def wanting(tenant_id: Any, session_id: Any, event_type: Any) -> ColumnElement[bool]:
+    """endpoints_for's condition on webhook_endpoints (the values, or bind parameters for a
+    statement built once: WANTING)."""
     return and_(
         webhook_endpoints.c.tenant_id == tenant_id,
         or_(
@@ -75,9 +86,22 @@ def wanting(tenant_id: str, session_id: str, event_type: str) -> ColumnElement[b
         ),
         or_(
             webhook_endpoints.c.event_types.is_(None),
-            webhook_endpoints.c.event_types.contains([event_type]),
+            webhook_endpoints.c.event_types.contains(event_type),
         ),
     )
+
+
+# wanting, for a statement that reads the endpoints along with other work (app/db/runs.end_run),
+# its values bound from wanting_values.
+WANTING = wanting(
+    bindparam("want_tenant"),
+    bindparam("want_session"),
+    bindparam("want_event_types", type_=webhook_endpoints.c.event_types.type),
+)
+
+
+def wanting_values(tenant_id: str, session_id: str, event_type: str) -> dict[str, Any]:
+    return {"want_tenant": tenant_id, "want_session": session_id, "want_event_types": [event_type]}
 
 
 async def insert_deliveries(

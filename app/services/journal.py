@@ -27,6 +27,7 @@ from app.core.tokens import entry_tokens
 from app.db import journal as journal_db
 from app.db import sessions as sessions_db
 from app.db.engine import read_snapshot
+from app.db.sessions import RunEnded
 from app.llm.tokenizers import stored_counter
 from app.services.errors import Conflict, Invalid, entries_refused, session_not_found
 from app.telemetry import metrics
@@ -89,6 +90,7 @@ async def append_in(
     *,
     fresh_ids: bool = False,
     session_values: Mapping[str, Any] | None = None,
+    ended: RunEnded | None = None,
     expected_rev: int | None = None,
 ) -> AppendResult:
     """Append inside the caller's transaction (a use case writing entries with other rows: it
@@ -98,7 +100,8 @@ async def append_in(
     `fresh_ids`, the caller vouches that no id can be stored yet (derived from an id it has just
     made up): the replay lookup, two statements, is skipped. The unique index still refuses a
     duplicate. `session_values`: more of the session's columns (its status, its totals), set
-    with its rev (no statement of their own; not on a replay, which writes nothing).
+    with its rev (no statement of their own; not on a replay, which writes nothing); `ended`,
+    at a run's end, its status and totals (app/db/sessions.RunEnded), as well.
     `expected_rev`: as for append_entries.
     """
     rows = _prepare(new_entries)
@@ -111,6 +114,7 @@ async def append_in(
         fresh_ids=fresh_ids,
         include_expired=True,
         session_values=session_values,
+        ended=ended,
     )
 
 
@@ -125,6 +129,7 @@ async def _append_rows(
     fresh_ids: bool = False,
     include_expired: bool,
     session_values: Mapping[str, Any] | None = None,
+    ended: RunEnded | None = None,
 ) -> AppendResult:
     client_ids = [r["id"] for r in rows if r["client_id"]]
     if client_ids and not fresh_ids:
@@ -143,12 +148,13 @@ async def _append_rows(
         include_expired,
         session_values,
         title=untitled_title(rows),
+        ended=ended,
     )
     if rows and not any(r["kind"] in RANGE_KINDS or "created_at" in r for r in rows):
         inserted = await journal_db.insert_advancing(conn, advance, session_id, _stored(rows))
         rev = int(inserted[-1]["seq"]) if inserted else None
     else:
-        inserted, rev = [], (await conn.execute(advance)).scalar()
+        inserted, rev = [], (await conn.execute(advance.statement, advance.params)).scalar()
     if rev is None:
         current = await sessions_db.current_rev(conn, tenant_id, session_id, include_expired)
         if current is None:

@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import case, func, update
+from sqlalchemy import func, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.entries import EntryKind, NewEntry
@@ -26,6 +26,7 @@ from app.db import runs as runs_db
 from app.db import steers as steers_db
 from app.db import tenants as tenants_db
 from app.db import webhooks as webhooks_db
+from app.db.sessions import RunEnded
 from app.db.tables import sessions
 from app.eventlog import store as event_store
 from app.eventlog import writer
@@ -270,18 +271,19 @@ async def finish(
     entries.append(NewEntry(EntryKind.RUN_END, end, {"run_id": run.id}, entry_id(run.id, "end")))
     # The session's status and totals, set with the append's rev (one statement): idle unless
     # another run of it is still under way.
-    session_values: dict[str, Any] = {
-        "status": case((runs_db.others_active(run.id), sessions.c.status), else_="idle")
-    }
-    if usage is not None:
-        session_values |= {
-            "input_tokens": sessions.c.input_tokens + usage.input_tokens,
-            "output_tokens": sessions.c.output_tokens + usage.output_tokens,
-            "cached_tokens": sessions.c.cached_tokens + usage.cached_tokens,
-            "cache_write_tokens": sessions.c.cache_write_tokens + usage.cache_write_tokens,
-            "reasoning_tokens": sessions.c.reasoning_tokens + usage.reasoning_tokens,
-            "cost_usd": sessions.c.cost_usd + (cost or 0),
+    ended_run = RunEnded(
+        run.id,
+        {
+            "input_tokens": usage.input_tokens,
+            "output_tokens": usage.output_tokens,
+            "cached_tokens": usage.cached_tokens,
+            "cache_write_tokens": usage.cache_write_tokens,
+            "reasoning_tokens": usage.reasoning_tokens,
+            "cost_usd": cost or 0,
         }
+        if usage is not None
+        else None,
+    )
     # Fresh ids: they derive from the run, and only this transition writes them, in the
     # transaction that ends the run; the run is active (locked by the caller), so none is
     # stored yet (the unique index would refuse one all the same).
@@ -291,7 +293,7 @@ async def finish(
         run.session_id,
         entries,
         fresh_ids=True,
-        session_values=session_values,
+        ended=ended_run,
     )
     committed = list(appended.entries)
     end_seq = int(committed[-1]["seq"])
@@ -352,11 +354,10 @@ async def finish(
             "reasoning_tokens": usage.reasoning_tokens if usage else 0,
             "usage_estimated": usage.estimated if usage else False,
             "cost_usd": cost,
-            "ended_at": func.now(),
             "end_entry_seq": end_seq,
         },
         usage_row,
-        webhooks_db.wanting(run.tenant_id, run.session_id, terminal),
+        webhooks_db.wanting_values(run.tenant_id, run.session_id, terminal),
     )
     ended = closed.run
     if run.kind is RunKind.ASK:
