@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -11,7 +12,6 @@ from sqlalchemy import (
     Insert,
     RowMapping,
     Text,
-    Update,
     and_,
     bindparam,
     cast,
@@ -30,7 +30,7 @@ from sqlalchemy.sql import Select
 
 from app.core.entries import JournalEntry
 from app.core.lineage import Segment
-from app.db.sessions import Advance
+from app.db.sessions import Advance, advancing_statement
 from app.db.tables import entries, sessions
 
 ENTRY_COLUMNS = (
@@ -116,19 +116,13 @@ async def insert_entries(
     return sorted(stored, key=lambda r: int(r["seq"]))
 
 
-# Built once per shape of the advance it goes with (app/db/sessions.advancing).
-_INSERT_ADVANCING: dict[tuple[Any, ...], Insert] = {}
-
-
 async def insert_advancing(
     conn: AsyncConnection, advance: Advance, session_id: str, rows: Sequence[dict[str, Any]]
 ) -> list[RowMapping]:
     """insert_entries and the session's rev update (`advance`, returning the new rev: see
     app/db/sessions.advancing) in one statement: the rows take the seqs the update reserved,
     in order. Returns them as stored; none when the update found no row to move."""
-    query = _INSERT_ADVANCING.get(advance.shape)
-    if query is None:
-        query = _INSERT_ADVANCING[advance.shape] = _insert_advancing(advance.statement)
+    query = _insert_advancing(advance.shape)
     params = {
         **advance.params,
         "entry_session": session_id,
@@ -142,8 +136,9 @@ async def insert_advancing(
     return sorted((await conn.execute(query, params)).mappings(), key=lambda r: int(r["seq"]))
 
 
-def _insert_advancing(advance: Update) -> Insert:
-    advanced = advance.cte("advanced")
+@functools.cache  # built once per shape of its advance: see advancing_statement
+def _insert_advancing(shape: tuple[Any, ...]) -> Insert:
+    advanced = advancing_statement(*shape).cte("advanced")
     taken = (
         func.unnest(
             bindparam("entry_ids", type_=ARRAY(Text)),

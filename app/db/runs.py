@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -10,6 +11,7 @@ from typing import Any
 from sqlalchemy import (
     Boolean,
     Integer,
+    Select,
     Update,
     bindparam,
     column,
@@ -101,13 +103,18 @@ async def get_run(
     """A run by id; with `tenant_id` (a client asking), only if it belongs to that tenant and
     its session has not expired. `skip_locked` (with `lock`): None rather than wait for a
     transaction that has it locked."""
-    query = select(runs).where(runs.c.id == run_id)
-    if tenant_id is not None:
+    query = _get_run(tenant_id is not None, lock, skip_locked)
+    params = {"run_id": run_id, "tenant_id": tenant_id}
+    return _run((await conn.execute(query, params)).mappings().one_or_none())
+
+
+@functools.cache  # built once per shape: constructing it cost more CPU than running it
+def _get_run(of_tenant: bool, lock: bool, skip_locked: bool) -> Select[Any]:
+    query = select(runs).where(runs.c.id == bindparam("run_id"))
+    if of_tenant:
         live = select(sessions.c.id).where(sessions.c.id == runs.c.session_id, LIVE).exists()
-        query = query.where(runs.c.tenant_id == tenant_id, live)
-    if lock:
-        query = query.with_for_update(skip_locked=skip_locked)
-    return _run((await conn.execute(query)).mappings().one_or_none())
+        query = query.where(runs.c.tenant_id == bindparam("tenant_id"), live)
+    return query.with_for_update(skip_locked=skip_locked) if lock else query
 
 
 async def find_by_idempotency_key(conn: AsyncConnection, session_id: str, key: str) -> Run | None:
@@ -119,18 +126,23 @@ async def active_runs(
     conn: AsyncConnection, session_id: str, kind: str | None = None, *, tenant_id: str
 ) -> list[Run]:
     """Unfinished runs of a tenant's session (of one kind, if given), oldest first."""
+    params = {"session_id": session_id, "tenant_id": tenant_id, "kind": kind}
+    rows = (await conn.execute(_active_runs(kind is not None), params)).mappings()
+    return [Run.from_row(r) for r in rows]
+
+
+@functools.cache  # built once per shape: constructing it cost more CPU than running it
+def _active_runs(of_kind: bool) -> Select[Any]:
     query = (
         select(runs)
         .where(
-            runs.c.session_id == session_id,
-            runs.c.tenant_id == tenant_id,
+            runs.c.session_id == bindparam("session_id"),
+            runs.c.tenant_id == bindparam("tenant_id"),
             runs.c.status.in_(_ACTIVE),
         )
         .order_by(runs.c.created_at, runs.c.id)
     )
-    if kind is not None:
-        query = query.where(runs.c.kind == kind)
-    return [Run.from_row(r) for r in (await conn.execute(query)).mappings()]
+    return query.where(runs.c.kind == bindparam("kind")) if of_kind else query
 
 
 async def update_run(conn: AsyncConnection, run_id: str, values: dict[str, Any]) -> Run:
@@ -144,11 +156,6 @@ class Ended:
     webhook_endpoints: list[str]  # the endpoints that want its end (app/db/webhooks.wanting)
 
 
-# Built once per shape (the values set, whether usage is counted): constructing the statement
-# cost more CPU than running it.
-_END_RUN: dict[tuple[tuple[str, ...], bool], Update] = {}
-
-
 async def end_run(
     conn: AsyncConnection,
     run_id: str,
@@ -159,15 +166,13 @@ async def end_run(
     """update_run for a run's end (`values`: plain values; ended_at is now), in one statement
     with the tenant's usage counted (`usage`: app/db/tenants.usage_added's values) and the
     webhook endpoints that want its end read (`wanting`: app/db/webhooks.wanting_values')."""
-    shape = (tuple(sorted(values)), usage is not None)
-    query = _END_RUN.get(shape)
-    if query is None:
-        query = _END_RUN[shape] = _end_run(*shape)
+    query = _end_run(tuple(sorted(values)), usage is not None)
     params = {"end_run": run_id, **{f"end_{k}": v for k, v in values.items()}, **wanting}
     row = (await conn.execute(query, params | (usage or {}))).mappings().one()
     return Ended(Run.from_row(row), [str(e) for e in row["webhook_endpoints"] or []])
 
 
+@functools.cache  # built once per shape: constructing it cost more CPU than running it
 def _end_run(names: tuple[str, ...], counted: bool) -> Update:
     endpoints = select(func.array_agg(webhook_endpoints.c.id)).where(WANTING).scalar_subquery()
     query = (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -11,6 +12,7 @@ from sqlalchemy import (
     BigInteger,
     ColumnElement,
     RowMapping,
+    Select,
     Text,
     Update,
     bindparam,
@@ -97,12 +99,19 @@ async def get_session(
     """One live (unexpired) session of this tenant; with `lock`, its row is locked for update.
     `include_expired`: expired too (for a run under way: expiry refuses new requests, it does
     not break work already started)."""
-    query = select(sessions).where(sessions.c.id == session_id, sessions.c.tenant_id == tenant_id)
+    query = _get_session(lock, include_expired)
+    params = {"session_id": session_id, "tenant_id": tenant_id}
+    return _one_or_none((await conn.execute(query, params)).mappings().one_or_none())
+
+
+@functools.cache  # built once per shape: constructing it cost more CPU than running it
+def _get_session(lock: bool, include_expired: bool) -> Select[Any]:
+    query = select(sessions).where(
+        sessions.c.id == bindparam("session_id"), sessions.c.tenant_id == bindparam("tenant_id")
+    )
     if not include_expired:
         query = query.where(LIVE)
-    if lock:
-        query = query.with_for_update()
-    return _one_or_none((await conn.execute(query)).mappings().one_or_none())
+    return query.with_for_update() if lock else query
 
 
 @dataclass(frozen=True)
@@ -120,6 +129,24 @@ async def read_for_run(
     """The session (expired too: work under way goes on), whether a compaction of it is under
     way, and what the run has written (app/db/journal.run_entries), in one statement: in the
     caller's snapshot, as three would read them."""
+    params = {
+        "session_id": session_id,
+        "tenant_id": tenant_id,
+        "from_seq": from_seq,
+        "run_refs": {"run_id": run_id},
+    }
+    row = (await conn.execute(_read_for_run(), params)).mappings().one_or_none()
+    if row is None:
+        return RunStart(None, False, [])
+    return RunStart(
+        _session(row),
+        bool(row["compacting"]),
+        [JournalEntry(**e) for e in row["written"]],
+    )
+
+
+@functools.cache  # built once: constructing it cost more CPU than running it
+def _read_for_run() -> Select[Any]:
     compacting = (
         select(runs.c.id)
         .where(
@@ -152,23 +179,17 @@ async def read_for_run(
         )
         .where(
             entries.c.session_id == sessions.c.id,
-            entries.c.seq >= from_seq,
-            entries.c.refs.contains({"run_id": run_id}),
+            entries.c.seq >= bindparam("from_seq"),
+            entries.c.refs.contains(bindparam("run_refs", type_=JSONB)),
         )
         .scalar_subquery()
     )
-    query = select(
+    return select(
         sessions,
         compacting.label("compacting"),
         type_coerce(written, JSONB).label("written"),
-    ).where(sessions.c.id == session_id, sessions.c.tenant_id == tenant_id)
-    row = (await conn.execute(query)).mappings().one_or_none()
-    if row is None:
-        return RunStart(None, False, [])
-    return RunStart(
-        _session(row),
-        bool(row["compacting"]),
-        [JournalEntry(**e) for e in row["written"]],
+    ).where(
+        sessions.c.id == bindparam("session_id"), sessions.c.tenant_id == bindparam("tenant_id")
     )
 
 
@@ -324,10 +345,6 @@ class Advance:
     shape: tuple[Any, ...]
 
 
-# Built once per shape: constructing the expression cost more CPU than running it.
-_ADVANCING: dict[tuple[Any, ...], Update] = {}
-
-
 def advancing(
     tenant_id: str,
     session_id: str,
@@ -356,9 +373,7 @@ def advancing(
         ended is not None,
         tuple(sorted(usage)),
     )
-    statement = _ADVANCING.get(shape)
-    if statement is None:
-        statement = _ADVANCING[shape] = _advancing(*shape)
+    statement = advancing_statement(*shape)
     params: dict[str, Any] = {
         "advance_tenant": tenant_id,
         "advance_session": session_id,
@@ -376,7 +391,8 @@ def advancing(
     return Advance(statement, params, shape)
 
 
-def _advancing(
+@functools.cache  # built once per shape: constructing it cost more CPU than running it
+def advancing_statement(
     include_expired: bool,
     expected: bool,
     titled: bool,
