@@ -75,6 +75,23 @@ async def read_entries(
     One index-ordered, limited scan per segment, merged by Postgres (Merge Append): reading the
     newest page costs the same whatever the thread's length.
     """
+    if len(segments) == 1:  # most threads: one statement, built once per shape
+        (segment,) = segments
+        if not _overlaps(segment, after_seq, before_seq):
+            return []
+        low = max(segment.after_seq, after_seq) if after_seq is not None else segment.after_seq
+        query = _segment_page(
+            segment.upto_seq is not None, before_seq is not None, bool(kinds), descending
+        )
+        params = {
+            "session_id": segment.session_id,
+            "low": low,
+            "upto": segment.upto_seq,
+            "before": before_seq,
+            "kinds": list(kinds or ()),
+            "limit": limit,
+        }
+        return list((await conn.execute(query, params)).mappings())
     parts: list[Select[Any]] = []
     for segment in segments:
         if not _overlaps(segment, after_seq, before_seq):
@@ -93,6 +110,21 @@ async def read_entries(
     order = merged.c.seq.desc() if descending else merged.c.seq.asc()
     query = select(merged).order_by(order).limit(limit)
     return list((await conn.execute(query)).mappings())
+
+
+@functools.cache  # built once per shape: constructing it cost more CPU than running it
+def _segment_page(upto: bool, before: bool, of_kinds: bool, descending: bool) -> Select[Any]:
+    query = select(*ENTRY_COLUMNS).where(
+        entries.c.session_id == bindparam("session_id"), entries.c.seq > bindparam("low")
+    )
+    if upto:
+        query = query.where(entries.c.seq <= bindparam("upto"))
+    if before:
+        query = query.where(entries.c.seq < bindparam("before"))
+    if of_kinds:
+        query = query.where(entries.c.kind.in_(bindparam("kinds", expanding=True)))
+    order = entries.c.seq.desc() if descending else entries.c.seq.asc()
+    return query.order_by(order).limit(bindparam("limit"))
 
 
 async def find_by_entry_ids(

@@ -12,6 +12,7 @@ from sqlalchemy import (
     Boolean,
     Integer,
     Select,
+    TextualSelect,
     Update,
     bindparam,
     column,
@@ -64,17 +65,7 @@ async def insert_queued_run(
     worker sees the job before the caller's transaction commits, the run with it. `claim_for`:
     a procrastinate worker id of this process, which takes the job at once if its session's
     lock allows (jobs_db.CLAIMED_OR_DEFERRED): that worker must then start the run."""
-    query = text(
-        f"WITH {jobs_db.CLAIMED_OR_DEFERRED},"
-        " run AS (INSERT INTO runs (id, tenant_id, session_id, kind, model, params,"
-        "  idempotency_key, user_entry_seq, job_id)"
-        "  SELECT CAST(:id AS uuid), CAST(:tenant_id AS uuid), CAST(:session_id AS uuid),"
-        "  :kind, :model, CAST(:params AS jsonb), :idempotency_key,"
-        "  CAST(:user_entry_seq AS bigint), job.id FROM job RETURNING *),"
-        f" {created[0]}"
-        f" SELECT {_RUN_COLUMNS}, (SELECT count(*) FROM told_event) AS told,"
-        " (SELECT claimed FROM job) AS claimed FROM run"
-    ).columns(*runs.c, column("told", Integer), column("claimed", Boolean))  # typed by position
+    query = _insert_queued_run(created[0])
     values = {
         "id": id,
         "tenant_id": tenant_id,
@@ -90,6 +81,21 @@ async def insert_queued_run(
     values |= created[1]
     row = (await conn.execute(query, values)).mappings().one()
     return QueuedRun(Run.from_row(row), bool(row["claimed"]))
+
+
+@functools.cache  # built once per event part: text() parses its SQL on every construction
+def _insert_queued_run(created: str) -> TextualSelect:
+    return text(
+        f"WITH {jobs_db.CLAIMED_OR_DEFERRED},"
+        " run AS (INSERT INTO runs (id, tenant_id, session_id, kind, model, params,"
+        "  idempotency_key, user_entry_seq, job_id)"
+        "  SELECT CAST(:id AS uuid), CAST(:tenant_id AS uuid), CAST(:session_id AS uuid),"
+        "  :kind, :model, CAST(:params AS jsonb), :idempotency_key,"
+        "  CAST(:user_entry_seq AS bigint), job.id FROM job RETURNING *),"
+        f" {created}"
+        f" SELECT {_RUN_COLUMNS}, (SELECT count(*) FROM told_event) AS told,"
+        " (SELECT claimed FROM job) AS claimed FROM run"
+    ).columns(*runs.c, column("told", Integer), column("claimed", Boolean))  # typed by position
 
 
 async def get_run(
@@ -218,12 +224,22 @@ async def start_first(
     that does it, app.eventlog.store.run_event). None: not such a run (the caller starts it
     under its row's lock, as start_attempt's callers do). The update takes the row's lock: it
     waits for a cancel holding it, then finds the run cancelled."""
-    query = text(
+    query = _start_first(started[0])
+    values = {"id": run_id, "status": status.value, "lease": lease, **started[1]}
+    row = (await conn.execute(query, values)).mappings().one_or_none()
+    if row is None:
+        return None
+    return FirstStart(Run.from_row(row), int(row["event_seq"]), bool(row["steered"]))
+
+
+@functools.cache  # built once per event part: text() parses its SQL on every construction
+def _start_first(started: str) -> TextualSelect:
+    return text(
         "WITH run AS (UPDATE runs SET status = :status, lease = :lease, attempts = 1,"
         "  started_at = coalesce(started_at, now())"
         "  WHERE id = CAST(:id AS uuid) AND status = 'queued' AND attempts = 0"
         "  AND cancel_mode IS NULL RETURNING *),"
-        f" {started[0]}"
+        f" {started}"
         f" SELECT {_RUN_COLUMNS}, run_event.seq AS event_seq,"
         "  (SELECT count(*) FROM told_event) AS told,"
         "  EXISTS (SELECT 1 FROM steers s WHERE s.run_id = run.id AND s.status = 'pending')"
@@ -232,11 +248,6 @@ async def start_first(
     ).columns(
         *runs.c, column("event_seq", Integer), column("told", Integer), column("steered", Boolean)
     )  # typed by position
-    values = {"id": run_id, "status": status.value, "lease": lease, **started[1]}
-    row = (await conn.execute(query, values)).mappings().one_or_none()
-    if row is None:
-        return None
-    return FirstStart(Run.from_row(row), int(row["event_seq"]), bool(row["steered"]))
 
 
 async def expired_actions(conn: AsyncConnection) -> list[Run]:

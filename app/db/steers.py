@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import RowMapping, func, insert, select, update
+from sqlalchemy import RowMapping, Select, bindparam, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.db.tables import steers
@@ -64,14 +65,18 @@ async def any_pending(conn: AsyncConnection, run_id: str) -> bool:
 
 async def pending_steers(conn: AsyncConnection, run_id: str, *, lock: bool = False) -> list[Steer]:
     """The run's steers not settled yet, oldest first (locked: the caller settles them)."""
+    rows = (await conn.execute(_pending_steers(lock), {"run_id": run_id})).mappings()
+    return [Steer.from_row(r) for r in rows]
+
+
+@functools.cache  # built once per shape: constructing it cost more CPU than running it
+def _pending_steers(lock: bool) -> Select[Any]:
     query = (
         select(steers)
-        .where(steers.c.run_id == run_id, steers.c.status == "pending")
+        .where(steers.c.run_id == bindparam("run_id"), steers.c.status == "pending")
         .order_by(steers.c.created_at, steers.c.id)
     )
-    if lock:
-        query = query.with_for_update()
-    return [Steer.from_row(r) for r in (await conn.execute(query)).mappings()]
+    return query.with_for_update() if lock else query
 
 
 async def settle(

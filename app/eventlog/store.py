@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Boolean, Integer, RowMapping, column, func, literal, select, text
+from sqlalchemy import (
+    Boolean,
+    Integer,
+    RowMapping,
+    TextClause,
+    column,
+    func,
+    literal,
+    select,
+    text,
+)
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.db.tables import run_events, runs
@@ -18,6 +29,35 @@ CHANNEL = "threadline_run_events"
 _MAX_PAYLOAD = 7000
 # Event seqs are int4: a resume point past this is past every event there can be.
 MAX_EVENT_SEQ = 2**31 - 1
+
+
+@functools.cache  # built once per shape: text() parses its SQL on every construction
+def _append_statement(fenced: bool) -> TextClause:
+    return text(
+        "WITH written AS ("
+        "INSERT INTO run_events (run_id, seq, type, data)"
+        " SELECT e.run_id,"
+        "  COALESCE((SELECT max(x.seq) FROM run_events x WHERE x.run_id = e.run_id), 0) + e.ord,"
+        "  e.type, e.data"
+        " FROM unnest(CAST(:run_ids AS uuid[]), CAST(:ords AS int[]), CAST(:types AS text[]),"
+        "  CAST(CAST(:datas AS text[]) AS jsonb[]), CAST(:attempts AS int[]))"
+        "  AS e(run_id, ord, type, data, attempt)"
+        + (
+            " JOIN runs r ON r.id = e.run_id AND r.attempts = e.attempt"
+            " AND r.status IN ('running', 'requires_action', 'awaiting_approval') FOR SHARE OF r"
+            if fenced
+            else ""
+        )
+        + " RETURNING run_id, seq),"
+        " last AS (SELECT run_id, max(seq) AS seq FROM written GROUP BY run_id),"
+        " told AS (SELECT pg_notify(:channel, CASE WHEN length(p) > :max_payload"
+        "   THEN json_build_object('all', true)::text ELSE p END)"
+        "  FROM (SELECT json_build_object('runs', json_object_agg(run_id, seq))::text AS p"
+        "   FROM last HAVING count(*) > 0) AS payload)"
+        # `told` is read (a CTE without data changes runs only as far as it is read), in an
+        # inner join: a left join to it, its output unused, would be planned away.
+        " SELECT run_id, seq, n.told FROM last, (SELECT count(*) AS told FROM told) AS n"
+    )
 
 
 async def append_events(
@@ -44,31 +84,7 @@ async def append_events(
     for run_id, _, _ in events:
         order[run_id] = order.get(run_id, 0) + 1
         ords.append(order[run_id])
-    query = text(
-        "WITH written AS ("
-        "INSERT INTO run_events (run_id, seq, type, data)"
-        " SELECT e.run_id,"
-        "  COALESCE((SELECT max(x.seq) FROM run_events x WHERE x.run_id = e.run_id), 0) + e.ord,"
-        "  e.type, e.data"
-        " FROM unnest(CAST(:run_ids AS uuid[]), CAST(:ords AS int[]), CAST(:types AS text[]),"
-        "  CAST(CAST(:datas AS text[]) AS jsonb[]), CAST(:attempts AS int[]))"
-        "  AS e(run_id, ord, type, data, attempt)"
-        + (
-            " JOIN runs r ON r.id = e.run_id AND r.attempts = e.attempt"
-            " AND r.status IN ('running', 'requires_action', 'awaiting_approval') FOR SHARE OF r"
-            if fenced
-            else ""
-        )
-        + " RETURNING run_id, seq),"
-        " last AS (SELECT run_id, max(seq) AS seq FROM written GROUP BY run_id),"
-        " told AS (SELECT pg_notify(:channel, CASE WHEN length(p) > :max_payload"
-        "   THEN json_build_object('all', true)::text ELSE p END)"
-        "  FROM (SELECT json_build_object('runs', json_object_agg(run_id, seq))::text AS p"
-        "   FROM last HAVING count(*) > 0) AS payload)"
-        # `told` is read (a CTE without data changes runs only as far as it is read), in an
-        # inner join: a left join to it, its output unused, would be planned away.
-        " SELECT run_id, seq, n.told FROM last, (SELECT count(*) AS told FROM told) AS n"
-    )
+    query = _append_statement(fenced)
     params = {
         "attempts": [(attempts or {}).get(e[0], 0) for e in events],
         "run_ids": [e[0] for e in events],
@@ -234,14 +250,16 @@ async def read_events_of_runs(
     """New events of several runs at once, each after its own cursor."""
     if not cursors:
         return []
-    query = text(
-        "SELECT e.run_id, e.seq, e.type, e.data FROM run_events e"
-        " JOIN unnest(CAST(:ids AS uuid[]), CAST(:afters AS int[])) AS c(run_id, after_seq)"
-        " ON e.run_id = c.run_id AND e.seq > c.after_seq"
-        " ORDER BY e.run_id, e.seq LIMIT :limit"
-    ).columns(run_events.c.run_id, run_events.c.seq, run_events.c.type, run_events.c.data)
     params = {"ids": list(cursors), "afters": list(cursors.values()), "limit": limit}
-    return list((await conn.execute(query, params)).mappings())
+    return list((await conn.execute(_EVENTS_OF_RUNS, params)).mappings())
+
+
+_EVENTS_OF_RUNS = text(
+    "SELECT e.run_id, e.seq, e.type, e.data FROM run_events e"
+    " JOIN unnest(CAST(:ids AS uuid[]), CAST(:afters AS int[])) AS c(run_id, after_seq)"
+    " ON e.run_id = c.run_id AND e.seq > c.after_seq"
+    " ORDER BY e.run_id, e.seq LIMIT :limit"
+).columns(run_events.c.run_id, run_events.c.seq, run_events.c.type, run_events.c.data)
 
 
 @dataclass(frozen=True)
