@@ -185,7 +185,9 @@ def _end_run(names: tuple[str, ...], counted: bool) -> Update:
         update(runs)
         .where(runs.c.id == bindparam("end_run"))
         .values(
-            ended_at=func.now(),
+            # The statement's time, not its transaction's start: the end's append may wait for
+            # the session's row behind a burst of asks, and the run ends when that is over.
+            ended_at=func.clock_timestamp(),
             **{name: bindparam(f"end_{name}", type_=runs.c[name].type) for name in names},
         )
         .returning(runs, endpoints.label("webhook_endpoints"))

@@ -8,9 +8,10 @@ import json
 import uuid
 
 import asyncpg
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.core.runs import Run, RunStatus
+from app.core.runs import Outcome, Run, RunStatus
 from app.db import runs as runs_db
 from app.db import steers as steers_db
 from app.db.engine import autocommit, libpq_url
@@ -105,3 +106,44 @@ async def test_a_run_being_cancelled_or_started_before_is_left_to_the_locked_sta
             assert await runs_db.get_run(conn, run.id) == before  # untouched
         assert await events_of(engine, run) == events_before
     assert await start_first(engine, str(uuid.uuid4())) is None  # no such run
+
+
+async def test_a_run_ends_when_its_end_commits_not_when_its_transaction_began(
+    engine: AsyncEngine,
+) -> None:
+    """The end's append waits for the session's row while another transaction holds it (a
+    burst of asks does): the run's ended_at is after that wait, not the time its transaction
+    began. (A queue measured from ended_at saw the wait as a slow start of the next run.)"""
+    run = (await start_first(engine, (await queued_run(engine)).id)).run  # type: ignore[union-attr]
+    async with engine.connect() as holder:
+        await holder.begin()
+        await holder.execute(
+            text("SELECT id FROM sessions WHERE id = :id FOR UPDATE"), {"id": run.session_id}
+        )
+
+        async def end() -> Run:
+            async with engine.begin() as conn:
+                locked = await runs_db.get_run(conn, run.id, lock=True)
+                assert locked is not None
+                return await run_transitions.finish(conn, locked, Outcome("completed", "done"))
+
+        ending = asyncio.create_task(end())
+        waiting = text(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE wait_event_type = 'Lock' AND query LIKE '%UPDATE sessions%'"
+        )
+        deadline = asyncio.get_running_loop().time() + 60
+        while True:  # a statement of its own each time: pg_stat_activity is read once a transaction
+            async with autocommit(engine) as watcher:
+                if (await watcher.execute(waiting)).scalar():
+                    break
+            if ending.done():
+                ending.result()  # it failed: say how
+            assert asyncio.get_running_loop().time() < deadline, "the end never waited"
+            await asyncio.sleep(0.01)
+        released = (await holder.execute(text("SELECT clock_timestamp()"))).scalar_one()
+        await holder.commit()
+        ended = await ending
+
+    assert ended.status is RunStatus.COMPLETED
+    assert ended.ended_at is not None and ended.ended_at > released
