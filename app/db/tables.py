@@ -98,6 +98,17 @@ tenant_request_counts = Table(
     PrimaryKeyConstraint("tenant_id", name="tenant_request_counts_pkey"),
 )
 
+# A day's usage counts (summed as runs end, reported as totals): the tokens, and the runs.
+USAGE_COUNTS = (
+    "runs",
+    "input_tokens",
+    "output_tokens",
+    "cached_tokens",
+    "cache_write_tokens",
+    "reasoning_tokens",
+)
+
+
 # What a tenant used, per UTC day and model: added to by each run's end, in the transaction that
 # journals its usage entry. Kept when sessions (and their runs and entries) are deleted.
 tenant_usage = Table(

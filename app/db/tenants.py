@@ -11,6 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.db.tables import (
     LIMIT_COLUMNS,
+    USAGE_COUNTS,
     api_keys,
     runs,
     sessions,
@@ -238,16 +239,7 @@ async def tokens_today(conn: AsyncConnection, tenant_id: str) -> tuple[int, int]
     return int(row[0]), int(row[1])
 
 
-_USAGE_COLUMNS = (
-    "runs",
-    "input_tokens",
-    "output_tokens",
-    "cached_tokens",
-    "cache_write_tokens",
-    "reasoning_tokens",
-    "unpriced_runs",
-    "cost_usd",
-)
+_USAGE_COLUMNS = (*USAGE_COUNTS, "unpriced_runs", "cost_usd")
 
 
 def _usage_added() -> Insert:

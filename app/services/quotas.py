@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.config import Settings
 from app.db import tenants as tenants_db
-from app.db.tables import LIMIT_COLUMNS
+from app.db.tables import LIMIT_COLUMNS, USAGE_COUNTS
 from app.services.errors import Invalid, LimitExceeded, NotFound
 
 # A client refused for runs in progress should come back soon: runs end at any moment.
@@ -219,15 +219,7 @@ class UsageReport:
     rows: list[UsageRow]
 
     def totals(self) -> dict[str, Any]:
-        fields = (
-            "runs",
-            "input_tokens",
-            "output_tokens",
-            "cached_tokens",
-            "cache_write_tokens",
-            "reasoning_tokens",
-        )
-        sums: dict[str, Any] = {f: sum(getattr(r, f) for r in self.rows) for f in fields}
+        sums: dict[str, Any] = {f: sum(getattr(r, f) for r in self.rows) for f in USAGE_COUNTS}
         sums["unpriced_runs"] = sum(r.unpriced_runs for r in self.rows)
         sums["cost_usd"] = round(sum(r.cost_usd for r in self.rows), 10)
         return sums
