@@ -30,7 +30,7 @@ from sqlalchemy.sql import Select
 
 from app.core.entries import JournalEntry
 from app.core.lineage import Segment
-from app.db.sessions import Advance, advancing_statement
+from app.db.sessions import Advance, Newest, advancing_statement
 from app.db.tables import entries, sessions
 
 ENTRY_COLUMNS = (
@@ -223,13 +223,17 @@ def journal_entry(row: RowMapping) -> JournalEntry:
     )
 
 
+# read_tail's pages: the first, and the largest they double to.
+FIRST_PAGE, MAX_PAGE = 64, 512
+
+
 async def read_tail(
     conn: AsyncConnection,
     segments: Sequence[Segment],
     suffices: Callable[[list[JournalEntry]], bool],
     *,
-    first_page: int = 64,
-    max_page: int = 512,
+    first_page: int = FIRST_PAGE,
+    max_page: int = MAX_PAGE,
 ) -> tuple[list[JournalEntry], bool]:
     """The newest entries of a thread, ascending, read backwards in keyset pages until
     `suffices(tail)` says older ones cannot matter; then one small page more (the projector's
@@ -252,6 +256,29 @@ async def read_tail(
             last_page, page = True, first_page
         else:
             page = min(page * 2, max_page)
+
+
+def tail_from(
+    newest: Newest, suffices: Callable[[list[JournalEntry]], bool]
+) -> tuple[list[JournalEntry], bool] | None:
+    """What read_tail would return, read from `newest` alone; None when it would read past
+    them (the caller reads the thread then)."""
+    rows, taken, page, last_page = newest.entries, 0, FIRST_PAGE, False
+    while True:
+        wanted = taken + page
+        if wanted > len(rows) and not newest.reaches_start:
+            return None
+        got = min(wanted, len(rows)) - taken  # the page's rows, as read_entries would give
+        taken += got
+        tail = rows[len(rows) - taken :]
+        if got < page:
+            return tail, True
+        if last_page:
+            return tail, False
+        if suffices(tail):
+            last_page, page = True, FIRST_PAGE
+        else:
+            page = min(page * 2, MAX_PAGE)
 
 
 async def count_kind(conn: AsyncConnection, segments: Sequence[Segment], kind: str) -> int:

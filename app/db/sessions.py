@@ -31,7 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.agents import AgentPin, resolved
 from app.core.entries import JournalEntry
-from app.core.lineage import Lineage, lineage_from_json, lineage_to_json
+from app.core.lineage import Lineage, Segment, lineage_from_json, lineage_to_json
 from app.core.runs import ACTIVE
 from app.core.sessions import Session, SessionConfig, SessionStatus
 from app.db.tables import entries, runs, sessions, tenants
@@ -115,12 +115,34 @@ def _get_session(lock: bool, include_expired: bool) -> Select[Any]:
 
 
 @dataclass(frozen=True)
+class Newest:
+    """The newest entries of a thread stored in one range (ascending), at most `limit` of them,
+    read in one statement with its session (read_for_run): app/db/journal.tail_from serves
+    read_tail's pages from them, while they reach, with no snapshot held open for the reads."""
+
+    entries: list[JournalEntry]
+    limit: int
+
+    @property
+    def reaches_start(self) -> bool:
+        return len(self.entries) < self.limit
+
+
+_ENTRY_FIELDS = ("seq", "id", "kind", "payload", "refs", "token_count")
+# As many as read_tail's first page and the page after it: all a short thread has, and all one
+# whose newest page suffices needs.
+NEWEST_ENTRIES = 128
+
+
+@dataclass(frozen=True)
 class RunStart:
     """What a run starting reads of its session, in one statement (app/worker/run.py)."""
 
     session: Session | None  # None: not the tenant's (or gone)
     compacting: bool  # a compaction run of the session is under way
     written: list[JournalEntry]  # the entries the run wrote so far (run_entries')
+    # The thread's newest entries, when it is all stored under the session (no ancestors).
+    newest: Newest | None = None
 
 
 async def read_for_run(
@@ -134,14 +156,19 @@ async def read_for_run(
         "tenant_id": tenant_id,
         "from_seq": from_seq,
         "run_refs": {"run_id": run_id},
+        "newest_limit": NEWEST_ENTRIES,
     }
     row = (await conn.execute(_read_for_run(), params)).mappings().one_or_none()
     if row is None:
         return RunStart(None, False, [])
+    session = _session(row)
+    own = session.thread == [Segment(session.id, 0, None)] or session.thread == []
+    newest = [JournalEntry(**e) for e in row["newest"]] if own else None
     return RunStart(
-        _session(row),
+        session,
         bool(row["compacting"]),
         [JournalEntry(**e) for e in row["written"]],
+        Newest(newest, NEWEST_ENTRIES) if newest is not None else None,
     )
 
 
@@ -184,10 +211,31 @@ def _read_for_run() -> Select[Any]:
         )
         .scalar_subquery()
     )
+    newest_rows = (
+        select(*(entries.c[name] for name in _ENTRY_FIELDS))
+        .where(entries.c.session_id == bindparam("session_id"))
+        .order_by(entries.c.seq.desc())
+        .limit(bindparam("newest_limit"))
+        .subquery("newest")
+    )
+    newest = select(
+        func.coalesce(
+            func.jsonb_agg(
+                aggregate_order_by(
+                    func.jsonb_build_object(
+                        *(part for name in _ENTRY_FIELDS for part in (name, newest_rows.c[name]))
+                    ),
+                    newest_rows.c.seq,
+                )
+            ),
+            literal_column("'[]'::jsonb"),
+        )
+    ).scalar_subquery()
     return select(
         sessions,
         compacting.label("compacting"),
         type_coerce(written, JSONB).label("written"),
+        type_coerce(newest, JSONB).label("newest"),
     ).where(
         sessions.c.id == bindparam("session_id"), sessions.c.tenant_id == bindparam("tenant_id")
     )

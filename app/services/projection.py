@@ -28,6 +28,7 @@ from app.db import journal as journal_db
 from app.db import sessions as sessions_db
 from app.db.engine import read_snapshot
 from app.db.memory import get_memory
+from app.db.sessions import Newest
 from app.llm.catalog import context_window_for, reasoning_sent_back
 from app.llm.tokenizers import counting_for
 from app.services.content_checks import check_readable
@@ -169,6 +170,38 @@ async def project_run_in(
     return done.projected
 
 
+async def project_run_from(
+    settings: Settings, session: Session, run: Run, newest: Newest
+) -> SessionProjection | None:
+    """project_run_in from the thread's newest entries read with the session (read_for_run:
+    one statement, one snapshot), reading nothing more; None when they do not reach back far
+    enough, or the session reads memory (the caller projects in a snapshot then)."""
+    if session.config.memory_namespace:
+        return None
+    ask = run.kind is RunKind.ASK
+    try:
+        done = await _project(
+            None,
+            settings,
+            session,
+            (),
+            run.params.context_policy if ask else None,
+            run.model if ask else None,
+            run.id if ask else None,
+            run.params.tools if ask else [],
+            Answer.of_run(run) if ask else None,
+            run.params.run_policy if ask else None,
+            newest=newest,
+        )
+    except _ReadsFurther:
+        return None
+    return done.projected
+
+
+class _ReadsFurther(Exception):
+    """The newest entries given do not reach back as far as the projection needs."""
+
+
 async def session_context(
     engine: AsyncEngine, settings: Settings, tenant_id: str, session_id: str
 ) -> SessionContext:
@@ -212,7 +245,7 @@ class Answer:
 
 
 async def _project(
-    conn: AsyncConnection,
+    conn: AsyncConnection | None,
     settings: Settings,
     session: Session,
     pending: Sequence[PendingEntry],
@@ -222,9 +255,11 @@ async def _project(
     extra_tools: Sequence[Mapping[str, Any]],
     answer: Answer | None = None,
     run_policy: Mapping[str, Any] | None = None,
+    newest: Newest | None = None,
 ) -> _Projected:
     """`run_policy`: the run's resolved one (else the session's), whose `never` tools are not
-    offered."""
+    offered. `newest`: the thread's newest entries, read already (then `conn` may be None:
+    _ReadsFurther when they do not suffice)."""
     config = session.config
     model = model_override or config.model or settings.default_model
     # What the model cannot read is refused before what it cannot fit: the clearer reason.
@@ -241,11 +276,21 @@ async def _project(
     def suffices(tail: list[JournalEntry]) -> bool:
         return tail_suffices(tail, policy, recount)
 
-    tail, complete = await journal_db.read_tail(conn, thread, suffices)
+    if newest is not None:
+        found = journal_db.tail_from(newest, suffices)
+        if found is None:
+            raise _ReadsFurther
+        tail, complete = found
+    else:
+        assert conn is not None
+        tail, complete = await journal_db.read_tail(conn, thread, suffices)
     # Read in the same snapshot as the journal; memory outlives sessions and compaction, so it
     # is looked up by name on every projection rather than carried in the thread.
     namespace = config.memory_namespace
-    memory = await get_memory(conn, session.tenant_id, namespace) if namespace else None
+    memory = None
+    if namespace:
+        assert conn is not None  # project_run_from leaves sessions with memory to the snapshot
+        memory = await get_memory(conn, session.tenant_id, namespace)
     source = ProjectionInput(
         entries=tail,
         complete=complete,

@@ -71,6 +71,7 @@ from app.services.projection import (
     SessionProjection,
     offered_tools,
     project_for_run,
+    project_run_from,
     project_run_in,
 )
 from app.telemetry import carried, metrics
@@ -336,26 +337,39 @@ async def _converse(
     session_id = run.session_id
     policy = RunPolicy.model_validate(run.params.run_policy or {})
     # Read once: a run keeps the tools it started with, and the session's earlier spending.
-    # With them, in one snapshot (one checkout): the compactions queued before it, what the
-    # run has written so far (only this run writes it: a wait does not change it), and the
-    # projection of its first model call (from the same session row, not read twice).
+    # With them, in one snapshot: the compactions queued before it, what the run has written
+    # so far (only this run writes it: a wait does not change it), and the projection of its
+    # first model call (from the same session row, not read twice).
+    # Most starts need that one statement alone: it also reads the thread's newest entries,
+    # which a short thread, or one whose newest entries fill the budget, projects from.
     first: SessionProjection | ServiceError | None = None
-    async with read_snapshot(runtime.engine) as conn:
+    async with autocommit(runtime.engine) as conn:
         start = await sessions_db.read_for_run(
             conn, run.tenant_id, session_id, run.id, run.input_seq
         )
-        session = start.session
-        compactions = (
-            await runs_db.active_runs(conn, session_id, kind="compaction", tenant_id=run.tenant_id)
-            if start.compacting
-            else []
-        )
-        written: list[JournalEntry] | None = start.written
-        if session is not None:
-            try:
-                first = await project_run_in(conn, runtime.settings, session, run)
-            except ServiceError as exc:  # the model turn reports it, if there is one
-                first = exc
+    if start.session is not None and not start.compacting and start.newest is not None:
+        try:
+            first = await project_run_from(runtime.settings, start.session, run, start.newest)
+        except ServiceError as exc:  # the model turn reports it, if there is one
+            first = exc
+    compactions: list[Run] = []
+    if start.session is not None and first is None:
+        # Further back, a fork's ancestors, memory, compactions under way: all in one snapshot.
+        async with read_snapshot(runtime.engine) as conn:
+            start = await sessions_db.read_for_run(
+                conn, run.tenant_id, session_id, run.id, run.input_seq
+            )
+            if start.compacting:
+                compactions = await runs_db.active_runs(
+                    conn, session_id, kind="compaction", tenant_id=run.tenant_id
+                )
+            if start.session is not None:
+                try:
+                    first = await project_run_in(conn, runtime.settings, start.session, run)
+                except ServiceError as exc:
+                    first = exc
+    session = start.session
+    written: list[JournalEntry] | None = start.written
     config = session.config if session is not None else SessionConfig()
     servers: dict[str, McpServer] = {}
     if run.kind is RunKind.ASK and run.params.mcp_server_names(config.mcp_servers):

@@ -16,8 +16,8 @@ from app.core.content import unstorable
 from app.core.entries import EntryKind, JournalEntry, NewEntry
 from app.core.policy import ContextPolicy
 from app.core.projection import tail_suffices
-from app.db.journal import read_tail, run_entries
-from app.db.sessions import get_session
+from app.db.journal import read_tail, run_entries, tail_from
+from app.db.sessions import get_session, read_for_run
 from app.services.errors import Invalid
 from app.services.journal import append_entries
 from app.services.keys import create_key, tenant_for_key
@@ -151,3 +151,34 @@ async def test_thinking_round_trips_byte_for_byte_or_is_known_unstorable(
         async with engine.connect() as conn:
             session = await get_session(conn, tenant_id, sid)
         assert session is not None and session.rev == 0
+
+
+async def test_the_newest_entries_read_with_the_session_serve_the_tail_as_read_tail_does(
+    engine: AsyncEngine,
+) -> None:
+    """A run's start reads the thread's newest entries with its session (one statement) and
+    projects from them when they reach back far enough: then the tail is read_tail's, entry
+    for entry, whatever the thread's length around the page sizes and whatever the budget."""
+    tenant_id = await tenant(engine)
+    served = 0
+    for entries in (1, 63, 64, 65, 127, 128, 129, 200):
+        sid = await long_session(engine, tenant_id, entries)
+        async with engine.connect() as conn:
+            start = await read_for_run(conn, tenant_id, sid, str(uuid.uuid4()), 1)
+        assert start.newest is not None
+        for wanted in (0, 10, 63, 64, 65, 100, 10_000):
+            # Enough once the tail holds `wanted` entries (0: at once; 10 000: never).
+            def suffices(tail: list[JournalEntry], wanted: int = wanted) -> bool:
+                return len(tail) >= wanted
+
+            from_newest = tail_from(start.newest, suffices)
+            async with engine.connect() as conn:
+                session = await get_session(conn, tenant_id, sid)
+                assert session is not None
+                read = await read_tail(conn, session.thread, suffices)
+            if from_newest is not None:
+                served += 1
+                assert from_newest == read, (entries, wanted)
+            else:  # it would read past them: only when they may not hold the whole thread
+                assert not start.newest.reaches_start, (entries, wanted)
+    assert served > 30  # most of these threads are served without a second read

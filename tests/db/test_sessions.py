@@ -7,11 +7,13 @@ import uuid
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.core.entries import EntryKind, NewEntry
+from app.core.lineage import Segment
 from app.db import runs as runs_db
 from app.db import sessions as sessions_db
 from app.db.engine import read_snapshot
-from app.db.journal import run_entries
+from app.db.journal import journal_entry, read_entries, run_entries
 from app.services.journal import append_entries
+from app.services.sessions import fork_session
 from tests.db.test_runs import created, new_session, run_values
 
 
@@ -62,3 +64,26 @@ async def test_a_runs_start_read_is_the_session_its_compactions_and_its_entries(
     async with read_snapshot(engine) as conn:
         elsewhere = await sessions_db.read_for_run(conn, str(uuid.uuid4()), session, run_id, 2)
     assert (elsewhere.session, elsewhere.compacting, elsewhere.written) == (None, False, [])
+
+
+async def test_a_runs_start_read_has_the_threads_newest_entries_when_it_is_all_its_own(
+    engine: AsyncEngine,
+) -> None:
+    tenant, session = await new_session(engine)
+    run_id = str(uuid.uuid4())
+    texts = [f"turn {n}" for n in range(sessions_db.NEWEST_ENTRIES + 5)]
+    await append_entries(
+        engine, tenant, session, [entry(t, {"run_id": run_id}) for t in texts], expected_rev=None
+    )
+    async with read_snapshot(engine) as conn:
+        start = await sessions_db.read_for_run(conn, tenant, session, run_id, 1)
+        page = await read_entries(
+            conn, [Segment(session, 0, None)], descending=True, limit=sessions_db.NEWEST_ENTRIES
+        )
+    assert start.newest is not None and not start.newest.reaches_start
+    assert start.newest.entries == [journal_entry(r) for r in reversed(page)]
+
+    forked = await fork_session(engine, tenant, session, at_seq=3, title=None, metadata=None)
+    async with read_snapshot(engine) as conn:
+        fork = await sessions_db.read_for_run(conn, tenant, forked.id, run_id, 1)
+    assert fork.session is not None and fork.newest is None  # its thread is its parent's too

@@ -12,12 +12,16 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.config import Settings
 from app.core.entries import EntryKind, NewEntry
 from app.core.formats import to_anthropic, to_openai
+from app.db import runs as runs_db
+from app.db import sessions as sessions_db
+from app.db.engine import read_snapshot
 from app.services.errors import Invalid
 from app.services.journal import append_entries
 from app.services.keys import create_key, tenant_for_key
-from app.services.projection import project_session
+from app.services.projection import project_run_from, project_run_in, project_session
 from app.services.sessions import create_session, fork_session
 from tests.core.format_oracles import validate_anthropic, validate_openai
+from tests.db.test_runs import created, run_values
 
 
 @st.composite
@@ -95,3 +99,35 @@ async def test_a_fork_projects_like_the_same_thread_unforked(
     assert p.meta.estimated_tokens <= 900 - 225
     assert validate_openai(to_openai(p.messages, p.tool_spec)) == []
     assert validate_anthropic(to_anthropic(p.messages, p.tool_spec)) == []
+
+
+@settings(max_examples=15, suppress_health_check=list(HealthCheck))
+@given(thread=threads(), budget=st.sampled_from([None, 300, 900, 5000]))
+async def test_a_run_projected_from_its_starts_one_read_is_projected_as_in_a_snapshot(
+    engine: AsyncEngine, settings: Settings, thread: list[NewEntry], budget: int | None
+) -> None:
+    """A starting run projects from the newest entries its start read with the session (one
+    statement) when they reach back far enough; that projection is the one read in a
+    snapshot, message for message."""
+    tenant_id = await tenant_for_key(engine, await create_key(engine, f"p-{uuid.uuid4()}"))
+    assert tenant_id is not None
+    sid = await _new(engine, tenant_id, thread * 6)  # some threads longer than the entries read
+    policy = {"max_input_tokens": budget} if budget else None
+    values = run_values(tenant_id, sid) | {"params": {"context_policy": policy}}
+    async with engine.begin() as conn:
+        run = (await runs_db.insert_queued_run(conn, created(values), **values)).run
+    async with read_snapshot(engine) as conn:
+        start = await sessions_db.read_for_run(conn, tenant_id, sid, run.id, run.input_seq)
+        assert start.session is not None and start.newest is not None
+        try:
+            in_snapshot: object = await project_run_in(conn, settings, start.session, run)
+        except Invalid as refused:
+            in_snapshot = refused.code
+    try:
+        from_start: object = await project_run_from(settings, start.session, run, start.newest)
+    except Invalid as refused:
+        from_start = refused.code
+    if len(thread) * 6 < sessions_db.NEWEST_ENTRIES:  # it read the whole thread
+        assert from_start is not None
+    if from_start is not None:
+        assert from_start == in_snapshot
