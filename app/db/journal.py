@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from sqlalchemy import (
@@ -241,13 +241,50 @@ async def read_tail(
     reaches the thread's first entry. Pages double, so a long walk stays a few round trips and
     reads at most about twice what it needs.
     """
+
+    async def page_before(before: int | None, size: int) -> list[JournalEntry]:
+        rows = await read_entries(conn, segments, before_seq=before, descending=True, limit=size)
+        return [journal_entry(r) for r in reversed(rows)]
+
+    return await _paged(page_before, suffices, first_page, max_page)
+
+
+async def tail_from(
+    newest: Newest, suffices: Callable[[list[JournalEntry]], bool]
+) -> tuple[list[JournalEntry], bool] | None:
+    """What read_tail would return, its pages taken from `newest` alone; None when it would
+    read past them (the caller reads the thread then)."""
+
+    async def page_before(before: int | None, size: int) -> list[JournalEntry]:
+        older = [e for e in newest.entries if before is None or e.seq < before]
+        if len(older) < size and not newest.reaches_start:
+            raise _PastNewest
+        return older[-size:]
+
+    try:
+        return await _paged(page_before, suffices, FIRST_PAGE, MAX_PAGE)
+    except _PastNewest:
+        return None
+
+
+class _PastNewest(Exception):
+    pass
+
+
+async def _paged(
+    page_before: Callable[[int | None, int], Awaitable[list[JournalEntry]]],
+    suffices: Callable[[list[JournalEntry]], bool],
+    first_page: int,
+    max_page: int,
+) -> tuple[list[JournalEntry], bool]:
+    """read_tail's walk, over `page_before(seq, size)`: the `size` entries before `seq` (None:
+    the newest), ascending."""
     tail: list[JournalEntry] = []
     page = first_page
     last_page = False
     while True:
-        before = tail[0].seq if tail else None
-        rows = await read_entries(conn, segments, before_seq=before, descending=True, limit=page)
-        tail[:0] = [journal_entry(r) for r in reversed(rows)]
+        rows = await page_before(tail[0].seq if tail else None, page)
+        tail[:0] = rows
         if len(rows) < page:
             return tail, True
         if last_page:
@@ -256,29 +293,6 @@ async def read_tail(
             last_page, page = True, first_page
         else:
             page = min(page * 2, max_page)
-
-
-def tail_from(
-    newest: Newest, suffices: Callable[[list[JournalEntry]], bool]
-) -> tuple[list[JournalEntry], bool] | None:
-    """What read_tail would return, read from `newest` alone; None when it would read past
-    them (the caller reads the thread then)."""
-    rows, taken, page, last_page = newest.entries, 0, FIRST_PAGE, False
-    while True:
-        wanted = taken + page
-        if wanted > len(rows) and not newest.reaches_start:
-            return None
-        got = min(wanted, len(rows)) - taken  # the page's rows, as read_entries would give
-        taken += got
-        tail = rows[len(rows) - taken :]
-        if got < page:
-            return tail, True
-        if last_page:
-            return tail, False
-        if suffices(tail):
-            last_page, page = True, FIRST_PAGE
-        else:
-            page = min(page * 2, MAX_PAGE)
 
 
 async def count_kind(conn: AsyncConnection, segments: Sequence[Segment], kind: str) -> int:

@@ -154,20 +154,7 @@ async def project_run_in(
 ) -> SessionProjection:
     """project_for_run in the caller's snapshot (read_snapshot), from the session it read
     there: a worker starting a run reads the session once for its own needs and this."""
-    ask = run.kind is RunKind.ASK
-    done = await _project(
-        conn,
-        settings,
-        session,
-        (),
-        run.params.context_policy if ask else None,
-        run.model if ask else None,
-        run.id if ask else None,
-        run.params.tools if ask else [],
-        Answer.of_run(run) if ask else None,
-        run.params.run_policy if ask else None,
-    )
-    return done.projected
+    return (await _project_run(conn, settings, session, run)).projected
 
 
 async def project_run_from(
@@ -178,24 +165,33 @@ async def project_run_from(
     enough, or the session reads memory (the caller projects in a snapshot then)."""
     if session.config.memory_namespace:
         return None
-    ask = run.kind is RunKind.ASK
     try:
-        done = await _project(
-            None,
-            settings,
-            session,
-            (),
-            run.params.context_policy if ask else None,
-            run.model if ask else None,
-            run.id if ask else None,
-            run.params.tools if ask else [],
-            Answer.of_run(run) if ask else None,
-            run.params.run_policy if ask else None,
-            newest=newest,
-        )
+        return (await _project_run(None, settings, session, run, newest)).projected
     except _ReadsFurther:
         return None
-    return done.projected
+
+
+async def _project_run(
+    conn: AsyncConnection | None,
+    settings: Settings,
+    session: Session,
+    run: Run,
+    newest: Newest | None = None,
+) -> _Projected:
+    ask = run.kind is RunKind.ASK
+    return await _project(
+        conn,
+        settings,
+        session,
+        (),
+        run.params.context_policy if ask else None,
+        run.model if ask else None,
+        run.id if ask else None,
+        run.params.tools if ask else [],
+        Answer.of_run(run) if ask else None,
+        run.params.run_policy if ask else None,
+        newest=newest,
+    )
 
 
 class _ReadsFurther(Exception):
@@ -277,7 +273,7 @@ async def _project(
         return tail_suffices(tail, policy, recount)
 
     if newest is not None:
-        found = journal_db.tail_from(newest, suffices)
+        found = await journal_db.tail_from(newest, suffices)
         if found is None:
             raise _ReadsFurther
         tail, complete = found

@@ -171,7 +171,7 @@ async def test_the_newest_entries_read_with_the_session_serve_the_tail_as_read_t
             def suffices(tail: list[JournalEntry], wanted: int = wanted) -> bool:
                 return len(tail) >= wanted
 
-            from_newest = tail_from(start.newest, suffices)
+            from_newest = await tail_from(start.newest, suffices)
             async with engine.connect() as conn:
                 session = await get_session(conn, tenant_id, sid)
                 assert session is not None
