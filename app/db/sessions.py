@@ -129,9 +129,9 @@ class Newest:
 
 
 _ENTRY_FIELDS = ("seq", "id", "kind", "payload", "refs", "token_count")
-# As many as read_tail's first page and the page after it: all a short thread has, and all one
-# whose newest page suffices needs.
-NEWEST_ENTRIES = 128
+# read_tail's first page and the page after it, and one more: all a short thread has (fewer
+# than this: the thread's start was reached), and all one whose newest page suffices needs.
+NEWEST_ENTRIES = 2 * 64 + 1
 
 
 @dataclass(frozen=True)
