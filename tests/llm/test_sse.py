@@ -30,8 +30,14 @@ def streams(draw: st.DrawFn) -> tuple[bytes, list[tuple[str, str]]]:
             lines.append(": a comment")
         if draw(st.booleans()):
             lines.append("id: 7")
-        # "data:value" and "data: value" are the same field; a second space is the value's.
-        lines += [f"data:{value}" if draw(st.booleans()) else f"data: {value}" for value in data]
+        # "data:value" and "data: value" are the same field (one space after the colon is
+        # dropped): a value that starts with a space needs the second form to keep it.
+        lines += [
+            f"data:{value}"
+            if not value.startswith(" ") and draw(st.booleans())
+            else f"data: {value}"
+            for value in data
+        ]
         for line in [*lines, ""]:
             ending = draw(end)
             if text.endswith("\r") and not line and ending == "\n":
