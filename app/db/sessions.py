@@ -146,23 +146,30 @@ class RunStart:
 
 
 async def read_for_run(
-    conn: AsyncConnection, tenant_id: str, session_id: str, run_id: str, from_seq: int
+    conn: AsyncConnection,
+    tenant_id: str,
+    session_id: str,
+    run_id: str,
+    from_seq: int,
+    *,
+    with_newest: bool = True,
 ) -> RunStart:
     """The session (expired too: work under way goes on), whether a compaction of it is under
     way, and what the run has written (app/db/journal.run_entries), in one statement: in the
-    caller's snapshot, as three would read them."""
+    caller's snapshot, as three would read them. `with_newest`: the thread's newest entries too
+    (RunStart.newest); not for a caller that reads the thread in its snapshot anyway."""
     params = {
         "session_id": session_id,
         "tenant_id": tenant_id,
         "from_seq": from_seq,
         "run_refs": {"run_id": run_id},
-        "newest_limit": NEWEST_ENTRIES,
+        "newest_limit": NEWEST_ENTRIES if with_newest else 0,
     }
     row = (await conn.execute(_read_for_run(), params)).mappings().one_or_none()
     if row is None:
         return RunStart(None, False, [])
     session = _session(row)
-    own = session.thread == [Segment(session.id, 0, None)] or session.thread == []
+    own = with_newest and session.thread in ([Segment(session.id, 0, None)], [])
     newest = [JournalEntry(**e) for e in row["newest"]] if own else None
     return RunStart(
         session,

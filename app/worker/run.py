@@ -357,7 +357,7 @@ async def _converse(
         # Further back, a fork's ancestors, memory, compactions under way: all in one snapshot.
         async with read_snapshot(runtime.engine) as conn:
             start = await sessions_db.read_for_run(
-                conn, run.tenant_id, session_id, run.id, run.input_seq
+                conn, run.tenant_id, session_id, run.id, run.input_seq, with_newest=False
             )
             if start.compacting:
                 compactions = await runs_db.active_runs(

@@ -80,8 +80,15 @@ async def test_a_runs_start_read_has_the_threads_newest_entries_when_it_is_all_i
         page = await read_entries(
             conn, [Segment(session, 0, None)], descending=True, limit=sessions_db.NEWEST_ENTRIES
         )
+        without = await sessions_db.read_for_run(
+            conn, tenant, session, run_id, 1, with_newest=False
+        )
     assert start.newest is not None and not start.newest.reaches_start
     assert start.newest.entries == [journal_entry(r) for r in reversed(page)]
+    assert without.newest is None and (without.session, without.written) == (
+        start.session,
+        start.written,
+    )
 
     forked = await fork_session(engine, tenant, session, at_seq=3, title=None, metadata=None)
     async with read_snapshot(engine) as conn:
