@@ -76,7 +76,6 @@ def full_history_tokens(journal: list[JournalEntry], points: list[int]) -> list[
             entries=prefix,
             complete=True,
             rev=point,
-            token_total=sum(e.token_count for e in prefix),
             policy=UNLIMITED,
             counter=counter,
             exact=True,

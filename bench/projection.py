@@ -483,7 +483,6 @@ class Journal:
                 entries=tuple(self.entries),
                 complete=True,
                 rev=len(self.entries),
-                token_total=self.token_total,
                 policy=policy,
                 counter=self.counter,
                 exact=True,
@@ -492,13 +491,17 @@ class Journal:
             )
         )
 
-    def finish_turn(self, turn: Turn, number: int) -> None:
+    def finish_turn(self, turn: Turn, number: int, sent: Projection | None = None) -> None:
+        """The model's side of a turn; `sent`: the context it was answered from, recorded on
+        the answer and its calls as a run records it (refs.context_from)."""
+        start = sent.meta.window_start_seq if sent is not None else None
+        said = {} if start is None else {"context_from": start}
         if turn.tool is not None:
             refs = {"call_id": f"turn-{number}", "tool_call_id": f"call-{number}"}
             call = {"name": turn.tool.name, "arguments": turn.tool.arguments}
-            self.add(EntryKind.TOOL_CALL, call, refs)
+            self.add(EntryKind.TOOL_CALL, call, {**refs, **said})
             self.add(EntryKind.TOOL_RESULT, {"content": turn.tool.result}, refs)
-        self.add(EntryKind.MESSAGE, {"role": "assistant", "content": turn.answer}, {})
+        self.add(EntryKind.MESSAGE, {"role": "assistant", "content": turn.answer}, said)
 
 
 def shared_prefix_tokens(previous: Projection, current: Projection) -> int:
@@ -588,7 +591,7 @@ def simulate(policy: ContextPolicy, turns: Sequence[Turn]) -> WindowStats:
         current = journal.project(policy)
         stats.add(previous, current)
         previous = current
-        journal.finish_turn(turn, number)
+        journal.finish_turn(turn, number, current)
     stats.thread_tokens = journal.token_total
     return stats
 
@@ -631,9 +634,12 @@ def counted_turns(policy: ContextPolicy, turns: Sequence[Turn]) -> CountedTurns:
     return CountedTurns(asks, sizes, meta.estimated_tokens - meta.history_tokens)
 
 
-def kept_at_most(counted: CountedTurns, budget: int, unused: int | None) -> float:
+def kept_at_most(
+    counted: CountedTurns, budget: int, unused: int | None, keep_last_turns: int = 0
+) -> float:
     """The most consecutive asks any windowing could keep the prompt prefix on, when a window
-    may leave at most `unused` tokens of the room unused (None: any amount).
+    may leave at most `unused` tokens of the room unused (None: any amount) and must hold the
+    newest `keep_last_turns` turns while they fit (the policy's; the ask's own among them).
 
     A window that remembers where it started, jumps only when it no longer fits, and then lands
     on the latest turn start within the allowance: each jump's window starts as empty as allowed,
@@ -656,6 +662,9 @@ def kept_at_most(counted: CountedTurns, budget: int, unused: int | None) -> floa
             if landing is None and (unused is None or window >= room - unused):
                 landing = index
         start = fullest if landing is None else landing
+        protected = ask - (keep_last_turns - 1)
+        if keep_last_turns > 1 and protected >= fullest:
+            start = min(start, protected)
     return kept / (len(counted.asks) - 1)
 
 
@@ -666,22 +675,25 @@ def bench_prefix() -> None:
             policy = ContextPolicy(max_input_tokens=window)
             stats = bench_prefix_window(name, policy, turns)
             counted = counted_turns(policy, turns)
-            chunk = kept_at_most(counted, policy.budget, policy.chunk_tokens)
+            keep = policy.keep_last_turns
+            chunk = kept_at_most(counted, policy.budget, policy.chunk_tokens, keep)
+            unkept = kept_at_most(counted, policy.budget, policy.chunk_tokens)
             anything = kept_at_most(counted, policy.budget, None)
             report(
                 "prefix",
                 "  kept at most",
-                f"{chunk:.1%} with at most a chunk unused, {anything:.1%} with any window "
+                f"{chunk:.1%} with at most a chunk unused and the last {keep} turns kept "
+                f"({unkept:.1%} dropping them), {anything:.1%} with any window "
                 f"({sum(counted.sizes) / len(counted.sizes):,.0f} tokens per turn)",
             )
             summary.setdefault(name, []).append(
                 f"{window // 1000}k {stats.kept_share:.1%} / {stats.cacheable_share:.1%}"
-                f" (<= {chunk:.1%})"
+                f" (<= {chunk:.1%}, {(chunk - stats.kept_share) * 100:.1f} under)"
             )
     for name, figures in summary.items():
         report(
             "prefix",
-            f"{name}: kept / cache can serve (kept at most)",
+            f"{name}: kept / cache can serve (kept at most, points under it)",
             ", ".join(figures),
         )
 

@@ -301,6 +301,9 @@ class Refs(_Strict):
     # (from_steer_id).
     steer_id: Annotated[str, Field(max_length=128)] | None = None
     from_steer_id: Annotated[str, Field(max_length=128)] | None = None
+    # On a model's answer and tool calls: the seq of the oldest history entry in the context it
+    # was sent. Later projections keep that window start while it fits (prompt caches).
+    context_from: Annotated[int, Field(ge=1, le=2**63 - 1)] | None = None
 
 
 _REFS = TypeAdapter(Refs)

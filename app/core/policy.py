@@ -72,12 +72,13 @@ class ContextPolicy(BaseModel):
     )
     window_chunk_tokens: Annotated[int, Field(ge=0)] | None = Field(
         default=None,
-        description="When history must be dropped, drop it in chunks of about this many tokens "
-        "so consecutive prompts share their prefix (prompt caches). Default: the largest power "
-        "of two at most the budget (a truncated window then leaves at most about half to two "
-        "thirds of the budget unused; set a smaller chunk for fuller windows and fewer cache "
-        "hits); 0: slide by one group. A window never leaves more than one chunk of the budget "
-        "unused unless no turn start uses more.",
+        description="When history must be dropped, drop enough that up to this many tokens of "
+        "the budget are free, and keep that window's start on the following asks until it no "
+        "longer fits, so consecutive prompts share their prefix (prompt caches). Default: the "
+        "largest power of two at most the budget (a truncated window then leaves at most about "
+        "half to two thirds of the budget unused; set a smaller chunk for fuller windows and "
+        "fewer cache hits); 0: slide by one group. A window never leaves more than one chunk of "
+        "the budget unused unless no turn start uses more.",
     )
 
     @model_validator(mode="after")
@@ -118,10 +119,10 @@ class ContextPolicy(BaseModel):
 # The default chunk: the largest power of two at most the budget. A window jumps about once per
 # chunk of thread growth, so a large chunk keeps the prompt prefix (and a provider's prompt
 # cache) across many asks. A larger budget never sends less history, so near the bottom of a
-# level (a budget just past a power of two) the window follows the level below; in all, a
-# truncated window leaves at most about half the budget unused, two thirds at a level's
-# middle. A power of two, so that anchors move only where the budget crosses a level, not
-# with every change of it.
+# level (a budget just past a power of two) the window holds at least what the level below
+# holds; in all, a truncated window leaves at most about half the budget unused, two thirds at
+# a level's middle. A power of two, so that the chunk changes only where the budget crosses a
+# level, not with every change of it.
 
 
 def default_chunk(budget: int) -> int:

@@ -3,8 +3,9 @@
 Pure and deterministic. Segments: system ⊕ summary ⊕ history ⊕ pending. History is cut into
 atomic groups (a user message; an assistant turn's tool calls with all their results) that are
 kept or dropped whole, newest first, within the token budget. When older history must go, the
-window starts at chunk anchors (turn starts where the thread crosses a multiple of
-`window_chunk_tokens`) so consecutive prompts share a byte-identical prefix until the next jump.
+window keeps the start the newest answer's context had (its `refs.context_from`) while that still
+fits, so consecutive prompts share a byte-identical prefix until the next jump; a jump leaves up
+to a chunk (`window_chunk_tokens`) of the room unused, so that the next one comes late.
 """
 
 from __future__ import annotations
@@ -54,7 +55,6 @@ class ProjectionInput:
     entries: Sequence[JournalEntry]  # the tail the loader read, ascending seq, ending at rev
     complete: bool  # the tail reaches the thread's start (the projector sees a checkpoint itself)
     rev: int
-    token_total: int  # the thread's running token sum: the coordinate chunk anchors use
     policy: ContextPolicy
     counter: TokenCounter
     exact: bool  # counter is the model's own tokenizer (else the policy's margin applies)
@@ -131,7 +131,6 @@ class _Group:
     tokens: int
     entries: int  # journal entries it represents
     first_seq: int
-    offset: int  # the thread's token offset at the group's first entry
     starts_turn: bool  # a user message: windows start only at turn starts
     pending: bool = False
     evicted: int = 0  # tool results shown as a preview
@@ -172,9 +171,7 @@ def project(source: ProjectionInput) -> Projection:
         ],
         source.run_id,
     )
-    pending_total = sum(e.token_count for e in pending)
-    offsets = _offsets(entries, source.token_total + pending_total)
-    groups = _groups(history, tokens_of, counter, offsets, policy.eviction_tokens)
+    groups = _groups(history, tokens_of, counter, policy.eviction_tokens)
     for group in groups:
         group.pending = group.first_seq > source.rev
 
@@ -211,7 +208,7 @@ def project(source: ProjectionInput) -> Projection:
     def room_at(any_budget: int) -> int:
         return math.floor(any_budget / (1 + margin)) - fixed - required_tokens
 
-    start = _window_start(older, required, room_at, complete, policy)
+    start = _window_start(older, required, room_at, complete, policy, _context_from(kept))
     window = older[start:] + required
     raw = fixed + sum(g.tokens for g in window)
     estimated = math.ceil(raw * (1 + margin))
@@ -326,7 +323,7 @@ def tail_suffices(entries: Sequence[JournalEntry], policy: ContextPolicy, recoun
 
     True once it contains the checkpoint and everything after it, or once what it holds would
     overflow the budget (with slack when counts are only approximations), so that nothing older
-    could be sent anyway. A loader reads one page more than this asks, for the chunk anchors.
+    could be sent anyway.
     """
     kept = without_rolled_back(entries)
     summary = _checkpoint(kept, policy)
@@ -450,14 +447,14 @@ def _checkpoint(kept: Sequence[JournalEntry], policy: ContextPolicy) -> JournalE
     return next((e for e in reversed(kept) if e.kind == EntryKind.SUMMARY), None)
 
 
-def _offsets(entries: Sequence[JournalEntry], token_total: int) -> dict[int, int]:
-    """Each entry's position in the thread's token stream, counted back from the total."""
-    offsets: dict[int, int] = {}
-    position = token_total
+def _context_from(entries: Sequence[JournalEntry]) -> int | None:
+    """Where the newest answer's context started (the `context_from` its run recorded): the
+    window start to keep while it fits."""
     for entry in reversed(entries):
-        position -= entry.token_count
-        offsets[entry.seq] = position
-    return offsets
+        seq = entry.refs.get("context_from")
+        if isinstance(seq, int) and not isinstance(seq, bool):
+            return seq
+    return None
 
 
 @dataclass(frozen=True)
@@ -559,7 +556,6 @@ def _groups(
     entries: Sequence[JournalEntry],
     tokens_of: Any,
     counter: TokenCounter,
-    offsets: dict[int, int],
     evict_above: int | None = None,
 ) -> list[_Group]:
     """Atomic groups in order; tool calls gather their results, wherever those were written.
@@ -577,7 +573,7 @@ def _groups(
             continue
         text: JournalEntry | None = None
         if entry.kind == EntryKind.MESSAGE and not _opens_tool_turn(entries, index):
-            groups.append(_message_group(entry, tokens_of, counter, offsets))
+            groups.append(_message_group(entry, tokens_of, counter))
             index += 1
             continue
         if entry.kind == EntryKind.MESSAGE:
@@ -592,9 +588,9 @@ def _groups(
             calls.append(_Call(entries[index], wire_ids[index], answers.get(index)))
             index += 1
         if calls:
-            groups.append(_tool_group(text, calls, tokens_of, counter, offsets, evict_above))
+            groups.append(_tool_group(text, calls, tokens_of, counter, evict_above))
         elif text is not None:
-            groups.append(_message_group(text, tokens_of, counter, offsets))
+            groups.append(_message_group(text, tokens_of, counter))
     return groups
 
 
@@ -679,9 +675,7 @@ def _opens_tool_turn(entries: Sequence[JournalEntry], index: int) -> bool:
     ) == entry.refs.get("call_id")
 
 
-def _message_group(
-    entry: JournalEntry, tokens_of: Any, counter: TokenCounter, offsets: dict[int, int]
-) -> _Group:
+def _message_group(entry: JournalEntry, tokens_of: Any, counter: TokenCounter) -> _Group:
     payload = entry.payload
     content = (
         payload["content"] if isinstance(payload["content"], str) else tuple(payload["content"])
@@ -692,7 +686,6 @@ def _message_group(
         tokens=message_overhead(message.role, counter) + tokens_of(entry),
         entries=1,
         first_seq=entry.seq,
-        offset=offsets.get(entry.seq, 0),
         starts_turn=message.role == "user",
     )
 
@@ -702,7 +695,6 @@ def _tool_group(
     calls: list[_Call],
     tokens_of: Any,
     counter: TokenCounter,
-    offsets: dict[int, int],
     evict_above: int | None = None,
 ) -> _Group:
     first = text or calls[0].entry
@@ -761,9 +753,7 @@ def _tool_group(
         )
         tokens += output_tokens
         entries += 1
-    return _Group(
-        messages, tokens, entries, first.seq, offsets.get(first.seq, 0), False, evicted=evicted
-    )
+    return _Group(messages, tokens, entries, first.seq, False, evicted=evicted)
 
 
 def _window_start(
@@ -772,54 +762,56 @@ def _window_start(
     room_at: Callable[[int], int],
     complete: bool,
     policy: ContextPolicy,
+    context_from: int | None,
 ) -> int:
     """Index of the oldest group to send. `room_at(budget)`: the room older history has when
-    the policy's budget is `budget`.
+    the policy's budget is `budget`; `context_from`: where the newest answer's context started.
 
-    Two properties hold whatever the history: the window never leaves more than a chunk of the
-    room unused when older history was dropped, unless no window start (a turn start) uses more;
-    and a larger budget never sends less. Within them, windows start at chunk anchors, so that
-    consecutive prompts share their prefix until the next jump.
-
-    An explicit window_chunk_tokens fixes the anchors, and each budget picks by `start_for`,
-    which is monotonic in the room. The default chunk follows the budget (the largest power of
-    two at most it, so anchors move only where the budget doubles), its anchors a little closer
-    than the chunk (default_spacing): the window is the fullest of this level's and those the
-    largest budget of each lower level would send, so that crossing into a coarser level never
-    sends less. The price: near the bottom of a level, a
-    finer level's window may win, whose start moves at its finer chunks (and which bounds the
-    room left unused to half a chunk plus what the budget is past the level's bottom).
+    A window keeps that start from ask to ask while it fits, so that consecutive prompts share
+    their prefix; when it no longer fits, it starts anew at the newest turn start that leaves at
+    most the chunk of the room unused (the emptiest allowed window runs the longest before the
+    next jump). What holds whatever the history and `context_from`: the window never leaves
+    more than a chunk of the room unused when older history was dropped, unless no turn start
+    uses more; it keeps the policy's last turns while they fit; and a larger budget never sends
+    less (the least a window holds, `_least_window`, grows with the budget).
     """
     plan = _WindowPlan(older, required, complete, policy)
     room = room_at(policy.budget)
-    if policy.window_chunk_tokens is not None:
-        return plan.start_for(room, policy.window_chunk_tokens)
-    level = policy.chunk_tokens  # a power of two
-    chosen = plan.start_for(room, level, default_spacing(level))
-    while level > 1 and chosen > 0:
-        room = room_at(largest_budget_with_chunk(level // 2))
-        level //= 2
-        if room < 0:
-            break
-        chosen = min(chosen, plan.start_for(room, level, default_spacing(level)))
+    fill = plan.fill_start(room)
+    if fill == 0 and complete:
+        return 0  # everything fits
+    starts = [i for i in plan.turn_starts if i >= fill]
+    if not starts:
+        return len(older)
+    least = _least_window(room, room_at, policy)
+    kept = next((i for i in starts if older[i].first_seq == context_from), None)
+    if kept is not None and plan.suffix[kept] >= least:
+        chosen = kept
+    else:
+        # Starts are oldest first and hold less and less: the last that holds `least`.
+        roomy = [i for i in starts if plan.suffix[i] >= least]
+        chosen = roomy[-1] if roomy else starts[0]
+    if plan.protected is not None and plan.protected >= fill:
+        chosen = min(chosen, plan.protected)  # never drop the turns the policy keeps
     return chosen
 
 
-# The default chunk's anchors are spaced closer than the chunk (the most a window may leave
-# unused). A jump lands on the first turn start past an anchor, up to a turn beyond it: with
-# anchors a whole chunk apart, that window leaves more than the chunk unused about as often as
-# not, and then starts at a finer anchor, to jump again after half the growth. The slack lets it
-# land on the chunk's anchor. Over 15 budgets of 3,000 to 24,000 and the two scripted
-# conversations of bench/projection.py, a slack of 1/16 to 1/8 of the chunk keeps the prefix on
-# about the same share of asks: more of a chat's than none (93.5 against 92.2 % on average),
-# about as many of a tool-heavy session's (77 %); 3/32 lowers no cache share the bench prints.
-ANCHOR_SLACK = (3, 32)
-
-
-def default_spacing(chunk: int) -> int:
-    """How far apart the default chunk's anchors are: the chunk less ANCHOR_SLACK of it."""
-    part, whole = ANCHOR_SLACK
-    return chunk - chunk * part // whole
+def _least_window(room: int, room_at: Callable[[int], int], policy: ContextPolicy) -> int:
+    """The least older history a truncated window holds: the room less the chunk. The default
+    chunk doubles where the budget crosses a power of two, and the room less it would then
+    shrink; so it is also at least what the largest budget of each lower level holds, which
+    keeps a larger budget from ever sending less."""
+    least = room - policy.chunk_tokens
+    if policy.window_chunk_tokens is not None:
+        return least
+    level = policy.chunk_tokens  # a power of two
+    while level > 1:
+        level //= 2
+        below = room_at(largest_budget_with_chunk(level))
+        if below < 0:
+            break
+        least = max(least, below - level)
+    return least
 
 
 class _WindowPlan:
@@ -828,7 +820,7 @@ class _WindowPlan:
     def __init__(
         self, older: list[_Group], required: list[_Group], complete: bool, policy: ContextPolicy
     ) -> None:
-        self.older, self.complete, self.policy = older, complete, policy
+        self.older, self.policy = older, policy
         self.required_messages = sum(len(g.messages) for g in required)
         # suffix[i]: the tokens older[i:] adds.
         self.suffix = [0] * (len(older) + 1)
@@ -848,52 +840,6 @@ class _WindowPlan:
                 break
             start = index
         return start
-
-    def start_for(self, room: int, chunk: int, spacing: int | None = None) -> int:
-        """The window start for `room` with anchors every `spacing` tokens (default: `chunk`;
-        0: none), leaving at most `chunk` of the room unused.
-
-        The first anchor the fill reaches, when it leaves at most `chunk` of the room unused;
-        else the first of the anchors every spacing / 2, spacing / 4, ... tokens that does; else
-        the fullest window (the oldest turn start the fill reaches). Monotonic in `room`: a
-        larger room moves the fill start, and so each level's first anchor and the fullest
-        window, no later; an anchor good for a room stays good for a larger one only if it is
-        reached first (else a finer or the fullest window is taken), and a finer level's
-        anchors include the coarser ones', so a finer level's choice is never later.
-        """
-        start = self.fill_start(room)
-        if start == 0 and self.complete:
-            return 0  # everything fits
-        candidates = [i for i in self.turn_starts if i >= start]
-        if not candidates:
-            return len(self.older)
-        chosen = candidates[0]
-        # The first anchor the fill reaches, at the chunk's anchors or, when that one leaves
-        # too much unused, at finer ones (halves of the spacing, while it divides evenly: each
-        # level's anchors include the coarser one's); the fullest window only when none fits.
-        level = chunk if spacing is None else spacing
-        while level > 0:
-            anchor = next((i for i in self._anchors(level) if i >= start), None)
-            if anchor is not None and self.suffix[anchor] >= room - chunk:
-                chosen = anchor
-                break
-            if level % 2:
-                break
-            level //= 2
-        if self.protected is not None and self.protected >= start:
-            chosen = min(chosen, self.protected)  # never chunk away the turns the policy keeps
-        return chosen
-
-    def _anchors(self, chunk: int) -> list[int]:
-        """Turn starts where the thread crosses a multiple of `chunk` (by journal offsets, which
-        do not change as the thread grows: the same anchors on every later ask)."""
-        older, starts = self.older, self.turn_starts
-        return [
-            i
-            for previous, i in zip([None, *starts], starts, strict=False)
-            if (previous is None and self.complete)
-            or (previous is not None and older[previous].offset // chunk < older[i].offset // chunk)
-        ]
 
 
 def _protected_start(turn_starts: list[int], keep_last_turns: int) -> int | None:

@@ -233,6 +233,9 @@ class Outcome:
     parts: tuple[dict[str, Any], ...] = ()
     # The answer's mark when it was asked for as structured output (StructuredMark's fields).
     structured: dict[str, str] | None = None
+    # The oldest history entry's seq in the context the answer was written from (its entry's
+    # refs.context_from).
+    context_from: int | None = None
 
 
 def entry_id(run_id: str, part: str) -> str:

@@ -63,7 +63,7 @@ class SessionFields(BaseModel):
     agent: str | None = None
     agent_version: int | None = None
     fork_origin: ForkOrigin | None = None
-    # The running token sum chunked windowing anchors on (a fork's includes its parent's rest).
+    # Written by earlier versions (the coordinate their windowing used); read and ignored.
     token_total: Annotated[int, Field(ge=0)] | None = None
 
 

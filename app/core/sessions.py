@@ -89,7 +89,6 @@ class Session:
     parent_id: str | None  # the session it was forked from
     fork_seq: int | None  # the last seq shared with the parent
     lineage: Lineage
-    token_total: int  # running sum of the thread's token counts (chunked windowing's coordinate)
     input_tokens: int
     output_tokens: int
     cached_tokens: int

@@ -236,8 +236,7 @@ async def read_tail(
     max_page: int = MAX_PAGE,
 ) -> tuple[list[JournalEntry], bool]:
     """The newest entries of a thread, ascending, read backwards in keyset pages until
-    `suffices(tail)` says older ones cannot matter; then one small page more (the projector's
-    chunk anchors look a turn past the budget). Returns (tail, complete): complete when it
+    `suffices(tail)` says older ones cannot matter. Returns (tail, complete): complete when it
     reaches the thread's first entry. Pages double, so a long walk stays a few round trips and
     reads at most about twice what it needs.
     """
@@ -281,18 +280,14 @@ async def _paged(
     the newest), ascending."""
     tail: list[JournalEntry] = []
     page = first_page
-    last_page = False
     while True:
         rows = await page_before(tail[0].seq if tail else None, page)
         tail[:0] = rows
         if len(rows) < page:
             return tail, True
-        if last_page:
-            return tail, False
         if suffices(tail):
-            last_page, page = True, first_page
-        else:
-            page = min(page * 2, max_page)
+            return tail, False
+        page = min(page * 2, max_page)
 
 
 async def count_kind(conn: AsyncConnection, segments: Sequence[Segment], kind: str) -> int:

@@ -58,7 +58,6 @@ def _session(row: RowMapping) -> Session:
         parent_id=str(row["parent_id"]) if row["parent_id"] is not None else None,
         fork_seq=row["fork_seq"],
         lineage=lineage_from_json(row["lineage"]),
-        token_total=int(row["token_total"]),
         input_tokens=int(row["input_tokens"]),
         output_tokens=int(row["output_tokens"]),
         cached_tokens=int(row["cached_tokens"]),
@@ -129,7 +128,7 @@ class Newest:
 
 
 _ENTRY_FIELDS = ("seq", "id", "kind", "payload", "refs", "token_count")
-# read_tail's first page and the page after it, and one more: all a short thread has (fewer
+# Two of read_tail's first pages and one more: all a thread of up to 128 entries has (fewer
 # than this: the thread's start was reached), and all one whose newest page suffices needs.
 NEWEST_ENTRIES = 2 * 64 + 1
 
@@ -404,7 +403,6 @@ def advancing(
     tenant_id: str,
     session_id: str,
     count: int,
-    tokens: int,
     expected_rev: int | None,
     include_expired: bool = False,
     values: Mapping[str, Any] | None = None,
@@ -433,7 +431,6 @@ def advancing(
         "advance_tenant": tenant_id,
         "advance_session": session_id,
         "advance_count": count,
-        "advance_tokens": tokens,
         **{f"advance_set_{name}": value for name, value in values.items()},
         **{f"advance_add_{name}": amount for name, amount in usage.items()},
     }
@@ -465,7 +462,6 @@ def advancing_statement(
         query = query.where(sessions.c.rev == bindparam("advance_expected_rev"))
     values: dict[str, Any] = {
         "rev": sessions.c.rev + bindparam("advance_count", type_=BigInteger),
-        "token_total": sessions.c.token_total + bindparam("advance_tokens", type_=BigInteger),
         "updated_at": func.now(),
         **{name: bindparam(f"advance_set_{name}", type_=sessions.c[name].type) for name in names},
         **{

@@ -154,8 +154,6 @@ sessions = Table(
     Column("fork_seq", BigInteger),
     # [{"session_id", "upto_seq"}...], oldest ancestor first: see app.core.lineage.
     Column("lineage", JSONB, nullable=False, server_default=text("'[]'::jsonb")),
-    # Running sum of the thread's token counts: the coordinate of chunked windowing.
-    Column("token_total", BigInteger, nullable=False, server_default=text("0")),
     Column("input_tokens", BigInteger, nullable=False, server_default=text("0")),
     Column("output_tokens", BigInteger, nullable=False, server_default=text("0")),
     Column("cached_tokens", BigInteger, nullable=False, server_default=text("0")),

@@ -139,7 +139,13 @@ def settled(run: Run, outcome: Outcome) -> Outcome:
     """The outcome a run ends with: an answer that finished just as a cancel landed was still
     cancelled."""
     if run.cancel_mode and outcome.status == "completed":
-        return Outcome("cancelled", outcome.text, outcome.usage, model=outcome.model)
+        return Outcome(
+            "cancelled",
+            outcome.text,
+            outcome.usage,
+            model=outcome.model,
+            context_from=outcome.context_from,
+        )
     return outcome
 
 

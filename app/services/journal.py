@@ -143,7 +143,6 @@ async def _append_rows(
         tenant_id,
         session_id,
         len(rows),
-        sum(r["token_count"] for r in rows),
         expected_rev,
         include_expired,
         session_values,

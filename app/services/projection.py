@@ -291,7 +291,6 @@ async def _project(
         entries=tail,
         complete=complete,
         rev=session.rev,
-        token_total=session.token_total,
         policy=policy,
         counter=counting.counter,
         exact=counting.exact,

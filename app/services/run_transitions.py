@@ -233,9 +233,10 @@ async def finish(
             payload["finish_reason"] = outcome.finish_reason
         if outcome.structured is not None:
             payload["structured"] = outcome.structured
-        entries.append(
-            NewEntry(EntryKind.MESSAGE, payload, {"run_id": run.id}, entry_id(run.id, "answer"))
-        )
+        refs: dict[str, Any] = {"run_id": run.id}
+        if outcome.context_from is not None:
+            refs["context_from"] = outcome.context_from
+        entries.append(NewEntry(EntryKind.MESSAGE, payload, refs, entry_id(run.id, "answer")))
     usage = outcome.usage
     cost = (
         cost_usd(

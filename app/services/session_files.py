@@ -99,9 +99,8 @@ def _session_fields(session: Session) -> dict[str, Any]:
             "agent": session.agent.name if session.agent is not None else None,
             "agent_version": session.agent.version if session.agent is not None else None,
             "fork_origin": fork,
-            "token_total": session.token_total,
         }
-    ).model_dump(mode="json")
+    ).model_dump(mode="json", exclude={"token_total"})
 
 
 async def import_session(
@@ -191,12 +190,6 @@ async def _import_lines(
     check.finish(line_no)
     if batch:
         await _append_batch(conn, tenant_id, session_id, batch)
-    if header.session.token_total is not None:
-        # A fork's running sum counts its parent's entries past the fork point too: kept, so
-        # that chunked windowing anchors (and so projects) exactly as the original did.
-        await sessions_db.update_session(
-            conn, session_id, {"token_total": header.session.token_total}
-        )
 
 
 async def _append_batch(

@@ -279,8 +279,6 @@ async def _fork_once(
         fork_seq=fork_seq,
         lineage=lineage_to_json(lineage),
         rev=fork_seq,
-        # Only the chunk anchors' coordinate: a phase shift for early forks is fine.
-        token_total=parent.token_total,
         # A fork is a new session: the tenant's default, not its parent's expiry.
         expires_at=sessions_db.tenant_default_expiry(tenant_id),
     )

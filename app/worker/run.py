@@ -112,6 +112,8 @@ class _Progress:
     compaction_failed: bool = False
     # no steer was pending when the run started (start_first): the first look is spared
     unsteered: bool = False
+    # the current model turn's context: its oldest history entry's seq (refs.context_from)
+    context_from: int | None = None
 
     def add_usage(self, usage: UsageReport | None) -> None:
         if usage is not None:
@@ -179,7 +181,12 @@ async def _execute(
             )
             outcome = await _violation(runtime, run, limit, progress)
             outcome = Outcome(
-                "failed", "".join(progress.text), progress.usage, outcome.error, progress.model
+                "failed",
+                "".join(progress.text),
+                progress.usage,
+                outcome.error,
+                progress.model,
+                context_from=progress.context_from,
             )
         except Superseded:
             log.warning("run %s: taken over by another worker; this attempt stops", run_id)
@@ -188,7 +195,13 @@ async def _execute(
             if abort_reason() != "user_request":
                 raise
             text = "".join(progress.text)
-            outcome = Outcome("cancelled", text, progress.usage, model=progress.model)
+            outcome = Outcome(
+                "cancelled",
+                text,
+                progress.usage,
+                model=progress.model,
+                context_from=progress.context_from,
+            )
         except Exception as exc:  # a bug must still end the run, clearly
             log.exception("run %s crashed", run_id)
             outcome = Outcome("failed", error={"code": "internal_error", "message": str(exc)})
@@ -523,6 +536,7 @@ async def _model_turn(
             "failed", usage=progress.usage, error={"code": exc.code, "message": exc.message}
         )
     projection = projected.projection
+    progress.context_from = projection.meta.window_start_seq
     request = ModelRequest(
         model=run.model.partition(":")[2],
         messages=projection.messages,
@@ -586,7 +600,12 @@ async def _model_turn(
     except ProviderError as exc:
         error = exc.as_error()
         return Outcome(
-            "failed", "".join(progress.text), progress.usage, error=error, model=progress.model
+            "failed",
+            "".join(progress.text),
+            progress.usage,
+            error=error,
+            model=progress.model,
+            context_from=progress.context_from,
         )
     calls = assemble_calls(pieces, user_seq, iteration)
     content = _turn_content("".join(progress.text), progress.parts)
@@ -602,8 +621,9 @@ async def _model_turn(
             model=progress.model,
             finish_reason=finish,
             parts=parts,
+            context_from=progress.context_from,
         )
-    turn = _tool_turn(run_id, iteration, content, calls, finish)
+    turn = _tool_turn(run_id, iteration, content, calls, finish, progress.context_from)
     await _commit(runtime, run, turn)
     for entry in turn:  # a call with unusable arguments, answered with the turn: its result
         if entry.kind == EntryKind.TOOL_RESULT:
@@ -638,13 +658,23 @@ def _structured(
             finish_reason=finish,
             parts=parts,
             structured=mark,
+            context_from=progress.context_from,
         )
     cut = " (the answer was cut off by the output limit)" if finish == "length" else ""
     error = {
         "code": STRUCTURED_OUTPUT_INVALID,
         "message": f"the answer does not follow the schema {format.name!r}: {problem}{cut}",
     }
-    return Outcome("failed", text, progress.usage, error, progress.model, finish, structured=mark)
+    return Outcome(
+        "failed",
+        text,
+        progress.usage,
+        error,
+        progress.model,
+        finish,
+        structured=mark,
+        context_from=progress.context_from,
+    )
 
 
 def _add_text(parts: list[dict[str, Any]], text: str) -> None:
@@ -738,9 +768,12 @@ def _tool_turn(
     content: str | list[dict[str, Any]],
     calls: list[AssembledCall],
     finish: FinishReason | None,
+    context_from: int | None,
 ) -> list[NewEntry]:
     turn = f"{run_id}:{iteration}"
     refs: dict[str, Any] = {"run_id": run_id, "call_id": turn, "iteration": iteration}
+    if context_from is not None:
+        refs["context_from"] = context_from
     entries = []
     if content:  # its text and reasoning: one assistant message, before its calls
         said: dict[str, Any] = {"role": "assistant", "content": content}
@@ -773,7 +806,7 @@ def _tool_turn(
                 NewEntry(
                     EntryKind.TOOL_RESULT,
                     {"name": call.name, "content": message, "is_error": True},
-                    call_refs,
+                    {k: v for k, v in call_refs.items() if k != "context_from"},  # not the model's
                     entry_id(run_id, f"result:{call_id}"),
                 )
             )

@@ -141,6 +141,20 @@ async def test_a_forks_file_holds_its_inherited_prefix(client: httpx.AsyncClient
     assert [e["payload"]["content"] for e in got] == ["m0", "m1", "own"]
 
 
+async def test_a_file_from_an_earlier_version_with_a_token_total_imports(
+    client: httpx.AsyncClient,
+) -> None:
+    """Earlier versions wrote the thread's running token sum in the header (their windowing's
+    coordinate): it is read and ignored, and an export no longer writes it."""
+    older = json.loads(file_of(message("hi")).split(b"\n", 1)[0])
+    older["session"]["token_total"] = 12_345
+    body = json.dumps(older).encode() + b"\n" + file_of(message("hi")).split(b"\n", 1)[1]
+    imported = await import_file(client, body)
+    assert imported.status_code == 201, imported.text
+    exported = lines(await export(client, imported.json()["id"]))
+    assert "token_total" not in exported[0]["session"]
+
+
 async def test_memory_travels_when_asked_and_never_overwrites(
     client: httpx.AsyncClient, make_client: Any, new_key: Any
 ) -> None:

@@ -30,6 +30,19 @@ def test_errors_are_located_in_payload_and_refs() -> None:
     assert locs == ["payload", "refs"]
 
 
+@pytest.mark.parametrize("bad", ["3", 0, -1, True, 1.5, 2**63])
+def test_context_from_is_a_seq(bad: object) -> None:
+    with pytest.raises(PayloadError) as caught:
+        normalize_entry(
+            EntryKind.MESSAGE, {"role": "assistant", "content": "x"}, {"context_from": bad}
+        )
+    assert caught.value.errors[0]["loc"] == ["refs", "context_from"]
+    _, refs = normalize_entry(
+        EntryKind.MESSAGE, {"role": "assistant", "content": "x"}, {"context_from": 3}
+    )
+    assert refs == {"context_from": 3}
+
+
 def test_service_kinds_keep_extra_detail() -> None:
     payload, _ = normalize_entry(
         EntryKind.RUN_END, {"run_id": "r", "status": "completed", "ms": 5}, {}

@@ -48,7 +48,6 @@ def session(**changes: Any) -> Session:
         parent_id=None,
         fork_seq=None,
         lineage=(),
-        token_total=0,
         input_tokens=0,
         output_tokens=0,
         cached_tokens=0,

@@ -8,7 +8,6 @@ import uuid
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -21,7 +20,7 @@ from app.db.sessions import get_session, read_for_run
 from app.services.errors import Invalid
 from app.services.journal import append_entries
 from app.services.keys import create_key, tenant_for_key
-from app.services.sessions import create_session, fork_session
+from app.services.sessions import create_session
 
 
 def note(i: int) -> NewEntry:
@@ -83,21 +82,6 @@ async def test_short_threads_are_read_whole(engine: AsyncEngine) -> None:
     sid = await long_session(engine, tenant_id, 10)
     rows, complete = await tail(engine, tenant_id, sid, ContextPolicy())
     assert complete and len(rows) == 10
-
-
-async def test_token_total_runs_with_appends_and_forks(engine: AsyncEngine) -> None:
-    tenant_id = await tenant(engine)
-    sid = await long_session(engine, tenant_id, 25)
-    child = await fork_session(engine, tenant_id, sid, at_seq=None, title=None, metadata=None)
-    async with engine.connect() as conn:
-        total = await conn.scalar(
-            text("SELECT token_total FROM sessions WHERE id = :id"), {"id": sid}
-        )
-        counted = await conn.scalar(
-            text("SELECT sum(token_count) FROM entries WHERE session_id = :id"), {"id": sid}
-        )
-    assert total == counted > 0
-    assert child.token_total == total
 
 
 async def test_a_runs_entries_are_read_by_its_sessions_tenant_only(engine: AsyncEngine) -> None:

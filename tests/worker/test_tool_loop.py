@@ -61,12 +61,14 @@ async def test_weather_style_agent_flow(api: httpx.AsyncClient, upstream: FakeUp
         "tool_call_id": "call_1_1_0",
         "upstream_tool_call_id": "call_1",
         "iteration": 1,
+        "context_from": 1,  # the oldest entry in the context the call was made from
     }
     assert (
         tool_result["refs"]["tool_call_id"] == "call_1_1_0"
         and tool_result["payload"]["content"] == 12
     )
     assert journal[2]["refs"]["call_id"] == tool_call["refs"]["call_id"]  # text and calls: one turn
+    assert journal[5]["refs"] == {"run_id": run_id, "context_from": 1}  # the answer
 
     second = upstream.requests[1].body
     assert upstream.requests[0].body["tools"][0]["function"]["name"] == "calculator"
