@@ -53,7 +53,8 @@ async def test_failure_after_output_commits_the_partial_answer(
     answer = next(
         e
         for e in await history(api, sid)
-        if e["refs"] == {"run_id": run_id} and e["payload"].get("role") == "assistant"
+        if e["refs"] == {"run_id": run_id, "context_from": 1}
+        and e["payload"].get("role") == "assistant"
     )
     assert answer["payload"] == {
         "role": "assistant",

@@ -197,7 +197,8 @@ async def test_a_fault_that_persists_fails_the_run_with_the_partial_answer(
     # The voided ones are rolled back; the last is the failed run's answer, as it always was.
     assert rolled_back(journal) == [(e["seq"], e["seq"], "provider_retry") for e in partials[:-1]]
     run_id = events[0].data["run_id"]
-    assert partials[-1]["refs"] == {"run_id": run_id}
+    # Written from a context that starts at the ask (seq 1), as its refs record.
+    assert partials[-1]["refs"] == {"run_id": run_id, "context_from": 1}
     run = (await api.get(f"/v1/runs/{run_id}")).json()
     assert run["status"] == "failed" and run["result"] == f"try {RETRIES}, partial"
     assert run["error"]["code"] == code
