@@ -41,28 +41,32 @@ _stream_token = APIKeyQuery(
 )
 
 
-def get_engine(request: Request) -> AsyncEngine:
+# The accessors below are `async def` although they never wait: FastAPI runs a plain `def`
+# dependency in its threadpool, a thread hop on every request.
+
+
+async def get_engine(request: Request) -> AsyncEngine:
     engine: AsyncEngine = request.app.state.engine
     return engine
 
 
-def get_handoff(request: Request) -> RunHandoff | None:
+async def get_handoff(request: Request) -> RunHandoff | None:
     """The workers of this process (`threadline serve`), to start its asks' runs at once."""
     handoff: RunHandoff | None = request.app.state.handoff
     return handoff
 
 
-def get_hub(request: Request) -> EventHub:
+async def get_hub(request: Request) -> EventHub:
     hub: EventHub = request.app.state.hub
     return hub
 
 
-def get_settings(request: Request) -> Settings:
+async def get_settings(request: Request) -> Settings:
     settings: Settings = request.app.state.settings
     return settings
 
 
-def get_key_cache(request: Request) -> KeyCache | None:
+async def get_key_cache(request: Request) -> KeyCache | None:
     return getattr(request.app.state, "key_cache", None)
 
 
@@ -82,10 +86,10 @@ async def get_caller(
             401, "send Authorization: Bearer <api key>", {"WWW-Authenticate": "Bearer"}
         )
     caller = await authenticate(
-        get_engine(request),
+        await get_engine(request),
         credentials.credentials,
-        get_settings(request).default_rpm,
-        get_key_cache(request),
+        (await get_settings(request)).default_rpm,
+        await get_key_cache(request),
     )
     if caller is None:
         raise HTTPException(401, "unknown or revoked API key", {"WWW-Authenticate": "Bearer"})
@@ -135,14 +139,14 @@ async def require_admin(
     challenge = {"WWW-Authenticate": "Bearer"}
     if credentials is None or credentials.scheme.lower() != "bearer":
         raise HTTPException(401, "send Authorization: Bearer <admin key>", challenge)
-    configured = get_settings(request).admin_key
+    configured = (await get_settings(request)).admin_key
     if configured is None:
         raise Refusal(404, "admin_api_disabled", "the admin API is off: set THREADLINE_ADMIN_KEY")
     if not hmac.compare_digest(credentials.credentials.encode(), configured.encode()):
         raise HTTPException(401, "not the admin key", challenge)
 
 
-def stream_token_secret(request: Request) -> bytes:
+async def stream_token_secret(request: Request) -> bytes:
     secret: bytes = request.app.state.stream_token_secret
     return secret
 
@@ -187,7 +191,7 @@ async def get_stream_reader(
         return StreamReader((await get_caller(request, credentials)).tenant_id)
     assert token is not None
     try:
-        grant = verify(stream_token_secret(request), token, time.time())
+        grant = verify(await stream_token_secret(request), token, time.time())
     except ExpiredToken:
         raise Refusal(
             401,

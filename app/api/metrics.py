@@ -20,7 +20,7 @@ router = APIRouter(include_in_schema=False, route_class=JSONRoute)
 
 @router.get("/metrics")
 async def metrics(request: Request, engine: Engine) -> Response:
-    settings = get_settings(request)
+    settings = await get_settings(request)
     if not settings.metrics_enabled:
         raise Refusal(404, "not_found", "metrics are off (THREADLINE_METRICS_ENABLED=false)")
     if settings.metrics_token is not None:

@@ -60,7 +60,9 @@ async def create_stream_token(
         await runs_service.get_run(engine, tenant, scope_id)
         stream_path = f"/v1/runs/{scope_id}/events"
     expires_at = int(time.time()) + lifetime
-    token = sign(stream_token_secret(request), StreamGrant(tenant, kind, scope_id, expires_at))
+    token = sign(
+        await stream_token_secret(request), StreamGrant(tenant, kind, scope_id, expires_at)
+    )
     return StreamToken(
         token=token,
         expires_at=datetime.fromtimestamp(expires_at, UTC),
