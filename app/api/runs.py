@@ -15,6 +15,8 @@ from app.api.deps import Config, Engine, Hub, Reader, Tenant
 from app.api.errors import error_responses
 from app.api.schemas import ApprovalsRequest, Run, RunApprovals, ToolOutputsRequest
 from app.api.sse import NOTHING_LEFT, SSE_RESPONSE, ResumeAfter, event_stream
+from app.core.runs import RunStatus
+from app.eventlog.registry import EventType
 from app.services import approvals
 from app.services import runs as service
 
@@ -27,23 +29,45 @@ async def get_run(
     engine: Engine,
     tenant: Tenant,
     hub: Hub,
-    wait: Annotated[bool, Query(description="Block until the run has ended.")] = False,
+    wait: Annotated[
+        bool,
+        Query(
+            description="Block until the run has ended, or has stopped to wait for tool "
+            "outputs or an approval (a run already waiting is waited on until it ends)."
+        ),
+    ] = False,
     wait_seconds: Annotated[
         float, Query(alias="timeout", gt=0, le=600, description="Most seconds to wait.")
     ] = 60,
 ) -> Run:
-    """Status, usage and result of a run; with `wait=true`, once it has ended (or timed out)."""
+    """Status, usage and result of a run; with `wait=true`, once it has ended or stopped to
+    wait for the caller (or timed out)."""
     run = await service.get_run(engine, tenant, str(run_id))
     if wait and run.active:
+        # A run found waiting already is waited on until it ends (someone else may answer it).
+        stops = run.status not in WAITING
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(_until_ended(hub, str(run_id)), wait_seconds)
+            await asyncio.wait_for(
+                _until_settled(hub, engine, tenant, str(run_id), stops), wait_seconds
+            )
         run = await service.get_run(engine, tenant, str(run_id))
     return Run.of(run)
 
 
-async def _until_ended(hub: Hub, run_id: str) -> None:
-    async for _ in hub.follow(run_id):
-        pass
+WAITING = frozenset({RunStatus.REQUIRES_ACTION, RunStatus.AWAITING_APPROVAL})
+PAUSES = frozenset({EventType.RUN_REQUIRES_ACTION, EventType.RUN_AWAITING_APPROVAL})
+
+
+async def _until_settled(
+    hub: Hub, engine: Engine, tenant: Tenant, run_id: str, stops: bool
+) -> None:
+    """Until the run's terminal event; with `stops`, also until it waits for tool outputs or
+    an approval (a pause replayed from before, since answered, does not count)."""
+    async for row in hub.follow(run_id):
+        if stops and row["type"] in PAUSES:
+            run = await service.get_run(engine, tenant, run_id)
+            if run.status in WAITING:
+                return
 
 
 @router.get(

@@ -3,6 +3,7 @@ reject), holding no worker; rulings survive partial answers, cancels, forks and 
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import httpx
@@ -42,6 +43,26 @@ async def ended(api: httpx.AsyncClient, run_id: str) -> dict[str, Any]:
         await api.get(f"/v1/runs/{run_id}", params={"wait": "true", "timeout": 30})
     ).json()
     return done
+
+
+async def test_a_wait_returns_once_the_run_waits_for_a_person(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    """Not at its timeout; and a run already waiting is waited on until it ends."""
+    sid = (await new_session(api, config={"tools": [CALCULATOR], "run_policy": ASK}))["id"]
+    upstream.script(ToolCall("c1", "calculator", '{"expression": "2+2"}'))
+    asked = await api.post(f"/v1/sessions/{sid}/ask", json={"input": "compute", "stream": False})
+    run_id = asked.json()["id"]
+    waited = await api.get(
+        f"/v1/runs/{run_id}",
+        params={"wait": "true", "timeout": 600},
+        timeout=120,  # far below the wait's own timeout: a wait that ran to it fails here
+    )
+    assert waited.json()["status"] == "awaiting_approval"
+    upstream.script(Text("4"))
+    waiting = asyncio.create_task(ended(api, run_id))
+    assert (await answer(api, run_id, {"tool_call_id": FIRST, "decision": "approve"})).is_success
+    assert (await waiting)["status"] == "completed"
 
 
 def tool_results(upstream: FakeUpstream) -> dict[str, str]:

@@ -64,6 +64,21 @@ async def test_requires_action_then_outputs_then_completed(
     assert kinds.count("tool_call") == 2 and kinds.count("tool_result") == 2
 
 
+async def test_a_wait_returns_once_the_run_needs_the_clients_outputs(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    """Not at its timeout: a run that waits for the client cannot end without it."""
+    sid = (await new_session(api, config={"tools": [LOCATE]}))["id"]
+    upstream.script(ToolCall("call_loc", "get_location", "{}"))
+    asked = await api.post(f"/v1/sessions/{sid}/ask", json={"input": "where?", "stream": False})
+    waited = await api.get(
+        f"/v1/runs/{asked.json()['id']}",
+        params={"wait": "true", "timeout": 600},
+        timeout=120,  # far below the wait's own timeout: a wait that ran to it fails here
+    )
+    assert waited.json()["status"] == "requires_action"
+
+
 async def test_an_abandoned_run_expires(api: httpx.AsyncClient, upstream: FakeUpstream) -> None:
     _, run_id, _ = await waiting_run(api, upstream)
     await asyncio.sleep(3.5)  # the tests' expiry is 3 s
