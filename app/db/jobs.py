@@ -91,13 +91,15 @@ async def _defer(
 
 async def finish_job(conn: AsyncConnection, job_id: int, status: str) -> None:
     """End a job a worker of this process holds (doing): succeeded, failed..."""
-    await conn.execute(
-        text(
-            "SELECT procrastinate_finish_job_v1(:job_id,"
-            " CAST(:status AS procrastinate_job_status), false)"
-        ),
-        {"job_id": job_id, "status": status},
-    )
+    params = {"finish_job_id": job_id, "finish_job_status": status}
+    await conn.execute(text(f"SELECT {FINISH_JOB}"), params)
+
+
+# procrastinate's own end of a job (a statement's part: :finish_job_id, :finish_job_status).
+FINISH_JOB = (
+    "procrastinate_finish_job_v1(CAST(:finish_job_id AS bigint),"
+    " CAST(:finish_job_status AS procrastinate_job_status), false)"
+)
 
 
 async def delete_jobs_of_runs(

@@ -28,7 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from app.core.runs import ACTIVE, Run, RunStatus
 from app.db import jobs as jobs_db
 from app.db.sessions import LIVE
-from app.db.tables import runs, sessions, webhook_endpoints
+from app.db.tables import runs, sessions, steers, webhook_endpoints
 from app.db.tenants import USAGE_ADDED
 from app.db.webhooks import WANTING
 
@@ -160,6 +160,7 @@ async def update_run(conn: AsyncConnection, run_id: str, values: dict[str, Any])
 class Ended:
     run: Run  # as now written
     webhook_endpoints: list[str]  # the endpoints that want its end (app/db/webhooks.wanting)
+    steers_pending: bool  # steers sent to it are still to be settled
 
 
 async def end_run(
@@ -168,19 +169,34 @@ async def end_run(
     values: dict[str, Any],
     usage: dict[str, Any] | None,
     wanting: dict[str, Any],
+    job_id: int | None = None,
 ) -> Ended:
     """update_run for a run's end (`values`: plain values; ended_at is now), in one statement
-    with the tenant's usage counted (`usage`: app/db/tenants.usage_added's values) and the
-    webhook endpoints that want its end read (`wanting`: app/db/webhooks.wanting_values')."""
-    query = _end_run(tuple(sorted(values)), usage is not None)
+    with the tenant's usage counted (`usage`: app/db/tenants.usage_added's values), the webhook
+    endpoints that want its end read (`wanting`: app/db/webhooks.wanting_values'), whether
+    steers are pending for it, and `job_id` (its job, held by a worker of this process)
+    finished, succeeded. The caller holds the run's row locked: steers are committed under
+    that lock, so the statement sees every one."""
+    query = _end_run(tuple(sorted(values)), usage is not None, job_id is not None)
     params = {"end_run": run_id, **{f"end_{k}": v for k, v in values.items()}, **wanting}
+    if job_id is not None:
+        params |= {"finish_job_id": job_id, "finish_job_status": "succeeded"}
     row = (await conn.execute(query, params | (usage or {}))).mappings().one()
-    return Ended(Run.from_row(row), [str(e) for e in row["webhook_endpoints"] or []])
+    return Ended(
+        Run.from_row(row),
+        [str(e) for e in row["webhook_endpoints"] or []],
+        bool(row["steers_pending"]),
+    )
 
 
 @functools.cache  # built once per shape: constructing it cost more CPU than running it
-def _end_run(names: tuple[str, ...], counted: bool) -> Update:
+def _end_run(names: tuple[str, ...], counted: bool, finishing_job: bool) -> Update:
     endpoints = select(func.array_agg(webhook_endpoints.c.id)).where(WANTING).scalar_subquery()
+    pending = (
+        select(steers.c.id)
+        .where(steers.c.run_id == runs.c.id, steers.c.status == "pending")
+        .exists()
+    )
     query = (
         update(runs)
         .where(runs.c.id == bindparam("end_run"))
@@ -190,8 +206,13 @@ def _end_run(names: tuple[str, ...], counted: bool) -> Update:
             ended_at=func.clock_timestamp(),
             **{name: bindparam(f"end_{name}", type_=runs.c[name].type) for name in names},
         )
-        .returning(runs, endpoints.label("webhook_endpoints"))
+        .returning(runs, endpoints.label("webhook_endpoints"), pending.label("steers_pending"))
     )
+    if finishing_job:
+        # Joined in, so that it runs: a CTE nothing reads is not evaluated.
+        finished = text(f"SELECT true AS finished FROM {jobs_db.FINISH_JOB}")
+        job = finished.columns(column("finished", Boolean)).cte("job")
+        query = query.where(job.c.finished)
     return query.add_cte(USAGE_ADDED.cte("usage")) if counted else query
 
 

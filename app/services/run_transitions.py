@@ -215,12 +215,14 @@ async def finish(
     run: Run,
     outcome: Outcome,
     written: list[dict[str, Any]] | None = None,
+    job_id: int | None = None,
 ) -> Run:
     """Commit the end of `run` (locked by the caller, still active): its answer (partial ones
     marked incomplete), usage and run_end entries, a rollback if one was asked for, its row,
     the session's status and totals, and its last events (given to `written`: see
-    writer.append). Ending a run twice is refused by the caller's check that it is active:
-    its end entries are written only here."""
+    writer.append); with `job_id` (the run's job, held by a worker of this process), the job's
+    end too. Ending a run twice is refused by the caller's check that it is active: its end
+    entries are written only here."""
     outcome = machine.settled(run, outcome)
     model = outcome.model or run.model
     entries: list[NewEntry] = []
@@ -359,9 +361,10 @@ async def finish(
         },
         usage_row,
         webhooks_db.wanting_values(run.tenant_id, run.session_id, terminal),
+        job_id,
     )
     ended = closed.run
-    if run.kind is RunKind.ASK:
+    if run.kind is RunKind.ASK and closed.steers_pending:
         steered = await _hand_on_steers(conn, run, step.status)
         await writer.append(conn, run.id, steered, written)
     await writer.append(conn, run.id, step.events, written)

@@ -41,7 +41,6 @@ from app.core.tool_loop import (
 )
 from app.core.usage import UsageReport
 from app.db import approvals as approvals_db
-from app.db import jobs as jobs_db
 from app.db import journal as journal_db
 from app.db import runs as runs_db
 from app.db import sessions as sessions_db
@@ -265,9 +264,7 @@ async def _finish(runtime: Runtime, run: Run, outcome: Outcome, job_id: int | No
             if locked is None or not locked.active or locked.attempts != run.attempts:
                 # ended meanwhile (a cancel after this worker was thought dead), or taken over
                 return False
-            await run_transitions.finish(conn, locked, outcome, written)
-            if job_id is not None:
-                await jobs_db.finish_job(conn, job_id, "succeeded")
+            await run_transitions.finish(conn, locked, outcome, written, job_id)
         runtime.writer.publish(written)  # committed: this process's followers have them now
     return job_id is not None
 
