@@ -27,7 +27,9 @@ from app.core.sessions import Session
 from app.core.tool_choice import ToolChoice
 from app.db import approvals as approvals_db
 from app.db import journal as journal_db
+from app.db import runs as runs_db
 from app.db import sessions as sessions_db
+from app.db.engine import autocommit
 from app.db.journal import journal_entry
 from app.eventlog import store as event_store
 from app.eventlog.hub import EventHub
@@ -267,14 +269,14 @@ async def load(engine: AsyncEngine, tenant_id: str, given: str, param: str | Non
     if parsed is None:
         raise missing
     run_id, segment = parsed
-    try:
-        run = await runs.get_run(engine, tenant_id, run_id)
-        session = await sessions.get_session(engine, tenant_id, run.session_id)
-    except NotFound:
-        raise missing from None
-    if run.kind is not RunKind.ASK:
-        raise missing
-    async with engine.connect() as conn:
+    # One connection for the reads (a response is loaded after every ask).
+    async with autocommit(engine) as conn:
+        run = await runs_db.get_run(conn, run_id, tenant_id=tenant_id)
+        if run is None or run.kind is not RunKind.ASK:
+            raise missing
+        session = await sessions_db.get_session(conn, tenant_id, run.session_id)
+        if session is None:
+            raise missing
         entries = await journal_db.run_entries(
             conn, run.session_id, run.input_seq, run.id, tenant_id=tenant_id
         )

@@ -15,6 +15,7 @@ from app.core.tool_loop import RunTools, next_step
 from app.db import journal as journal_db
 from app.db import runs as runs_db
 from app.db import sessions as sessions_db
+from app.db.engine import autocommit
 from app.services import run_transitions
 from app.services.errors import Conflict, Invalid, NotFound, session_not_found
 from app.services.journal import append_in
@@ -25,7 +26,7 @@ def run_not_found(run_id: str) -> NotFound:
 
 
 async def get_run(engine: AsyncEngine, tenant_id: str, run_id: str) -> Run:
-    async with engine.connect() as conn:
+    async with autocommit(engine) as conn:  # one statement: no BEGIN and ROLLBACK around it
         run = await runs_db.get_run(conn, run_id, tenant_id=tenant_id)
     if run is None:
         raise run_not_found(run_id)

@@ -17,6 +17,7 @@ from app.core.sessions import Session
 from app.db import jobs as jobs_db
 from app.db import journal as journal_db
 from app.db import sessions as sessions_db
+from app.db.engine import autocommit
 from app.llm.base import ProviderError
 from app.llm.router import Router
 from app.services import quotas
@@ -78,7 +79,7 @@ def _expiry(tenant_id: str, ttl_seconds: int | None, expires_at: datetime | None
 
 
 async def get_session(engine: AsyncEngine, tenant_id: str, session_id: str) -> Session:
-    async with engine.connect() as conn:
+    async with autocommit(engine) as conn:  # one statement: no BEGIN and ROLLBACK around it
         session = await sessions_db.get_session(conn, tenant_id, session_id)
     if session is None:
         raise session_not_found(session_id)
