@@ -166,7 +166,7 @@ async def ui_chat(
             sent.streamed_through,
             major=major_of(ai_sdk),
         )
-    run = await ui_chats.ask(
+    asked = await ui_chats.ask(
         engine,
         settings,
         tenant,
@@ -180,7 +180,11 @@ async def ui_chat(
         handoff=local_workers,
     )
 
+    run = asked.run
+
     async def meter() -> Chunk:
+        if asked.context is not None:  # the ask's own projection: what the run is sent first
+            return context_meter(asked.context.estimated_tokens, asked.context.budget)
         return await _context_meter(engine, settings, tenant, run.session_id, run.model)
 
     gone = _canceller(engine, tenant, run.id) if body.on_disconnect == "cancel" else None

@@ -25,6 +25,7 @@ from app.core import run_policy as run_policies
 from app.core.content import content_problems
 from app.core.entries import EntryKind, NewEntry, PendingEntry
 from app.core.output_schema import ResponseFormat, schema_problem
+from app.core.projection import ProjectionMeta
 from app.core.runs import CancelMode, Run, RunKind, RunParams, entry_id
 from app.core.sessions import Session
 from app.core.tool_choice import ToolChoice
@@ -90,6 +91,8 @@ class AskResult:
     claimed: bool = False  # its job was committed taken by the handoff's worker (ask())
     # multitask_strategy steer: the steer the ask became; `run` is the run it steers.
     steer_id: str | None = None
+    # The ask's projection (what its run's first model call is sent), when this ask made one.
+    context: ProjectionMeta | None = None
 
 
 # What a surface writes with its ask, in the ask's transaction and before the ask's own rows:
@@ -172,11 +175,14 @@ async def ask(
             session = await sessions_db.get_session(conn, tenant_id, session_id, lock=True)
             if session is None:
                 raise session_not_found(session_id)
-            resolved = model or await _validated_in(conn, settings, session, params)
+            resolved, context = model, None
+            if resolved is None:
+                checked = await _checked_in(conn, settings, session, params)
+                resolved, context = _served(checked, params), checked.projection.meta
             queued = await _commit(conn, settings, session, params, resolved, own_limits, claim)
         if isinstance(queued, Steered):
             return AskResult(queued.run, True, steer_id=queued.steer_id)
-        return AskResult(queued.run, True, queued.claimed)
+        return AskResult(queued.run, True, queued.claimed, context=context)
 
     async def committed() -> AskResult:
         try:
@@ -252,12 +258,12 @@ def _served(checked: SessionProjection, params: AskParams) -> str:
     return checked.model
 
 
-async def _validated_in(
+async def _checked_in(
     conn: AsyncConnection, settings: Settings, session: Session, params: AskParams
-) -> str:
-    """The ask validated in its own transaction, against the session row it locked there (and
-    what its surface wrote before): the model it runs on."""
-    checked = await project_in(
+) -> SessionProjection:
+    """The ask projected in its own transaction, against the session row it locked there (and
+    what its surface wrote before)."""
+    return await project_in(
         conn,
         settings,
         session,
@@ -267,7 +273,6 @@ async def _validated_in(
         extra_tools=params.tools,
         answer=Answer(params.reasoning, params.max_output_tokens),
     )
-    return _served(checked, params)
 
 
 async def check_quotas(

@@ -17,12 +17,13 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.config import Settings
 from app.core.entries import EntryKind, NewEntry
-from app.core.runs import Run, RunStatus
+from app.core.runs import RunStatus
 from app.core.sessions import Session
 from app.core.ui_messages import KINDS, UIMessage, ui_messages
 from app.db import journal as journal_db
 from app.db import runs as runs_db
 from app.db import sessions as sessions_db
+from app.db.engine import autocommit
 from app.eventlog import store as event_store
 from app.eventlog.registry import EventType
 from app.services import approvals, asks, journal, quotas, runs
@@ -42,7 +43,7 @@ def derived_session_id(tenant_id: str, chat_id: str) -> str:
 
 async def find_session(engine: AsyncEngine, tenant_id: str, chat_id: str) -> Session | None:
     """The chat's session: the session whose id the chat id is, else the one made for it."""
-    async with engine.connect() as conn:
+    async with autocommit(engine) as conn:  # reads of one statement each
         if is_uuid(chat_id):
             own = await sessions_db.get_session(conn, tenant_id, chat_id)
             if own is not None:
@@ -200,7 +201,7 @@ async def ask(
     edited: bool,
     params: asks.AskParams,
     handoff: RunHandoff | None,
-) -> Run:
+) -> asks.AskResult:
     """The chat's ask: its new user message (made the chat's session on its first), or the
     last one again (`regenerate`), or an edited one (`edited`: the chat's user messages up to
     it are `messages`); a regenerate or an edit rolls back from the message it replaces. All
@@ -233,10 +234,9 @@ async def ask(
                 if rollback is not None:
                     prepare = _rolling_back(tenant_id, session_id, rollback)
     asked = replace(params, content=content)
-    result = await asks.ask(
+    return await asks.ask(
         engine, settings, tenant_id, session_id, asked, handoff=handoff, prepare=prepare
     )
-    return result.run
 
 
 async def steer(

@@ -178,6 +178,10 @@ async def test_a_streamed_answer_renders_and_only_the_new_message_is_journaled(
 
     # The frontend's copy of the history is not the journal's: only its last message counts.
     upstream.script(Text("Fine"))
+    session = (await api.get("/v1/sessions", params={"metadata": f"ai_sdk_chat_id:{chat}"})).json()
+    sid = session["data"][0]["id"]
+    pending = [{"kind": "message", "payload": {"role": "user", "content": "How are you?"}}]
+    dry = (await api.post(f"/v1/sessions/{sid}/projection", json={"pending": pending})).json()
     stale = [user("something else"), {**final, "parts": [{"type": "text", "text": "edited"}]}]
     body = {"id": chat, "messages": [*stale, user("How are you?")], "trigger": "submit-message"}
     async with api.stream("POST", "/v1/ui/chat", json=body) as response:
@@ -186,14 +190,16 @@ async def test_a_streamed_answer_renders_and_only_the_new_message_is_journaled(
         assert response.headers["content-type"].startswith("text/event-stream")
         lines = [line async for line in response.aiter_lines() if line.startswith("data: ")]
     assert lines[-1] == "data: [DONE]"
+    # The meter shows what the run's first model call is sent: the ask's dry run.
+    meters = [json.loads(x[6:]) for x in lines if "data-threadline-context" in x]
+    assert meters[0]["data"]["tokens"] == dry["meta"]["estimated_tokens"]
+    assert meters[0]["data"]["budget"] == dry["meta"]["budget"]
     sent = upstream.requests[-1].body["messages"]
     assert [(m["role"], m["content"]) for m in sent] == [
         ("user", "Hi"),
         ("assistant", "Hello, world"),
         ("user", "How are you?"),
     ]
-    session = (await api.get("/v1/sessions", params={"metadata": f"ai_sdk_chat_id:{chat}"})).json()
-    sid = session["data"][0]["id"]
     journal = await history(api, sid)
     assert [e["payload"]["content"] for e in journal if e["kind"] == "message"] == [
         "Hi",
