@@ -305,20 +305,30 @@ async def run_entries(
 ) -> list[JournalEntry]:
     """The entries a run wrote, in order: they live in the session's own range, after its input;
     none if the session is not the tenant's."""
+    params = {
+        "session_id": session_id,
+        "tenant_id": tenant_id,
+        "from_seq": from_seq,
+        "refs": {"run_id": run_id},
+    }
+    return [journal_entry(r) for r in (await conn.execute(_run_entries(), params)).mappings()]
+
+
+@functools.cache  # built once: constructing it cost more CPU than running it
+def _run_entries() -> Select[Any]:
     owned = select(sessions.c.id).where(
-        sessions.c.id == session_id, sessions.c.tenant_id == tenant_id
+        sessions.c.id == bindparam("session_id"), sessions.c.tenant_id == bindparam("tenant_id")
     )
-    query = (
+    return (
         select(*ENTRY_COLUMNS)
         .where(
-            entries.c.session_id == session_id,
-            entries.c.seq >= from_seq,
-            entries.c.refs.contains({"run_id": run_id}),
+            entries.c.session_id == bindparam("session_id"),
+            entries.c.seq >= bindparam("from_seq"),
+            entries.c.refs.contains(bindparam("refs", type_=entries.c.refs.type)),
             owned.exists(),
         )
         .order_by(entries.c.seq)
     )
-    return [journal_entry(r) for r in (await conn.execute(query)).mappings()]
 
 
 async def search_entries(
