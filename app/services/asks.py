@@ -27,7 +27,7 @@ from app.core.entries import EntryKind, NewEntry, PendingEntry
 from app.core.output_schema import ResponseFormat, schema_problem
 from app.core.projection import ProjectionMeta
 from app.core.runs import CancelMode, Run, RunKind, RunParams, entry_id
-from app.core.sessions import Session
+from app.core.sessions import Session, SessionStatus
 from app.core.tool_choice import ToolChoice
 from app.db import jobs as jobs_db
 from app.db import runs as runs_db
@@ -349,8 +349,14 @@ async def _commit(
         reasoning=reasoning.model_dump(exclude_none=True) if reasoning else None,
         response_format=params.response_format.as_json() if params.response_format else None,
     )
-    # A compaction in flight is no reason to refuse: the ask's job queues behind it.
-    active = await runs_db.active_runs(conn, session_id, kind="ask", tenant_id=tenant_id)
+    # A compaction in flight is no reason to refuse: the ask's job queues behind it. An idle
+    # session has no run under way (a run's creation marks it active, and its end marks it
+    # idle unless another run is active, each under this locked row): nothing to read.
+    active = (
+        await runs_db.active_runs(conn, session_id, kind="ask", tenant_id=tenant_id)
+        if session.status is not SessionStatus.IDLE
+        else []
+    )
     if params.multitask_strategy == "steer":
         steered = await _steer(conn, tenant_id, active, params, model, run_params)
         if steered is not None:

@@ -11,7 +11,7 @@ import asyncpg
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.core.runs import Outcome, Run, RunStatus
+from app.core.runs import Outcome, Run, RunKind, RunParams, RunStatus
 from app.db import runs as runs_db
 from app.db import steers as steers_db
 from app.db.engine import autocommit, libpq_url
@@ -147,3 +147,49 @@ async def test_a_run_ends_when_its_end_commits_not_when_its_transaction_began(
 
     assert ended.status is RunStatus.COMPLETED
     assert ended.ended_at is not None and ended.ended_at > released
+
+
+async def test_a_session_is_idle_only_once_none_of_its_runs_is_under_way(
+    engine: AsyncEngine,
+) -> None:
+    """What lets an ask skip reading the session's active runs when it finds the session idle:
+    a run's creation marks its session active, and a run's end marks it idle only when no
+    other run of it is active (a queued one behind it, or a compaction)."""
+    tenant, session = await new_session(engine)
+
+    async def status() -> str:
+        async with engine.connect() as conn:
+            found = await conn.scalar(
+                text("SELECT status FROM sessions WHERE id = :id"), {"id": session}
+            )
+        return str(found)
+
+    async def create(kind: RunKind) -> Run:
+        async with engine.begin() as conn:
+            queued = await run_transitions.create(
+                conn,
+                id=str(uuid.uuid4()),
+                tenant_id=tenant,
+                session_id=session,
+                kind=kind,
+                model="openai:gpt-4o-mini",
+                params=RunParams(),
+                idempotency_key=None,
+            )
+        return queued.run
+
+    async def end(run: Run) -> None:  # a queued run ends cancelled
+        async with engine.begin() as conn:
+            locked = await runs_db.get_run(conn, run.id, lock=True)
+            assert locked is not None
+            await run_transitions.finish(conn, locked, Outcome("cancelled"))
+
+    assert await status() == "idle"
+    first, second = await create(RunKind.ASK), await create(RunKind.ASK)
+    compaction = await create(RunKind.COMPACTION)
+    assert await status() == "active"
+    for run in (first, compaction):
+        await end(run)
+        assert await status() == "active"  # another run is still under way
+    await end(second)
+    assert await status() == "idle"

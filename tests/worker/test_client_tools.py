@@ -79,6 +79,17 @@ async def test_a_wait_returns_once_the_run_needs_the_clients_outputs(
     assert waited.json()["status"] == "requires_action"
 
 
+async def test_a_run_waiting_for_outputs_keeps_its_session_busy(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    """The session stays active while its run waits: another ask is refused, not started."""
+    sid, run_id, _ = await waiting_run(api, upstream)
+    busy = await api.post(f"/v1/sessions/{sid}/ask", json={"input": "and?", "stream": False})
+    assert busy.status_code == 409 and busy.json()["error"]["code"] == "session_busy"
+    assert busy.json()["error"]["details"]["active_run_id"] == run_id
+    assert (await api.get(f"/v1/sessions/{sid}")).json()["status"] == "active"
+
+
 async def test_an_abandoned_run_expires(api: httpx.AsyncClient, upstream: FakeUpstream) -> None:
     _, run_id, _ = await waiting_run(api, upstream)
     await asyncio.sleep(3.5)  # the tests' expiry is 3 s
