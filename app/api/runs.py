@@ -15,7 +15,7 @@ from app.api.deps import Config, Engine, Hub, Reader, Tenant
 from app.api.errors import error_responses
 from app.api.schemas import ApprovalsRequest, Run, RunApprovals, ToolOutputsRequest
 from app.api.sse import NOTHING_LEFT, SSE_RESPONSE, ResumeAfter, event_stream
-from app.core.runs import RunStatus
+from app.core.runs import WAITING
 from app.eventlog.registry import EventType
 from app.services import approvals
 from app.services import runs as service
@@ -54,7 +54,6 @@ async def get_run(
     return Run.of(run)
 
 
-WAITING = frozenset({RunStatus.REQUIRES_ACTION, RunStatus.AWAITING_APPROVAL})
 PAUSES = frozenset({EventType.RUN_REQUIRES_ACTION, EventType.RUN_AWAITING_APPROVAL})
 
 

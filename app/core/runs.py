@@ -33,6 +33,8 @@ ACTIVE = frozenset(
         RunStatus.AWAITING_APPROVAL,
     }
 )
+# The active statuses in which a run waits for its client's tool outputs or a person's rulings.
+WAITING = frozenset({RunStatus.REQUIRES_ACTION, RunStatus.AWAITING_APPROVAL})
 # The statuses a run ends with, each with its terminal event (app.eventlog.registry).
 ENDED = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED})
 

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from app.core import tool_choice as tool_choices
-from app.core.runs import Run, RunStatus
+from app.core.runs import WAITING, Run, RunStatus
 
 Json = dict[str, Any]
 
@@ -133,7 +133,7 @@ def response_object(
 def run_status(run: Run, answered: bool) -> tuple[str, str | None]:
     """The status of a run's response (and its incomplete reason): `answered` when the
     response ended with function calls the client has answered since."""
-    if answered or run.status in (RunStatus.REQUIRES_ACTION, RunStatus.AWAITING_APPROVAL):
+    if answered or run.status in WAITING:
         # it waits for the client's outputs or rulings: the next response goes on
         return "completed", None
     match run.status:

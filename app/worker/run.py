@@ -180,12 +180,7 @@ async def _execute(
             )
             outcome = await _violation(runtime, run, limit, progress)
             outcome = Outcome(
-                "failed",
-                "".join(progress.text),
-                progress.usage,
-                outcome.error,
-                progress.model,
-                context_from=progress.context_from,
+                "failed", "".join(progress.text), progress.usage, outcome.error, progress.model
             )
         except Superseded:
             log.warning("run %s: taken over by another worker; this attempt stops", run_id)
@@ -194,16 +189,12 @@ async def _execute(
             if abort_reason() != "user_request":
                 raise
             text = "".join(progress.text)
-            outcome = Outcome(
-                "cancelled",
-                text,
-                progress.usage,
-                model=progress.model,
-                context_from=progress.context_from,
-            )
+            outcome = Outcome("cancelled", text, progress.usage, model=progress.model)
         except Exception as exc:  # a bug must still end the run, clearly
             log.exception("run %s crashed", run_id)
             outcome = Outcome("failed", error={"code": "internal_error", "message": str(exc)})
+        if isinstance(outcome, Outcome):  # its answer names the context it was written from
+            outcome = replace(outcome, context_from=progress.context_from)
         # Its end is written whatever happens to the database meanwhile: retried until it is back.
         if isinstance(outcome, Pause | AwaitApproval):
             await retrying(lambda: _pause(runtime, run, outcome))
@@ -597,12 +588,7 @@ async def _model_turn(
     except ProviderError as exc:
         error = exc.as_error()
         return Outcome(
-            "failed",
-            "".join(progress.text),
-            progress.usage,
-            error=error,
-            model=progress.model,
-            context_from=progress.context_from,
+            "failed", "".join(progress.text), progress.usage, error=error, model=progress.model
         )
     calls = assemble_calls(pieces, user_seq, iteration)
     content = _turn_content("".join(progress.text), progress.parts)
@@ -618,7 +604,6 @@ async def _model_turn(
             model=progress.model,
             finish_reason=finish,
             parts=parts,
-            context_from=progress.context_from,
         )
     turn = _tool_turn(run_id, iteration, content, calls, finish, progress.context_from)
     await _commit(runtime, run, turn)
@@ -655,23 +640,13 @@ def _structured(
             finish_reason=finish,
             parts=parts,
             structured=mark,
-            context_from=progress.context_from,
         )
     cut = " (the answer was cut off by the output limit)" if finish == "length" else ""
     error = {
         "code": STRUCTURED_OUTPUT_INVALID,
         "message": f"the answer does not follow the schema {format.name!r}: {problem}{cut}",
     }
-    return Outcome(
-        "failed",
-        text,
-        progress.usage,
-        error,
-        progress.model,
-        finish,
-        structured=mark,
-        context_from=progress.context_from,
-    )
+    return Outcome("failed", text, progress.usage, error, progress.model, finish, structured=mark)
 
 
 def _add_text(parts: list[dict[str, Any]], text: str) -> None:
