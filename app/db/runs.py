@@ -107,8 +107,13 @@ async def get_run(
     skip_locked: bool = False,
 ) -> Run | None:
     """A run by id; with `tenant_id` (a client asking), only if it belongs to that tenant and
-    its session has not expired. `skip_locked` (with `lock`): None rather than wait for a
-    transaction that has it locked."""
+    its session has not expired. `lock`: its session's row is locked first, then the run's,
+    the order in which an ask takes them (it locks its session, then a run it steers): a
+    transaction that goes on to write the session (a run's end) never deadlocks with a steer,
+    and its later statements see every run and steer committed under the session's lock while
+    it waited (a statement that waits for a row reads other tables as they were before the
+    wait). `skip_locked` (with `lock`): None rather than wait for a transaction that has the
+    run locked; only the run's row is locked then (a busy session does not skip it)."""
     query = _get_run(tenant_id is not None, lock, skip_locked)
     params = {"run_id": run_id, "tenant_id": tenant_id}
     return _run((await conn.execute(query, params)).mappings().one_or_none())
@@ -117,10 +122,21 @@ async def get_run(
 @functools.cache  # built once per shape: constructing it cost more CPU than running it
 def _get_run(of_tenant: bool, lock: bool, skip_locked: bool) -> Select[Any]:
     query = select(runs).where(runs.c.id == bindparam("run_id"))
+    with_session = lock and not skip_locked
+    if with_session:
+        query = query.join(sessions, sessions.c.id == runs.c.session_id)
     if of_tenant:
-        live = select(sessions.c.id).where(sessions.c.id == runs.c.session_id, LIVE).exists()
+        live = (
+            LIVE
+            if with_session
+            else select(sessions.c.id).where(sessions.c.id == runs.c.session_id, LIVE).exists()
+        )
         query = query.where(runs.c.tenant_id == bindparam("tenant_id"), live)
-    return query.with_for_update(skip_locked=skip_locked) if lock else query
+    if not lock:
+        return query
+    if skip_locked:
+        return query.with_for_update(skip_locked=True)
+    return query.with_for_update(of=[sessions, runs])  # in this order: the session's row first
 
 
 async def find_by_idempotency_key(conn: AsyncConnection, session_id: str, key: str) -> Run | None:

@@ -111,7 +111,7 @@ async def test_a_run_being_cancelled_or_started_before_is_left_to_the_locked_sta
 async def test_a_run_ends_when_its_end_commits_not_when_its_transaction_began(
     engine: AsyncEngine,
 ) -> None:
-    """The end's append waits for the session's row while another transaction holds it (a
+    """The end waits for the session's row while another transaction holds it (a
     burst of asks does): the run's ended_at is after that wait, not the time its transaction
     began. (A queue measured from ended_at saw the wait as a slow start of the next run.)"""
     run = (await start_first(engine, (await queued_run(engine)).id)).run  # type: ignore[union-attr]
@@ -128,19 +128,7 @@ async def test_a_run_ends_when_its_end_commits_not_when_its_transaction_began(
                 return await run_transitions.finish(conn, locked, Outcome("completed", "done"))
 
         ending = asyncio.create_task(end())
-        waiting = text(
-            "SELECT count(*) FROM pg_stat_activity"
-            " WHERE wait_event_type = 'Lock' AND query LIKE '%UPDATE sessions%'"
-        )
-        deadline = asyncio.get_running_loop().time() + 60
-        while True:  # a statement of its own each time: pg_stat_activity is read once a transaction
-            async with autocommit(engine) as watcher:
-                if (await watcher.execute(waiting)).scalar():
-                    break
-            if ending.done():
-                ending.result()  # it failed: say how
-            assert asyncio.get_running_loop().time() < deadline, "the end never waited"
-            await asyncio.sleep(0.01)
+        await waiting_for_a_lock(engine, ending, "%sessions%")
         released = (await holder.execute(text("SELECT clock_timestamp()"))).scalar_one()
         await holder.commit()
         ended = await ending
@@ -193,3 +181,101 @@ async def test_a_session_is_idle_only_once_none_of_its_runs_is_under_way(
         assert await status() == "active"  # another run is still under way
     await end(second)
     assert await status() == "idle"
+
+
+async def waiting_for_a_lock(engine: AsyncEngine, task: asyncio.Task[object], like: str) -> None:
+    """Until a statement matching `like` waits for a row lock (or `task` failed: say how)."""
+    waiting = text(
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE :like"
+    )
+    deadline = asyncio.get_running_loop().time() + 60
+    while True:  # a statement of its own each time: pg_stat_activity is read once a transaction
+        async with autocommit(engine) as watcher:
+            if (await watcher.execute(waiting, {"like": like})).scalar():
+                return
+        if task.done():
+            task.result()
+        assert asyncio.get_running_loop().time() < deadline, "it never waited"
+        await asyncio.sleep(0.01)
+
+
+async def end_in_a_task(engine: AsyncEngine, run: Run) -> asyncio.Task[Run]:
+    """The worker's end of `run` (app/worker/run.py: its row locked, then finish)."""
+
+    async def end() -> Run:
+        async with engine.begin() as conn:
+            locked = await runs_db.get_run(conn, run.id, lock=True)
+            assert locked is not None
+            return await run_transitions.finish(conn, locked, Outcome("completed", "done"))
+
+    return asyncio.create_task(end())
+
+
+async def test_a_run_ending_while_an_ask_commits_leaves_the_session_busy(
+    engine: AsyncEngine,
+) -> None:
+    """An ask (enqueue) commits its run while a run of the session ends, the end waiting for
+    the session's row: the session stays active, its new run under way. (The end's status
+    update, waiting for the row, read the session's runs as they were before the wait, and
+    marked the session idle: the next ask then skipped the busy check.)"""
+    run = (await start_first(engine, (await queued_run(engine)).id)).run  # type: ignore[union-attr]
+    async with engine.connect() as ask:
+        await ask.begin()
+        await ask.execute(
+            text("SELECT id FROM sessions WHERE id = :id FOR UPDATE"), {"id": run.session_id}
+        )
+        ending = await end_in_a_task(engine, run)
+        await waiting_for_a_lock(engine, ending, "%sessions%")
+        queued = await run_transitions.create(
+            ask,
+            id=str(uuid.uuid4()),
+            tenant_id=run.tenant_id,
+            session_id=run.session_id,
+            kind=RunKind.ASK,
+            model=run.model,
+            params=RunParams(),
+            idempotency_key=None,
+        )
+        await ask.commit()
+    await ending
+    async with engine.connect() as conn:
+        status = await conn.scalar(
+            text("SELECT status FROM sessions WHERE id = :id"), {"id": run.session_id}
+        )
+        still = await runs_db.get_run(conn, queued.run.id)
+    assert still is not None and still.active
+    assert status == "active"
+
+
+async def test_a_run_ending_while_an_ask_steers_it_hands_the_steer_on(
+    engine: AsyncEngine,
+) -> None:
+    """An ask steering a run locks its session, then the run; the run's end waits for them in
+    the same order (never each holding what the other waits for: a deadlock, which failed one
+    of them), and then finds the steer: it starts the next run."""
+    run = (await start_first(engine, (await queued_run(engine)).id)).run  # type: ignore[union-attr]
+    async with engine.connect() as ask:
+        await ask.begin()
+        await ask.execute(
+            text("SELECT id FROM sessions WHERE id = :id FOR UPDATE"), {"id": run.session_id}
+        )
+        ending = await end_in_a_task(engine, run)
+        await waiting_for_a_lock(engine, ending, "%sessions%")
+        locked = await runs_db.get_run(ask, run.id, lock=True)
+        assert locked is not None and locked.active
+        steer_id = str(uuid.uuid4())
+        steer = steers_db.Steer(
+            steer_id, run.tenant_id, run.session_id, run.id, "and shorter", run.model, {}
+        )
+        await steers_db.insert_steer(ask, steer)
+        await ask.commit()
+    ended = await ending
+    assert ended.status is RunStatus.COMPLETED
+    async with engine.connect() as conn:
+        settled = await conn.execute(
+            text("SELECT status, next_run_id FROM steers WHERE id = :id"), {"id": steer_id}
+        )
+        status, next_run_id = settled.one()
+    assert status == "next_run" and next_run_id is not None
+    steered = [data for _, kind, data in await events_of(engine, ended) if kind == "run.steered"]
+    assert steered and steered[0]["steer_id"] == steer_id  # type: ignore[index]
