@@ -87,7 +87,14 @@ async def ask(
         idempotency_key=idempotency_key,
     )
     result = await service.ask(
-        engine, settings, tenant, str(session_id), params, limits, handoff=local_workers
+        engine,
+        settings,
+        tenant,
+        str(session_id),
+        params,
+        limits,
+        handoff=local_workers,
+        followed=body.stream,
     )
     run_id = result.run.id
     # A steer: the run is the one it steers; the header names the steer, which its run.steered

@@ -43,6 +43,9 @@ _RUN_COLUMNS = ", ".join(f"run.{c.name}" for c in runs.c)
 class QueuedRun:
     run: Run
     claimed: bool  # its job was inserted taken by the given worker (see insert_queued_run)
+    # Its first event (run.created, seq 1) as followers read it; set by the run's creation
+    # (app/services/run_transitions.create), which made it.
+    created: dict[str, Any] | None = None
 
 
 async def insert_queued_run(

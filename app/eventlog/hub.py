@@ -52,6 +52,11 @@ SUBSCRIBER_BUFFER = 256
 # of reads a second (nothing is missed meanwhile: a live row, or a reconnected LISTEN, ends
 # the wait at once).
 POLL_MAX_SECONDS = 30.0
+# Runs handed to this process's workers whose streams are about to follow them (expect), and
+# how many of each one's first rows are kept until its stream subscribes. An expectation no
+# stream takes (its client left first) is forgotten once this many newer ones are made.
+EXPECTED_RUNS = 1000
+EXPECTED_ROWS = 64
 
 
 def poll_wait(first: float, idle_reads: int) -> float:
@@ -92,6 +97,22 @@ class _Feed:
     deferred: int = 0
 
 
+@dataclass
+class _Expected:
+    """A run's rows published before its stream subscribed, from its first event on."""
+
+    rows: list[dict[str, Any]]
+    complete: bool = True  # every row published so far is here, in seq order
+
+    def add(self, row: dict[str, Any]) -> None:
+        if not self.complete or row["seq"] <= self.rows[-1]["seq"]:
+            return
+        if row["seq"] == self.rows[-1]["seq"] + 1 and len(self.rows) < EXPECTED_ROWS:
+            self.rows.append(row)
+        else:  # a gap, or too many: its stream reads the table, as any other
+            self.complete = False
+
+
 class Listener(Protocol):
     """Another channel heard on the hub's LISTEN connection (app/services/key_cache.py): told
     when LISTEN is in place (what was announced before is unknown), when it is lost (nothing
@@ -130,6 +151,7 @@ class EventHub:
         self._poll = poll_seconds
         self._outage_seconds = outage_seconds
         self._feeds: dict[str, _Feed] = {}
+        self._expected: dict[str, _Expected] = {}  # oldest first
         self._listener: asyncpg.Connection | None = None
         self._wanted: dict[str, int] | None = {}  # runs to fetch; None: all of them
         self._local: Counter[str] = Counter()  # runs whose events this process is committing
@@ -175,11 +197,23 @@ class EventHub:
         batch in one write."""
         after_seq = min(after_seq, event_store.MAX_EVENT_SEQ)  # a cursor the fetch query can bind
         subscriber = _Subscriber(self._buffer)
-        feed = self._feeds.setdefault(run_id, _Feed(cursor=after_seq))
+        # An expected run's replay is what its worker published here so far: no read.
+        expected = self._expected.pop(run_id, None)
+        if expected is not None and not (
+            expected.complete and after_seq == 0 and run_id not in self._feeds
+        ):
+            expected = None
+        cursor = expected.rows[-1]["seq"] if expected is not None else after_seq
+        feed = self._feeds.setdefault(run_id, _Feed(cursor=cursor))
         feed.subscribers.add(subscriber)  # before the replay: nothing committed later is missed
-        last, positioned = after_seq, False
+        last, positioned = after_seq, expected is not None  # an expected feed is where it is
+        feed.positioned += positioned
         try:
-            backlog = await self._read_through_outages(run_id, last)
+            backlog = (
+                event_store.Backlog(expected.rows, ended=False, last_seq=cursor)
+                if expected is not None
+                else await self._read_through_outages(run_id, last)
+            )
             while True:
                 batch = list(backlog.rows)
                 ending = next(
@@ -265,14 +299,33 @@ class EventHub:
             await asyncio.sleep(delay)
         raise AssertionError("unreachable: the backoff never ends")
 
+    def expect(self, first: dict[str, Any]) -> None:
+        """A run this process's ask has just handed to this process's workers, `first` its
+        first event (run.created), which a stream of this process is about to follow from
+        its start: the rows published for it until that stream subscribes are kept for it,
+        so that its replay reads nothing from the table. Called before the run can start;
+        the run's events all come from this process, its worker's, until it ends (another
+        worker taking it over makes a gap: its stream then reads the table)."""
+        run_id = str(first["run_id"])
+        self._expected.pop(run_id, None)
+        self._expected[run_id] = _Expected([first])
+        while len(self._expected) > EXPECTED_RUNS:
+            del self._expected[next(iter(self._expected))]
+
     def publish(self, rows: list[dict[str, Any]]) -> None:
         """Rows this process's worker has just committed, handed to their followers from
         memory (the NOTIFY that follows finds nothing left to fetch). Only a feed's next row
         (seq = cursor + 1) is: after a gap (events of another transaction whose NOTIFY is not
-        read yet) the rest is left to the fetch loop, which reads them from the table."""
+        read yet) the rest is left to the fetch loop, which reads them from the table. A run
+        no one follows yet is kept for its stream if one is expected (expect)."""
         for row in rows:
             feed = self._feeds.get(str(row["run_id"]))
-            if feed is None or row["seq"] != feed.cursor + 1:
+            if feed is None:
+                expected = self._expected.get(str(row["run_id"]))
+                if expected is not None:
+                    expected.add(row)
+                continue
+            if row["seq"] != feed.cursor + 1:
                 continue
             feed.cursor = row["seq"]
             for subscriber in feed.subscribers:

@@ -34,6 +34,12 @@ class LocalFollowers(Protocol):
         NOTIFY, heard meanwhile, need not be read back from the table."""
         ...
 
+    def expect(self, first: dict[str, Any]) -> None:
+        """A run about to be executed here, which a stream of this process follows from its
+        first event (`first`): what is published for it before the stream subscribes is kept
+        for it."""
+        ...
+
 
 async def append(
     conn: AsyncConnection,
@@ -175,6 +181,11 @@ class EventWriter:
                 self._followers.publish(rows)
             except Exception:  # followers read the table instead: nothing is lost
                 log.exception("handing committed events to local followers failed")
+
+    def expect(self, first: dict[str, Any]) -> None:
+        """A run this process executes next, streamed from here (LocalFollowers.expect)."""
+        if self._followers is not None:
+            self._followers.expect(first)
 
     def committing(self, run_ids: Collection[str]) -> AbstractContextManager[None]:
         """Around a commit of these runs' events and its publish (LocalFollowers.committing)."""

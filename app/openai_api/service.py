@@ -635,6 +635,8 @@ async def _ask(
         params,
         handoff=handoff,
         prepare=prepare if steps else None,
+        # Its stream, or the wait for its end, follows the run (all but a background one).
+        followed=bool(body.stream) or not body.background,
     )
     if result.steer_id is not None:  # the run in progress takes it: its latest response
         first = await load(engine, tenant_id, mapping.response_id(result.run.id))

@@ -93,6 +93,8 @@ class AskResult:
     steer_id: str | None = None
     # The ask's projection (what its run's first model call is sent), when this ask made one.
     context: ProjectionMeta | None = None
+    # Its run's first event (run.created) as followers read it, when this ask created the run.
+    first_event: dict[str, Any] | None = None
 
 
 # What a surface writes with its ask, in the ask's transaction and before the ask's own rows:
@@ -111,6 +113,7 @@ async def ask(
     own_limits: quotas.Limits | None = None,
     handoff: RunHandoff | None = None,
     prepare: Prepare | None = None,
+    followed: bool = False,
 ) -> AskResult:
     """The one ask of every surface: validate, commit (`prepare`'s writes, the user entry, the
     run and its job) in one transaction, then hand the run to this process's workers.
@@ -119,7 +122,9 @@ async def ask(
     request's key); else the quota check reads them. `handoff`: this process's workers
     (`threadline serve`): with room, the job is committed taken by one of them and the run
     started at once; else it waits for the queue. `prepare`: see Prepare; the session it
-    makes, if any, is `session_id`."""
+    makes, if any, is `session_id`. `followed`: the caller streams the run from its start (in
+    this process): if this process's workers take it, what they publish before the stream
+    subscribes is kept for it (its replay reads nothing)."""
     if params.idempotency_key:
         key = params.idempotency_key
         answered = await earlier_ask(engine, tenant_id, session_id, key)
@@ -182,7 +187,9 @@ async def ask(
             queued = await _commit(conn, settings, session, params, resolved, own_limits, claim)
         if isinstance(queued, Steered):
             return AskResult(queued.run, True, steer_id=queued.steer_id)
-        return AskResult(queued.run, True, queued.claimed, context=context)
+        return AskResult(
+            queued.run, True, queued.claimed, context=context, first_event=queued.created
+        )
 
     async def committed() -> AskResult:
         try:
@@ -191,7 +198,8 @@ async def ask(
             if handoff is not None and claim_for is not None:
                 handoff.release()
         if result.created and result.steer_id is None and handoff is not None:
-            handoff.offer(result.run.id, result.run.job_id, claimed=result.claimed)
+            first = result.first_event if followed else None
+            handoff.offer(result.run.id, result.run.job_id, claimed=result.claimed, followed=first)
         return result
 
     # Shielded when the job may be committed taken: a request cancelled after the commit

@@ -7,7 +7,7 @@ by app/main.py). An API-only process has none: its asks' jobs wait for the queue
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class RunHandoff(Protocol):
@@ -20,8 +20,15 @@ class RunHandoff(Protocol):
         """Give back a reservation (the ask is committed, or failed): called before `offer`."""
         ...
 
-    def offer(self, run_id: str, job_id: int | None, claimed: bool = False) -> None:
+    def offer(
+        self,
+        run_id: str,
+        job_id: int | None,
+        claimed: bool = False,
+        followed: dict[str, Any] | None = None,
+    ) -> None:
         """Start the run now if there is room; never waits, never fails the ask. `claimed`: its
         job was committed taken by the reserved worker: the run must be started (or its job
-        ended)."""
+        ended). `followed`: its first event, when a stream of this process is about to follow
+        it from there (what the workers publish before it subscribes is kept for it)."""
         ...

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from sqlalchemy import func, update
@@ -81,7 +82,9 @@ async def create(
             .where(sessions.c.id == session_id)
             .values(status="active", updated_at=func.now())
         )
-    return queued
+    # A new run's first event: seq 1.
+    (first,) = event_store.numbered([(id, *created)], {id: 1})
+    return replace(queued, created=first)
 
 
 async def start(conn: AsyncConnection, run: Run, lease: int) -> Run:

@@ -235,7 +235,14 @@ async def ask(
                     prepare = _rolling_back(tenant_id, session_id, rollback)
     asked = replace(params, content=content)
     return await asks.ask(
-        engine, settings, tenant_id, session_id, asked, handoff=handoff, prepare=prepare
+        engine,
+        settings,
+        tenant_id,
+        session_id,
+        asked,
+        handoff=handoff,
+        prepare=prepare,
+        followed=True,  # the chat's answer is its run's stream
     )
 
 

@@ -27,7 +27,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -124,11 +124,21 @@ class Handoff:
         """Give back a reservation (the ask is committed, or failed): call before `offer`."""
         self._reserved -= 1
 
-    def offer(self, run_id: str, job_id: int | None, claimed: bool = False) -> None:
+    def offer(
+        self,
+        run_id: str,
+        job_id: int | None,
+        claimed: bool = False,
+        followed: dict[str, Any] | None = None,
+    ) -> None:
         """Start the run now if this process has room; never waits, never fails the ask.
         `claimed`: its job was committed taken by this handoff's worker (`reserve`): the run
-        is started, or its job ended."""
+        is started, or its job ended. `followed`: its first event, for a stream of this
+        process about to follow it: told to this process's followers before the run starts,
+        when it runs here (claimed)."""
         if claimed and job_id is not None:
+            if followed is not None:
+                self._runtime.writer.expect(followed)
             self._start_task(run_id, job_id, claimed=True)
             return
         if self._closed or job_id is None or not self._worker_ids:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -321,3 +322,79 @@ async def test_a_follower_still_replaying_is_not_fetched_for_and_misses_nothing(
     seqs = [(await next_row(follower))["seq"] for _ in range(3)]
     assert seqs == [2, 3, 4] and fetches.count == 1  # seq 4 fetched once it was live
     await follower.aclose()
+
+
+class Replays:
+    """The hub's reads of a follower's backlog from the table, counted (and made)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        read = event_store.read_backlog
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            self.count += 1
+            return await read(*args, **kwargs)
+
+        monkeypatch.setattr(event_store, "read_backlog", counted)
+
+
+def event(run_id: str, seq: int, kind: str = "message.delta") -> dict[str, Any]:
+    return {"run_id": run_id, "seq": seq, "type": kind, "data": {"text": str(seq)}}
+
+
+async def test_an_expected_runs_stream_is_handed_what_its_worker_published_before_it(
+    quiet_hub: EventHub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run an ask of this process hands to this process's worker, its stream about to follow
+    it: the rows published before the stream subscribes are its replay, with no read of the
+    table (which has no such run here: a read would end the stream at once, empty)."""
+    hub, run_id, replays = quiet_hub, str(uuid.uuid4()), Replays(monkeypatch)
+    hub.expect(event(run_id, 1, "run.created"))
+    hub.publish([event(run_id, 2, "run.started"), event(run_id, 3)])
+    follower = hub.follow(run_id, 0)
+    assert [(await next_row(follower))["seq"] for _ in range(3)] == [1, 2, 3]
+    hub.publish([event(run_id, 4), event(run_id, 5, "run.completed")])  # live now
+    assert [row["seq"] async for row in follower] == [4, 5]
+    assert replays.count == 0
+    assert run_id not in hub._feeds and run_id not in hub._expected
+
+
+async def test_an_expected_run_with_a_gap_or_not_followed_from_its_start_reads_the_table(
+    quiet_hub: EventHub, e2e_engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What was published is the replay only when it is every row from the first: after a gap
+    (another transaction's rows), past the rows kept, or for a follower resuming later, the
+    table is read as for any run."""
+    hub = quiet_hub
+    monkeypatch.setattr(hub_module, "EXPECTED_ROWS", 3)
+    gap, many, resumed = await running_runs(e2e_engine, 3, status="requires_action")
+    for run_id in (gap, many, resumed):
+        async with e2e_engine.begin() as conn:
+            await event_store.append_events(conn, [(run_id, "message.delta", {})] * 5)
+    replays = Replays(monkeypatch)
+    hub.expect(event(gap, 1))
+    hub.publish([event(gap, 3)])
+    hub.expect(event(many, 1))
+    hub.publish([event(many, seq) for seq in (2, 3, 4)])
+    hub.expect(event(resumed, 1))
+    for run_id, after in ((gap, 0), (many, 0), (resumed, 1)):
+        follower = hub.follow(run_id, after)
+        rows = [await next_row(follower) for _ in range(5 - after)]
+        assert [r["seq"] for r in rows] == list(range(after + 1, 6))
+        assert all(r["data"] == {} for r in rows)  # the table's rows
+        await follower.aclose()
+    assert replays.count == 3
+
+
+async def test_expectations_no_stream_takes_are_forgotten(
+    quiet_hub: EventHub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An ask whose client left before its stream subscribed leaves an expectation no one
+    takes: at most EXPECTED_RUNS are kept, the oldest forgotten first."""
+    hub = quiet_hub
+    monkeypatch.setattr(hub_module, "EXPECTED_RUNS", 2)
+    runs = [str(uuid.uuid4()) for _ in range(3)]
+    for run_id in runs:
+        hub.expect(event(run_id, 1, "run.created"))
+        hub.publish([event(run_id, 2)])
+    assert list(hub._expected) == runs[1:]

@@ -33,11 +33,15 @@ class Followers:
     def __init__(self, publish: Callable[[list[dict[str, Any]]], None]) -> None:
         self.publish = publish
         self.committed_runs: list[list[str]] = []  # per commit, the runs it wrote
+        self.expected: list[dict[str, Any]] = []
 
     @contextlib.contextmanager
     def committing(self, run_ids: Collection[str]) -> Iterator[None]:
         self.committed_runs.append(sorted(run_ids))
         yield
+
+    def expect(self, first: dict[str, Any]) -> None:
+        self.expected.append(first)
 
 
 async def running_runs(

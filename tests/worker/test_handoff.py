@@ -218,7 +218,13 @@ class Reserved:
     def release(self) -> None:
         pass
 
-    def offer(self, run_id: str, job_id: int | None, claimed: bool = False) -> None:
+    def offer(
+        self,
+        run_id: str,
+        job_id: int | None,
+        claimed: bool = False,
+        followed: dict[str, Any] | None = None,
+    ) -> None:
         self.offered.append((run_id, job_id, claimed))
 
 
