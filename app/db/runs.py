@@ -293,23 +293,25 @@ def _start_first(started: str) -> TextualSelect:
 
 
 async def expired_actions(conn: AsyncConnection) -> list[Run]:
-    """Runs waiting for client tool outputs past their deadline, locked (skipping any another
-    worker is expiring right now)."""
+    """Runs waiting for client tool outputs past their deadline, locked with their sessions'
+    rows (as get_run locks them), skipping any another transaction holds."""
     query = (
         select(runs)
+        .join(sessions, sessions.c.id == runs.c.session_id)
         .where(runs.c.status == "requires_action", runs.c.action_expires_at < func.now())
-        .with_for_update(skip_locked=True)
+        .with_for_update(of=[sessions, runs], skip_locked=True)
     )
     return [Run.from_row(r) for r in (await conn.execute(query)).mappings()]
 
 
 async def expired_approvals(conn: AsyncConnection) -> list[Run]:
-    """Runs waiting for approvals past their deadline, locked (skipping any another worker
-    is expiring right now)."""
+    """Runs waiting for approvals past their deadline, locked with their sessions' rows (as
+    get_run locks them), skipping any another transaction holds."""
     query = (
         select(runs)
+        .join(sessions, sessions.c.id == runs.c.session_id)
         .where(runs.c.status == "awaiting_approval", runs.c.action_expires_at < func.now())
-        .with_for_update(skip_locked=True)
+        .with_for_update(of=[sessions, runs], skip_locked=True)
     )
     return [Run.from_row(r) for r in (await conn.execute(query)).mappings()]
 
@@ -397,18 +399,19 @@ async def orphaned_runs(
     conn: AsyncConnection, lease_grace_seconds: float = LEASE_GRACE_SECONDS, limit: int = 100
 ) -> list[Orphan]:
     """Runs `queued` or `running` whose job has ended (failed, aborted, or succeeded without
-    ending the run) or is gone, and runs `running` whose lease is no longer held; locked
-    (skipping any another worker is looking at).
+    ending the run) or is gone, and runs `running` whose lease is no longer held; locked,
+    each with its session's row (as get_run locks them: a recovery that ends a run writes its
+    session), skipping any another transaction holds: taken at the next look.
 
     A database restart drops every lease at once while their workers live on: for
     `lease_grace_seconds` after the server started, leases are given time to be taken again."""
     query = text(
-        "SELECT r.*, j.status AS job_status FROM runs r"
+        "SELECT r.*, j.status AS job_status FROM sessions s JOIN runs r ON r.session_id = s.id"
         " LEFT JOIN procrastinate_jobs j ON j.id = r.job_id"
         " WHERE r.status IN ('queued', 'running') AND ("
         "  j.id IS NULL OR j.status NOT IN ('todo', 'doing')"
         "  OR (r.status = 'running' AND " + LEASE_LOST.format(lease="r.lease") + ")"
-        " ) ORDER BY r.created_at LIMIT :limit FOR UPDATE OF r SKIP LOCKED"
+        " ) ORDER BY r.created_at LIMIT :limit FOR UPDATE OF s, r SKIP LOCKED"
     )
     params = {"limit": limit, "grace": lease_grace_seconds}
     rows = (await conn.execute(query, params)).mappings().all()

@@ -365,3 +365,52 @@ async def test_a_cancel_while_recovery_queues_a_dead_workers_run_again_leaves_it
         assert ends == 1
     finally:
         await engine.dispose()
+
+
+async def test_the_recovery_leaves_a_busy_sessions_runs_for_its_next_look(
+    recovery_settings: tuple[Settings, str],
+) -> None:
+    """A run being cancelled whose job ended without ending it: the recovery ends it, which
+    writes its session. While an ask holds the session's row (it may go on to lock the run, to
+    steer it), the recovery takes neither row and does not wait: it took the run's row, then
+    waited for the session's, and the ask waiting for the run made a deadlock. Once the ask
+    is done, the next look ends the run."""
+    settings, key = recovery_settings
+    engine = create_engine(settings)
+    try:
+        tenant = await tenant_for_key(engine, key)
+        assert tenant is not None
+        session = await create_session(engine, tenant, title=None, metadata={}, config={})
+        asked = await asks.ask(engine, settings, tenant, str(session.id), asks.AskParams("q"))
+        run_id = asked.run.id
+        async with engine.begin() as conn:
+            await runs_db.update_run(conn, run_id, {"cancel_mode": "cancel"})
+            await conn.execute(
+                text("UPDATE procrastinate_jobs SET status = 'failed' WHERE id = :id"),
+                {"id": asked.run.job_id},
+            )
+        async with engine.connect() as holder:
+            await holder.begin()
+            await holder.execute(
+                text("SELECT id FROM sessions WHERE id = :id FOR UPDATE"), {"id": session.id}
+            )
+            holder_pid = (await holder.execute(text("SELECT pg_backend_pid()"))).scalar_one()
+            recovery = asyncio.create_task(recover_orphaned_runs(engine, lease_grace_seconds=0))
+            blocked = text(
+                "SELECT count(*) FROM pg_stat_activity WHERE :pid = ANY(pg_blocking_pids(pid))"
+            )
+            while not recovery.done():  # it ends, or it waits for the ask: then it fails
+                async with engine.connect() as watcher:
+                    waiting = (await watcher.execute(blocked, {"pid": holder_pid})).scalar()
+                assert not waiting, "the recovery waited for the ask"
+                await asyncio.sleep(0.01)
+            assert await recovery == []
+            locked = await runs_db.get_run(holder, run_id, lock=True)  # the ask goes on
+            assert locked is not None and locked.active
+            await holder.commit()
+        assert await recover_orphaned_runs(engine, lease_grace_seconds=0) == [run_id]
+        async with engine.connect() as conn:
+            ended = await runs_db.get_run(conn, run_id)
+        assert ended is not None and ended.status is RunStatus.CANCELLED
+    finally:
+        await engine.dispose()
