@@ -154,7 +154,15 @@ async def insert_advancing(
     """insert_entries and the session's rev update (`advance`, returning the new rev: see
     app/db/sessions.advancing) in one statement: the rows take the seqs the update reserved,
     in order. Returns them as stored; none when the update found no row to move."""
-    query = _insert_advancing(advance.shape)
+    query, params = advancing_insert(advance, session_id, rows)
+    return sorted((await conn.execute(query, params)).mappings(), key=lambda r: int(r["seq"]))
+
+
+def advancing_insert(
+    advance: Advance, session_id: str, rows: Sequence[dict[str, Any]]
+) -> tuple[Insert, dict[str, Any]]:
+    """insert_advancing's statement (built once per shape) and parameters, for a caller that
+    runs it as a part of its own (a run's end: app/db/runs.end_run)."""
     params = {
         **advance.params,
         "entry_session": session_id,
@@ -165,7 +173,7 @@ async def insert_advancing(
         "entry_refs": [json.dumps(r["refs"]) for r in rows],
         "entry_tokens": [r["token_count"] for r in rows],
     }
-    return sorted((await conn.execute(query, params)).mappings(), key=lambda r: int(r["seq"]))
+    return _insert_advancing(advance.shape), params
 
 
 @functools.cache  # built once per shape of its advance: see advancing_statement

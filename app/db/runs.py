@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
     Boolean,
+    Insert,
     Integer,
     Select,
+    Text,
     TextualSelect,
     Update,
     bindparam,
@@ -101,6 +103,85 @@ def _insert_queued_run(created: str) -> TextualSelect:
     ).columns(*runs.c, column("told", Integer), column("claimed", Boolean))  # typed by position
 
 
+async def insert_asked_run(
+    conn: AsyncConnection,
+    created: tuple[str, Mapping[str, Any]],
+    entries: Sequence[Mapping[str, Any]],
+    input_at: int,
+    title: str | None,
+    *,
+    id: str,
+    tenant_id: str,
+    session_id: str,
+    model: str,
+    params: dict[str, Any],
+    idempotency_key: str | None,
+    claim_for: int | None = None,
+) -> QueuedRun:
+    """An ask's commit in one statement (one round trip): `entries` (rows as the entries table
+    takes them: id, kind, payload, refs, token_count) appended to the session, which is active
+    now, at the seqs after its rev (moved past them; its title set from `title` if it has
+    none), and an ask's run inserted as insert_queued_run does, its user_entry_seq that of
+    `entries[input_at]` (`created` takes it from the run's row: app.eventlog.store.run_event's
+    `from_run`). The caller holds the session's row locked."""
+    query = _insert_asked_run(created[0])
+    values = {
+        "id": id,
+        "tenant_id": tenant_id,
+        "session_id": session_id,
+        "kind": "ask",
+        "model": model,
+        "params": json.dumps(params),
+        "idempotency_key": idempotency_key,
+        "worker_id": claim_for,
+        "advance_title": title,
+        "entry_count": len(entries),
+        "entry_ids": [e["id"] for e in entries],
+        "entry_kinds": [e["kind"] for e in entries],
+        "entry_payloads": [json.dumps(e["payload"]) for e in entries],
+        "entry_refs": [json.dumps(e["refs"]) for e in entries],
+        "entry_tokens": [e["token_count"] for e in entries],
+        "input_ord": input_at + 1,
+    }
+    values |= jobs_db.run_job_params(id, session_id, "ask")
+    values |= created[1]
+    row = (await conn.execute(query, values)).mappings().one()
+    return QueuedRun(Run.from_row(row), bool(row["claimed"]))
+
+
+@functools.cache  # built once per event part: text() parses its SQL on every construction
+def _insert_asked_run(created: str) -> TextualSelect:
+    # What app/db/sessions.advancing and app/db/journal.insert_advancing write for an append
+    # that sets the session's status (include_expired: the caller checked the session).
+    return text(
+        "WITH advanced AS (UPDATE sessions SET rev = rev + :entry_count, updated_at = now(),"
+        "  status = 'active', title = coalesce(title, CAST(:advance_title AS text))"
+        "  WHERE id = CAST(:session_id AS uuid) AND tenant_id = CAST(:tenant_id AS uuid)"
+        "  RETURNING rev),"
+        " appended AS (INSERT INTO entries (session_id, seq, id, kind, payload, refs,"
+        "  token_count)"
+        "  SELECT CAST(:session_id AS uuid), advanced.rev - :entry_count + e.ord, e.id, e.kind,"
+        "  CAST(e.payload AS jsonb), CAST(e.refs AS jsonb), e.token_count"
+        "  FROM advanced, unnest(CAST(:entry_ids AS text[]), CAST(:entry_kinds AS text[]),"
+        "   CAST(:entry_payloads AS text[]), CAST(:entry_refs AS text[]),"
+        "   CAST(:entry_tokens AS int[]))"
+        "   WITH ORDINALITY AS e(id, kind, payload, refs, token_count, ord)"
+        "  RETURNING seq),"
+        f" {jobs_db.CLAIMED_OR_DEFERRED},"
+        " run AS (INSERT INTO runs (id, tenant_id, session_id, kind, model, params,"
+        "  idempotency_key, user_entry_seq, job_id)"
+        "  SELECT CAST(:id AS uuid), CAST(:tenant_id AS uuid), CAST(:session_id AS uuid),"
+        "  :kind, :model, CAST(:params AS jsonb), :idempotency_key,"
+        "  advanced.rev - :entry_count + :input_ord, job.id FROM job, advanced RETURNING *),"
+        f" {created}"
+        f" SELECT {_RUN_COLUMNS}, (SELECT count(*) FROM told_event) AS told,"
+        " (SELECT claimed FROM job) AS claimed, (SELECT count(*) FROM appended) AS appended"
+        " FROM run"
+    ).columns(
+        *runs.c, column("told", Integer), column("claimed", Boolean), column("appended", Integer)
+    )  # typed by position
+
+
 async def get_run(
     conn: AsyncConnection,
     run_id: str,
@@ -120,6 +201,19 @@ async def get_run(
     query = _get_run(tenant_id is not None, lock, skip_locked)
     params = {"run_id": run_id, "tenant_id": tenant_id}
     return _run((await conn.execute(query, params)).mappings().one_or_none())
+
+
+async def lock_with_rev(conn: AsyncConnection, run_id: str) -> tuple[Run, int] | None:
+    """get_run(lock=True), and its session's rev as that lock holds it: the seqs the caller's
+    transaction appends next follow it (a run's end: app/services/run_transitions.finish)."""
+    params = {"run_id": run_id, "tenant_id": None}
+    row = (await conn.execute(_lock_with_rev(), params)).mappings().one_or_none()
+    return None if row is None else (Run.from_row(row), int(row["session_rev"]))
+
+
+@functools.cache  # built once: constructing it cost more CPU than running it
+def _lock_with_rev() -> Select[Any]:
+    return _get_run(False, True, False).add_columns(sessions.c.rev.label("session_rev"))
 
 
 @functools.cache  # built once per shape: constructing it cost more CPU than running it
@@ -180,6 +274,9 @@ class Ended:
     run: Run  # as now written
     webhook_endpoints: list[str]  # the endpoints that want its end (app/db/webhooks.wanting)
     steers_pending: bool  # steers sent to it are still to be settled
+    # The seq of the last of the events given to end_run, when it wrote them (no steer was
+    # pending); else None.
+    last_event_seq: int | None = None
 
 
 async def end_run(
@@ -189,27 +286,55 @@ async def end_run(
     usage: dict[str, Any] | None,
     wanting: dict[str, Any],
     job_id: int | None = None,
+    events: tuple[tuple[str, str], dict[str, Any]] | None = None,
+    appended: tuple[Insert, dict[str, Any]] | None = None,
 ) -> Ended:
     """update_run for a run's end (`values`: plain values; ended_at is now), in one statement
     with the tenant's usage counted (`usage`: app/db/tenants.usage_added's values), the webhook
     endpoints that want its end read (`wanting`: app/db/webhooks.wanting_values'), whether
-    steers are pending for it, and `job_id` (its job, held by a worker of this process)
-    finished, succeeded. The caller holds the run's row locked: steers are committed under
-    that lock, so the statement sees every one."""
-    query = _end_run(tuple(sorted(values)), usage is not None, job_id is not None)
+    steers are pending for it, `job_id` (its job, held by a worker of this process) finished,
+    succeeded, and its last events appended and announced unless steers are pending (their
+    events come first: the caller then appends them all), `events` being the statement's part
+    that does it (app.eventlog.store.closing_events); `appended`: its closing entries'
+    append (app/db/journal.advancing_insert), made by the same statement. The caller holds
+    the run's
+    row locked, and its session's, since an earlier statement of its transaction
+    (get_run(lock=True)): steers are committed under those locks, so this statement sees every
+    one."""
+    shape = (tuple(sorted(values)), usage is not None, job_id is not None)
+    query = _end_run(
+        *shape,
+        events[0] if events is not None else None,
+        appended[0] if appended is not None else None,
+    )
     params = {"end_run": run_id, **{f"end_{k}": v for k, v in values.items()}, **wanting}
     if job_id is not None:
         params |= {"finish_job_id": job_id, "finish_job_status": "succeeded"}
+    for part in (events, appended):
+        if part is not None:
+            params |= part[1]
     row = (await conn.execute(query, params | (usage or {}))).mappings().one()
+    if appended is not None and row["appended_last_seq"] != values.get("end_entry_seq"):
+        # The seqs the caller gave its entries, from the session's rev under its lock: a
+        # mismatch is a bug, and rolls the transaction back.
+        raise RuntimeError(f"run {run_id}: its end's entries took other seqs than expected")
+    last = row["last_event_seq"] if events is not None else None
     return Ended(
         Run.from_row(row),
         [str(e) for e in row["webhook_endpoints"] or []],
         bool(row["steers_pending"]),
+        int(last) if last is not None else None,
     )
 
 
 @functools.cache  # built once per shape: constructing it cost more CPU than running it
-def _end_run(names: tuple[str, ...], counted: bool, finishing_job: bool) -> Update:
+def _end_run(
+    names: tuple[str, ...],
+    counted: bool,
+    finishing_job: bool,
+    events: tuple[str, str] | None,
+    appended: Insert | None,
+) -> Update:
     endpoints = select(func.array_agg(webhook_endpoints.c.id)).where(WANTING).scalar_subquery()
     pending = (
         select(steers.c.id)
@@ -227,6 +352,18 @@ def _end_run(names: tuple[str, ...], counted: bool, finishing_job: bool) -> Upda
         )
         .returning(runs, endpoints.label("webhook_endpoints"), pending.label("steers_pending"))
     )
+    if events is not None:
+        written = text(events[0]).columns(column("seq", Integer)).cte("end_events")
+        told = text(events[1]).columns(column("told", Text)).cte("end_events_told")
+        query = query.add_cte(written, told)
+        last = select(func.max(written.c.seq)).scalar_subquery()
+        announced = select(func.count()).select_from(told).scalar_subquery()  # read: it runs
+        query = query.returning(last.label("last_event_seq"), announced.label("told"))
+    if appended is not None:
+        entries = appended.cte("end_entries")
+        query = query.add_cte(entries)
+        appended_last = select(func.max(entries.c.seq)).scalar_subquery()
+        query = query.returning(appended_last.label("appended_last_seq"))
     if finishing_job:
         # Joined in, so that it runs: a CTE nothing reads is not evaluated.
         finished = text(f"SELECT true AS finished FROM {jobs_db.FINISH_JOB}")

@@ -101,24 +101,66 @@ async def append_events(
 # One event of the run a statement writes (its CTE `run`: inserted, or updated), appended after
 # the run's last event and announced by the same statement: the `run_event` and `told_event`
 # CTEs, which must follow `run`; `told_event` must be read.
-_RUN_EVENT = (
-    "run_event AS (INSERT INTO run_events (run_id, seq, type, data)"
-    " SELECT run.id, coalesce((SELECT max(x.seq) FROM run_events x WHERE x.run_id = run.id),"
-    "  0) + 1, :event_type, CAST(:event_data AS jsonb) FROM run RETURNING run_id, seq),"
-    " told_event AS (SELECT pg_notify(:channel, json_build_object('runs',"
-    "  json_build_object(run_id, seq))::text) FROM run_event)"
-)
+@functools.cache  # one per set of the run's columns its data takes
+def _run_event(from_run: tuple[str, ...]) -> str:
+    data = "CAST(:event_data AS jsonb)"
+    if from_run:
+        data += " || jsonb_build_object(" + ", ".join(f"'{c}', run.{c}" for c in from_run) + ")"
+    return (
+        "run_event AS (INSERT INTO run_events (run_id, seq, type, data)"
+        " SELECT run.id, coalesce((SELECT max(x.seq) FROM run_events x WHERE x.run_id = run.id),"
+        f"  0) + 1, :event_type, {data} FROM run RETURNING run_id, seq),"
+        " told_event AS (SELECT pg_notify(:channel, json_build_object('runs',"
+        "  json_build_object(run_id, seq))::text) FROM run_event)"
+    )
 
 
-def run_event(kind: str, data: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+def run_event(
+    kind: str, data: Mapping[str, Any], from_run: tuple[str, ...] = ()
+) -> tuple[str, dict[str, Any]]:
     """One event of the run a statement writes (app.db.runs: a new run's run.created, a first
-    start's run.started): the CTEs that append and announce it, and their parameters."""
+    start's run.started): the CTEs that append and announce it, and their parameters.
+    `from_run`: columns of the run's row the statement writes (known only then), set in the
+    event's data under their names."""
     params = {
         "event_type": kind,
         "event_data": json.dumps(data, separators=(",", ":")),
         "channel": CHANNEL,
     }
-    return _RUN_EVENT, params
+    return _run_event(from_run), params
+
+
+# A run's last events, appended after its last one (as append_events allocates seqs) and
+# announced, by the statement that ends the run (app/db/runs.end_run, whose `:end_run` names the
+# run), unless steers are pending for it: the CTEs `end_events` (the seqs written) and
+# `end_events_told`, which must be read.
+_CLOSING_EVENTS = (
+    "INSERT INTO run_events (run_id, seq, type, data)"
+    " SELECT CAST(:end_run AS uuid),"
+    "  coalesce((SELECT max(x.seq) FROM run_events x WHERE x.run_id = CAST(:end_run AS uuid)), 0)"
+    "  + e.ord, e.type, CAST(e.data AS jsonb)"
+    " FROM unnest(CAST(:closing_types AS text[]), CAST(:closing_datas AS text[]))"
+    "  WITH ORDINALITY AS e(type, data, ord)"
+    " WHERE NOT EXISTS (SELECT 1 FROM steers s"
+    "  WHERE s.run_id = CAST(:end_run AS uuid) AND s.status = 'pending')"
+    " RETURNING seq",
+    "SELECT pg_notify(:closing_channel, json_build_object('runs',"
+    " json_build_object(CAST(:end_run AS text), max(seq)))::text) AS told"
+    " FROM end_events HAVING count(*) > 0",
+)
+
+
+def closing_events(
+    events: Sequence[tuple[str, Mapping[str, Any]]],
+) -> tuple[tuple[str, str], dict[str, Any]]:
+    """A run's last (type, data) events, for the statement that ends it: the CTEs that append
+    and announce them (_CLOSING_EVENTS), and their parameters."""
+    params = {
+        "closing_types": [str(kind) for kind, _ in events],
+        "closing_datas": [json.dumps(data, separators=(",", ":")) for _, data in events],
+        "closing_channel": CHANNEL,
+    }
+    return _CLOSING_EVENTS, params
 
 
 def numbered(

@@ -26,7 +26,7 @@ from app.core.content import content_problems
 from app.core.entries import EntryKind, NewEntry, PendingEntry
 from app.core.output_schema import ResponseFormat, schema_problem
 from app.core.projection import ProjectionMeta
-from app.core.runs import CancelMode, Run, RunKind, RunParams, entry_id
+from app.core.runs import CancelMode, Run, RunParams, entry_id
 from app.core.sessions import Session, SessionStatus
 from app.core.tool_choice import ToolChoice
 from app.db import jobs as jobs_db
@@ -45,7 +45,6 @@ from app.services.errors import (
     session_not_found,
 )
 from app.services.handoff import RunHandoff
-from app.services.journal import append_in
 from app.services.projection import Answer, SessionProjection, project_in, project_session
 from app.telemetry import metrics
 
@@ -393,11 +392,9 @@ async def _commit(
         )
         for i, e in enumerate(params.before)
     ]
-    appended = await append_in(
+    return await runs.create_asked(
         conn,
-        tenant_id,
-        session_id,
-        [
+        entries=[
             *before,
             NewEntry(
                 EntryKind.MESSAGE,
@@ -412,21 +409,13 @@ async def _commit(
                 entry_id(run_id, "start"),
             ),
         ],
-        fresh_ids=True,  # derived from run_id, a new uuid4: nothing to replay
-        session_values={"status": "active"},  # the run's
-    )
-    user_seq = int(appended.entries[len(before)]["seq"])
-    return await runs.create(
-        conn,
+        input_at=len(before),
         id=run_id,
         tenant_id=tenant_id,
         session_id=session_id,
-        kind=RunKind.ASK,
         model=model,
         params=run_params,
         idempotency_key=params.idempotency_key,
-        user_entry_seq=user_seq,
-        session_marked_active=True,
         claim_for=claim_for,
     )
 

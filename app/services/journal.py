@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from sqlalchemy import RowMapping
+from sqlalchemy import Insert, RowMapping
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -181,6 +181,41 @@ async def _append_rows(
         conn, session_id, [r | {"seq": first + i} for i, r in enumerate(_stored(rows))]
     )
     return AppendResult(stored, rev, replayed=False)
+
+
+def fresh_rows(new_entries: Sequence[NewEntry]) -> list[dict[str, Any]] | None:
+    """A batch of entries whose ids no stored entry can have (derived from an id just made up),
+    validated, as the entries table takes them, for a statement that appends them with more
+    (an ask's, with its run: app/db/runs.insert_asked_run); None when the batch needs
+    append_in's checks (an entry naming a range, checked once its seq is known; a kept time)."""
+    rows = _prepare(new_entries)
+    if any(r["kind"] in RANGE_KINDS or "created_at" in r for r in rows):
+        return None
+    return _stored(rows)
+
+
+@dataclass(frozen=True)
+class AppendPart:
+    """An append made by a statement of its caller's (app/db/journal.advancing_insert): the
+    rows it stores, in order, and the statement's part and parameters."""
+
+    rows: list[dict[str, Any]]
+    statement: Insert
+    params: dict[str, Any]
+
+
+def fresh_append(
+    tenant_id: str, session_id: str, new_entries: Sequence[NewEntry], ended: RunEnded
+) -> AppendPart | None:
+    """append_in(fresh_ids=True, ended=ended) as a part of another statement (a run's end: in
+    its run's end statement); None when the entries need append_in's checks (fresh_rows)."""
+    rows = fresh_rows(new_entries)
+    if rows is None:
+        return None
+    advance = sessions_db.advancing(
+        tenant_id, session_id, len(rows), None, True, title=untitled_title(rows), ended=ended
+    )
+    return AppendPart(rows, *journal_db.advancing_insert(advance, session_id, rows))
 
 
 def _stored(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -35,11 +35,15 @@ from app.eventlog.registry import TERMINAL_BY_STATUS, Event, EventType
 from app.llm.catalog import cost_usd, model_labels
 from app.runs import machine
 from app.services import webhooks
-from app.services.journal import append_in
+from app.services.journal import append_in, fresh_append, fresh_rows, untitled_title
 from app.telemetry import carried, metrics
 
 # A run whose workers died this many times while running it fails instead of being passed on.
 MAX_WORKERS_LOST = 2
+# The statements that append entries with more (an ask's, with its run; a run's end), timed
+# as journal appends.
+_insert_asked_run = metrics.timed_append(runs_db.insert_asked_run)
+_end_run_appending = metrics.timed_append(runs_db.end_run)
 
 
 async def create(
@@ -82,9 +86,74 @@ async def create(
             .where(sessions.c.id == session_id)
             .values(status="active", updated_at=func.now())
         )
-    # A new run's first event: seq 1.
-    (first,) = event_store.numbered([(id, *created)], {id: 1})
-    return replace(queued, created=first)
+    return replace(queued, created=_first_event(id, created))
+
+
+def _first_event(run_id: str, created: Event) -> dict[str, Any]:
+    """A new run's run.created as its followers read it: its first event, seq 1."""
+    (first,) = event_store.numbered([(run_id, *created)], {run_id: 1})
+    return first
+
+
+async def create_asked(
+    conn: AsyncConnection,
+    *,
+    entries: Sequence[NewEntry],
+    input_at: int,
+    id: str,
+    tenant_id: str,
+    session_id: str,
+    model: str,
+    params: RunParams,
+    idempotency_key: str | None,
+    claim_for: int | None = None,
+) -> runs_db.QueuedRun:
+    """An ask's entries (its user entry at `input_at`; fresh ids, derived from the run's id)
+    and its run (as `create`), in the transaction that locked its session: in one statement
+    (runs_db.insert_asked_run); entries that need append_in's checks are appended first."""
+    rows = fresh_rows(entries)
+    if rows is None:
+        appended = await append_in(
+            conn,
+            tenant_id,
+            session_id,
+            entries,
+            fresh_ids=True,
+            session_values={"status": "active"},  # the run's
+        )
+        return await create(
+            conn,
+            id=id,
+            tenant_id=tenant_id,
+            session_id=session_id,
+            kind=RunKind.ASK,
+            model=model,
+            params=params,
+            idempotency_key=idempotency_key,
+            user_entry_seq=int(appended.entries[input_at]["seq"]),
+            session_marked_active=True,
+            claim_for=claim_for,
+        )
+    params = carried.into(params, run_id=id, tenant_id=tenant_id, session_id=session_id)
+    created = machine.created_event(id, session_id, RunKind.ASK, None, model)
+    queued = await _insert_asked_run(
+        conn,
+        event_store.run_event(*created, from_run=("user_entry_seq",)),
+        rows,
+        input_at,
+        untitled_title(rows),
+        id=id,
+        tenant_id=tenant_id,
+        session_id=session_id,
+        model=model,
+        params=params.ask_json(),
+        idempotency_key=idempotency_key,
+        claim_for=claim_for,
+    )
+    metrics.run_created(RunKind.ASK.value)
+    input_seq = queued.run.user_entry_seq
+    stored = machine.created_event(id, session_id, RunKind.ASK, input_seq, model)
+    return replace(queued, created=_first_event(id, stored))
 
 
 async def start(conn: AsyncConnection, run: Run, lease: int) -> Run:
@@ -219,13 +288,15 @@ async def finish(
     outcome: Outcome,
     written: list[dict[str, Any]] | None = None,
     job_id: int | None = None,
+    session_rev: int | None = None,
 ) -> Run:
     """Commit the end of `run` (locked by the caller, still active): its answer (partial ones
     marked incomplete), usage and run_end entries, a rollback if one was asked for, its row,
     the session's status and totals, and its last events (given to `written`: see
     writer.append); with `job_id` (the run's job, held by a worker of this process), the job's
     end too. Ending a run twice is refused by the caller's check that it is active: its end
-    entries are written only here."""
+    entries are written only here. `session_rev`: the session's rev as the caller's lock holds
+    it (runs_db.lock_for_end): the entries' seqs follow it, and all of it is one statement."""
     outcome = machine.settled(run, outcome)
     model = outcome.model or run.model
     entries: list[NewEntry] = []
@@ -293,17 +364,22 @@ async def finish(
     # Fresh ids: they derive from the run, and only this transition writes them, in the
     # transaction that ends the run; the run is active (locked by the caller), so none is
     # stored yet (the unique index would refuse one all the same).
-    appended = await append_in(
-        conn,
-        run.tenant_id,
-        run.session_id,
-        entries,
-        fresh_ids=True,
-        ended=ended_run,
+    rollback_asked = run.cancel_mode == "rollback" and run.user_entry_seq is not None
+    part = (
+        fresh_append(run.tenant_id, run.session_id, entries, ended_run)
+        if session_rev is not None and not rollback_asked
+        else None
     )
-    committed = list(appended.entries)
+    committed: list[Any]
+    if part is not None and session_rev is not None:  # appended by the end's statement
+        committed = [{**r, "seq": session_rev + 1 + i} for i, r in enumerate(part.rows)]
+    else:
+        appended = await append_in(
+            conn, run.tenant_id, run.session_id, entries, fresh_ids=True, ended=ended_run
+        )
+        committed = list(appended.entries)
     end_seq = int(committed[-1]["seq"])
-    if run.cancel_mode == "rollback" and run.user_entry_seq is not None:
+    if rollback_asked:
         rollback = NewEntry(
             EntryKind.ROLLBACK,
             {"from_seq": run.user_entry_seq, "to_seq": end_seq, "reason": "rollback"},
@@ -345,7 +421,7 @@ async def finish(
         if usage is not None
         else None
     )
-    closed = await runs_db.end_run(
+    closed = await (_end_run_appending if part is not None else runs_db.end_run)(
         conn,
         run.id,
         {
@@ -365,12 +441,17 @@ async def finish(
         usage_row,
         webhooks_db.wanting_values(run.tenant_id, run.session_id, terminal),
         job_id,
+        event_store.closing_events(step.events),  # written by it unless steers are pending
+        (part.statement, part.params) if part is not None else None,
     )
     ended = closed.run
-    if run.kind is RunKind.ASK and closed.steers_pending:
-        steered = await _hand_on_steers(conn, run, step.status)
-        await writer.append(conn, run.id, steered, written)
-    await writer.append(conn, run.id, step.events, written)
+    if closed.last_event_seq is not None:
+        if written is not None:
+            rows = [(run.id, kind, data) for kind, data in step.events]
+            written += event_store.numbered(rows, {run.id: closed.last_event_seq})
+    else:  # the steers' events come first
+        steered = await _hand_on_steers(conn, run, step.status) if closed.steers_pending else []
+        await writer.append(conn, run.id, [*steered, *step.events], written)
     metrics.run_ended(
         run.kind, step.status, ended.created_at, ended.ended_at, model_labels(model), usage, cost
     )

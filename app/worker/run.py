@@ -251,11 +251,12 @@ async def _finish(runtime: Runtime, run: Run, outcome: Outcome, job_id: int | No
     written: list[dict[str, Any]] = []
     with runtime.writer.committing([run.id]):
         async with runtime.engine.begin() as conn:
-            locked = await runs_db.get_run(conn, run.id, lock=True)
-            if locked is None or not locked.active or locked.attempts != run.attempts:
+            found = await runs_db.lock_with_rev(conn, run.id)
+            if found is None or not found[0].active or found[0].attempts != run.attempts:
                 # ended meanwhile (a cancel after this worker was thought dead), or taken over
                 return False
-            await run_transitions.finish(conn, locked, outcome, written, job_id)
+            locked, rev = found
+            await run_transitions.finish(conn, locked, outcome, written, job_id, session_rev=rev)
         runtime.writer.publish(written)  # committed: this process's followers have them now
     return job_id is not None
 

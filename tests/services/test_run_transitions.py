@@ -8,15 +8,20 @@ import json
 import uuid
 
 import asyncpg
+import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.core.entries import EntryKind, NewEntry
 from app.core.runs import Outcome, Run, RunKind, RunParams, RunStatus
+from app.core.usage import UsageReport
 from app.db import runs as runs_db
+from app.db import sessions as sessions_db
 from app.db import steers as steers_db
 from app.db.engine import autocommit, libpq_url
 from app.eventlog import store as event_store
 from app.services import run_transitions
+from app.services.journal import append_in
 from tests.db.test_runs import created, new_session, run_values
 
 LEASE = 424242
@@ -279,3 +284,141 @@ async def test_a_run_ending_while_an_ask_steers_it_hands_the_steer_on(
     assert status == "next_run" and next_run_id is not None
     steered = [data for _, kind, data in await events_of(engine, ended) if kind == "run.steered"]
     assert steered and steered[0]["steer_id"] == steer_id  # type: ignore[index]
+
+
+async def test_an_asks_entries_and_run_in_one_statement_are_what_two_statements_write(
+    engine: AsyncEngine,
+) -> None:
+    """An ask's entries and run (create_asked) in one statement, and, when an entry needs the
+    append's checks (a rollback among them: its range is checked once its seq is known), in
+    two: the same session, entries, run and run.created, which names the user entry's seq (and
+    which the ask hands its stream, as stored)."""
+
+    async def asked(session_id: str, tenant: str, rollback: bool) -> tuple[object, ...]:
+        run_id = str(uuid.uuid4())
+        refs = {"run_id": run_id}
+        before = (
+            [NewEntry(EntryKind.ROLLBACK, {"from_seq": 1, "to_seq": 1}, refs, f"{run_id}:rb")]
+            if rollback
+            else [NewEntry(EntryKind.MESSAGE, {"role": "assistant", "content": "hi"}, refs)]
+        )
+        entries = [
+            *before,
+            NewEntry(EntryKind.MESSAGE, {"role": "user", "content": "Name me"}, refs, run_id),
+            NewEntry(EntryKind.RUN_START, {"run_id": run_id, "model": "m"}, refs, f"{run_id}:s"),
+        ]
+        async with engine.begin() as conn:
+            await sessions_db.get_session(conn, tenant, session_id, lock=True)
+            queued = await run_transitions.create_asked(
+                conn,
+                entries=entries,
+                input_at=1,
+                id=run_id,
+                tenant_id=tenant,
+                session_id=session_id,
+                model="openai:gpt-4o-mini",
+                params=RunParams(),
+                idempotency_key=None,
+            )
+        async with engine.connect() as conn:
+            session = await sessions_db.get_session(conn, tenant, session_id)
+            stored = (
+                await conn.execute(
+                    text("SELECT seq, kind, id FROM entries WHERE session_id = :s ORDER BY seq"),
+                    {"s": session_id},
+                )
+            ).all()
+        assert session is not None
+        events = await events_of(engine, queued.run)
+        assert events == [(1, "run.created", queued.created["data"])]  # type: ignore[index]
+        assert queued.created["data"]["user_entry_seq"] == queued.run.user_entry_seq  # type: ignore[index]
+        return (
+            session.rev,
+            session.title,
+            session.status,
+            [(seq, kind) for seq, kind, _ in stored],
+            queued.run.user_entry_seq,
+            queued.run.status,
+        )
+
+    results = []
+    for rollback in (False, True):
+        tenant, session_id = await new_session(engine)
+        async with engine.begin() as conn:  # the first entry, which the rollback takes back
+            first = NewEntry(EntryKind.MESSAGE, {"role": "assistant", "content": "x"}, {})
+            await append_in(conn, tenant, session_id, [first])
+        results.append(await asked(session_id, tenant, rollback))
+    one, two = results
+    kinds = ["message", "message", "message", "run_start"]
+    assert one == (
+        4,
+        "Name me",
+        "active",
+        list(zip(range(1, 5), kinds, strict=True)),
+        3,
+        RunStatus.QUEUED,
+    )
+    kinds[1] = "rollback"
+    assert two == (
+        4,
+        "Name me",
+        "active",
+        list(zip(range(1, 5), kinds, strict=True)),
+        3,
+        RunStatus.QUEUED,
+    )
+
+
+@pytest.mark.parametrize("in_one_statement", [False, True])
+async def test_a_runs_end_hands_its_followers_the_events_it_stored_steered_ones_first(
+    engine: AsyncEngine, in_one_statement: bool
+) -> None:
+    """A run's end writes its last events in the statement that ends it, unless a steer is
+    pending: then the steer's run.steered comes first and the terminal event last. Either way
+    the rows handed to this process's followers are the rows stored. The worker's end (its
+    entries in that statement too, at the seqs after the rev its lock read) writes what the
+    end of any other caller does."""
+    for steered in (False, True):
+        run = (await start_first(engine, (await queued_run(engine)).id)).run  # type: ignore[union-attr]
+        if steered:
+            async with engine.begin() as conn:
+                steer = steers_db.Steer(
+                    str(uuid.uuid4()), run.tenant_id, run.session_id, run.id, "on", run.model, {}
+                )
+                await steers_db.insert_steer(conn, steer)
+        written: list[dict[str, object]] = []
+        outcome = Outcome("completed", "done", usage=UsageReport(10, 2))
+        async with engine.begin() as conn:
+            if in_one_statement:
+                found = await runs_db.lock_with_rev(conn, run.id)
+                assert found is not None
+                locked, rev = found
+            else:
+                locked, rev = await runs_db.get_run(conn, run.id, lock=True), None
+            assert locked is not None
+            ended = await run_transitions.finish(conn, locked, outcome, written, session_rev=rev)
+        async with engine.connect() as conn:
+            session = await sessions_db.get_session(conn, run.tenant_id, run.session_id)
+            kinds_stored = (
+                await conn.execute(
+                    text("SELECT seq, kind FROM entries WHERE session_id = :s ORDER BY seq"),
+                    {"s": run.session_id},
+                )
+            ).all()
+        assert session is not None
+        # the answer, usage and run_end (then, steered, the next run's message and run_start)
+        assert [tuple(r) for r in kinds_stored][:3] == [
+            (1, "message"),
+            (2, "usage"),
+            (3, "run_end"),
+        ]
+        assert ended.end_entry_seq == 3
+        assert (session.input_tokens, session.output_tokens) == (10, 2)
+        assert session.status == ("active" if steered else "idle")  # the steer's next run
+        stored = await events_of(engine, run)
+        assert [(r["seq"], r["type"], r["data"]) for r in written] == stored[2:]
+        kinds = [kind for _, kind, _ in stored[2:]]
+        assert kinds[-1] == "run.completed" and kinds.count("run.completed") == 1
+        assert ("run.steered" in kinds) == steered
+        if steered:
+            assert kinds.index("run.steered") < kinds.index("entry.committed")
