@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import (
@@ -167,13 +167,21 @@ def advancing_insert(
         **advance.params,
         "entry_session": session_id,
         "entry_count": len(rows),
+        **entry_arrays(rows),
+    }
+    return _insert_advancing(advance.shape), params
+
+
+def entry_arrays(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[Any]]:
+    """The rows (as the entries table takes them, but their seqs) as the arrays a statement
+    unnests: entry_ids, entry_kinds, entry_payloads, entry_refs and entry_tokens."""
+    return {
         "entry_ids": [r["id"] for r in rows],
         "entry_kinds": [r["kind"] for r in rows],
         "entry_payloads": [json.dumps(r["payload"]) for r in rows],
         "entry_refs": [json.dumps(r["refs"]) for r in rows],
         "entry_tokens": [r["token_count"] for r in rows],
     }
-    return _insert_advancing(advance.shape), params
 
 
 @functools.cache  # built once per shape of its advance: see advancing_statement

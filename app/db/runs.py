@@ -29,6 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.runs import ACTIVE, Run, RunStatus
 from app.db import jobs as jobs_db
+from app.db import journal as journal_db
 from app.db.sessions import LIVE
 from app.db.tables import runs, sessions, steers, webhook_endpoints
 from app.db.tenants import USAGE_ADDED
@@ -71,7 +72,22 @@ async def insert_queued_run(
     a procrastinate worker id of this process, which takes the job at once if its session's
     lock allows (jobs_db.CLAIMED_OR_DEFERRED): that worker must then start the run."""
     query = _insert_queued_run(created[0])
-    values = {
+    values: dict[str, Any] = {"user_entry_seq": user_entry_seq}
+    values |= _run_values(id, tenant_id, session_id, kind, model, params, idempotency_key)
+    return await _inserting_run(conn, query, created, values, claim_for)
+
+
+def _run_values(
+    id: str,
+    tenant_id: str,
+    session_id: str,
+    kind: str,
+    model: str,
+    params: dict[str, Any],
+    idempotency_key: str | None,
+) -> dict[str, Any]:
+    """_RUN_INSERT's parameters (but the seq its caller's statement gives) and its job's."""
+    return {
         "id": id,
         "tenant_id": tenant_id,
         "session_id": session_id,
@@ -79,28 +95,44 @@ async def insert_queued_run(
         "model": model,
         "params": json.dumps(params),
         "idempotency_key": idempotency_key,
-        "user_entry_seq": user_entry_seq,
-        "worker_id": claim_for,
+        **jobs_db.run_job_params(id, session_id, kind),
     }
-    values |= jobs_db.run_job_params(id, session_id, kind)
-    values |= created[1]
+
+
+async def _inserting_run(
+    conn: AsyncConnection,
+    query: TextualSelect,
+    created: tuple[str, Mapping[str, Any]],
+    values: dict[str, Any],
+    claim_for: int | None,
+) -> QueuedRun:
+    values = values | {"worker_id": claim_for} | dict(created[1])
     row = (await conn.execute(query, values)).mappings().one()
     return QueuedRun(Run.from_row(row), bool(row["claimed"]))
 
 
+# A run inserted with its job (the CTE `job`: jobs_db.CLAIMED_OR_DEFERRED), as the CTE `run`;
+# its user entry's seq is the SQL its statement gives ({user_entry_seq}), from {source}.
+_RUN_INSERT = (
+    "run AS (INSERT INTO runs (id, tenant_id, session_id, kind, model, params,"
+    "  idempotency_key, user_entry_seq, job_id)"
+    "  SELECT CAST(:id AS uuid), CAST(:tenant_id AS uuid), CAST(:session_id AS uuid),"
+    "  :kind, :model, CAST(:params AS jsonb), :idempotency_key,"
+    "  {user_entry_seq}, job.id FROM {source} RETURNING *)"
+)
+# What a statement inserting a run (and its first event: `created`'s CTEs) answers with.
+_RUN_INSERTED = (
+    f"SELECT {_RUN_COLUMNS}, (SELECT count(*) FROM told_event) AS told,"
+    " (SELECT claimed FROM job) AS claimed FROM run"
+)
+
+
 @functools.cache  # built once per event part: text() parses its SQL on every construction
 def _insert_queued_run(created: str) -> TextualSelect:
-    return text(
-        f"WITH {jobs_db.CLAIMED_OR_DEFERRED},"
-        " run AS (INSERT INTO runs (id, tenant_id, session_id, kind, model, params,"
-        "  idempotency_key, user_entry_seq, job_id)"
-        "  SELECT CAST(:id AS uuid), CAST(:tenant_id AS uuid), CAST(:session_id AS uuid),"
-        "  :kind, :model, CAST(:params AS jsonb), :idempotency_key,"
-        "  CAST(:user_entry_seq AS bigint), job.id FROM job RETURNING *),"
-        f" {created}"
-        f" SELECT {_RUN_COLUMNS}, (SELECT count(*) FROM told_event) AS told,"
-        " (SELECT claimed FROM job) AS claimed FROM run"
-    ).columns(*runs.c, column("told", Integer), column("claimed", Boolean))  # typed by position
+    run = _RUN_INSERT.format(user_entry_seq="CAST(:user_entry_seq AS bigint)", source="job")
+    return text(f"WITH {jobs_db.CLAIMED_OR_DEFERRED}, {run}, {created} {_RUN_INSERTED}").columns(
+        *runs.c, column("told", Integer), column("claimed", Boolean)
+    )  # typed by position
 
 
 async def insert_asked_run(
@@ -125,34 +157,22 @@ async def insert_asked_run(
     `entries[input_at]` (`created` takes it from the run's row: app.eventlog.store.run_event's
     `from_run`). The caller holds the session's row locked."""
     query = _insert_asked_run(created[0])
-    values = {
-        "id": id,
-        "tenant_id": tenant_id,
-        "session_id": session_id,
-        "kind": "ask",
-        "model": model,
-        "params": json.dumps(params),
-        "idempotency_key": idempotency_key,
-        "worker_id": claim_for,
+    values: dict[str, Any] = {
         "advance_title": title,
         "entry_count": len(entries),
-        "entry_ids": [e["id"] for e in entries],
-        "entry_kinds": [e["kind"] for e in entries],
-        "entry_payloads": [json.dumps(e["payload"]) for e in entries],
-        "entry_refs": [json.dumps(e["refs"]) for e in entries],
-        "entry_tokens": [e["token_count"] for e in entries],
         "input_ord": input_at + 1,
     }
-    values |= jobs_db.run_job_params(id, session_id, "ask")
-    values |= created[1]
-    row = (await conn.execute(query, values)).mappings().one()
-    return QueuedRun(Run.from_row(row), bool(row["claimed"]))
+    values |= journal_db.entry_arrays(entries)
+    values |= _run_values(id, tenant_id, session_id, "ask", model, params, idempotency_key)
+    return await _inserting_run(conn, query, created, values, claim_for)
 
 
 @functools.cache  # built once per event part: text() parses its SQL on every construction
 def _insert_asked_run(created: str) -> TextualSelect:
     # What app/db/sessions.advancing and app/db/journal.insert_advancing write for an append
     # that sets the session's status (include_expired: the caller checked the session).
+    seq = "advanced.rev - :entry_count + :input_ord"
+    run = _RUN_INSERT.format(user_entry_seq=seq, source="job, advanced")
     return text(
         "WITH advanced AS (UPDATE sessions SET rev = rev + :entry_count, updated_at = now(),"
         "  status = 'active', title = coalesce(title, CAST(:advance_title AS text))"
@@ -167,19 +187,8 @@ def _insert_asked_run(created: str) -> TextualSelect:
         "   CAST(:entry_tokens AS int[]))"
         "   WITH ORDINALITY AS e(id, kind, payload, refs, token_count, ord)"
         "  RETURNING seq),"
-        f" {jobs_db.CLAIMED_OR_DEFERRED},"
-        " run AS (INSERT INTO runs (id, tenant_id, session_id, kind, model, params,"
-        "  idempotency_key, user_entry_seq, job_id)"
-        "  SELECT CAST(:id AS uuid), CAST(:tenant_id AS uuid), CAST(:session_id AS uuid),"
-        "  :kind, :model, CAST(:params AS jsonb), :idempotency_key,"
-        "  advanced.rev - :entry_count + :input_ord, job.id FROM job, advanced RETURNING *),"
-        f" {created}"
-        f" SELECT {_RUN_COLUMNS}, (SELECT count(*) FROM told_event) AS told,"
-        " (SELECT claimed FROM job) AS claimed, (SELECT count(*) FROM appended) AS appended"
-        " FROM run"
-    ).columns(
-        *runs.c, column("told", Integer), column("claimed", Boolean), column("appended", Integer)
-    )  # typed by position
+        f" {jobs_db.CLAIMED_OR_DEFERRED}, {run}, {created} {_RUN_INSERTED}"
+    ).columns(*runs.c, column("told", Integer), column("claimed", Boolean))  # typed by position
 
 
 async def get_run(

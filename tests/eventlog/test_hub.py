@@ -219,18 +219,28 @@ def test_a_follower_that_hears_nothing_reads_the_table_less_and_less_often() -> 
     assert hub_module.poll_wait(2.0, 10**6) == 30.0
 
 
-class Fetches:
-    """The hub's fetches of announced events from the table, counted (and made)."""
+class Counted:
+    """Calls of a function of app/eventlog/store.py, counted (and made): the hub's reads."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
         self.count = 0
-        read = event_store.read_events_of_runs
+        read = getattr(event_store, name)
 
         async def counted(*args: Any, **kwargs: Any) -> Any:
             self.count += 1
             return await read(*args, **kwargs)
 
-        monkeypatch.setattr(event_store, "read_events_of_runs", counted)
+        monkeypatch.setattr(event_store, name, counted)
+
+
+def counting_fetches(monkeypatch: pytest.MonkeyPatch) -> Counted:
+    """The hub's fetches of announced events from the table."""
+    return Counted(monkeypatch, "read_events_of_runs")
+
+
+def counting_replays(monkeypatch: pytest.MonkeyPatch) -> Counted:
+    """The hub's reads of a follower's backlog from the table."""
+    return Counted(monkeypatch, "read_backlog")
 
 
 @pytest.fixture
@@ -268,7 +278,7 @@ async def test_events_this_process_commits_reach_its_followers_from_memory_or_th
     hub = quiet_hub
     # Waiting for tool outputs: no worker of the shared database recovers it meanwhile.
     (run_id,) = await running_runs(e2e_engine, 1, status="requires_action")
-    fetches = Fetches(monkeypatch)
+    fetches = counting_fetches(monkeypatch)
 
     async def commit(kind: str, publish: bool) -> None:
         rows = [(run_id, kind, {"text": kind})]
@@ -312,7 +322,7 @@ async def test_a_follower_still_replaying_is_not_fetched_for_and_misses_nothing(
     for i in range(3):
         async with e2e_engine.begin() as conn:
             await event_store.append_events(conn, [(run_id, "message.delta", {"text": str(i)})])
-    fetches = Fetches(monkeypatch)
+    fetches = counting_fetches(monkeypatch)
     follower = hub.follow(run_id, 0)
     assert (await next_row(follower))["seq"] == 1  # stalled in its replay from here
     async with e2e_engine.begin() as conn:
@@ -322,20 +332,6 @@ async def test_a_follower_still_replaying_is_not_fetched_for_and_misses_nothing(
     seqs = [(await next_row(follower))["seq"] for _ in range(3)]
     assert seqs == [2, 3, 4] and fetches.count == 1  # seq 4 fetched once it was live
     await follower.aclose()
-
-
-class Replays:
-    """The hub's reads of a follower's backlog from the table, counted (and made)."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.count = 0
-        read = event_store.read_backlog
-
-        async def counted(*args: Any, **kwargs: Any) -> Any:
-            self.count += 1
-            return await read(*args, **kwargs)
-
-        monkeypatch.setattr(event_store, "read_backlog", counted)
 
 
 def event(run_id: str, seq: int, kind: str = "message.delta") -> dict[str, Any]:
@@ -348,7 +344,7 @@ async def test_an_expected_runs_stream_is_handed_what_its_worker_published_befor
     """A run an ask of this process hands to this process's worker, its stream about to follow
     it: the rows published before the stream subscribes are its replay, with no read of the
     table (which has no such run here: a read would end the stream at once, empty)."""
-    hub, run_id, replays = quiet_hub, str(uuid.uuid4()), Replays(monkeypatch)
+    hub, run_id, replays = quiet_hub, str(uuid.uuid4()), counting_replays(monkeypatch)
     hub.expect(event(run_id, 1, "run.created"))
     hub.publish([event(run_id, 2, "run.started"), event(run_id, 3)])
     follower = hub.follow(run_id, 0)
@@ -371,7 +367,7 @@ async def test_an_expected_run_with_a_gap_or_not_followed_from_its_start_reads_t
     for run_id in (gap, many, resumed):
         async with e2e_engine.begin() as conn:
             await event_store.append_events(conn, [(run_id, "message.delta", {})] * 5)
-    replays = Replays(monkeypatch)
+    replays = counting_replays(monkeypatch)
     hub.expect(event(gap, 1))
     hub.publish([event(gap, 3)])
     hub.expect(event(many, 1))

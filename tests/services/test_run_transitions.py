@@ -4,13 +4,15 @@ does, for the runs it takes; every other run is left to that start, untouched.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import uuid
+from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.core.entries import EntryKind, NewEntry
 from app.core.runs import Outcome, Run, RunKind, RunParams, RunStatus
@@ -204,8 +206,12 @@ async def waiting_for_a_lock(engine: AsyncEngine, task: asyncio.Task[object], li
         await asyncio.sleep(0.01)
 
 
-async def end_in_a_task(engine: AsyncEngine, run: Run) -> asyncio.Task[Run]:
-    """The worker's end of `run` (app/worker/run.py: its row locked, then finish)."""
+@contextlib.asynccontextmanager
+async def ending_behind_an_ask(
+    engine: AsyncEngine, run: Run
+) -> AsyncIterator[tuple[AsyncConnection, asyncio.Task[Run]]]:
+    """An ask's transaction holding `run`'s session's row (committed on leaving), and the
+    run's end (its row locked, then finish) in a task, waiting for the ask's lock."""
 
     async def end() -> Run:
         async with engine.begin() as conn:
@@ -213,7 +219,15 @@ async def end_in_a_task(engine: AsyncEngine, run: Run) -> asyncio.Task[Run]:
             assert locked is not None
             return await run_transitions.finish(conn, locked, Outcome("completed", "done"))
 
-    return asyncio.create_task(end())
+    async with engine.connect() as ask:
+        await ask.begin()
+        await ask.execute(
+            text("SELECT id FROM sessions WHERE id = :id FOR UPDATE"), {"id": run.session_id}
+        )
+        ending = asyncio.create_task(end())
+        await waiting_for_a_lock(engine, ending, "%sessions%")
+        yield ask, ending
+        await ask.commit()
 
 
 async def test_a_run_ending_while_an_ask_commits_leaves_the_session_busy(
@@ -224,13 +238,7 @@ async def test_a_run_ending_while_an_ask_commits_leaves_the_session_busy(
     update, waiting for the row, read the session's runs as they were before the wait, and
     marked the session idle: the next ask then skipped the busy check.)"""
     run = (await start_first(engine, (await queued_run(engine)).id)).run  # type: ignore[union-attr]
-    async with engine.connect() as ask:
-        await ask.begin()
-        await ask.execute(
-            text("SELECT id FROM sessions WHERE id = :id FOR UPDATE"), {"id": run.session_id}
-        )
-        ending = await end_in_a_task(engine, run)
-        await waiting_for_a_lock(engine, ending, "%sessions%")
+    async with ending_behind_an_ask(engine, run) as (ask, ending):
         queued = await run_transitions.create(
             ask,
             id=str(uuid.uuid4()),
@@ -241,7 +249,6 @@ async def test_a_run_ending_while_an_ask_commits_leaves_the_session_busy(
             params=RunParams(),
             idempotency_key=None,
         )
-        await ask.commit()
     await ending
     async with engine.connect() as conn:
         status = await conn.scalar(
@@ -259,13 +266,7 @@ async def test_a_run_ending_while_an_ask_steers_it_hands_the_steer_on(
     the same order (never each holding what the other waits for: a deadlock, which failed one
     of them), and then finds the steer: it starts the next run."""
     run = (await start_first(engine, (await queued_run(engine)).id)).run  # type: ignore[union-attr]
-    async with engine.connect() as ask:
-        await ask.begin()
-        await ask.execute(
-            text("SELECT id FROM sessions WHERE id = :id FOR UPDATE"), {"id": run.session_id}
-        )
-        ending = await end_in_a_task(engine, run)
-        await waiting_for_a_lock(engine, ending, "%sessions%")
+    async with ending_behind_an_ask(engine, run) as (ask, ending):
         locked = await runs_db.get_run(ask, run.id, lock=True)
         assert locked is not None and locked.active
         steer_id = str(uuid.uuid4())
@@ -273,7 +274,6 @@ async def test_a_run_ending_while_an_ask_steers_it_hands_the_steer_on(
             steer_id, run.tenant_id, run.session_id, run.id, "and shorter", run.model, {}
         )
         await steers_db.insert_steer(ask, steer)
-        await ask.commit()
     ended = await ending
     assert ended.status is RunStatus.COMPLETED
     async with engine.connect() as conn:
@@ -389,14 +389,12 @@ async def test_a_runs_end_hands_its_followers_the_events_it_stored_steered_ones_
         written: list[dict[str, object]] = []
         outcome = Outcome("completed", "done", usage=UsageReport(10, 2))
         async with engine.begin() as conn:
-            if in_one_statement:
-                found = await runs_db.lock_with_rev(conn, run.id)
-                assert found is not None
-                locked, rev = found
-            else:
-                locked, rev = await runs_db.get_run(conn, run.id, lock=True), None
-            assert locked is not None
-            ended = await run_transitions.finish(conn, locked, outcome, written, session_rev=rev)
+            found = await runs_db.lock_with_rev(conn, run.id)
+            assert found is not None
+            locked, rev = found
+            ended = await run_transitions.finish(
+                conn, locked, outcome, written, session_rev=rev if in_one_statement else None
+            )
         async with engine.connect() as conn:
             session = await sessions_db.get_session(conn, run.tenant_id, run.session_id)
             kinds_stored = (

@@ -285,6 +285,16 @@ def recovery_settings(database_url: str, upstream: FakeUpstream) -> tuple[Settin
     return settings, issue_key(settings, f"recovery-{uuid.uuid4()}")
 
 
+async def asked_in_a_new_session(
+    engine: AsyncEngine, settings: Settings, key: str
+) -> tuple[str, asks.AskResult]:
+    """The key's tenant, and an ask of it in a new session (its run queued: no worker here)."""
+    tenant = await tenant_for_key(engine, key)
+    assert tenant is not None
+    session = await create_session(engine, tenant, title=None, metadata={}, config={})
+    return tenant, await asks.ask(engine, settings, tenant, session.id, asks.AskParams("q"))
+
+
 async def job_status(engine: AsyncEngine, job_id: int | None) -> str:
     async with engine.connect() as conn:
         query = text("SELECT status FROM procrastinate_jobs WHERE id = :id")
@@ -303,10 +313,7 @@ async def test_a_cancel_while_recovery_queues_a_dead_workers_run_again_leaves_it
     settings, key = recovery_settings
     engine = create_engine(settings)
     try:
-        tenant = await tenant_for_key(engine, key)
-        assert tenant is not None
-        session = await create_session(engine, tenant, title=None, metadata={}, config={})
-        asked = await asks.ask(engine, settings, tenant, str(session.id), asks.AskParams("q"))
+        tenant, asked = await asked_in_a_new_session(engine, settings, key)
         run_id, first_job = asked.run.id, asked.run.job_id
         # The first worker takes the job and starts the run under its lease, then dies: its
         # lease (a session advisory lock) goes with its connection.
@@ -351,7 +358,7 @@ async def test_a_cancel_while_recovery_queues_a_dead_workers_run_again_leaves_it
             ended = await runs_db.get_run(conn, run_id)
             ends = await conn.scalar(
                 text("SELECT count(*) FROM entries WHERE session_id = :id AND kind = 'run_end'"),
-                {"id": session.id},
+                {"id": asked.run.session_id},
             )
             terminal = await conn.scalars(
                 text(
@@ -378,10 +385,7 @@ async def test_the_recovery_leaves_a_busy_sessions_runs_for_its_next_look(
     settings, key = recovery_settings
     engine = create_engine(settings)
     try:
-        tenant = await tenant_for_key(engine, key)
-        assert tenant is not None
-        session = await create_session(engine, tenant, title=None, metadata={}, config={})
-        asked = await asks.ask(engine, settings, tenant, str(session.id), asks.AskParams("q"))
+        _, asked = await asked_in_a_new_session(engine, settings, key)
         run_id = asked.run.id
         async with engine.begin() as conn:
             await runs_db.update_run(conn, run_id, {"cancel_mode": "cancel"})
@@ -392,7 +396,8 @@ async def test_the_recovery_leaves_a_busy_sessions_runs_for_its_next_look(
         async with engine.connect() as holder:
             await holder.begin()
             await holder.execute(
-                text("SELECT id FROM sessions WHERE id = :id FOR UPDATE"), {"id": session.id}
+                text("SELECT id FROM sessions WHERE id = :id FOR UPDATE"),
+                {"id": asked.run.session_id},
             )
             holder_pid = (await holder.execute(text("SELECT pg_backend_pid()"))).scalar_one()
             recovery = asyncio.create_task(recover_orphaned_runs(engine, lease_grace_seconds=0))
