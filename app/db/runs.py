@@ -16,11 +16,13 @@ from sqlalchemy import (
     Text,
     TextualSelect,
     Update,
+    and_,
     bindparam,
     column,
     func,
     select,
     text,
+    true,
     type_coerce,
     update,
 )
@@ -30,7 +32,13 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from app.core.runs import ACTIVE, Run, RunStatus
 from app.db import jobs as jobs_db
 from app.db import journal as journal_db
-from app.db.sessions import LIVE
+from app.db.sessions import (
+    LIVE,
+    RunStart,
+    run_start_columns,
+    run_start_of,
+    run_start_params,
+)
 from app.db.tables import runs, sessions, steers, webhook_endpoints
 from app.db.tenants import USAGE_ADDED
 from app.db.webhooks import WANTING
@@ -397,6 +405,9 @@ class FirstStart:
     run: Run  # started: its first attempt, under the given lease
     event_seq: int  # its start event's
     steered: bool  # steers were pending for it when it started
+    # What the run reads of its session to start (app/db/sessions.read_for_run), read by the
+    # same statement.
+    start: RunStart
 
 
 async def start_first(
@@ -404,38 +415,64 @@ async def start_first(
     run_id: str,
     status: RunStatus,
     lease: int,
-    started: tuple[str, Mapping[str, Any]],
+    started: tuple[tuple[str, str], Mapping[str, Any]],
 ) -> FirstStart | None:
     """One statement (on an autocommit connection, its own transaction): the first attempt of a
     run that was never started and is not being cancelled (queued, attempts 0), now `status`
-    under `lease`, and its start event appended and announced (`started`: the statement's part
-    that does it, app.eventlog.store.run_event). None: not such a run (the caller starts it
-    under its row's lock, as start_attempt's callers do). The update takes the row's lock: it
-    waits for a cancel holding it, then finds the run cancelled."""
+    under `lease`, its start event appended and announced (`started`: the statement's part
+    that does it, app.eventlog.store.run_event_ctes), and what the run reads of its session
+    to start (read_for_run's, in the statement's snapshot). None: not such a run (the caller
+    starts it under its row's lock, as start_attempt's callers do). The update takes the row's
+    lock: it waits for a cancel holding it, then finds the run cancelled."""
     query = _start_first(started[0])
     values = {"id": run_id, "status": status.value, "lease": lease, **started[1]}
+    values |= run_start_params(run_id)
     row = (await conn.execute(query, values)).mappings().one_or_none()
     if row is None:
         return None
-    return FirstStart(Run.from_row(row), int(row["event_seq"]), bool(row["steered"]))
+    return FirstStart(
+        Run.from_row(row),
+        int(row["event_seq"]),
+        bool(row["steered"]),
+        run_start_of(row, with_newest=True, prefix=_SESSION),
+    )
 
 
-@functools.cache  # built once per event part: text() parses its SQL on every construction
-def _start_first(started: str) -> TextualSelect:
-    return text(
-        "WITH run AS (UPDATE runs SET status = :status, lease = :lease, attempts = 1,"
-        "  started_at = coalesce(started_at, now())"
-        "  WHERE id = CAST(:id AS uuid) AND status = 'queued' AND attempts = 0"
-        "  AND cancel_mode IS NULL RETURNING *),"
-        f" {started}"
-        f" SELECT {_RUN_COLUMNS}, run_event.seq AS event_seq,"
-        "  (SELECT count(*) FROM told_event) AS told,"
-        "  EXISTS (SELECT 1 FROM steers s WHERE s.run_id = run.id AND s.status = 'pending')"
-        "  AS steered"
-        " FROM run, run_event"
-    ).columns(
-        *runs.c, column("event_seq", Integer), column("told", Integer), column("steered", Boolean)
-    )  # typed by position
+_SESSION = "s_"  # start_first's columns of the session (no run column starts so)
+
+
+@functools.cache  # built once per event part: constructing it cost more CPU than running it
+def _start_first(started: tuple[str, str]) -> Select[Any]:
+    run = (
+        text(
+            "UPDATE runs SET status = :status, lease = :lease, attempts = 1,"
+            " started_at = coalesce(started_at, now())"
+            " WHERE id = CAST(:id AS uuid) AND status = 'queued' AND attempts = 0"
+            " AND cancel_mode IS NULL RETURNING *"
+        )
+        .columns(*runs.c)
+        .cte("run")
+    )
+    event = text(started[0]).columns(column("run_id"), column("seq", Integer)).cte("run_event")
+    told = text(started[1]).columns(column("told", Text)).cte("told_event")
+    steered = (
+        select(steers.c.id)
+        .where(steers.c.run_id == run.c.id, steers.c.status == "pending")
+        .exists()
+    )
+    announced = select(func.count()).select_from(told).scalar_subquery()  # read: it runs
+    session = and_(sessions.c.id == run.c.session_id, sessions.c.tenant_id == run.c.tenant_id)
+    return (
+        select(
+            *run.c,
+            event.c.seq.label("event_seq"),
+            announced.label("told"),
+            steered.label("steered"),
+            *run_start_columns(run.c.session_id, run.c.user_entry_seq, prefix=_SESSION),
+        )
+        .select_from(run.join(event, true()).outerjoin(sessions, session))
+        .add_cte(run, event, told)
+    )
 
 
 async def expired_actions(conn: AsyncConnection) -> list[Run]:

@@ -40,7 +40,7 @@ from app.db.tables import entries, runs, sessions, tenants
 LIVE = or_(sessions.c.expires_at.is_(None), sessions.c.expires_at > func.now())
 
 
-def _session(row: RowMapping) -> Session:
+def _session(row: Mapping[str, Any] | RowMapping) -> Session:
     """The row as a typed value. Its config is taken as stored: it was validated on the way in,
     and is read on every ask."""
     return Session(
@@ -161,25 +161,47 @@ async def read_for_run(
         "session_id": session_id,
         "tenant_id": tenant_id,
         "from_seq": from_seq,
-        "run_refs": {"run_id": run_id},
-        "newest_limit": NEWEST_ENTRIES if with_newest else 0,
+        **run_start_params(run_id, with_newest),
     }
     row = (await conn.execute(_read_for_run(), params)).mappings().one_or_none()
-    if row is None:
+    return run_start_of(row, with_newest)
+
+
+def run_start_params(run_id: str, with_newest: bool = True) -> dict[str, Any]:
+    """run_start_columns' parameters."""
+    return {"run_refs": {"run_id": run_id}, "newest_limit": NEWEST_ENTRIES if with_newest else 0}
+
+
+def run_start_of(row: Mapping[str, Any] | None, with_newest: bool, prefix: str = "") -> RunStart:
+    """The RunStart of a row read with run_start_columns (None, or no session: not the
+    tenant's, or gone)."""
+    if row is None or row[f"{prefix}id"] is None:
         return RunStart(None, False, [])
-    session = _session(row)
+    session = _session({c.name: row[f"{prefix}{c.name}"] for c in sessions.c})
     own = with_newest and session.thread in ([Segment(session.id, 0, None)], [])
-    newest = [JournalEntry(**e) for e in row["newest"]] if own else None
+    newest = [JournalEntry(**e) for e in row[f"{prefix}newest"]] if own else None
     return RunStart(
         session,
-        bool(row["compacting"]),
-        [JournalEntry(**e) for e in row["written"]],
+        bool(row[f"{prefix}compacting"]),
+        [JournalEntry(**e) for e in row[f"{prefix}written"]],
         Newest(newest, NEWEST_ENTRIES) if newest is not None else None,
     )
 
 
 @functools.cache  # built once: constructing it cost more CPU than running it
 def _read_for_run() -> Select[Any]:
+    columns = run_start_columns(bindparam("session_id"), bindparam("from_seq"))
+    return select(*columns).where(
+        sessions.c.id == bindparam("session_id"), sessions.c.tenant_id == bindparam("tenant_id")
+    )
+
+
+def run_start_columns(
+    session_id: ColumnElement[Any], from_seq: ColumnElement[Any], prefix: str = ""
+) -> list[ColumnElement[Any]]:
+    """What read_for_run reads, as the columns of a statement whose FROM has the session's row
+    (sessions): its columns, `compacting`, `written` and `newest`, named after `prefix`; the
+    parameters: run_start_params'."""
     compacting = (
         select(runs.c.id)
         .where(
@@ -212,14 +234,14 @@ def _read_for_run() -> Select[Any]:
         )
         .where(
             entries.c.session_id == sessions.c.id,
-            entries.c.seq >= bindparam("from_seq"),
+            entries.c.seq >= from_seq,
             entries.c.refs.contains(bindparam("run_refs", type_=JSONB)),
         )
         .scalar_subquery()
     )
     newest_rows = (
         select(*(entries.c[name] for name in _ENTRY_FIELDS))
-        .where(entries.c.session_id == bindparam("session_id"))
+        .where(entries.c.session_id == session_id)
         .order_by(entries.c.seq.desc())
         .limit(bindparam("newest_limit"))
         .subquery("newest")
@@ -237,14 +259,12 @@ def _read_for_run() -> Select[Any]:
             literal_column("'[]'::jsonb"),
         )
     ).scalar_subquery()
-    return select(
-        sessions,
-        compacting.label("compacting"),
-        type_coerce(written, JSONB).label("written"),
-        type_coerce(newest, JSONB).label("newest"),
-    ).where(
-        sessions.c.id == bindparam("session_id"), sessions.c.tenant_id == bindparam("tenant_id")
-    )
+    return [
+        *(c.label(f"{prefix}{c.name}") for c in sessions.c),
+        compacting.label(f"{prefix}compacting"),
+        type_coerce(written, JSONB).label(f"{prefix}written"),
+        type_coerce(newest, JSONB).label(f"{prefix}newest"),
+    ]
 
 
 async def tenant_of(conn: AsyncConnection, session_id: str) -> str | None:

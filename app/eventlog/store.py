@@ -103,15 +103,21 @@ async def append_events(
 # CTEs, which must follow `run`; `told_event` must be read.
 @functools.cache  # one per set of the run's columns its data takes
 def _run_event(from_run: tuple[str, ...]) -> str:
+    written, told = _run_event_bodies(from_run)
+    return f"run_event AS ({written}), told_event AS ({told})"
+
+
+@functools.cache
+def _run_event_bodies(from_run: tuple[str, ...]) -> tuple[str, str]:
     data = "CAST(:event_data AS jsonb)"
     if from_run:
         data += " || jsonb_build_object(" + ", ".join(f"'{c}', run.{c}" for c in from_run) + ")"
     return (
-        "run_event AS (INSERT INTO run_events (run_id, seq, type, data)"
+        "INSERT INTO run_events (run_id, seq, type, data)"
         " SELECT run.id, coalesce((SELECT max(x.seq) FROM run_events x WHERE x.run_id = run.id),"
-        f"  0) + 1, :event_type, {data} FROM run RETURNING run_id, seq),"
-        " told_event AS (SELECT pg_notify(:channel, json_build_object('runs',"
-        "  json_build_object(run_id, seq))::text) FROM run_event)"
+        f"  0) + 1, :event_type, {data} FROM run RETURNING run_id, seq",
+        "SELECT pg_notify(:channel, json_build_object('runs',"
+        "  json_build_object(run_id, seq))::text) AS told FROM run_event",
     )
 
 
@@ -161,6 +167,13 @@ def closing_events(
         "closing_channel": CHANNEL,
     }
     return _CLOSING_EVENTS, params
+
+
+def run_event_ctes(kind: str, data: Mapping[str, Any]) -> tuple[tuple[str, str], dict[str, Any]]:
+    """run_event's CTEs apart, for a statement built with SQLAlchemy: the bodies of `run_event`
+    (its run_id and seq) and `told_event` (to be read), and their parameters."""
+    _, params = run_event(kind, data)
+    return _run_event_bodies(()), params
 
 
 def numbered(

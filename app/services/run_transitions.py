@@ -178,13 +178,14 @@ async def start_first(
     conn: AsyncConnection, run_id: str, lease: int, written: list[dict[str, Any]] | None = None
 ) -> runs_db.FirstStart | None:
     """`start` for a run never started and not being cancelled, in one statement on an
-    autocommit connection (no lock taken first, no transaction of its own); None: not such a
-    run (the caller starts it under its row's lock). Its event's row is given to `written`
-    (see writer.append)."""
+    autocommit connection (no lock taken first, no transaction of its own), which also reads
+    what the run reads of its session to start (FirstStart.start); None: not such a run (the
+    caller starts it under its row's lock). Its event's row is given to `written` (see
+    writer.append)."""
     step = machine.first_start()
     ((kind, data),) = step.events
     first = await runs_db.start_first(
-        conn, run_id, step.status, lease, event_store.run_event(kind, data)
+        conn, run_id, step.status, lease, event_store.run_event_ctes(kind, data)
     )
     if first is not None and written is not None:
         written += event_store.numbered([(run_id, kind, data)], {run_id: first.event_seq})

@@ -37,6 +37,7 @@ from app.db import jobs as jobs_db
 from app.db import runs as runs_db
 from app.db.outage import retrying
 from app.db.runs import FirstStart
+from app.db.sessions import RunStart
 from app.worker.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,7 @@ class Execute(Protocol):
         /,
         *,
         unsteered: bool = False,
+        start: RunStart | None = None,
     ) -> Awaitable[bool]: ...
 
 
@@ -156,6 +158,7 @@ class Handoff:
 
     async def _run(self, run_id: str, job_id: int, claimed: bool) -> None:
         unsteered = False  # its start found no steer pending
+        read: RunStart | None = None  # what its start read of its session
         try:
             # A claimed job's run, never started: one statement starts it (the common case).
             first = (
@@ -165,7 +168,7 @@ class Handoff:
             )
             if first is not None:
                 started: Run | None = first.run
-                unsteered = not first.steered
+                unsteered, read = not first.steered, first.start
             else:
                 started = await self._start_locked(run_id, job_id, claimed)
         except _LeftToQueue:
@@ -192,6 +195,7 @@ class Handoff:
                     lambda: self._reason(job_id),
                     job_id,
                     unsteered=unsteered,
+                    start=read,
                 )
             status = "succeeded"
         except asyncio.CancelledError:

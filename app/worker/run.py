@@ -48,6 +48,7 @@ from app.db import steers as steers_db
 from app.db.approvals import Approval
 from app.db.engine import autocommit, read_snapshot
 from app.db.outage import database_unavailable, retrying
+from app.db.sessions import RunStart
 from app.eventlog.registry import APPROACHING_LIMIT_SHARE, AT_LIMIT_SHARE, EventType
 from app.llm.base import (
     Finish,
@@ -113,6 +114,8 @@ class _Progress:
     unsteered: bool = False
     # the current model turn's context: its oldest history entry's seq (refs.context_from)
     context_from: int | None = None
+    # what its first start read of its session (start_first), for its first step
+    start: RunStart | None = None
 
     def add_usage(self, usage: UsageReport | None) -> None:
         if usage is not None:
@@ -148,13 +151,15 @@ async def execute_started(
     job_id: int | None = None,
     *,
     unsteered: bool = False,
+    start: RunStart | None = None,
 ) -> bool:
     """Execute a run whose attempt this worker has started (start_locked, start_first). With
     `job_id` (the run's job, which the caller holds), the job is finished (succeeded) in the
     transaction that ends the run; True if it was. `unsteered`: its start found no steer
-    pending (start_first), so its first model turn need not look again."""
+    pending (start_first), so its first model turn need not look again; `start`: what its
+    start read of its session (start_first), so that its first step reads it not again."""
     with carried.run_scope(run):
-        return await _execute(runtime, run, abort_reason, job_id, unsteered)
+        return await _execute(runtime, run, abort_reason, job_id, unsteered, start)
 
 
 async def _execute(
@@ -163,11 +168,14 @@ async def _execute(
     abort_reason: Callable[[], str | None],
     job_id: int | None = None,
     unsteered: bool = False,
+    start: RunStart | None = None,
 ) -> bool:
     run_id, writer = run.id, runtime.writer
     writer.open(run_id, run.attempts)
     log.info("run %s: attempt %d started", run_id, run.attempts)
-    progress = _Progress(model=run.model, first_output=run.attempts > 1, unsteered=unsteered)
+    progress = _Progress(
+        model=run.model, first_output=run.attempts > 1, unsteered=unsteered, start=start
+    )
     try:
         policy = RunPolicy.model_validate(run.params.run_policy or {})
         outcome: Outcome | Pause | AwaitApproval
@@ -345,10 +353,12 @@ async def _converse(
     # Most starts need that one statement alone: it also reads the thread's newest entries,
     # which a short thread, or one whose newest entries fill the budget, projects from.
     first: SessionProjection | ServiceError | None = None
-    async with autocommit(runtime.engine) as conn:
-        start = await sessions_db.read_for_run(
-            conn, run.tenant_id, session_id, run.id, run.input_seq
-        )
+    start, progress.start = progress.start, None  # its start's read, for its first step only
+    if start is None:
+        async with autocommit(runtime.engine) as conn:
+            start = await sessions_db.read_for_run(
+                conn, run.tenant_id, session_id, run.id, run.input_seq
+            )
     if start.session is not None and not start.compacting and start.newest is not None:
         try:
             first = await project_run_from(runtime.settings, start.session, run, start.newest)

@@ -420,3 +420,41 @@ async def test_a_runs_end_hands_its_followers_the_events_it_stored_steered_ones_
         assert ("run.steered" in kinds) == steered
         if steered:
             assert kinds.index("run.steered") < kinds.index("entry.committed")
+
+
+async def test_a_first_start_reads_what_its_run_reads_of_its_session_to_start(
+    engine: AsyncEngine,
+) -> None:
+    """The statement that starts a run also reads what the run reads of its session to start
+    (read_for_run): its session, whether a compaction is under way, what the run wrote (its
+    user entry and run_start) and the thread's newest entries."""
+    tenant, session_id = await new_session(engine)
+    run_id = str(uuid.uuid4())
+    refs = {"run_id": run_id}
+    async with engine.begin() as conn:
+        earlier = NewEntry(EntryKind.MESSAGE, {"role": "assistant", "content": "hello"}, {})
+        await append_in(conn, tenant, session_id, [earlier])
+        await sessions_db.get_session(conn, tenant, session_id, lock=True)
+        await run_transitions.create_asked(
+            conn,
+            entries=[
+                NewEntry(EntryKind.MESSAGE, {"role": "user", "content": "hi"}, refs, run_id),
+                NewEntry(EntryKind.RUN_START, {"run_id": run_id, "model": "m"}, refs, "s"),
+            ],
+            input_at=0,
+            id=run_id,
+            tenant_id=tenant,
+            session_id=session_id,
+            model="openai:gpt-4o-mini",
+            params=RunParams(),
+            idempotency_key=None,
+        )
+    first = await start_first(engine, run_id)
+    assert first is not None
+    async with engine.connect() as conn:
+        read = await sessions_db.read_for_run(conn, tenant, session_id, run_id, 2)
+    assert first.start == read
+    assert first.start.session is not None and first.start.session.rev == 3
+    assert [e.seq for e in first.start.written] == [2, 3]
+    assert first.start.newest is not None
+    assert [e.seq for e in first.start.newest.entries] == [1, 2, 3]

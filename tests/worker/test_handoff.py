@@ -21,6 +21,7 @@ from app.config import Settings
 from app.core.runs import Run, RunStatus
 from app.db import runs as runs_db
 from app.db.engine import create_engine
+from app.db.sessions import RunStart
 from app.eventlog.writer import EventWriter
 from app.llm.router import Router
 from app.main import create_app
@@ -167,6 +168,7 @@ async def test_a_run_held_by_a_cancel_is_left_to_the_queue_with_its_claim_undone
             _job: int,
             *,
             unsteered: bool = False,
+            start: RunStart | None = None,
         ) -> bool:
             executed.append(run)
             return False  # the job is left to the handoff to finish
@@ -320,6 +322,7 @@ async def test_a_cancel_holding_a_claimed_runs_row_ends_it_before_it_starts(
             _job: int,
             *,
             unsteered: bool = False,
+            start: RunStart | None = None,
         ) -> bool:
             executed.append(run)
             return False
