@@ -286,6 +286,29 @@ async def test_a_run_ending_while_an_ask_steers_it_hands_the_steer_on(
     assert steered and steered[0]["steer_id"] == steer_id  # type: ignore[index]
 
 
+async def asked_in(
+    conn: AsyncConnection,
+    tenant: str,
+    session_id: str,
+    run_id: str,
+    entries: list[NewEntry],
+    input_at: int,
+) -> runs_db.QueuedRun:
+    """An ask's commit in `conn`'s transaction: its session locked, its entries and run."""
+    await sessions_db.get_session(conn, tenant, session_id, lock=True)
+    return await run_transitions.create_asked(
+        conn,
+        entries=entries,
+        input_at=input_at,
+        id=run_id,
+        tenant_id=tenant,
+        session_id=session_id,
+        model="openai:gpt-4o-mini",
+        params=RunParams(),
+        idempotency_key=None,
+    )
+
+
 async def test_an_asks_entries_and_run_in_one_statement_are_what_two_statements_write(
     engine: AsyncEngine,
 ) -> None:
@@ -308,18 +331,7 @@ async def test_an_asks_entries_and_run_in_one_statement_are_what_two_statements_
             NewEntry(EntryKind.RUN_START, {"run_id": run_id, "model": "m"}, refs, f"{run_id}:s"),
         ]
         async with engine.begin() as conn:
-            await sessions_db.get_session(conn, tenant, session_id, lock=True)
-            queued = await run_transitions.create_asked(
-                conn,
-                entries=entries,
-                input_at=1,
-                id=run_id,
-                tenant_id=tenant,
-                session_id=session_id,
-                model="openai:gpt-4o-mini",
-                params=RunParams(),
-                idempotency_key=None,
-            )
+            queued = await asked_in(conn, tenant, session_id, run_id, entries, input_at=1)
         async with engine.connect() as conn:
             session = await sessions_db.get_session(conn, tenant, session_id)
             stored = (
@@ -434,21 +446,11 @@ async def test_a_first_start_reads_what_its_run_reads_of_its_session_to_start(
     async with engine.begin() as conn:
         earlier = NewEntry(EntryKind.MESSAGE, {"role": "assistant", "content": "hello"}, {})
         await append_in(conn, tenant, session_id, [earlier])
-        await sessions_db.get_session(conn, tenant, session_id, lock=True)
-        await run_transitions.create_asked(
-            conn,
-            entries=[
-                NewEntry(EntryKind.MESSAGE, {"role": "user", "content": "hi"}, refs, run_id),
-                NewEntry(EntryKind.RUN_START, {"run_id": run_id, "model": "m"}, refs, "s"),
-            ],
-            input_at=0,
-            id=run_id,
-            tenant_id=tenant,
-            session_id=session_id,
-            model="openai:gpt-4o-mini",
-            params=RunParams(),
-            idempotency_key=None,
-        )
+        entries = [
+            NewEntry(EntryKind.MESSAGE, {"role": "user", "content": "hi"}, refs, run_id),
+            NewEntry(EntryKind.RUN_START, {"run_id": run_id, "model": "m"}, refs, "s"),
+        ]
+        await asked_in(conn, tenant, session_id, run_id, entries, input_at=0)
     first = await start_first(engine, run_id)
     assert first is not None
     async with engine.connect() as conn:
