@@ -23,6 +23,7 @@ from app.db import steers as steers_db
 from app.db.engine import autocommit, libpq_url
 from app.eventlog import store as event_store
 from app.services import run_transitions
+from app.services import runs as runs_service
 from app.services.journal import append_in
 from tests.db.test_runs import created, new_session, run_values
 
@@ -460,3 +461,40 @@ async def test_a_first_start_reads_what_its_run_reads_of_its_session_to_start(
     assert [e.seq for e in first.start.written] == [2, 3]
     assert first.start.newest is not None
     assert [e.seq for e in first.start.newest.entries] == [1, 2, 3]
+
+
+async def test_the_expiry_of_a_waiting_run_leaves_a_busy_session_for_its_next_look(
+    engine: AsyncEngine,
+) -> None:
+    """A run whose client never sent its tool outputs ends failed, which writes its session.
+    While an ask holds the session's row (it may go on to lock the run, to steer it), the
+    expiry takes neither row and does not wait (it took the run's row, then waited for the
+    session's: with the ask waiting for the run, a deadlock); the next look expires it."""
+    run = (await start_first(engine, (await queued_run(engine)).id)).run  # type: ignore[union-attr]
+    async with engine.begin() as conn:
+        expired = {"status": "requires_action", "action_expires_at": text("now() - interval '1s'")}
+        await runs_db.update_run(conn, run.id, expired)
+    async with engine.connect() as ask:
+        await ask.begin()
+        await ask.execute(
+            text("SELECT id FROM sessions WHERE id = :id FOR UPDATE"), {"id": run.session_id}
+        )
+        ask_pid = (await ask.execute(text("SELECT pg_backend_pid()"))).scalar_one()
+        expiry = asyncio.create_task(runs_service.expire_waiting_runs(engine))
+        blocked = text(
+            "SELECT count(*) FROM pg_stat_activity WHERE :pid = ANY(pg_blocking_pids(pid))"
+        )
+        while not expiry.done():  # it ends, or it waits for the ask: then it fails
+            async with engine.connect() as watcher:
+                waiting = (await watcher.execute(blocked, {"pid": ask_pid})).scalar()
+            assert not waiting, "the expiry waited for the ask"
+            await asyncio.sleep(0.01)
+        await expiry
+        async with engine.connect() as conn:
+            still = await runs_db.get_run(conn, run.id)
+        assert still is not None and still.status is RunStatus.REQUIRES_ACTION
+        await ask.commit()
+    await runs_service.expire_waiting_runs(engine)
+    async with engine.connect() as conn:
+        ended = await runs_db.get_run(conn, run.id)
+    assert ended is not None and ended.status is RunStatus.FAILED
