@@ -25,6 +25,7 @@ from app.eventlog import store as event_store
 from app.services import run_transitions
 from app.services import runs as runs_service
 from app.services.journal import append_in
+from testkit.locks import holding_session, never_waiting_for, waiting_for_a_lock
 from tests.db.test_runs import created, new_session, run_values
 
 LEASE = 424242
@@ -123,23 +124,9 @@ async def test_a_run_ends_when_its_end_commits_not_when_its_transaction_began(
     burst of asks does): the run's ended_at is after that wait, not the time its transaction
     began. (A queue measured from ended_at saw the wait as a slow start of the next run.)"""
     run = (await start_first(engine, (await queued_run(engine)).id)).run  # type: ignore[union-attr]
-    async with engine.connect() as holder:
-        await holder.begin()
-        await holder.execute(
-            text("SELECT id FROM sessions WHERE id = :id FOR UPDATE"), {"id": run.session_id}
-        )
-
-        async def end() -> Run:
-            async with engine.begin() as conn:
-                locked = await runs_db.get_run(conn, run.id, lock=True)
-                assert locked is not None
-                return await run_transitions.finish(conn, locked, Outcome("completed", "done"))
-
-        ending = asyncio.create_task(end())
-        await waiting_for_a_lock(engine, ending, "%sessions%")
+    async with ending_behind_an_ask(engine, run) as (holder, ending):
         released = (await holder.execute(text("SELECT clock_timestamp()"))).scalar_one()
-        await holder.commit()
-        ended = await ending
+    ended = await ending
 
     assert ended.status is RunStatus.COMPLETED
     assert ended.ended_at is not None and ended.ended_at > released
@@ -191,22 +178,6 @@ async def test_a_session_is_idle_only_once_none_of_its_runs_is_under_way(
     assert await status() == "idle"
 
 
-async def waiting_for_a_lock(engine: AsyncEngine, task: asyncio.Task[object], like: str) -> None:
-    """Until a statement matching `like` waits for a row lock (or `task` failed: say how)."""
-    waiting = text(
-        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE :like"
-    )
-    deadline = asyncio.get_running_loop().time() + 60
-    while True:  # a statement of its own each time: pg_stat_activity is read once a transaction
-        async with autocommit(engine) as watcher:
-            if (await watcher.execute(waiting, {"like": like})).scalar():
-                return
-        if task.done():
-            task.result()
-        assert asyncio.get_running_loop().time() < deadline, "it never waited"
-        await asyncio.sleep(0.01)
-
-
 @contextlib.asynccontextmanager
 async def ending_behind_an_ask(
     engine: AsyncEngine, run: Run
@@ -220,15 +191,10 @@ async def ending_behind_an_ask(
             assert locked is not None
             return await run_transitions.finish(conn, locked, Outcome("completed", "done"))
 
-    async with engine.connect() as ask:
-        await ask.begin()
-        await ask.execute(
-            text("SELECT id FROM sessions WHERE id = :id FOR UPDATE"), {"id": run.session_id}
-        )
+    async with holding_session(engine, run.session_id) as ask:
         ending = asyncio.create_task(end())
         await waiting_for_a_lock(engine, ending, "%sessions%")
         yield ask, ending
-        await ask.commit()
 
 
 async def test_a_run_ending_while_an_ask_commits_leaves_the_session_busy(
@@ -474,26 +440,11 @@ async def test_the_expiry_of_a_waiting_run_leaves_a_busy_session_for_its_next_lo
     async with engine.begin() as conn:
         expired = {"status": "requires_action", "action_expires_at": text("now() - interval '1s'")}
         await runs_db.update_run(conn, run.id, expired)
-    async with engine.connect() as ask:
-        await ask.begin()
-        await ask.execute(
-            text("SELECT id FROM sessions WHERE id = :id FOR UPDATE"), {"id": run.session_id}
-        )
-        ask_pid = (await ask.execute(text("SELECT pg_backend_pid()"))).scalar_one()
-        expiry = asyncio.create_task(runs_service.expire_waiting_runs(engine))
-        blocked = text(
-            "SELECT count(*) FROM pg_stat_activity WHERE :pid = ANY(pg_blocking_pids(pid))"
-        )
-        while not expiry.done():  # it ends, or it waits for the ask: then it fails
-            async with engine.connect() as watcher:
-                waiting = (await watcher.execute(blocked, {"pid": ask_pid})).scalar()
-            assert not waiting, "the expiry waited for the ask"
-            await asyncio.sleep(0.01)
-        await expiry
+    async with holding_session(engine, run.session_id) as ask:
+        await never_waiting_for(engine, ask, runs_service.expire_waiting_runs(engine))
         async with engine.connect() as conn:
             still = await runs_db.get_run(conn, run.id)
         assert still is not None and still.status is RunStatus.REQUIRES_ACTION
-        await ask.commit()
     await runs_service.expire_waiting_runs(engine)
     async with engine.connect() as conn:
         ended = await runs_db.get_run(conn, run.id)

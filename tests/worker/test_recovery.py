@@ -33,6 +33,7 @@ from app.worker.pool import queue_app, recover_orphaned_runs
 from app.worker.run import execute_run, start_locked
 from app.worker.runtime import Runtime
 from testkit.api import ended_run, new_session
+from testkit.locks import holding_session, never_waiting_for
 from testkit.sse_client import TERMINAL, collect
 from testkit.upstream import FakeUpstream, Hold, Text
 from tests.conftest import issue_key
@@ -393,26 +394,11 @@ async def test_the_recovery_leaves_a_busy_sessions_runs_for_its_next_look(
                 text("UPDATE procrastinate_jobs SET status = 'failed' WHERE id = :id"),
                 {"id": asked.run.job_id},
             )
-        async with engine.connect() as holder:
-            await holder.begin()
-            await holder.execute(
-                text("SELECT id FROM sessions WHERE id = :id FOR UPDATE"),
-                {"id": asked.run.session_id},
-            )
-            holder_pid = (await holder.execute(text("SELECT pg_backend_pid()"))).scalar_one()
-            recovery = asyncio.create_task(recover_orphaned_runs(engine, lease_grace_seconds=0))
-            blocked = text(
-                "SELECT count(*) FROM pg_stat_activity WHERE :pid = ANY(pg_blocking_pids(pid))"
-            )
-            while not recovery.done():  # it ends, or it waits for the ask: then it fails
-                async with engine.connect() as watcher:
-                    waiting = (await watcher.execute(blocked, {"pid": holder_pid})).scalar()
-                assert not waiting, "the recovery waited for the ask"
-                await asyncio.sleep(0.01)
-            assert await recovery == []
+        async with holding_session(engine, asked.run.session_id) as holder:
+            recovery = recover_orphaned_runs(engine, lease_grace_seconds=0)
+            assert await never_waiting_for(engine, holder, recovery) == []
             locked = await runs_db.get_run(holder, run_id, lock=True)  # the ask goes on
             assert locked is not None and locked.active
-            await holder.commit()
         assert await recover_orphaned_runs(engine, lease_grace_seconds=0) == [run_id]
         async with engine.connect() as conn:
             ended = await runs_db.get_run(conn, run_id)
