@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.entries import EntryKind, NewEntry
 from app.core.messages import text_of
-from app.core.runs import CancelMode, Outcome, Run, RunKind, RunParams, RunStatus, entry_id
+from app.core.runs import WAITING, CancelMode, Outcome, Run, RunKind, RunParams, RunStatus, entry_id
 from app.db import approvals as approvals_db
 from app.db import jobs as jobs_db
 from app.db import runs as runs_db
@@ -107,11 +107,17 @@ async def create_asked(
     params: RunParams,
     idempotency_key: str | None,
     claim_for: int | None = None,
-) -> runs_db.QueuedRun:
+    unchanged: int | None = None,
+) -> runs_db.QueuedRun | None:
     """An ask's entries (its user entry at `input_at`; fresh ids, derived from the run's id)
     and its run (as `create`), in the transaction that locked its session: in one statement
-    (runs_db.insert_asked_run); entries that need append_in's checks are appended first."""
+    (runs_db.insert_asked_run); entries that need append_in's checks are appended first.
+    `unchanged`: the session is not locked, but was read at this version of its row: one
+    statement written only if the row is still that version, or nothing (None answers: the
+    caller locks the row and asks again)."""
     rows = fresh_rows(entries)
+    if rows is None and unchanged is not None:
+        return None
     if rows is None:
         appended = await append_in(
             conn,
@@ -149,7 +155,10 @@ async def create_asked(
         params=params.ask_json(),
         idempotency_key=idempotency_key,
         claim_for=claim_for,
+        unchanged=unchanged,
     )
+    if queued is None:
+        return None
     metrics.run_created(RunKind.ASK.value)
     input_seq = queued.run.user_entry_seq
     stored = machine.created_event(id, session_id, RunKind.ASK, input_seq, model)
@@ -273,7 +282,9 @@ async def request_cancel(conn: AsyncConnection, run: Run, mode: CancelMode) -> R
     attempt's worker died (its lease is lost): the job is then ended here. A run queued again
     between two attempts has no lease: its job may be a live worker's, which finishes it."""
     run = await runs_db.update_run(conn, run.id, {"cancel_mode": mode})
-    if run.job_id is None:
+    if run.job_id is None or run.status in WAITING:
+        # A parked run's worker let it go when it parked it, though it may still hold the job
+        # that did (until it returns): nobody else would end it.
         return await finish(conn, run, Outcome("cancelled"))
     if run.status is RunStatus.RUNNING and await runs_db.lease_lost(conn, run.lease):
         await jobs_db.end_job(conn, run.job_id)  # its worker died: nobody else will end it

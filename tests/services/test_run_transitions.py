@@ -263,7 +263,7 @@ async def asked_in(
 ) -> runs_db.QueuedRun:
     """An ask's commit in `conn`'s transaction: its session locked, its entries and run."""
     await sessions_db.get_session(conn, tenant, session_id, lock=True)
-    return await run_transitions.create_asked(
+    queued = await run_transitions.create_asked(
         conn,
         entries=entries,
         input_at=input_at,
@@ -274,6 +274,8 @@ async def asked_in(
         params=RunParams(),
         idempotency_key=None,
     )
+    assert queued is not None  # written on no condition
+    return queued
 
 
 async def test_an_asks_entries_and_run_in_one_statement_are_what_two_statements_write(
@@ -449,3 +451,30 @@ async def test_the_expiry_of_a_waiting_run_leaves_a_busy_session_for_its_next_lo
     async with engine.connect() as conn:
         ended = await runs_db.get_run(conn, run.id)
     assert ended is not None and ended.status is RunStatus.FAILED
+
+
+async def test_a_run_waiting_for_tool_outputs_is_cancelled_at_once_while_its_job_closes(
+    engine: AsyncEngine,
+) -> None:
+    """The worker that parked a run still holds its job until it returns: a client that
+    saw run.requires_action and cancels at once found the job `doing`, left the run to a
+    worker that had already let it go, and the run waited until its outputs timed out."""
+    run = (await start_first(engine, (await queued_run(engine)).id)).run  # type: ignore[union-attr]
+    assert run.job_id is not None
+    async with engine.begin() as conn:
+        await conn.execute(
+            text("UPDATE procrastinate_jobs SET status = 'doing' WHERE id = :id"),
+            {"id": run.job_id},
+        )
+        calls = [{"tool_call_id": "c1", "name": "pick_color", "arguments": {}}]
+        await run_transitions.await_tool_outputs(conn, run, calls, 600)
+    cancelled = await runs_service.cancel_run(engine, run.tenant_id, run.id)
+    assert cancelled.status is RunStatus.CANCELLED
+    assert (await events_of(engine, run))[-1][1] == "run.cancelled"
+    async with engine.connect() as conn:
+        job = (
+            await conn.execute(
+                text("SELECT status FROM procrastinate_jobs WHERE id = :id"), {"id": run.job_id}
+            )
+        ).scalar_one()
+    assert job == "doing"  # its worker finishes it, as it would have
