@@ -58,19 +58,27 @@ DEFER_ONE = (
 # beating is retried like any other it held (app/worker/pool.py). A concurrent fetch that took
 # a job of the same lock meanwhile wins on procrastinate's unique index of running locks: the
 # job is then deferred as usual.
-CLAIMED_OR_DEFERRED = (
-    "claimed AS (INSERT INTO procrastinate_jobs"
-    "  (queue_name, task_name, priority, lock, args, status, worker_id)"
-    "  SELECT :queue, :task, 0, :lock, CAST(:args AS jsonb), 'doing', CAST(:worker_id AS bigint)"
-    "  WHERE CAST(:worker_id AS bigint) IS NOT NULL AND NOT EXISTS (SELECT 1"
-    "   FROM procrastinate_jobs AS other_jobs WHERE other_jobs.lock = :lock"
-    "   AND (other_jobs.status = 'doing'"
-    "    OR (other_jobs.status = 'todo' AND other_jobs.priority >= 0)))"
-    "  ON CONFLICT (lock) WHERE status = 'doing' DO NOTHING RETURNING id),"
-    f" deferred AS (SELECT {DEFER_ONE} AS id WHERE NOT EXISTS (SELECT 1 FROM claimed)),"
-    " job AS (SELECT id, true AS claimed FROM claimed"
-    "  UNION ALL SELECT id, false FROM deferred)"
-)
+def claimed_or_deferred(only_if: str = "true") -> str:
+    """The CTEs described above; `only_if`: an SQL condition, over CTEs before them, without
+    which no job is claimed nor deferred (the statement then writes nothing)."""
+    return (
+        "claimed AS (INSERT INTO procrastinate_jobs"
+        "  (queue_name, task_name, priority, lock, args, status, worker_id)"
+        "  SELECT :queue, :task, 0, :lock, CAST(:args AS jsonb), 'doing',"
+        "  CAST(:worker_id AS bigint)"
+        f"  WHERE {only_if} AND CAST(:worker_id AS bigint) IS NOT NULL AND NOT EXISTS (SELECT 1"
+        "   FROM procrastinate_jobs AS other_jobs WHERE other_jobs.lock = :lock"
+        "   AND (other_jobs.status = 'doing'"
+        "    OR (other_jobs.status = 'todo' AND other_jobs.priority >= 0)))"
+        "  ON CONFLICT (lock) WHERE status = 'doing' DO NOTHING RETURNING id),"
+        f" deferred AS (SELECT {DEFER_ONE} AS id"
+        f"  WHERE {only_if} AND NOT EXISTS (SELECT 1 FROM claimed)),"
+        " job AS (SELECT id, true AS claimed FROM claimed"
+        "  UNION ALL SELECT id, false FROM deferred)"
+    )
+
+
+CLAIMED_OR_DEFERRED = claimed_or_deferred()
 
 
 def job_params(queue: str, task: str, args: dict[str, str], lock: str | None) -> dict[str, Any]:

@@ -82,7 +82,9 @@ async def insert_queued_run(
     query = _insert_queued_run(created[0])
     values: dict[str, Any] = {"user_entry_seq": user_entry_seq}
     values |= _run_values(id, tenant_id, session_id, kind, model, params, idempotency_key)
-    return await _inserting_run(conn, query, created, values, claim_for)
+    queued = await _inserting_run(conn, query, created, values, claim_for)
+    assert queued is not None  # written on no condition
+    return queued
 
 
 def _run_values(
@@ -113,9 +115,11 @@ async def _inserting_run(
     created: tuple[str, Mapping[str, Any]],
     values: dict[str, Any],
     claim_for: int | None,
-) -> QueuedRun:
+) -> QueuedRun | None:
     values = values | {"worker_id": claim_for} | dict(created[1])
-    row = (await conn.execute(query, values)).mappings().one()
+    row = (await conn.execute(query, values)).mappings().one_or_none()
+    if row is None:  # only a statement written on a condition (insert_asked_run's) writes none
+        return None
     return QueuedRun(Run.from_row(row), bool(row["claimed"]))
 
 
@@ -157,18 +161,23 @@ async def insert_asked_run(
     params: dict[str, Any],
     idempotency_key: str | None,
     claim_for: int | None = None,
-) -> QueuedRun:
+    unchanged: int | None = None,
+) -> QueuedRun | None:
     """An ask's commit in one statement (one round trip): `entries` (rows as the entries table
     takes them: id, kind, payload, refs, token_count) appended to the session, which is active
     now, at the seqs after its rev (moved past them; its title set from `title` if it has
     none), and an ask's run inserted as insert_queued_run does, its user_entry_seq that of
     `entries[input_at]` (`created` takes it from the run's row: app.eventlog.store.run_event's
-    `from_run`). The caller holds the session's row locked."""
+    `from_run`). The caller holds the session's row locked; or, with `unchanged` (a version of
+    the session's row: app/db/sessions.get_session_as_read), nothing is written unless the row
+    is still that version when the statement takes its lock (a write that waited for it
+    compares the row as committed), and None answers when it was not."""
     query = _insert_asked_run(created[0])
     values: dict[str, Any] = {
         "advance_title": title,
         "entry_count": len(entries),
         "input_ord": input_at + 1,
+        "unchanged": unchanged,
     }
     values |= journal_db.entry_arrays(entries)
     values |= _run_values(id, tenant_id, session_id, "ask", model, params, idempotency_key)
@@ -185,6 +194,7 @@ def _insert_asked_run(created: str) -> TextualSelect:
         "WITH advanced AS (UPDATE sessions SET rev = rev + :entry_count, updated_at = now(),"
         "  status = 'active', title = coalesce(title, CAST(:advance_title AS text))"
         "  WHERE id = CAST(:session_id AS uuid) AND tenant_id = CAST(:tenant_id AS uuid)"
+        "  AND (CAST(:unchanged AS xid) IS NULL OR xmin = CAST(:unchanged AS xid))"
         "  RETURNING rev),"
         " appended AS (INSERT INTO entries (session_id, seq, id, kind, payload, refs,"
         "  token_count)"
@@ -195,7 +205,8 @@ def _insert_asked_run(created: str) -> TextualSelect:
         "   CAST(:entry_tokens AS int[]))"
         "   WITH ORDINALITY AS e(id, kind, payload, refs, token_count, ord)"
         "  RETURNING seq),"
-        f" {jobs_db.CLAIMED_OR_DEFERRED}, {run}, {created} {_RUN_INSERTED}"
+        f" {jobs_db.claimed_or_deferred('EXISTS (SELECT 1 FROM advanced)')}, {run}, {created}"
+        f" {_RUN_INSERTED}"
     ).columns(*runs.c, column("told", Integer), column("claimed", Boolean))  # typed by position
 
 

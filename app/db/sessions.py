@@ -103,6 +103,23 @@ async def get_session(
     return _one_or_none((await conn.execute(query, params)).mappings().one_or_none())
 
 
+async def get_session_as_read(
+    conn: AsyncConnection, tenant_id: str, session_id: str
+) -> tuple[Session, int] | None:
+    """get_session (unlocked), and the version of its row that was read: its xmin, which
+    every write of the row changes. A statement that writes only if the row is still the one
+    read compares it (app/db/runs.insert_asked_run's `unchanged`)."""
+    params = {"session_id": session_id, "tenant_id": tenant_id}
+    row = (await conn.execute(_get_session_as_read(), params)).mappings().one_or_none()
+    return None if row is None else (_session(row), int(row["row_version"]))
+
+
+@functools.cache  # built once: constructing it cost more CPU than running it
+def _get_session_as_read() -> Select[Any]:
+    version = literal_column("sessions.xmin", BigInteger).label("row_version")
+    return _get_session(False, False).add_columns(version)
+
+
 @functools.cache  # built once per shape: constructing it cost more CPU than running it
 def _get_session(lock: bool, include_expired: bool) -> Select[Any]:
     query = select(sessions).where(

@@ -33,6 +33,7 @@ from app.db import jobs as jobs_db
 from app.db import runs as runs_db
 from app.db import sessions as sessions_db
 from app.db import steers as steers_db
+from app.db.engine import autocommit
 from app.llm.router import tool_choice_problem
 from app.services import content_checks, quotas
 from app.services import reasoning as reasonings
@@ -172,6 +173,12 @@ async def ask(
     claim_for = handoff.reserve() if handoff is not None else None
 
     async def commit(claim: int | None) -> AskResult:
+        if prepare is None and model is None:  # a rollback projected (and stopped) already
+            unlocked = await _commit_unlocked(
+                engine, settings, tenant_id, session_id, params, own_limits, claim
+            )
+            if unlocked is not None:
+                return unlocked
         async with engine.begin() as conn:
             if prepare is not None:
                 await prepare(conn)
@@ -184,11 +191,8 @@ async def ask(
                 checked = await _checked_in(conn, settings, session, params)
                 resolved, context = _served(checked, params), checked.projection.meta
             queued = await _commit(conn, settings, session, params, resolved, own_limits, claim)
-        if isinstance(queued, Steered):
-            return AskResult(queued.run, True, steer_id=queued.steer_id)
-        return AskResult(
-            queued.run, True, queued.claimed, context=context, first_event=queued.created
-        )
+        assert queued is not None  # written on no condition
+        return _result(queued, context)
 
     async def committed() -> AskResult:
         try:
@@ -204,6 +208,49 @@ async def ask(
     # Shielded when the job may be committed taken: a request cancelled after the commit
     # still hands its run over (no one else would start it while this process lives).
     return await (asyncio.shield(committed()) if claim_for is not None else committed())
+
+
+def _result(queued: runs_db.QueuedRun | Steered, context: ProjectionMeta | None) -> AskResult:
+    if isinstance(queued, Steered):
+        return AskResult(queued.run, True, steer_id=queued.steer_id)
+    return AskResult(queued.run, True, queued.claimed, context=context, first_event=queued.created)
+
+
+async def _commit_unlocked(
+    engine: AsyncEngine,
+    settings: Settings,
+    tenant_id: str,
+    session_id: str,
+    params: AskParams,
+    own_limits: quotas.Limits | None,
+    claim_for: int | None,
+) -> AskResult | None:
+    """The ask of an idle session committed without locking its row first: read, then one
+    statement that writes only if the row is still the one read (two round trips rather than
+    four). Every write that bears on an idle session's ask writes the session's row (an
+    append, a run's creation or end, a change of its config), so an unchanged row means
+    nothing the ask read has changed. None: the ask needs the row locked (a run under way,
+    limits that count, entries that need the append's checks), or the row changed meanwhile;
+    nothing is written then, and the caller commits the ask under the row's lock."""
+    async with autocommit(engine) as conn:
+        found = await sessions_db.get_session_as_read(conn, tenant_id, session_id)
+        if found is None:
+            raise session_not_found(session_id)
+        session, version = found
+        policy = run_policies.merged(session.config.run_policy, params.run_policy)
+        if (
+            session.status is not SessionStatus.IDLE
+            or policy.max_turns is not None
+            or quotas.ask_locks_tenant(settings, own_limits)
+        ):
+            return None
+        checked = await _checked_in(conn, settings, session, params)
+        resolved, context = _served(checked, params), checked.projection.meta
+        queued = await _commit(
+            conn, settings, session, params, resolved, own_limits, claim_for, unchanged=version
+        )
+        await conn.commit()  # behind a transaction pooler, autocommit is not set
+    return None if queued is None else _result(queued, context)
 
 
 async def _committing(
@@ -317,9 +364,12 @@ async def _commit(
     model: str,
     own_limits: quotas.Limits | None,
     claim_for: int | None,
-) -> runs_db.QueuedRun | Steered:
+    unchanged: int | None = None,
+) -> runs_db.QueuedRun | Steered | None:
     """The user entry, run_start, the run, run.created and the job, in the transaction that
-    locked `session`; or, for a steer of a running run, the steer."""
+    locked `session`; or, for a steer of a running run, the steer. `unchanged`: `session` is
+    not locked but was read at this version of its row (_commit_unlocked): the commit is one
+    statement, written only if the row is still that version; None if it was not."""
     tenant_id, session_id = session.tenant_id, session.id
     policy = run_policies.merged(session.config.run_policy, params.run_policy)
     # Counting the session's turns is a query: only made when a turn limit is set.
@@ -417,6 +467,7 @@ async def _commit(
         params=run_params,
         idempotency_key=params.idempotency_key,
         claim_for=claim_for,
+        unchanged=unchanged,
     )
 
 

@@ -110,6 +110,12 @@ def _tomorrow(now: datetime) -> datetime:
     return datetime.combine(now.date() + timedelta(days=1), time(), UTC)
 
 
+def ask_locks_tenant(settings: Settings, own: Limits | None) -> bool:
+    """Whether check_ask locks the tenant's row (a limit on runs at once counts them), or may
+    (`own` not read yet): such an ask commits under its session's lock."""
+    return own is None or effective_limits(settings, own).concurrent_runs is not None
+
+
 async def check_ask(
     conn: AsyncConnection,
     settings: Settings,
