@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from sse_starlette import EventSourceResponse
 
 from app.api.bodies import JSONRoute
-from app.api.deps import Config, Engine, Hub, LocalWorkers, Tenant
+from app.api.deps import Config, Engine, Hub, LocalWorkers, OwnLimits, Tenant
 from app.api.errors import error_responses
 from app.api.ui_stream import (
     CURRENT_MAJOR,
@@ -145,6 +145,7 @@ async def ui_chat(
     settings: Config,
     hub: Hub,
     local_workers: LocalWorkers,
+    limits: OwnLimits,
     ai_sdk: AiSdkMajor = "",
 ) -> Response:
     """Journal the chat's new user message (or regenerate the last answer) and stream the run
@@ -178,6 +179,7 @@ async def ui_chat(
             content="", model=body.model, on_disconnect=body.on_disconnect
         ),
         handoff=local_workers,
+        own_limits=limits,
     )
 
     run = asked.run
@@ -278,12 +280,15 @@ async def steer_ui_chat(
     tenant: Tenant,
     settings: Config,
     local_workers: LocalWorkers,
+    limits: OwnLimits,
 ) -> UiSteered:
     """A message sent while the chat's answer streams: the running run's next model turn sees
     it (after its current tool calls), and the stream shows where it landed (a
     `steering-message` part, or `data-threadline-steered` for `ai` 5 and 6 clients). With no
     run in progress it is asked, like a message sent with useChat."""
-    result = await ui_chats.steer(engine, settings, tenant, chat_id, body.message, local_workers)
+    result = await ui_chats.steer(
+        engine, settings, tenant, chat_id, body.message, local_workers, limits
+    )
     return UiSteered(run_id=result.run.id, steer_id=result.steer_id)
 
 

@@ -53,6 +53,7 @@ from app.services import agents, approvals, asks, journal, runs, sessions
 from app.services.errors import NotFound
 from app.services.handoff import RunHandoff
 from app.services.mcp_servers import seal_headers
+from app.services.quotas import Limits
 from app.tools.registry import BUILTINS
 
 ITEM_KINDS = [str(EntryKind.MESSAGE), str(EntryKind.TOOL_CALL), str(EntryKind.TOOL_RESULT)]
@@ -415,6 +416,7 @@ async def create_response(
     tenant_id: str,
     body: ResponseCreate,
     handoff: RunHandoff | None,
+    own_limits: Limits | None = None,
 ) -> Created:
     if body.store is False:
         raise unsupported(
@@ -450,7 +452,18 @@ async def create_response(
     else:
         servers = await mcp_servers(settings, body.tools or [])
         loaded = await _ask(
-            engine, settings, tenant_id, body, given, model, tools, servers, choice, output, handoff
+            engine,
+            settings,
+            tenant_id,
+            body,
+            given,
+            model,
+            tools,
+            servers,
+            choice,
+            output,
+            handoff,
+            own_limits,
         )
     return Created(loaded, base_of(loaded, body.previous_response_id), encrypted)
 
@@ -584,6 +597,7 @@ async def _ask(
     choice: ToolChoice,
     output: ResponseFormat | None,
     handoff: RunHandoff | None,
+    own_limits: Limits | None,
 ) -> Loaded:
     """The response's ask. The session made for it (a new conversation, or a fork at the
     previous response) and its instructions are committed with the ask (asks.ask): a refused
@@ -633,6 +647,7 @@ async def _ask(
         tenant_id,
         session_id,
         params,
+        own_limits,
         handoff=handoff,
         prepare=prepare if steps else None,
         # Its stream, or the wait for its end, follows the run (all but a background one).

@@ -201,6 +201,7 @@ async def ask(
     edited: bool,
     params: asks.AskParams,
     handoff: RunHandoff | None,
+    own_limits: quotas.Limits | None = None,
 ) -> asks.AskResult:
     """The chat's ask: its new user message (made the chat's session on its first), or the
     last one again (`regenerate`), or an edited one (`edited`: the chat's user messages up to
@@ -240,6 +241,7 @@ async def ask(
         tenant_id,
         session_id,
         asked,
+        own_limits,
         handoff=handoff,
         prepare=prepare,
         followed=True,  # the chat's answer is its run's stream
@@ -253,6 +255,7 @@ async def steer(
     chat_id: str,
     message: dict[str, Any],
     handoff: RunHandoff | None,
+    own_limits: quotas.Limits | None = None,
 ) -> asks.AskResult:
     """A user message sent while the chat's run works (`message`: a UI message, its text and
     file parts): steered into that run (asks' `steer`), or, with no run in progress, asked."""
@@ -261,7 +264,9 @@ async def steer(
     if session is None:
         raise NotFound("chat_not_found", f"the chat {chat_id} has no session yet", {})
     params = asks.AskParams(content=content, multitask_strategy="steer")
-    return await asks.ask(engine, settings, tenant_id, session.id, params, handoff=handoff)
+    return await asks.ask(
+        engine, settings, tenant_id, session.id, params, own_limits, handoff=handoff
+    )
 
 
 async def chat_messages(
