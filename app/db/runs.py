@@ -27,6 +27,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.exc import DBAPIError, IntegrityError, NoResultFound
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.runs import ACTIVE, Run, RunStatus
@@ -307,6 +308,15 @@ class Ended:
     last_event_seq: int | None = None
 
 
+class Changed(Exception):
+    """A statement written on condition that its rows were still as read (end_run's
+    `as_read`) found them changed, or wanted more than one statement: it wrote nothing."""
+
+
+# What threadline_still_as_read raises (migration e5b9d3a7c214).
+CHANGED_SQLSTATE = "TL001"
+
+
 async def end_run(
     conn: AsyncConnection,
     run_id: str,
@@ -316,6 +326,7 @@ async def end_run(
     job_id: int | None = None,
     events: tuple[tuple[str, str], dict[str, Any]] | None = None,
     appended: tuple[Insert, dict[str, Any]] | None = None,
+    as_read: int | None = None,
 ) -> Ended:
     """update_run for a run's end (`values`: plain values; ended_at is now), in one statement
     with the tenant's usage counted (`usage`: app/db/tenants.usage_added's values), the webhook
@@ -328,20 +339,45 @@ async def end_run(
     the run's
     row locked, and its session's, since an earlier statement of its transaction
     (get_run(lock=True)): steers are committed under those locks, so this statement sees every
-    one."""
+    one.
+
+    Or, with `as_read` (the run's attempt, which the caller's worker runs) and `appended`
+    written only if the session's row is still as the caller read it (app/db/sessions.
+    advancing's `as_read`), the caller holds no lock: the statement is all of the end, on an
+    autocommit connection. It aborts (Changed) unless the run is still running that attempt,
+    not being cancelled, the session's row unchanged, and nothing needs more than this
+    statement (a steer pending, a webhook endpoint that wants the end). Every write that bears
+    on a run's end writes one of those two rows (a steer, a run's creation or end, a cancel,
+    an append), and the statement compares them once it holds their locks: what it read is
+    what a locking read would have let it read."""
+    guarded = as_read is not None
+    assert not guarded or appended is not None, "the session's row is compared by the append"
     shape = (tuple(sorted(values)), usage is not None, job_id is not None)
     query = _end_run(
         *shape,
         events[0] if events is not None else None,
         appended[0] if appended is not None else None,
+        guarded,
     )
     params = {"end_run": run_id, **{f"end_{k}": v for k, v in values.items()}, **wanting}
     if job_id is not None:
         params |= {"finish_job_id": job_id, "finish_job_status": "succeeded"}
+    if guarded:
+        params["end_attempt"] = as_read
     for part in (events, appended):
         if part is not None:
             params |= part[1]
-    row = (await conn.execute(query, params | (usage or {}))).mappings().one()
+    try:
+        row = (await conn.execute(query, params | (usage or {}))).mappings().one_or_none()
+    except DBAPIError as exc:
+        changed = getattr(exc.orig, "sqlstate", None) == CHANGED_SQLSTATE
+        if guarded and (changed or isinstance(exc, IntegrityError)):  # (the run's deleted)
+            raise Changed(run_id) from exc
+        raise
+    if row is None:
+        if guarded:
+            raise Changed(run_id)
+        raise NoResultFound(f"run {run_id} is gone")
     if appended is not None and row["appended_last_seq"] != values.get("end_entry_seq"):
         # The seqs the caller gave its entries, from the session's rev under its lock: a
         # mismatch is a bug, and rolls the transaction back.
@@ -362,6 +398,7 @@ def _end_run(
     finishing_job: bool,
     events: tuple[str, str] | None,
     appended: Insert | None,
+    guarded: bool = False,
 ) -> Update:
     endpoints = select(func.array_agg(webhook_endpoints.c.id)).where(WANTING).scalar_subquery()
     pending = (
@@ -392,6 +429,29 @@ def _end_run(
         query = query.add_cte(entries)
         appended_last = select(func.max(entries.c.seq)).scalar_subquery()
         query = query.returning(appended_last.label("appended_last_seq"))
+    if guarded and appended is not None:
+        as_read = runs.alias("run_as_read")
+        run_as_read = (
+            select(as_read.c.id)
+            .where(
+                as_read.c.id == bindparam("end_run"),
+                as_read.c.status == RunStatus.RUNNING.value,
+                as_read.c.cancel_mode.is_(None),
+                as_read.c.attempts == bindparam("end_attempt", type_=Integer),
+            )
+            .with_for_update()
+            .cte("run_as_read")
+        )
+        # Read where the row is updated, before it is: one that fails aborts all of it.
+        unchanged = and_(
+            select(run_as_read.c.id).exists(),
+            select(entries.c.seq).exists(),  # the session's row was still as read
+            ~pending,
+            endpoints.is_(None),
+        )
+        query = query.add_cte(run_as_read).where(
+            func.threadline_still_as_read(unchanged, type_=Boolean)
+        )
     if finishing_job:
         # Joined in, so that it runs: a CTE nothing reads is not evaluated.
         finished = text(f"SELECT true AS finished FROM {jobs_db.FINISH_JOB}")

@@ -22,6 +22,7 @@ from sqlalchemy import (
     literal_column,
     or_,
     select,
+    text,
     tuple_,
     type_coerce,
     update,
@@ -114,10 +115,15 @@ async def get_session_as_read(
     return None if row is None else (_session(row), int(row["row_version"]))
 
 
+# The version of the session's row read: its xmin (get_session_as_read).
+_ROW_VERSION = literal_column("sessions.xmin", BigInteger)
+# The session's row is the version `advance_as_read` (its xmin, as get_session_as_read reads it).
+_AS_READ = text("sessions.xmin = CAST(:advance_as_read AS xid)")
+
+
 @functools.cache  # built once: constructing it cost more CPU than running it
 def _get_session_as_read() -> Select[Any]:
-    version = literal_column("sessions.xmin", BigInteger).label("row_version")
-    return _get_session(False, False).add_columns(version)
+    return _get_session(False, False).add_columns(_ROW_VERSION.label("row_version"))
 
 
 @functools.cache  # built once per shape: constructing it cost more CPU than running it
@@ -159,6 +165,8 @@ class RunStart:
     written: list[JournalEntry]  # the entries the run wrote so far (run_entries')
     # The thread's newest entries, when it is all stored under the session (no ancestors).
     newest: Newest | None = None
+    # The version of the session's row read (see get_session_as_read); None with no session.
+    version: int | None = None
 
 
 async def read_for_run(
@@ -202,6 +210,7 @@ def run_start_of(row: Mapping[str, Any] | None, with_newest: bool, prefix: str =
         bool(row[f"{prefix}compacting"]),
         [JournalEntry(**e) for e in row[f"{prefix}written"]],
         Newest(newest, NEWEST_ENTRIES) if newest is not None else None,
+        int(row[f"{prefix}row_version"]),
     )
 
 
@@ -217,8 +226,8 @@ def run_start_columns(
     session_id: ColumnElement[Any], from_seq: ColumnElement[Any], prefix: str = ""
 ) -> list[ColumnElement[Any]]:
     """What read_for_run reads, as the columns of a statement whose FROM has the session's row
-    (sessions): its columns, `compacting`, `written` and `newest`, named after `prefix`; the
-    parameters: run_start_params'."""
+    (sessions): its columns, `compacting`, `written`, `newest` and `row_version`, named after
+    `prefix`; the parameters: run_start_params'."""
     compacting = (
         select(runs.c.id)
         .where(
@@ -281,6 +290,7 @@ def run_start_columns(
         compacting.label(f"{prefix}compacting"),
         type_coerce(written, JSONB).label(f"{prefix}written"),
         type_coerce(newest, JSONB).label(f"{prefix}newest"),
+        _ROW_VERSION.label(f"{prefix}row_version"),
     ]
 
 
@@ -445,14 +455,16 @@ def advancing(
     values: Mapping[str, Any] | None = None,
     title: str | None = None,
     ended: RunEnded | None = None,
+    as_read: int | None = None,
 ) -> Advance:
     """The statement that reserves `count` seqs by moving rev forward, returning the new rev
     (app/services/journal runs it, alone or with the entries' insert: app/db/journal.
     insert_advancing); the row lock serializes appenders, and is held until the transaction
     ends, so the seqs stay dense. `values`: more of the session's columns to set with it (its
     status...), plain values; `title`: the session's title if it has none; `ended`: see
-    RunEnded. No row when the session's rev is not `expected_rev` (or the tenant has no such
-    session)."""
+    RunEnded. No row when the session's rev is not `expected_rev`, or its row is no longer
+    the version `as_read` (see get_session_as_read; compared after any wait for the row), or
+    the tenant has no such session."""
     values = values or {}
     usage = ended.usage if ended is not None and ended.usage is not None else {}
     shape = (
@@ -462,6 +474,7 @@ def advancing(
         tuple(sorted(values)),
         ended is not None,
         tuple(sorted(usage)),
+        as_read is not None,
     )
     statement = advancing_statement(*shape)
     params: dict[str, Any] = {
@@ -473,6 +486,8 @@ def advancing(
     }
     if expected_rev is not None:
         params["advance_expected_rev"] = expected_rev
+    if as_read is not None:
+        params["advance_as_read"] = as_read
     if title is not None:
         params["advance_title"] = title
     if ended is not None:
@@ -488,6 +503,7 @@ def advancing_statement(
     names: tuple[str, ...],
     ended: bool,
     added: tuple[str, ...],
+    compared: bool = False,
 ) -> Update:
     query = update(sessions).where(
         sessions.c.id == bindparam("advance_session"),
@@ -497,6 +513,8 @@ def advancing_statement(
         query = query.where(LIVE)
     if expected:
         query = query.where(sessions.c.rev == bindparam("advance_expected_rev"))
+    if compared:
+        query = query.where(_AS_READ)
     values: dict[str, Any] = {
         "rev": sessions.c.rev + bindparam("advance_count", type_=BigInteger),
         "updated_at": func.now(),

@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import RowMapping, Select, bindparam, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.db.tables import steers
+from app.db.tables import sessions, steers
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,8 +38,19 @@ class Steer:
 
 
 async def insert_steer(conn: AsyncConnection, steer: Steer) -> None:
+    """The steer, and its session's row written with it (updated_at): a run's end written on
+    condition that the row is as it read it (app/db/runs.end_run's `as_read`) then sees that a
+    steer came, whatever the order in which the two statements take the row."""
+    touched = (
+        update(sessions)
+        .where(sessions.c.id == bindparam("touched_session"))
+        .values(updated_at=func.now())
+        .cte("touched")
+    )
     await conn.execute(
-        insert(steers).values(
+        insert(steers)
+        .add_cte(touched)
+        .values(
             id=steer.id,
             tenant_id=steer.tenant_id,
             session_id=steer.session_id,
@@ -48,7 +59,8 @@ async def insert_steer(conn: AsyncConnection, steer: Steer) -> None:
             model=steer.model,
             params=steer.params,
             idempotency_key=steer.idempotency_key,
-        )
+        ),
+        {"touched_session": steer.session_id},
     )
 
 

@@ -205,15 +205,28 @@ class AppendPart:
 
 
 def fresh_append(
-    tenant_id: str, session_id: str, new_entries: Sequence[NewEntry], ended: RunEnded
+    tenant_id: str,
+    session_id: str,
+    new_entries: Sequence[NewEntry],
+    ended: RunEnded,
+    as_read: int | None = None,
 ) -> AppendPart | None:
     """append_in(fresh_ids=True, ended=ended) as a part of another statement (a run's end: in
-    its run's end statement); None when the entries need append_in's checks (fresh_rows)."""
+    its run's end statement); None when the entries need append_in's checks (fresh_rows).
+    `as_read`: appended only if the session's row is still that version (sessions_db.
+    advancing's)."""
     rows = fresh_rows(new_entries)
     if rows is None:
         return None
     advance = sessions_db.advancing(
-        tenant_id, session_id, len(rows), None, True, title=untitled_title(rows), ended=ended
+        tenant_id,
+        session_id,
+        len(rows),
+        None,
+        True,
+        title=untitled_title(rows),
+        ended=ended,
+        as_read=as_read,
     )
     return AppendPart(rows, *journal_db.advancing_insert(advance, session_id, rows))
 

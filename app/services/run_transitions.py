@@ -301,6 +301,7 @@ async def finish(
     written: list[dict[str, Any]] | None = None,
     job_id: int | None = None,
     session_rev: int | None = None,
+    session_as_read: int | None = None,
 ) -> Run:
     """Commit the end of `run` (locked by the caller, still active): its answer (partial ones
     marked incomplete), usage and run_end entries, a rollback if one was asked for, its row,
@@ -308,7 +309,13 @@ async def finish(
     writer.append); with `job_id` (the run's job, held by a worker of this process), the job's
     end too. Ending a run twice is refused by the caller's check that it is active: its end
     entries are written only here. `session_rev`: the session's rev as the caller's lock holds
-    it (runs_db.lock_for_end): the entries' seqs follow it, and all of it is one statement."""
+    it (runs_db.lock_with_rev): the entries' seqs follow it, and all of it is one statement.
+
+    `session_as_read` (with `session_rev`): the caller locked nothing, but read the session's
+    row at this version (and rev), and `run` as its worker runs it: all of the end is one
+    statement on `conn` (autocommit), written only if both rows are still so (runs_db.end_run's
+    `as_read`); runs_db.Changed, with nothing written, if they are not or the end needs more
+    than one statement."""
     outcome = machine.settled(run, outcome)
     model = outcome.model or run.model
     entries: list[NewEntry] = []
@@ -378,10 +385,12 @@ async def finish(
     # stored yet (the unique index would refuse one all the same).
     rollback_asked = run.cancel_mode == "rollback" and run.user_entry_seq is not None
     part = (
-        fresh_append(run.tenant_id, run.session_id, entries, ended_run)
+        fresh_append(run.tenant_id, run.session_id, entries, ended_run, session_as_read)
         if session_rev is not None and not rollback_asked
         else None
     )
+    if session_as_read is not None and part is None:
+        raise runs_db.Changed(run.id)  # its entries need the append's checks: under the lock
     committed: list[Any]
     if part is not None and session_rev is not None:  # appended by the end's statement
         committed = [{**r, "seq": session_rev + 1 + i} for i, r in enumerate(part.rows)]
@@ -455,6 +464,7 @@ async def finish(
         job_id,
         event_store.closing_events(step.events),  # written by it unless steers are pending
         (part.statement, part.params) if part is not None else None,
+        run.attempts if session_as_read is not None else None,
     )
     ended = closed.run
     if closed.last_event_seq is not None:

@@ -116,6 +116,9 @@ class _Progress:
     context_from: int | None = None
     # what its first start read of its session (start_first), for its first step
     start: RunStart | None = None
+    # The version and rev of its session's row its start read, while the run itself has not
+    # written the row since: its end is then one statement if the row is still so (_finish).
+    session_as_read: tuple[int, int] | None = None
 
     def add_usage(self, usage: UsageReport | None) -> None:
         if usage is not None:
@@ -207,7 +210,9 @@ async def _execute(
         if isinstance(outcome, Pause | AwaitApproval):
             await retrying(lambda: _pause(runtime, run, outcome))
             return False
-        ended = await retrying(lambda: _finish(runtime, run, outcome, job_id))
+        ended = await retrying(
+            lambda: _finish(runtime, run, outcome, job_id, progress.session_as_read)
+        )
         log.info("run %s: %s", run_id, outcome.status)
         return ended
     finally:
@@ -252,12 +257,34 @@ def _check_fence(runtime: Runtime, run_id: str) -> None:
         raise Superseded(run_id)
 
 
-async def _finish(runtime: Runtime, run: Run, outcome: Outcome, job_id: int | None) -> bool:
+async def _finish(
+    runtime: Runtime,
+    run: Run,
+    outcome: Outcome,
+    job_id: int | None,
+    session_as_read: tuple[int, int] | None = None,
+) -> bool:
     """End the run; with `job_id`, its job too (the run's row, then the job's: a cancel's
-    order). True if the job was finished here."""
+    order). True if the job was finished here. `session_as_read`: the version and rev of its
+    session's row as the run read it (and `run` as this worker started it): if both rows are
+    still so, the end is one statement (no transaction, no lock taken first); else it is
+    written under their locks, from the rows as they are then."""
     await runtime.writer.flush()
     written: list[dict[str, Any]] = []
     with runtime.writer.committing([run.id]):
+        if session_as_read is not None:
+            version, rev = session_as_read
+            try:
+                async with autocommit(runtime.engine) as conn:
+                    await run_transitions.finish(
+                        conn, run, outcome, written, job_id, rev, session_as_read=version
+                    )
+                    await conn.commit()  # behind a transaction pooler, autocommit is not set
+            except runs_db.Changed:
+                written.clear()  # nothing was written: under the locks, then
+            else:
+                runtime.writer.publish(written)
+                return job_id is not None
         async with runtime.engine.begin() as conn:
             found = await runs_db.lock_with_rev(conn, run.id)
             if found is None or not found[0].active or found[0].attempts != run.attempts:
@@ -381,6 +408,8 @@ async def _converse(
                 except ServiceError as exc:
                     first = exc
     session = start.session
+    if session is not None and start.version is not None:
+        progress.session_as_read = (start.version, session.rev)
     written: list[JournalEntry] | None = start.written
     config = session.config if session is not None else SessionConfig()
     servers: dict[str, McpServer] = {}
@@ -425,6 +454,7 @@ async def _converse(
             elif waiting:
                 return AwaitApproval(waiting)
             else:
+                progress.session_as_read = None  # its tools' outputs were appended
                 continue
         if isinstance(step, StopRun):
             return await _violation(runtime, run, step, progress)
@@ -433,6 +463,7 @@ async def _converse(
         outcome = await _model_turn(runtime, run, step.iteration, progress, projected)
         if outcome is not None:
             return outcome
+        progress.session_as_read = None  # its tool calls were appended
 
 
 async def _with_mcp_tools(
@@ -472,6 +503,7 @@ async def _deliver_steers(runtime: Runtime, run: Run, iteration: int, progress: 
     async with autocommit(runtime.engine) as conn:
         if not await steers_db.any_pending(conn, run.id):
             return False
+    progress.session_as_read = None  # journaled below
     async with runtime.engine.begin() as conn:
         delivered = await steering.deliver_in(conn, run)
     for steer_id, entry in delivered:
@@ -496,6 +528,7 @@ def _over_budget(policy: RunPolicy, tokens_before: int, progress: _Progress) -> 
 
 async def _violation(runtime: Runtime, run: Run, stop: StopRun, progress: _Progress) -> Outcome:
     """Record the broken limit in the journal and end the run with it."""
+    progress.session_as_read = None  # journaled below
     run_id = run.id
     violation = {"rule": stop.rule, "message": stop.message}
     entry = NewEntry(
@@ -711,6 +744,7 @@ async def _void_attempt(
     what it wrote is journaled as an incomplete answer and rolled back at once, so that no
     projection (nor a summary) ever sends it, and clients are told to drop it."""
     progress.restarts += 1
+    progress.session_as_read = None  # the partial answer is journaled below
     text, progress.text, progress.parts = "".join(progress.text), [], []
     log.warning(
         "run %s: the model call failed after its output began (%s: %s); asked again",

@@ -4,62 +4,25 @@ written only if the row is still the one read), and under the lock when it is no
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import uuid
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
-from typing import Any
 
 import pytest
-from sqlalchemy import event, text
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import Settings
 from app.core.entries import EntryKind, NewEntry
 from app.core.runs import RunParams
 from app.db import sessions as sessions_db
-from app.db.engine import create_engine
 from app.services import asks, quotas
 from app.services import run_transitions as runs
 from app.services.errors import Conflict
 from testkit.locks import holding_session, waiting_for_a_lock
+from testkit.statements import own_engine, watching
 from tests.db.test_runs import new_session, what_is_stored
 from tests.services.test_run_transitions import asked_in
 
 NO_LIMITS = quotas.Limits()  # the request's key read them: none set
-
-
-@dataclass
-class Seen:
-    statements: list[str] = field(default_factory=list)
-    in_transaction: list[bool] = field(default_factory=list)  # each statement's: not autocommit
-
-
-@contextlib.contextmanager
-def watching(engine: AsyncEngine) -> Iterator[Seen]:
-    """The statements `engine` (the test's own: nothing else uses it) runs, and whether each
-    ran in a transaction (BEGIN and COMMIT: two more round trips) or on its own."""
-    seen = Seen()
-
-    def statement(conn: Any, cursor: Any, sql: str, *args: Any) -> None:
-        seen.statements.append(sql)
-        level = conn.get_execution_options().get("isolation_level")
-        seen.in_transaction.append(level != "AUTOCOMMIT")
-
-    event.listen(engine.sync_engine, "before_cursor_execute", statement)
-    try:
-        yield seen
-    finally:
-        event.remove(engine.sync_engine, "before_cursor_execute", statement)
-
-
-@contextlib.asynccontextmanager
-async def own_engine(settings: Settings) -> AsyncIterator[AsyncEngine]:
-    engine = create_engine(settings)
-    try:
-        yield engine
-    finally:
-        await engine.dispose()
 
 
 async def journal_of(engine: AsyncEngine, session_id: str) -> list[tuple[int, str, str]]:

@@ -7,25 +7,28 @@ import asyncio
 import contextlib
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import asyncpg
 import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from app.config import Settings
 from app.core.entries import EntryKind, NewEntry
 from app.core.runs import Outcome, Run, RunKind, RunParams, RunStatus
 from app.core.usage import UsageReport
 from app.db import runs as runs_db
 from app.db import sessions as sessions_db
 from app.db import steers as steers_db
+from app.db import webhooks as webhooks_db
 from app.db.engine import autocommit, libpq_url
 from app.eventlog import store as event_store
 from app.services import run_transitions
 from app.services import runs as runs_service
 from app.services.journal import append_in
 from testkit.locks import holding_session, never_waiting_for, waiting_for_a_lock
+from testkit.statements import own_engine, watching
 from tests.db.test_runs import created, new_session, run_values
 
 LEASE = 424242
@@ -478,3 +481,153 @@ async def test_a_run_waiting_for_tool_outputs_is_cancelled_at_once_while_its_job
             )
         ).scalar_one()
     assert job == "doing"  # its worker finishes it, as it would have
+
+
+async def started(engine: AsyncEngine) -> runs_db.FirstStart:
+    first = await start_first(engine, (await queued_run(engine)).id)
+    assert first is not None and first.start.session is not None
+    return first
+
+
+async def end_as_read(engine: AsyncEngine, first: runs_db.FirstStart) -> Run:
+    """The run's end as its worker writes it when it knows what its start read: one statement,
+    no lock taken first."""
+    session, version = first.start.session, first.start.version
+    assert session is not None and version is not None
+    outcome = Outcome("completed", "done", usage=UsageReport(10, 2))
+    async with autocommit(engine) as conn:
+        ended = await run_transitions.finish(
+            conn, first.run, outcome, [], session_rev=session.rev, session_as_read=version
+        )
+        await conn.commit()
+    return ended
+
+
+async def end_locked(engine: AsyncEngine, run: Run) -> Run:
+    outcome = Outcome("completed", "done", usage=UsageReport(10, 2))
+    async with engine.begin() as conn:
+        found = await runs_db.lock_with_rev(conn, run.id)
+        assert found is not None
+        locked, rev = found
+        return await run_transitions.finish(conn, locked, outcome, [], session_rev=rev)
+
+
+Stored = tuple[tuple[int, str, int, int], list[tuple[int, str]], list[tuple[int, str]], object]
+
+
+async def stored_of(engine: AsyncEngine, run: Run) -> Stored:
+    """What a run's end wrote, named so that two runs' can be compared."""
+    async with engine.connect() as conn:
+        session = await sessions_db.get_session(conn, run.tenant_id, run.session_id)
+        kinds = (
+            await conn.execute(
+                text("SELECT seq, kind FROM entries WHERE session_id = :s ORDER BY seq"),
+                {"s": run.session_id},
+            )
+        ).all()
+        row = await runs_db.get_run(conn, run.id)
+    assert session is not None and row is not None
+    events = [(seq, str(kind)) for seq, kind, _ in await events_of(engine, run)]
+    totals = (session.rev, session.status.value, session.input_tokens, session.output_tokens)
+    entries = [(int(seq), str(kind)) for seq, kind in kinds]
+    return totals, entries, events, (row.status, row.end_entry_seq, row.result)
+
+
+async def test_a_runs_end_as_its_start_read_it_is_one_statement_writing_what_the_locked_end_does(
+    settings: Settings,
+) -> None:
+    async with own_engine(settings) as engine:
+        one, two = await started(engine), await started(engine)
+        with watching(engine) as seen:
+            await end_as_read(engine, one)
+        await end_locked(engine, two.run)
+        assert seen.in_transaction == [False]  # one statement, in a transaction of its own
+        assert await stored_of(engine, one.run) == await stored_of(engine, two.run)
+        totals, kinds, events, row = await stored_of(engine, one.run)
+        assert totals == (3, "idle", 10, 2)
+        assert kinds == [(1, "message"), (2, "usage"), (3, "run_end")]
+        assert events[-1] == (len(events), "run.completed")
+        assert row == (RunStatus.COMPLETED, 3, "done")
+
+
+async def ask_meanwhile(engine: AsyncEngine, run: Run) -> None:
+    queued = str(uuid.uuid4())
+    refs = {"run_id": queued}
+    async with engine.begin() as conn:
+        entries = [
+            NewEntry(EntryKind.MESSAGE, {"role": "user", "content": "next"}, refs, "i"),
+            NewEntry(EntryKind.RUN_START, {"run_id": queued, "model": "m"}, refs, "s"),
+        ]
+        await asked_in(conn, run.tenant_id, run.session_id, queued, entries, input_at=0)
+
+
+async def cancel_meanwhile(engine: AsyncEngine, run: Run) -> None:
+    async with engine.begin() as conn:
+        await runs_db.update_run(conn, run.id, {"cancel_mode": "cancel"})
+
+
+async def steer_meanwhile(engine: AsyncEngine, run: Run) -> None:
+    async with engine.begin() as conn:
+        steer = steers_db.Steer(
+            str(uuid.uuid4()), run.tenant_id, run.session_id, run.id, "on", run.model, {}
+        )
+        await steers_db.insert_steer(conn, steer)
+
+
+async def webhook_meanwhile(engine: AsyncEngine, run: Run) -> None:
+    async with engine.begin() as conn:
+        await webhooks_db.insert_endpoint(
+            conn, tenant_id=run.tenant_id, url="https://example.com/hook", encrypted_secret="x"
+        )
+
+
+async def retitled_meanwhile(engine: AsyncEngine, run: Run) -> None:
+    async with engine.begin() as conn:
+        await conn.execute(
+            text("UPDATE sessions SET title = 'renamed' WHERE id = :id"), {"id": run.session_id}
+        )
+
+
+@pytest.mark.parametrize(
+    "meanwhile",
+    [ask_meanwhile, cancel_meanwhile, steer_meanwhile, webhook_meanwhile, retitled_meanwhile],
+)
+async def test_a_runs_end_as_its_start_read_it_writes_nothing_once_anything_it_read_changed(
+    engine: AsyncEngine, meanwhile: Callable[[AsyncEngine, Run], Awaitable[None]]
+) -> None:
+    """An ask committed to the session, a cancel, a steer, a webhook endpoint that wants the
+    end, any write of the session's row: the one-statement end aborts, and the end under the
+    locks (which reads them) writes it."""
+    first = await started(engine)
+    await meanwhile(engine, first.run)
+    before = await stored_of(engine, first.run)
+    with pytest.raises(runs_db.Changed):
+        await end_as_read(engine, first)
+    assert await stored_of(engine, first.run) == before
+    ended = await end_locked(engine, first.run)
+    assert not ended.active
+
+
+async def test_a_steer_committed_while_a_runs_end_waits_for_its_rows_is_not_missed(
+    engine: AsyncEngine,
+) -> None:
+    """A steering ask holds the session's row and the run's while it commits its steer. The
+    end, waiting for them, reads the steers as they were before the wait: that the steer wrote
+    the session's row is what tells it (the steer would be left pending for nobody)."""
+    first = await started(engine)
+    run = first.run
+    async with holding_session(engine, run.session_id) as steering:
+        await steering.execute(
+            text("SELECT id FROM runs WHERE id = :id FOR UPDATE"), {"id": run.id}
+        )
+        steer = steers_db.Steer(
+            str(uuid.uuid4()), run.tenant_id, run.session_id, run.id, "on", run.model, {}
+        )
+        await steers_db.insert_steer(steering, steer)
+        ending = asyncio.ensure_future(end_as_read(engine, first))
+        await waiting_for_a_lock(engine, ending, "WITH end_events AS%")
+    with pytest.raises(runs_db.Changed):
+        await ending
+    ended = await end_locked(engine, run)
+    kinds = [kind for _, kind, _ in await events_of(engine, ended)]
+    assert "run.steered" in kinds and kinds[-1] == "run.completed"
