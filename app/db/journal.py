@@ -227,7 +227,7 @@ async def copy_range(
     await conn.execute(entries.insert().from_select(["session_id", *columns], source))
 
 
-def journal_entry(row: RowMapping) -> JournalEntry:
+def journal_entry(row: RowMapping | Mapping[str, Any]) -> JournalEntry:
     """A stored entry as the pure core reads it."""
     return JournalEntry(
         seq=int(row["seq"]),

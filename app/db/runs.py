@@ -30,6 +30,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.exc import DBAPIError, IntegrityError, NoResultFound
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.core.entries import JournalEntry
 from app.core.runs import ACTIVE, Run, RunStatus
 from app.db import jobs as jobs_db
 from app.db import journal as journal_db
@@ -58,6 +59,9 @@ class QueuedRun:
     # Its first event (run.created, seq 1) as followers read it; set by the run's creation
     # (app/services/run_transitions.create), which made it.
     created: dict[str, Any] | None = None
+    # An ask's run: the entries it wrote (its user entry, run_start) as committed; set by
+    # app/services/run_transitions.create_asked.
+    entries: tuple[JournalEntry, ...] = ()
 
 
 async def insert_queued_run(

@@ -282,8 +282,23 @@ async def load(engine: AsyncEngine, tenant_id: str, given: str, param: str | Non
             conn, run.session_id, run.input_seq, run.id, tenant_id=tenant_id
         )
         rulings = await approvals_db.of_run(conn, run.id)
-    if any(e.id == entry_id(run.id, DELETED_PART) for e in entries):
+    loaded = _loaded(run, segment, session, entries, rulings)
+    if loaded is None:
         raise missing
+    return loaded
+
+
+def _loaded(
+    run: Run,
+    segment: int,
+    session: Session,
+    entries: list[JournalEntry],
+    rulings: Sequence[approvals_db.Approval],
+) -> Loaded | None:
+    """Response `segment` of `run` from what the run wrote, its session and the rulings on
+    its calls; None: no such response (deleted, or not so many segments)."""
+    if any(e.id == entry_id(run.id, DELETED_PART) for e in entries):
+        return None
     # What the run took back (a model turn that started over) was never its answer.
     entries = without_rolled_back(entries)
     tools = client_tools(run, session)
@@ -296,7 +311,7 @@ async def load(engine: AsyncEngine, tenant_id: str, given: str, param: str | Non
     )
     parts = mapping.segments(entries, run_tools)
     if segment >= len(parts):
-        raise missing
+        return None
     instructions = session.config.system_prompt
     return Loaded(run, segment, parts, tools, instructions, run_tools)
 
@@ -612,7 +627,10 @@ async def _ask(
             steps.append(_forking(tenant_id, parent_id, fork_at, session_id))
     elif body.conversation is not None:
         given_id = body.conversation if isinstance(body.conversation, str) else body.conversation.id
-        session_id = await _conversation(engine, tenant_id, given_id, "conversation")
+        conversation = mapping.parse_conversation_id(given_id)
+        if conversation is None:
+            raise _no_conversation(given_id, "conversation")
+        session_id = conversation  # the ask finds it, or says there is none
     else:
         session_id = str(uuid.uuid4())
         config = {"system_prompt": instructions} if instructions is not None else {}
@@ -641,21 +659,30 @@ async def _ask(
         before=tuple(PendingEntry(str(e.kind), e.payload, e.refs) for e in given.before),
         reasoning=native_reasoning(body.reasoning),
     )
-    result = await asks.ask(
-        engine,
-        settings,
-        tenant_id,
-        session_id,
-        params,
-        own_limits,
-        handoff=handoff,
-        prepare=prepare if steps else None,
-        # Its stream, or the wait for its end, follows the run (all but a background one).
-        followed=bool(body.stream) or not body.background,
-    )
+    try:
+        result = await asks.ask(
+            engine,
+            settings,
+            tenant_id,
+            session_id,
+            params,
+            own_limits,
+            handoff=handoff,
+            prepare=prepare if steps else None,
+            # Its stream, or the wait for its end, follows the run (all but a background one).
+            followed=bool(body.stream) or not body.background,
+        )
+    except NotFound as exc:
+        if body.conversation is None or exc.code != "session_not_found":
+            raise
+        raise _no_conversation(given_id, "conversation") from None
     if result.steer_id is not None:  # the run in progress takes it: its latest response
         first = await load(engine, tenant_id, mapping.response_id(result.run.id))
         return replace(first, segment=len(first.parts) - 1, steered=True)
+    if result.session is not None:  # a run just made: what it is, the ask has at hand
+        made = _loaded(result.run, 0, result.session, list(result.entries), [])
+        assert made is not None  # its user entry and run_start: one response, not deleted
+        return made
     return await load(engine, tenant_id, mapping.response_id(result.run.id))
 
 
@@ -771,15 +798,19 @@ async def _continuing(engine: AsyncEngine, tenant_id: str, given: str) -> tuple[
 
 async def _conversation(engine: AsyncEngine, tenant_id: str, given: str, param: str) -> str:
     session_id = mapping.parse_conversation_id(given)
-    missing = not_found("conversation", given)
-    missing.param = param
     if session_id is None:
-        raise missing
+        raise _no_conversation(given, param)
     try:
         await sessions.get_session(engine, tenant_id, session_id)
     except NotFound:
-        raise missing from None
+        raise _no_conversation(given, param) from None
     return session_id
+
+
+def _no_conversation(given: str, param: str) -> OpenAIError:
+    missing = not_found("conversation", given)
+    missing.param = param
+    return missing
 
 
 # --- Cancel, delete, input items ---------------------------------------------------------

@@ -23,7 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from app.config import Settings
 from app.core import run_policy as run_policies
 from app.core.content import content_problems
-from app.core.entries import EntryKind, NewEntry, PendingEntry
+from app.core.entries import EntryKind, JournalEntry, NewEntry, PendingEntry
 from app.core.output_schema import ResponseFormat, schema_problem
 from app.core.projection import ProjectionMeta
 from app.core.runs import CancelMode, Run, RunParams, entry_id
@@ -95,6 +95,10 @@ class AskResult:
     context: ProjectionMeta | None = None
     # Its run's first event (run.created) as followers read it, when this ask created the run.
     first_event: dict[str, Any] | None = None
+    # When this ask created the run: the session as the ask read it (its config is the run's),
+    # and the run's entries as committed (its user entry and run_start).
+    session: Session | None = None
+    entries: tuple[JournalEntry, ...] = ()
 
 
 # What a surface writes with its ask, in the ask's transaction and before the ask's own rows:
@@ -192,7 +196,7 @@ async def ask(
                 resolved, context = _served(checked, params), checked.projection.meta
             queued = await _commit(conn, settings, session, params, resolved, own_limits, claim)
         assert queued is not None  # written on no condition
-        return _result(queued, context)
+        return _result(queued, context, session)
 
     async def committed() -> AskResult:
         try:
@@ -210,10 +214,20 @@ async def ask(
     return await (asyncio.shield(committed()) if claim_for is not None else committed())
 
 
-def _result(queued: runs_db.QueuedRun | Steered, context: ProjectionMeta | None) -> AskResult:
+def _result(
+    queued: runs_db.QueuedRun | Steered, context: ProjectionMeta | None, session: Session
+) -> AskResult:
     if isinstance(queued, Steered):
         return AskResult(queued.run, True, steer_id=queued.steer_id)
-    return AskResult(queued.run, True, queued.claimed, context=context, first_event=queued.created)
+    return AskResult(
+        queued.run,
+        True,
+        queued.claimed,
+        context=context,
+        first_event=queued.created,
+        session=session,
+        entries=queued.entries,
+    )
 
 
 async def _commit_unlocked(
@@ -250,7 +264,7 @@ async def _commit_unlocked(
             conn, settings, session, params, resolved, own_limits, claim_for, unchanged=version
         )
         await conn.commit()  # behind a transaction pooler, autocommit is not set
-    return None if queued is None else _result(queued, context)
+    return None if queued is None else _result(queued, context, session)
 
 
 async def _committing(

@@ -11,18 +11,19 @@ unique index of entry ids backs that up).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from sqlalchemy import func, update
+from sqlalchemy import RowMapping, func, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.core.entries import EntryKind, NewEntry
+from app.core.entries import EntryKind, JournalEntry, NewEntry
 from app.core.messages import text_of
 from app.core.runs import WAITING, CancelMode, Outcome, Run, RunKind, RunParams, RunStatus, entry_id
 from app.db import approvals as approvals_db
 from app.db import jobs as jobs_db
+from app.db import journal as journal_db
 from app.db import runs as runs_db
 from app.db import steers as steers_db
 from app.db import tenants as tenants_db
@@ -127,7 +128,7 @@ async def create_asked(
             fresh_ids=True,
             session_values={"status": "active"},  # the run's
         )
-        return await create(
+        made = await create(
             conn,
             id=id,
             tenant_id=tenant_id,
@@ -140,6 +141,7 @@ async def create_asked(
             session_marked_active=True,
             claim_for=claim_for,
         )
+        return replace(made, entries=_asked_entries(appended.entries[input_at:]))
     params = carried.into(params, run_id=id, tenant_id=tenant_id, session_id=session_id)
     created = machine.created_event(id, session_id, RunKind.ASK, None, model)
     queued = await _insert_asked_run(
@@ -162,7 +164,14 @@ async def create_asked(
     metrics.run_created(RunKind.ASK.value)
     input_seq = queued.run.user_entry_seq
     stored = machine.created_event(id, session_id, RunKind.ASK, input_seq, model)
-    return replace(queued, created=_first_event(id, stored))
+    assert input_seq is not None
+    asked = [{**row, "seq": input_seq + i} for i, row in enumerate(rows[input_at:])]
+    return replace(queued, created=_first_event(id, stored), entries=_asked_entries(asked))
+
+
+def _asked_entries(rows: Sequence[RowMapping | Mapping[str, Any]]) -> tuple[JournalEntry, ...]:
+    """An ask's run's entries (its user entry and run_start), as committed at their seqs."""
+    return tuple(journal_db.journal_entry(r) for r in rows)
 
 
 async def start(conn: AsyncConnection, run: Run, lease: int) -> Run:

@@ -219,7 +219,25 @@ async def ask(
             raise nothing
         content = rollback.content
         prepare = _rolling_back(tenant_id, session_id, rollback)
-    else:
+    elif not edited:
+        # The chat's session is asked directly, as find_session would find it: one read
+        # fewer, the ask's own read finding it (or finding none: the chat's first message).
+        asked = replace(params, content=new_user_content(messages))
+        candidates = [chat_id] if is_uuid(chat_id) else []
+        for session_id in [*candidates, derived_session_id(tenant_id, chat_id)]:
+            try:
+                return await _asked(
+                    engine, settings, tenant_id, session_id, asked, own_limits, handoff, None
+                )
+            except NotFound as exc:
+                if exc.code != "session_not_found":
+                    raise
+        session_id = derived_session_id(tenant_id, chat_id)
+        prepare = _making_session(settings, tenant_id, chat_id, session_id)
+        return await _asked(
+            engine, settings, tenant_id, session_id, asked, own_limits, handoff, prepare
+        )
+    else:  # an edited message
         content = new_user_content(messages)
         session = await find_session(engine, tenant_id, chat_id)
         if session is None:
@@ -227,20 +245,40 @@ async def ask(
             prepare = _making_session(settings, tenant_id, chat_id, session_id)
         else:
             session_id = session.id
-            if edited:
-                # useChat sends the messages up to the edited one, which is last. It is the
-                # chat's n-th user message: that one and all after it are rolled back.
-                position = sum(1 for m in messages if m.get("role") == "user") - 1
-                rollback = await rollback_from(engine, tenant_id, session_id, position, "edit")
-                if rollback is not None:
-                    prepare = _rolling_back(tenant_id, session_id, rollback)
-    asked = replace(params, content=content)
+            # useChat sends the messages up to the edited one, which is last. It is the chat's
+            # n-th user message: that one and all after it are rolled back.
+            position = sum(1 for m in messages if m.get("role") == "user") - 1
+            rollback = await rollback_from(engine, tenant_id, session_id, position, "edit")
+            if rollback is not None:
+                prepare = _rolling_back(tenant_id, session_id, rollback)
+    return await _asked(
+        engine,
+        settings,
+        tenant_id,
+        session_id,
+        replace(params, content=content),
+        own_limits,
+        handoff,
+        prepare,
+    )
+
+
+async def _asked(
+    engine: AsyncEngine,
+    settings: Settings,
+    tenant_id: str,
+    session_id: str,
+    params: asks.AskParams,
+    own_limits: quotas.Limits | None,
+    handoff: RunHandoff | None,
+    prepare: asks.Prepare | None,
+) -> asks.AskResult:
     return await asks.ask(
         engine,
         settings,
         tenant_id,
         session_id,
-        asked,
+        params,
         own_limits,
         handoff=handoff,
         prepare=prepare,

@@ -796,3 +796,23 @@ async def test_a_reloaded_chat_shows_the_calls_that_wait_for_approval(
     old = await api.get(f"/v1/ui/chat/{sid}/messages", headers={"Threadline-AI-SDK": "5"})
     (part,) = [p for p in old.json()["messages"][-1]["parts"] if p["type"] == "tool-calculator"]
     assert part["state"] == "input-available" and "approval" not in part
+
+
+async def test_a_chat_whose_id_is_a_uuid_naming_no_session_keeps_the_session_it_made(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    """Its first message makes its session (the chat's id names none); the next ones go to
+    that session, not to a new one."""
+    chat = str(uuid.uuid4())
+    for text, answer in (("Hi", "Hello"), ("Again", "Hello again")):
+        upstream.script(Text(answer))
+        body = {"id": chat, "messages": [user(text)], "trigger": "submit-message"}
+        async with api.stream("POST", "/v1/ui/chat", json=body) as response:
+            assert response.status_code == 200
+            lines = [line async for line in response.aiter_lines() if line.startswith("data: ")]
+        assert lines[-1] == "data: [DONE]"
+    listed = await api.get("/v1/sessions", params={"metadata": f"ai_sdk_chat_id:{chat}"})
+    sessions = listed.json()["data"]
+    assert len(sessions) == 1 and sessions[0]["id"] != chat
+    history = (await api.get(f"/v1/ui/chat/{chat}/messages")).json()["messages"]
+    assert [texts_of(m) for m in history] == [["Hi"], ["Hello"], ["Again"], ["Hello again"]]

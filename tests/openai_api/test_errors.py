@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sqlalchemy import text
 
 from testkit.upstream import FakeUpstream
 
@@ -134,3 +135,16 @@ async def test_another_tenant_s_responses_and_conversations_are_not_found(
         answer = await api.get(path, headers=headers)
         assert answer.status_code == 404, path
         assert_openai_error(answer)
+    # Nor can a response be asked in it (the ask finds no such session of that tenant's), nor
+    # in a conversation id that names none; nothing is written either way.
+    async with e2e_engine.connect() as conn:
+        before = (await conn.execute(text("SELECT count(*) FROM runs"))).scalar_one()
+    for named in (conversation, "conv_" + "0" * 32, "conv_not-an-id"):
+        body = {"model": "gpt-4o-mini", "input": "Hi", "conversation": named}
+        asked = await api.post("/openai/v1/responses", json=body, headers=headers)
+        assert asked.status_code == 404, named
+        assert_openai_error(asked)
+        assert asked.json()["error"]["param"] == "conversation"
+        assert asked.json()["error"]["message"] == f"No conversation found with id '{named}'."
+    async with e2e_engine.connect() as conn:
+        assert (await conn.execute(text("SELECT count(*) FROM runs"))).scalar_one() == before
