@@ -11,16 +11,13 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import Settings
-from app.core.entries import EntryKind, NewEntry
-from app.core.runs import RunParams
 from app.db import sessions as sessions_db
 from app.services import asks, quotas
-from app.services import run_transitions as runs
 from app.services.errors import Conflict
 from testkit.locks import holding_session, waiting_for_a_lock
 from testkit.statements import own_engine, watching
 from tests.db.test_runs import new_session, what_is_stored
-from tests.services.test_run_transitions import asked_in
+from tests.services.test_run_transitions import ask_entries, asked_in
 
 NO_LIMITS = quotas.Limits()  # the request's key read them: none set
 
@@ -87,23 +84,16 @@ async def test_a_write_on_a_session_changed_since_it_was_read_writes_nothing(
             text("UPDATE sessions SET title = 'renamed' WHERE id = :id"), {"id": session_id}
         )
     run_id = str(uuid.uuid4())
-    refs = {"run_id": run_id}
     async with engine.begin() as conn:  # a worker of this process would have taken its job
         worker = text("INSERT INTO procrastinate_workers DEFAULT VALUES RETURNING id")
         worker_id = int((await conn.execute(worker)).scalar_one())
-        queued = await runs.create_asked(
+        queued = await asked_in(
             conn,
-            entries=[
-                NewEntry(EntryKind.MESSAGE, {"role": "user", "content": "hi"}, refs, "i"),
-                NewEntry(EntryKind.RUN_START, {"run_id": run_id, "model": "m"}, refs, "s"),
-            ],
+            tenant,
+            session_id,
+            run_id,
+            ask_entries(run_id),
             input_at=0,
-            id=run_id,
-            tenant_id=tenant,
-            session_id=session_id,
-            model="openai:gpt-4o-mini",
-            params=RunParams(),
-            idempotency_key=None,
             claim_for=worker_id,
             unchanged=version,
         )
@@ -125,11 +115,7 @@ async def test_an_ask_whose_session_is_written_while_it_commits_commits_under_th
     tenant, session_id = await new_session(engine)
     other_run = str(uuid.uuid4())
     async with holding_session(engine, session_id) as other:
-        refs = {"run_id": other_run}
-        entries = [
-            NewEntry(EntryKind.MESSAGE, {"role": "user", "content": "first"}, refs, "i"),
-            NewEntry(EntryKind.RUN_START, {"run_id": other_run, "model": "m"}, refs, "s"),
-        ]
+        entries = ask_entries(other_run, "first")
         await asked_in(other, tenant, session_id, other_run, entries, input_at=0)
         asking = asyncio.ensure_future(
             asks.ask(

@@ -8,6 +8,7 @@ import contextlib
 import json
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import asyncpg
 import pytest
@@ -256,6 +257,15 @@ async def test_a_run_ending_while_an_ask_steers_it_hands_the_steer_on(
     assert steered and steered[0]["steer_id"] == steer_id  # type: ignore[index]
 
 
+def ask_entries(run_id: str, content: str = "hi") -> list[NewEntry]:
+    """An ask's entries: its user message and run_start."""
+    refs = {"run_id": run_id}
+    return [
+        NewEntry(EntryKind.MESSAGE, {"role": "user", "content": content}, refs, "i"),
+        NewEntry(EntryKind.RUN_START, {"run_id": run_id, "model": "m"}, refs, "s"),
+    ]
+
+
 async def asked_in(
     conn: AsyncConnection,
     tenant: str,
@@ -263,10 +273,13 @@ async def asked_in(
     run_id: str,
     entries: list[NewEntry],
     input_at: int,
-) -> runs_db.QueuedRun:
-    """An ask's commit in `conn`'s transaction: its session locked, its entries and run."""
-    await sessions_db.get_session(conn, tenant, session_id, lock=True)
-    queued = await run_transitions.create_asked(
+    **more: Any,
+) -> runs_db.QueuedRun | None:
+    """An ask's commit in `conn`'s transaction: its session locked (unless `more` says the
+    version it was read at: create_asked's `unchanged`), its entries and run."""
+    if "unchanged" not in more:
+        await sessions_db.get_session(conn, tenant, session_id, lock=True)
+    return await run_transitions.create_asked(
         conn,
         entries=entries,
         input_at=input_at,
@@ -276,9 +289,8 @@ async def asked_in(
         model="openai:gpt-4o-mini",
         params=RunParams(),
         idempotency_key=None,
+        **more,
     )
-    assert queued is not None  # written on no condition
-    return queued
 
 
 async def test_an_asks_entries_and_run_in_one_statement_are_what_two_statements_write(
@@ -304,6 +316,7 @@ async def test_an_asks_entries_and_run_in_one_statement_are_what_two_statements_
         ]
         async with engine.begin() as conn:
             queued = await asked_in(conn, tenant, session_id, run_id, entries, input_at=1)
+        assert queued is not None
         async with engine.connect() as conn:
             session = await sessions_db.get_session(conn, tenant, session_id)
             stored = (
@@ -379,24 +392,12 @@ async def test_a_runs_end_hands_its_followers_the_events_it_stored_steered_ones_
             ended = await run_transitions.finish(
                 conn, locked, outcome, written, session_rev=rev if in_one_statement else None
             )
-        async with engine.connect() as conn:
-            session = await sessions_db.get_session(conn, run.tenant_id, run.session_id)
-            kinds_stored = (
-                await conn.execute(
-                    text("SELECT seq, kind FROM entries WHERE session_id = :s ORDER BY seq"),
-                    {"s": run.session_id},
-                )
-            ).all()
-        assert session is not None
+        (_, status, input_tokens, output_tokens), kinds_stored, _, _ = await stored_of(engine, run)
         # the answer, usage and run_end (then, steered, the next run's message and run_start)
-        assert [tuple(r) for r in kinds_stored][:3] == [
-            (1, "message"),
-            (2, "usage"),
-            (3, "run_end"),
-        ]
+        assert kinds_stored[:3] == [(1, "message"), (2, "usage"), (3, "run_end")]
         assert ended.end_entry_seq == 3
-        assert (session.input_tokens, session.output_tokens) == (10, 2)
-        assert session.status == ("active" if steered else "idle")  # the steer's next run
+        assert (input_tokens, output_tokens) == (10, 2)
+        assert status == ("active" if steered else "idle")  # the steer's next run
         stored = await events_of(engine, run)
         assert [(r["seq"], r["type"], r["data"]) for r in written] == stored[2:]
         kinds = [kind for _, kind, _ in stored[2:]]
@@ -414,15 +415,10 @@ async def test_a_first_start_reads_what_its_run_reads_of_its_session_to_start(
     user entry and run_start) and the thread's newest entries."""
     tenant, session_id = await new_session(engine)
     run_id = str(uuid.uuid4())
-    refs = {"run_id": run_id}
     async with engine.begin() as conn:
         earlier = NewEntry(EntryKind.MESSAGE, {"role": "assistant", "content": "hello"}, {})
         await append_in(conn, tenant, session_id, [earlier])
-        entries = [
-            NewEntry(EntryKind.MESSAGE, {"role": "user", "content": "hi"}, refs, run_id),
-            NewEntry(EntryKind.RUN_START, {"run_id": run_id, "model": "m"}, refs, "s"),
-        ]
-        await asked_in(conn, tenant, session_id, run_id, entries, input_at=0)
+        await asked_in(conn, tenant, session_id, run_id, ask_entries(run_id), input_at=0)
     first = await start_first(engine, run_id)
     assert first is not None
     async with engine.connect() as conn:
@@ -552,12 +548,8 @@ async def test_a_runs_end_as_its_start_read_it_is_one_statement_writing_what_the
 
 async def ask_meanwhile(engine: AsyncEngine, run: Run) -> None:
     queued = str(uuid.uuid4())
-    refs = {"run_id": queued}
     async with engine.begin() as conn:
-        entries = [
-            NewEntry(EntryKind.MESSAGE, {"role": "user", "content": "next"}, refs, "i"),
-            NewEntry(EntryKind.RUN_START, {"run_id": queued, "model": "m"}, refs, "s"),
-        ]
+        entries = ask_entries(queued, "next")
         await asked_in(conn, run.tenant_id, run.session_id, queued, entries, input_at=0)
 
 
