@@ -104,15 +104,28 @@ async def get_session(
     return _one_or_none((await conn.execute(query, params)).mappings().one_or_none())
 
 
+@dataclass(frozen=True)
+class AsRead:
+    """A session read unlocked (get_session_as_read)."""
+
+    session: Session
+    version: int  # its row's xmin, which every write of the row changes
+    # The thread's newest entries, read with it, when it is all stored under the session.
+    newest: Newest | None
+
+
 async def get_session_as_read(
     conn: AsyncConnection, tenant_id: str, session_id: str
-) -> tuple[Session, int] | None:
-    """get_session (unlocked), and the version of its row that was read: its xmin, which
-    every write of the row changes. A statement that writes only if the row is still the one
-    read compares it (app/db/runs.insert_asked_run's `unchanged`)."""
-    params = {"session_id": session_id, "tenant_id": tenant_id}
+) -> AsRead | None:
+    """get_session (unlocked), the version of its row that was read, and its thread's newest
+    entries, in one statement. A statement that writes only if the row is still the one read
+    compares the version (app/db/runs.insert_asked_run's `unchanged`)."""
+    params = {"session_id": session_id, "tenant_id": tenant_id, "newest_limit": NEWEST_ENTRIES}
     row = (await conn.execute(_get_session_as_read(), params)).mappings().one_or_none()
-    return None if row is None else (_session(row), int(row["row_version"]))
+    if row is None:
+        return None
+    session = _session(row)
+    return AsRead(session, int(row["row_version"]), _own_newest(session, row["newest"]))
 
 
 # The version of the session's row read: its xmin (get_session_as_read).
@@ -123,7 +136,9 @@ _AS_READ = text("sessions.xmin = CAST(:advance_as_read AS xid)")
 
 @functools.cache  # built once: constructing it cost more CPU than running it
 def _get_session_as_read() -> Select[Any]:
-    return _get_session(False, False).add_columns(_ROW_VERSION.label("row_version"))
+    return _get_session(False, False).add_columns(
+        _ROW_VERSION.label("row_version"), _newest(bindparam("session_id")).label("newest")
+    )
 
 
 @functools.cache  # built once per shape: constructing it cost more CPU than running it
@@ -203,15 +218,21 @@ def run_start_of(row: Mapping[str, Any] | None, with_newest: bool, prefix: str =
     if row is None or row[f"{prefix}id"] is None:
         return RunStart(None, False, [])
     session = _session({c.name: row[f"{prefix}{c.name}"] for c in sessions.c})
-    own = with_newest and session.thread in ([Segment(session.id, 0, None)], [])
-    newest = [JournalEntry(**e) for e in row[f"{prefix}newest"]] if own else None
     return RunStart(
         session,
         bool(row[f"{prefix}compacting"]),
         [JournalEntry(**e) for e in row[f"{prefix}written"]],
-        Newest(newest, NEWEST_ENTRIES) if newest is not None else None,
+        _own_newest(session, row[f"{prefix}newest"]) if with_newest else None,
         int(row[f"{prefix}row_version"]),
     )
+
+
+def _own_newest(session: Session, rows: list[dict[str, Any]]) -> Newest | None:
+    """The newest entries read (`rows`), if the session's thread is all its own (a fork's
+    reaches into its ancestors, which they do not cover)."""
+    if session.thread not in ([Segment(session.id, 0, None)], []):
+        return None
+    return Newest([JournalEntry(**e) for e in rows], NEWEST_ENTRIES)
 
 
 @functools.cache  # built once: constructing it cost more CPU than running it
@@ -265,6 +286,18 @@ def run_start_columns(
         )
         .scalar_subquery()
     )
+    return [
+        *(c.label(f"{prefix}{c.name}") for c in sessions.c),
+        compacting.label(f"{prefix}compacting"),
+        type_coerce(written, JSONB).label(f"{prefix}written"),
+        _newest(session_id).label(f"{prefix}newest"),
+        _ROW_VERSION.label(f"{prefix}row_version"),
+    ]
+
+
+def _newest(session_id: ColumnElement[Any]) -> ColumnElement[Any]:
+    """The session's newest stored entries (at most `:newest_limit`), ascending, as a JSON
+    array of _ENTRY_FIELDS objects."""
     newest_rows = (
         select(*(entries.c[name] for name in _ENTRY_FIELDS))
         .where(entries.c.session_id == session_id)
@@ -285,13 +318,7 @@ def run_start_columns(
             literal_column("'[]'::jsonb"),
         )
     ).scalar_subquery()
-    return [
-        *(c.label(f"{prefix}{c.name}") for c in sessions.c),
-        compacting.label(f"{prefix}compacting"),
-        type_coerce(written, JSONB).label(f"{prefix}written"),
-        type_coerce(newest, JSONB).label(f"{prefix}newest"),
-        _ROW_VERSION.label(f"{prefix}row_version"),
-    ]
+    return type_coerce(newest, JSONB)
 
 
 async def tenant_of(conn: AsyncConnection, session_id: str) -> str | None:

@@ -250,7 +250,7 @@ async def _commit_unlocked(
         found = await sessions_db.get_session_as_read(conn, tenant_id, session_id)
         if found is None:
             raise session_not_found(session_id)
-        session, version = found
+        session, version = found.session, found.version
         policy = run_policies.merged(session.config.run_policy, params.run_policy)
         if (
             session.status is not SessionStatus.IDLE
@@ -258,7 +258,7 @@ async def _commit_unlocked(
             or quotas.ask_locks_tenant(settings, own_limits)
         ):
             return None
-        checked = await _checked_in(conn, settings, session, params)
+        checked = await _checked_in(conn, settings, session, params, found.newest)
         resolved, context = _served(checked, params), checked.projection.meta
         queued = await _commit(
             conn, settings, session, params, resolved, own_limits, claim_for, unchanged=version
@@ -327,10 +327,15 @@ def _served(checked: SessionProjection, params: AskParams) -> str:
 
 
 async def _checked_in(
-    conn: AsyncConnection, settings: Settings, session: Session, params: AskParams
+    conn: AsyncConnection,
+    settings: Settings,
+    session: Session,
+    params: AskParams,
+    newest: sessions_db.Newest | None = None,
 ) -> SessionProjection:
     """The ask projected in its own transaction, against the session row it locked there (and
-    what its surface wrote before)."""
+    what its surface wrote before); or against the session it read unlocked, with the thread's
+    newest entries read with it (`newest`: what more it needs is read on `conn`)."""
     return await project_in(
         conn,
         settings,
@@ -340,6 +345,7 @@ async def _checked_in(
         model=params.model,
         extra_tools=params.tools,
         answer=Answer(params.reasoning, params.max_output_tokens),
+        newest=newest,
     )
 
 

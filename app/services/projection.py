@@ -103,13 +103,21 @@ async def project_in(
     model: str | None = None,
     extra_tools: Sequence[Mapping[str, Any]] = (),
     answer: Answer | None = None,
+    newest: Newest | None = None,
 ) -> SessionProjection:
     """project_session in the caller's transaction, from the session it read (locked)
-    there: an ask that writes before it projects (a rollback, a new session) sees its writes."""
+    there: an ask that writes before it projects (a rollback, a new session) sees its writes.
+    `newest`: the thread's newest entries, read with the session: the thread is read on
+    `conn` only if the projection needs older ones."""
     pending = canonical_pending(pending)
-    done = await _project(
-        conn, settings, session, pending, policy, model, None, extra_tools, answer
-    )
+    try:
+        done = await _project(
+            conn, settings, session, pending, policy, model, None, extra_tools, answer, None, newest
+        )
+    except _ReadsFurther:
+        done = await _project(
+            conn, settings, session, pending, policy, model, None, extra_tools, answer
+        )
     return done.projected
 
 

@@ -11,9 +11,12 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import Settings
+from app.core.entries import EntryKind, NewEntry, PendingEntry
 from app.db import sessions as sessions_db
 from app.services import asks, quotas
 from app.services.errors import Conflict
+from app.services.journal import append_in
+from app.services.projection import Answer, project_session
 from testkit.locks import holding_session, waiting_for_a_lock
 from testkit.statements import own_engine, watching
 from tests.db.test_runs import new_session, what_is_stored
@@ -78,7 +81,7 @@ async def test_a_write_on_a_session_changed_since_it_was_read_writes_nothing(
     async with engine.connect() as conn:
         found = await sessions_db.get_session_as_read(conn, tenant, session_id)
     assert found is not None
-    _, version = found
+    version = found.version
     async with engine.begin() as conn:  # the row is written, not its rev: a new title
         await conn.execute(
             text("UPDATE sessions SET title = 'renamed' WHERE id = :id"), {"id": session_id}
@@ -141,3 +144,38 @@ async def test_an_ask_whose_session_is_written_while_it_commits_commits_under_th
             )
         ).scalar_one()
     assert (runs_of, jobs_of) == (1, 1)
+
+
+@pytest.mark.parametrize(("history", "reads_further"), [(40, False), (300, True)])
+async def test_an_idle_sessions_ask_projects_from_the_newest_entries_read_with_its_session(
+    settings: Settings, history: int, reads_further: bool
+) -> None:
+    """The ask's read of its session brings the thread's newest entries: a projection they
+    cover reads nothing more; one that reaches back further reads the thread then. Either way
+    the ask sends what a dry run of it computes."""
+    async with own_engine(settings) as engine:
+        tenant, session_id = await new_session(engine)
+        earlier = [
+            NewEntry(EntryKind.MESSAGE, {"role": role, "content": f"{role} {i}"}, {})
+            for i in range(history)
+            for role in ("user", "assistant")
+        ][:history]
+        async with engine.begin() as conn:
+            await append_in(conn, tenant, session_id, earlier)
+        asked_for = asks.AskParams("and now?")
+        dry = await project_session(
+            engine,
+            settings,
+            tenant,
+            session_id,
+            pending=[PendingEntry("message", {"role": "user", "content": "and now?"})],
+            answer=Answer(None, None),
+        )
+        with watching(engine) as seen:
+            asked = await asks.ask(
+                engine, settings, tenant, session_id, asked_for, own_limits=NO_LIMITS
+            )
+        assert not any(seen.in_transaction)
+        assert (len(seen.statements) > 2) == reads_further  # (the thread's pages, then)
+        assert asked.context == dry.projection.meta
+        assert dry.projection.meta.entries_included == history
