@@ -8,7 +8,8 @@ and COMMIT included), and the CPU time (user + system) of the `threadline serve`
 `threadline serve` at its default settings (as bench/streams.py starts it) on a throwaway
 embedded cluster with pg_stat_statements loaded; N streamed asks, one at a time, each in a
 fresh session, each read to its terminal event against the instant fake upstream (so an ask
-here is its whole life: auth, commit, handoff, the run, its end). The statements the server
+here is its whole life: auth, commit, handoff, the run, its end); then as many asks one after
+another in one session (a conversation: its history grows, and is read). The statements the server
 runs while idle (pollers, heartbeats) are measured over as long a quiet spell and taken off.
 """
 
@@ -23,6 +24,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 import asyncpg
+import httpx
 
 from app.db.embedded import throwaway_cluster
 from app.db.engine import libpq_url
@@ -112,6 +114,29 @@ def per_ask(
     return out
 
 
+@dataclass(frozen=True)
+class Measured:
+    before: Snapshot
+    after: Snapshot
+    failed: int
+
+
+async def measured(
+    client: httpx.AsyncClient,
+    upstream: TimedUpstream,
+    stats: asyncpg.Connection,
+    pids: Pids,
+    sessions: list[str],
+) -> Measured:
+    """One ask in each of `sessions` (a session may repeat: a conversation), one at a time."""
+    before = await snapshot(stats, pids)
+    failed = 0
+    for session in sessions:
+        stream, _ = await timed_ask(client, upstream, session)
+        failed += stream.terminal != "run.completed"
+    return Measured(before, await snapshot(stats, pids), failed)
+
+
 async def run(database_url: str, upstream: TimedUpstream) -> None:
     postmaster = await print_header(database_url, "Threadline ask path benchmark", relay=False)
     stats = await asyncpg.connect(libpq_url(database_url))
@@ -121,7 +146,7 @@ async def run(database_url: str, upstream: TimedUpstream) -> None:
         with served(database_url, upstream) as server:
             pids = Pids(server.name, server.pid, postmaster)
             async with client_for(server, key, 8) as client:
-                sessions = await create_sessions(client, WARMUP + ASKS)
+                sessions = await create_sessions(client, WARMUP + ASKS + 1)
                 for session in sessions[:WARMUP]:
                     await timed_ask(client, upstream, session)
                 # What the server runs while idle, over about as long as the asks take.
@@ -131,17 +156,24 @@ async def run(database_url: str, upstream: TimedUpstream) -> None:
                 idle_after = await snapshot(stats, pids)
                 idle = idle_after.calls - idle_before.calls
                 idle_seconds = idle_after.wall - idle_before.wall
-                before = await snapshot(stats, pids)
-                failed = 0
-                for session in sessions[WARMUP:]:
-                    stream, _ = await timed_ask(client, upstream, session)
-                    failed += stream.terminal != "run.completed"
-                after = await snapshot(stats, pids)
+                fresh = await measured(
+                    client, upstream, stats, pids, sessions[WARMUP : WARMUP + ASKS]
+                )
+                # The same number of asks, one after another in one session: a conversation
+                # whose history grows (its tail read with its session).
+                conversation = await measured(client, upstream, stats, pids, [sessions[-1]] * ASKS)
     finally:
         await stats.close()
+    report_asks("ask path", fresh, idle, idle_seconds, shown=True)
+    report_asks("ask path in one conversation", conversation, idle, idle_seconds, shown=False)
+
+
+def report_asks(
+    area: str, asks: Measured, idle: Counter[str], idle_seconds: float, shown: bool
+) -> None:
+    before, after = asks.before, asks.after
     statements = per_ask(before, after, idle, idle_seconds)
-    area = "ask path"
-    report(area, "asks (one at a time, whole life)", f"{ASKS}, {ASKS - failed} completed")
+    report(area, "asks (one at a time, whole life)", f"{ASKS}, {ASKS - asks.failed} completed")
     report(area, "SQL statements per ask", f"{sum(statements.values()):.1f}")
     by_origin: dict[str, float] = {}
     for query, calls in statements.items():
@@ -154,10 +186,13 @@ async def run(database_url: str, upstream: TimedUpstream) -> None:
     postgres_ms = (after.postgres_cpu - before.postgres_cpu) / ASKS * 1000
     report(area, "server CPU per ask", f"{server_ms:.1f} ms")
     report(area, "postgres CPU per ask", f"{postgres_ms:.1f} ms")
+    if not shown:
+        return
     print(f"\nstatements per ask, most frequent first (top {SHOWN_STATEMENTS}):")
     ranked = sorted(statements.items(), key=lambda item: -item[1])
     for query, calls in ranked[:SHOWN_STATEMENTS]:
         print(f"  {calls:5.2f}  {origin(query)[:12]:<12}  {query[:150]}")
+    print()
 
 
 def main() -> None:
