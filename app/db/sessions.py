@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -164,6 +164,11 @@ class Newest:
     def reaches_start(self) -> bool:
         return len(self.entries) < self.limit
 
+    @classmethod
+    def of(cls, entries: list[JournalEntry], complete: bool) -> Newest:
+        """A thread's newest entries (all of them, if `complete`) however they were read."""
+        return cls(entries, len(entries) + 1 if complete else len(entries))
+
 
 _ENTRY_FIELDS = ("seq", "id", "kind", "payload", "refs", "token_count")
 # Two of read_tail's first pages and one more: all a thread of up to 128 entries has (fewer
@@ -182,6 +187,18 @@ class RunStart:
     newest: Newest | None = None
     # The version of the session's row read (see get_session_as_read); None with no session.
     version: int | None = None
+
+    def with_newest(self, told: Newest | None) -> RunStart:
+        """This read, with the thread's newest entries `told` instead (read by the ask that
+        made the run, its own appended) when they end at the rev read here, so are the same
+        entries, and reach further back than the ones read here."""
+        if told is None or self.session is None or self.newest is None or not told.entries:
+            return self
+        if told.entries[-1].seq != self.session.rev:
+            return self  # appended to since: the entries read here are the thread's newest
+        if len(told.entries) <= len(self.newest.entries):
+            return self
+        return replace(self, newest=told)
 
 
 async def read_for_run(

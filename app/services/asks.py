@@ -14,7 +14,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from sqlalchemy.exc import IntegrityError
@@ -99,6 +99,9 @@ class AskResult:
     # and the run's entries as committed (its user entry and run_start).
     session: Session | None = None
     entries: tuple[JournalEntry, ...] = ()
+    # The thread's newest entries as the ask read them, its own appended (up to the rev it
+    # left the session at), when it read them unlocked: what its run's first step projects.
+    newest: sessions_db.Newest | None = None
 
 
 # What a surface writes with its ask, in the ask's transaction and before the ask's own rows:
@@ -192,7 +195,7 @@ async def ask(
                 raise session_not_found(session_id)
             resolved, context = model, None
             if resolved is None:
-                checked = await _checked_in(conn, settings, session, params)
+                checked, _ = await _checked_in(conn, settings, session, params)
                 resolved, context = _served(checked, params), checked.projection.meta
             queued = await _commit(conn, settings, session, params, resolved, own_limits, claim)
         assert queued is not None  # written on no condition
@@ -206,7 +209,13 @@ async def ask(
                 handoff.release()
         if result.created and result.steer_id is None and handoff is not None:
             first = result.first_event if followed else None
-            handoff.offer(result.run.id, result.run.job_id, claimed=result.claimed, followed=first)
+            handoff.offer(
+                result.run.id,
+                result.run.job_id,
+                claimed=result.claimed,
+                followed=first,
+                newest=result.newest,
+            )
         return result
 
     # Shielded when the job may be committed taken: a request cancelled after the commit
@@ -258,13 +267,21 @@ async def _commit_unlocked(
             or quotas.ask_locks_tenant(settings, own_limits)
         ):
             return None
-        checked = await _checked_in(conn, settings, session, params, found.newest)
+        checked, tail = await _checked_in(conn, settings, session, params, found.newest)
         resolved, context = _served(checked, params), checked.projection.meta
         queued = await _commit(
             conn, settings, session, params, resolved, own_limits, claim_for, unchanged=version
         )
         await conn.commit()  # behind a transaction pooler, autocommit is not set
-    return None if queued is None else _result(queued, context, session)
+    if queued is None:
+        return None
+    result = _result(queued, context, session)
+    if params.before or isinstance(queued, Steered):
+        return result  # (its entries are then more than its run's)
+    # Nothing was appended between its read and its commit (the row was as read): its own
+    # entries follow the tail it read.
+    newest = sessions_db.Newest.of([*tail.entries, *queued.entries], tail.reaches_start)
+    return replace(result, newest=newest)
 
 
 async def _committing(
@@ -332,7 +349,7 @@ async def _checked_in(
     session: Session,
     params: AskParams,
     newest: sessions_db.Newest | None = None,
-) -> SessionProjection:
+) -> tuple[SessionProjection, sessions_db.Newest]:
     """The ask projected in its own transaction, against the session row it locked there (and
     what its surface wrote before); or against the session it read unlocked, with the thread's
     newest entries read with it (`newest`: what more it needs is read on `conn`)."""

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from app.db.sessions import Newest
+
 
 class RunHandoff(Protocol):
     def reserve(self) -> int | None:
@@ -26,9 +28,12 @@ class RunHandoff(Protocol):
         job_id: int | None,
         claimed: bool = False,
         followed: dict[str, Any] | None = None,
+        newest: Newest | None = None,
     ) -> None:
         """Start the run now if there is room; never waits, never fails the ask. `claimed`: its
         job was committed taken by the reserved worker: the run must be started (or its job
         ended). `followed`: its first event, when a stream of this process is about to follow
-        it from there (what the workers publish before it subscribes is kept for it)."""
+        it from there (what the workers publish before it subscribes is kept for it).
+        `newest`: the thread's newest entries as the ask read them, its own appended: the
+        run's first step projects from them if the session is still at their last seq."""
         ...

@@ -104,11 +104,12 @@ async def project_in(
     extra_tools: Sequence[Mapping[str, Any]] = (),
     answer: Answer | None = None,
     newest: Newest | None = None,
-) -> SessionProjection:
+) -> tuple[SessionProjection, Newest]:
     """project_session in the caller's transaction, from the session it read (locked)
     there: an ask that writes before it projects (a rollback, a new session) sees its writes.
     `newest`: the thread's newest entries, read with the session: the thread is read on
-    `conn` only if the projection needs older ones."""
+    `conn` only if the projection needs older ones. With the projection, the thread's newest
+    entries it was made from (up to the session's rev)."""
     pending = canonical_pending(pending)
     try:
         done = await _project(
@@ -118,7 +119,7 @@ async def project_in(
         done = await _project(
             conn, settings, session, pending, policy, model, None, extra_tools, answer
         )
-    return done.projected
+    return done.projected, Newest.of(done.tail, done.complete)
 
 
 def canonical_pending(pending: Sequence[PendingEntry]) -> list[PendingEntry]:

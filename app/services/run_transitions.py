@@ -170,8 +170,18 @@ async def create_asked(
 
 
 def _asked_entries(rows: Sequence[RowMapping | Mapping[str, Any]]) -> tuple[JournalEntry, ...]:
-    """An ask's run's entries (its user entry and run_start), as committed at their seqs."""
-    return tuple(journal_db.journal_entry(r) for r in rows)
+    """An ask's run's entries (its user entry and run_start), as committed at their seqs (and
+    as they read back: jsonb's key order)."""
+    return tuple(
+        journal_db.journal_entry(
+            {
+                **r,
+                "payload": event_store.as_jsonb(r["payload"]),
+                "refs": event_store.as_jsonb(r["refs"]),
+            }
+        )
+        for r in rows
+    )
 
 
 async def start(conn: AsyncConnection, run: Run, lease: int) -> Run:

@@ -37,7 +37,7 @@ from app.db import jobs as jobs_db
 from app.db import runs as runs_db
 from app.db.outage import retrying
 from app.db.runs import FirstStart
-from app.db.sessions import RunStart
+from app.db.sessions import Newest, RunStart
 from app.worker.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -132,16 +132,18 @@ class Handoff:
         job_id: int | None,
         claimed: bool = False,
         followed: dict[str, Any] | None = None,
+        newest: Newest | None = None,
     ) -> None:
         """Start the run now if this process has room; never waits, never fails the ask.
         `claimed`: its job was committed taken by this handoff's worker (`reserve`): the run
         is started, or its job ended. `followed`: its first event, for a stream of this
         process about to follow it: told to this process's followers before the run starts,
-        when it runs here (claimed)."""
+        when it runs here (claimed). `newest`: the thread's newest entries as the ask read
+        them (RunStart.with_newest), for the start of a run that runs here (claimed)."""
         if claimed and job_id is not None:
             if followed is not None:
                 self._runtime.writer.expect(followed)
-            self._start_task(run_id, job_id, claimed=True)
+            self._start_task(run_id, job_id, claimed=True, newest=newest)
             return
         if self._closed or job_id is None or not self._worker_ids:
             return
@@ -149,14 +151,22 @@ class Handoff:
             return
         self._start_task(run_id, job_id, claimed=False)
 
-    def _start_task(self, run_id: str, job_id: int, claimed: bool) -> None:
+    def _start_task(
+        self, run_id: str, job_id: int, claimed: bool, newest: Newest | None = None
+    ) -> None:
         # Shutting down (a claimed job): it ends failed, and the run recovery queues the run.
-        run = self._finish(job_id, "failed") if self._closed else self._run(run_id, job_id, claimed)
+        run = (
+            self._finish(job_id, "failed")
+            if self._closed
+            else self._run(run_id, job_id, claimed, newest)
+        )
         task = asyncio.create_task(run, name=f"handoff {run_id}")
         self._running[job_id] = task
         task.add_done_callback(lambda _t: self._running.pop(job_id, None))
 
-    async def _run(self, run_id: str, job_id: int, claimed: bool) -> None:
+    async def _run(
+        self, run_id: str, job_id: int, claimed: bool, newest: Newest | None = None
+    ) -> None:
         unsteered = False  # its start found no steer pending
         read: RunStart | None = None  # what its start read of its session
         try:
@@ -168,7 +178,7 @@ class Handoff:
             )
             if first is not None:
                 started: Run | None = first.run
-                unsteered, read = not first.steered, first.start
+                unsteered, read = not first.steered, first.start.with_newest(newest)
             else:
                 started = await self._start_locked(run_id, job_id, claimed)
         except _LeftToQueue:

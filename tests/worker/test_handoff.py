@@ -18,19 +18,24 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import Settings
+from app.core.entries import EntryKind, NewEntry
+from app.core.lineage import Segment
 from app.core.runs import Run, RunStatus
+from app.db import journal as journal_db
 from app.db import runs as runs_db
 from app.db.engine import create_engine
-from app.db.sessions import RunStart
+from app.db.sessions import NEWEST_ENTRIES, Newest, RunStart
 from app.eventlog.writer import EventWriter
 from app.llm.router import Router
 from app.main import create_app
 from app.services import asks, run_transitions
+from app.services.journal import append_in
 from app.services.keys import tenant_for_key
+from app.services.quotas import Limits
 from app.services.sessions import create_session
 from app.worker.handoff import Handoff
 from app.worker.lease import WorkerLease
-from app.worker.run import start_locked
+from app.worker.run import start_first, start_locked
 from app.worker.runtime import Runtime
 from testkit.api import history, new_session
 from testkit.server import free_port, serve_in_thread, stop_thread_server
@@ -226,6 +231,7 @@ class Reserved:
         job_id: int | None,
         claimed: bool = False,
         followed: dict[str, Any] | None = None,
+        newest: Newest | None = None,
     ) -> None:
         self.offered.append((run_id, job_id, claimed))
 
@@ -450,3 +456,76 @@ async def wait_for_lock_wait(engine: AsyncEngine, query_part: str) -> None:
             return
         await asyncio.sleep(0.1)
     raise AssertionError(f"no query with {query_part!r} ever waited for a lock")
+
+
+@pytest.mark.parametrize("appended_meanwhile", [False, True])
+async def test_a_claimed_runs_first_step_projects_from_the_thread_its_ask_read(
+    handoff_settings: tuple[Settings, str], appended_meanwhile: bool
+) -> None:
+    """A long conversation: the ask read its whole thread to project it (more than the newest
+    entries a start reads), and hands it, its own entries appended, to the run it starts here:
+    the run's first step projects from that (no read of the thread, no snapshot) when the
+    session is still at the ask's rev, which makes them the same entries as stored; an entry
+    appended meanwhile leaves the run to what its start read."""
+    settings, key = handoff_settings
+    engine = create_engine(settings)
+    try:
+        tenant = await tenant_for_key(engine, key)
+        assert tenant is not None
+        session = await create_session(engine, tenant, title=None, metadata={}, config={})
+        earlier = [
+            NewEntry(EntryKind.MESSAGE, {"role": role, "content": f"{role} {i}"}, {})
+            for i in range(150)
+            for role in ("user", "assistant")
+        ]
+        async with engine.begin() as conn:
+            await append_in(conn, tenant, session.id, earlier)
+        worker_id = await register_worker(engine)
+        asked = await asks.ask(
+            engine,
+            settings,
+            tenant,
+            session.id,
+            asks.AskParams("and now?"),
+            Limits(),
+            handoff=Reserved(worker_id),
+        )
+        assert asked.claimed and asked.run.job_id is not None and asked.newest is not None
+        if appended_meanwhile:
+            note = NewEntry(EntryKind.MESSAGE, {"role": "user", "content": "meanwhile"}, {})
+            async with engine.begin() as conn:
+                await append_in(conn, tenant, session.id, [note])
+        async with engine.connect() as conn:
+            stored = await journal_db.read_entries(conn, [Segment(session.id, 0, None)], limit=1000)
+        thread = [journal_db.journal_entry(r) for r in stored]
+        assert asked.newest.reaches_start and asked.newest.entries == thread[:302]
+
+        runtime = Runtime(
+            engine, settings, Router(settings), EventWriter(engine), WorkerLease(engine)
+        )
+        starts: list[RunStart | None] = []
+
+        async def execute(
+            _runtime: Runtime,
+            run: Run,
+            _reason: Callable[[], str | None],
+            _job: int,
+            *,
+            unsteered: bool = False,
+            start: RunStart | None = None,
+        ) -> bool:
+            starts.append(start)
+            return False
+
+        handoff = Handoff(runtime, [worker_id], 1, start_locked, execute, start_first)
+        handoff.offer(asked.run.id, asked.run.job_id, claimed=True, newest=asked.newest)
+        await handoff.close(grace_seconds=60)
+        (start,) = starts
+        assert start is not None and start.newest is not None
+        if appended_meanwhile:
+            assert start.newest is not asked.newest
+            assert start.newest.entries == thread[-NEWEST_ENTRIES:]
+        else:
+            assert start.newest is asked.newest
+    finally:
+        await engine.dispose()
