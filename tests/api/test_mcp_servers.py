@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.config import Settings
 from app.credentials import Vault, local_key
 from app.db.tables import mcp_servers, runs
+from app.openai_api.items import parse_response_id
 from app.services import mcp_servers as service
 from tests.conftest import ClientFactory
 
@@ -163,12 +164,17 @@ async def test_headers_of_a_waiting_runs_own_server_are_reencrypted(
         json={"model": "gpt-4o-mini", "input": "hi", "tools": [tool], "background": True},
     )
     assert created.status_code == 200, created.text
+    parsed = parse_response_id(created.json()["id"])
+    assert parsed is not None
+    run_id = parsed[0]
     old = local_key(settings.data_dir)
     new = Fernet.generate_key().decode()
 
     async def sealed() -> str:
         async with engine.connect() as conn:
-            (params,) = (await conn.execute(select(runs.c.params))).scalars().all()
+            # (the test's run: the database is shared with the other tests of its process)
+            query = select(runs.c.params).where(runs.c.id == run_id)
+            params = (await conn.execute(query)).scalar_one()
         assert HEADER_VALUE not in str(params)
         value: str = params["mcp_inline"][0]["headers"]
         return value

@@ -119,7 +119,7 @@ async def test_malformed_json_and_bad_keys(api: httpx.AsyncClient) -> None:
 async def test_another_tenant_s_responses_and_conversations_are_not_found(
     api: httpx.AsyncClient, upstream: FakeUpstream, service: Any, e2e_engine: Any
 ) -> None:
-    from app.services.keys import create_key
+    from app.services.keys import create_key, tenant_for_key
 
     made = await api.post("/openai/v1/responses", json={"model": "gpt-4o-mini", "input": "Hi"})
     assert made.status_code == 200
@@ -137,8 +137,6 @@ async def test_another_tenant_s_responses_and_conversations_are_not_found(
         assert_openai_error(answer)
     # Nor can a response be asked in it (the ask finds no such session of that tenant's), nor
     # in a conversation id that names none; nothing is written either way.
-    async with e2e_engine.connect() as conn:
-        before = (await conn.execute(text("SELECT count(*) FROM runs"))).scalar_one()
     for named in (conversation, "conv_" + "0" * 32, "conv_not-an-id"):
         body = {"model": "gpt-4o-mini", "input": "Hi", "conversation": named}
         asked = await api.post("/openai/v1/responses", json=body, headers=headers)
@@ -146,5 +144,7 @@ async def test_another_tenant_s_responses_and_conversations_are_not_found(
         assert_openai_error(asked)
         assert asked.json()["error"]["param"] == "conversation"
         assert asked.json()["error"]["message"] == f"No conversation found with id '{named}'."
+    stranger = await tenant_for_key(e2e_engine, other)
     async with e2e_engine.connect() as conn:
-        assert (await conn.execute(text("SELECT count(*) FROM runs"))).scalar_one() == before
+        query = text("SELECT count(*) FROM runs WHERE tenant_id = CAST(:t AS uuid)")
+        assert (await conn.execute(query, {"t": stranger})).scalar_one() == 0
