@@ -182,11 +182,12 @@ async def ui_chat(
         own_limits=limits,
     )
 
-    run = asked.run
+    # Only these outlive the request: the ask's result holds the thread it read.
+    run, context = asked.run, asked.context
 
     async def meter() -> Chunk:
-        if asked.context is not None:  # the ask's own projection: what the run is sent first
-            return context_meter(asked.context.estimated_tokens, asked.context.budget)
+        if context is not None:  # the ask's own projection: what the run is sent first
+            return context_meter(context.estimated_tokens, context.budget)
         return await _context_meter(engine, settings, tenant, run.session_id, run.model)
 
     gone = _canceller(engine, tenant, run.id) if body.on_disconnect == "cancel" else None
