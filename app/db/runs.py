@@ -317,8 +317,8 @@ class Changed(Exception):
     `as_read`) found them changed, or wanted more than one statement: it wrote nothing."""
 
 
-# What threadline_still_as_read raises (migration e5b9d3a7c214).
-CHANGED_SQLSTATE = "TL001"
+# What threadline_still_as_read raises (migration e5b9d3a7c214); Postgres's deadlock_detected.
+CHANGED_SQLSTATE, DEADLOCK_SQLSTATE = "TL001", "40P01"
 
 
 async def end_run(
@@ -374,8 +374,9 @@ async def end_run(
     try:
         row = (await conn.execute(query, params | (usage or {}))).mappings().one_or_none()
     except DBAPIError as exc:
-        changed = getattr(exc.orig, "sqlstate", None) == CHANGED_SQLSTATE
-        if guarded and (changed or isinstance(exc, IntegrityError)):  # (the run's deleted)
+        # (an IntegrityError: the run was deleted; a deadlock: rows locked meanwhile)
+        changed = getattr(exc.orig, "sqlstate", None) in (CHANGED_SQLSTATE, DEADLOCK_SQLSTATE)
+        if guarded and (changed or isinstance(exc, IntegrityError)):
             raise Changed(run_id) from exc
         raise
     if row is None:
@@ -446,10 +447,12 @@ def _end_run(
             .with_for_update()
             .cte("run_as_read")
         )
-        # Read where the row is updated, before it is: one that fails aborts all of it.
+        # Read where the row is updated, before it is: one that fails aborts all of it. In
+        # this order (an AND's terms are evaluated in turn): the session's row is locked (by
+        # the append's update of it) before the run's, the order of an ask that steers.
         unchanged = and_(
-            select(run_as_read.c.id).exists(),
             select(entries.c.seq).exists(),  # the session's row was still as read
+            select(run_as_read.c.id).exists(),
             ~pending,
             endpoints.is_(None),
         )
@@ -457,10 +460,13 @@ def _end_run(
             func.threadline_still_as_read(unchanged, type_=Boolean)
         )
     if finishing_job:
-        # Joined in, so that it runs: a CTE nothing reads is not evaluated.
+        # Returned, so that it runs (a CTE nothing reads is not evaluated), once the row is
+        # written: the job's row is locked after the run's (and its session's), as a cancel
+        # locks them.
         finished = text(f"SELECT true AS finished FROM {jobs_db.FINISH_JOB}")
         job = finished.columns(column("finished", Boolean)).cte("job")
-        query = query.where(job.c.finished)
+        done = select(job.c.finished).scalar_subquery()
+        query = query.add_cte(job).returning(done.label("job_finished"))
     return query.add_cte(USAGE_ADDED.cte("usage")) if counted else query
 
 

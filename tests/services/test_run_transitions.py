@@ -485,15 +485,17 @@ async def started(engine: AsyncEngine) -> runs_db.FirstStart:
     return first
 
 
-async def end_as_read(engine: AsyncEngine, first: runs_db.FirstStart) -> Run:
+async def end_as_read(
+    engine: AsyncEngine, first: runs_db.FirstStart, job_id: int | None = None
+) -> Run:
     """The run's end as its worker writes it when it knows what its start read: one statement,
-    no lock taken first."""
+    no lock taken first; with `job_id`, its job finished by it too."""
     session, version = first.start.session, first.start.version
     assert session is not None and version is not None
     outcome = Outcome("completed", "done", usage=UsageReport(10, 2))
     async with autocommit(engine) as conn:
         ended = await run_transitions.finish(
-            conn, first.run, outcome, [], session_rev=session.rev, session_as_read=version
+            conn, first.run, outcome, [], job_id, session.rev, session_as_read=version
         )
         await conn.commit()
     return ended
@@ -623,3 +625,31 @@ async def test_a_steer_committed_while_a_runs_end_waits_for_its_rows_is_not_miss
     ended = await end_locked(engine, run)
     kinds = [kind for _, kind, _ in await events_of(engine, ended)]
     assert "run.steered" in kinds and kinds[-1] == "run.completed"
+
+
+async def test_a_runs_end_as_its_start_read_it_takes_the_session_then_the_run_then_the_job(
+    engine: AsyncEngine,
+) -> None:
+    """The order every other writer takes them in (an ask that steers or interrupts takes the
+    session's row, then the run's; a cancel, then the job's): the end, waiting for the session
+    a steering ask holds, holds neither the run's row nor the job's meanwhile (it did hold the
+    run's: the ask, going on to lock it, deadlocked with it)."""
+    first = await started(engine)
+    run = first.run
+    assert run.job_id is not None
+    async with holding_session(engine, run.session_id) as steering:
+        ending = asyncio.ensure_future(end_as_read(engine, first, run.job_id))
+        await waiting_for_a_lock(engine, ending, "WITH end_events AS%")
+        for row in ("runs", "procrastinate_jobs"):  # free: taken at once, or this fails
+            key = run.id if row == "runs" else run.job_id
+            nowait = text(f"SELECT id FROM {row} WHERE id = :id FOR UPDATE NOWAIT")
+            await steering.execute(nowait, {"id": key})
+    ended = await ending  # the session's row was not written meanwhile: as read
+    assert ended.status is RunStatus.COMPLETED
+    async with engine.connect() as conn:
+        job = (
+            await conn.execute(
+                text("SELECT status FROM procrastinate_jobs WHERE id = :id"), {"id": run.job_id}
+            )
+        ).scalar_one()
+    assert job == "succeeded"
