@@ -110,8 +110,7 @@ class AskResult:
 Prepare = Callable[[AsyncConnection], Awaitable[None]]
 
 
-@metrics.counted_ask(refusals=ServiceError)
-async def ask(
+async def ask_uncounted(
     engine: AsyncEngine,
     settings: Settings,
     tenant_id: str,
@@ -221,6 +220,11 @@ async def ask(
     # Shielded when the job may be committed taken: a request cancelled after the commit
     # still hands its run over (no one else would start it while this process lives).
     return await (asyncio.shield(committed()) if claim_for is not None else committed())
+
+
+# The one ask of every surface, counted in the asks metric by outcome. ask_uncounted is for a
+# caller that counts its own (the AI SDK chat, which tries the chat's sessions in turn).
+ask = metrics.counted_ask(refusals=ServiceError)(ask_uncounted)
 
 
 def _result(

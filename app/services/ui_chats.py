@@ -27,9 +27,10 @@ from app.db.engine import autocommit
 from app.eventlog import store as event_store
 from app.eventlog.registry import EventType
 from app.services import approvals, asks, journal, quotas, runs
-from app.services.errors import Conflict, Invalid, NotFound, session_not_found
+from app.services.errors import Conflict, Invalid, NotFound, ServiceError, session_not_found
 from app.services.handoff import RunHandoff
 from app.services.ids import is_uuid
+from app.telemetry import metrics
 
 # Sessions made for chats get ids derived from this namespace, the tenant and the chat id.
 CHAT_NAMESPACE = uuid.UUID("6f1c2a0e-5b7d-4c3e-9a8f-1d2e3f4a5b6c")
@@ -190,6 +191,7 @@ def _rolling_back(tenant_id: str, session_id: str, rollback: Rollback) -> asks.P
     return roll_back
 
 
+@metrics.counted_ask(refusals=ServiceError)  # once, whichever of its sessions it tried
 async def ask(
     engine: AsyncEngine,
     settings: Settings,
@@ -273,7 +275,7 @@ async def _asked(
     handoff: RunHandoff | None,
     prepare: asks.Prepare | None,
 ) -> asks.AskResult:
-    return await asks.ask(
+    return await asks.ask_uncounted(
         engine,
         settings,
         tenant_id,

@@ -124,6 +124,36 @@ async def test_a_replayed_and_a_refused_ask_are_counted_as_such(api: httpx.Async
         assert grew >= count, outcome
 
 
+async def test_an_ai_sdk_chat_ask_counts_once_whichever_sessions_it_tried(
+    api: httpx.AsyncClient, upstream: FakeUpstream
+) -> None:
+    """A chat whose id is a UUID naming no session: its first message tries that session,
+    then the one made for the chat, then makes it; its second finds it second. Two asks, each
+    counted once, neither refused."""
+    chat = str(uuid.uuid4())
+    before = await ascrape(api)
+    for text in ("Hi", "Again"):
+        upstream.script(Text("Hello"))
+        message = {
+            "id": str(uuid.uuid4()),
+            "role": "user",
+            "parts": [{"type": "text", "text": text}],
+        }
+        body = {"id": chat, "messages": [message], "trigger": "submit-message"}
+        async with api.stream("POST", "/v1/ui/chat", json=body) as response:
+            assert response.status_code == 200
+            await response.aread()
+    after = await ascrape(api)
+
+    def grew(outcome: str) -> float:
+        labels = {"outcome": outcome}
+        return after.get("threadline_asks_total", labels) - before.get(
+            "threadline_asks_total", labels
+        )
+
+    assert grew("created") == 2 and grew("refused") == 0
+
+
 async def test_provider_errors_and_retries_count_by_code(
     api: httpx.AsyncClient, upstream: FakeUpstream
 ) -> None:
