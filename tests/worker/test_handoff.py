@@ -161,22 +161,9 @@ async def test_a_run_held_by_a_cancel_is_left_to_the_queue_with_its_claim_undone
                     )
                 ).scalar_one()
             )
-        runtime = Runtime(
-            engine, settings, Router(settings), EventWriter(engine), WorkerLease(engine)
-        )
-        executed: list[Run] = []
-
-        async def execute(
-            _runtime: Runtime,
-            run: Run,
-            _reason: Callable[[], str | None],
-            _job: int,
-            *,
-            unsteered: bool = False,
-            start: RunStart | None = None,
-        ) -> bool:
-            executed.append(run)
-            return False  # the job is left to the handoff to finish
+        runtime = runtime_of(engine, settings)
+        execute = Executed()
+        executed = execute.runs
 
         async with engine.connect() as holder:  # a cancel, between its two locks
             await holder.begin()
@@ -209,6 +196,34 @@ async def test_a_run_held_by_a_cancel_is_left_to_the_queue_with_its_claim_undone
         assert status == "succeeded"
     finally:
         await engine.dispose()
+
+
+def runtime_of(engine: AsyncEngine, settings: Settings) -> Runtime:
+    return Runtime(engine, settings, Router(settings), EventWriter(engine), WorkerLease(engine))
+
+
+class Executed:
+    """The handoff's execute, running nothing: the runs it was handed, and their starts' reads.
+    It finishes no job (the handoff does)."""
+
+    def __init__(self) -> None:
+        self.runs: list[Run] = []
+        self.starts: list[RunStart | None] = []
+
+    async def __call__(
+        self,
+        _runtime: Runtime,
+        run: Run,
+        _reason: Callable[[], str | None],
+        _job: int,
+        /,
+        *,
+        unsteered: bool = False,
+        start: RunStart | None = None,
+    ) -> bool:
+        self.runs.append(run)
+        self.starts.append(start)
+        return False
 
 
 class Reserved:
@@ -316,22 +331,9 @@ async def test_a_cancel_holding_a_claimed_runs_row_ends_it_before_it_starts(
         )
         assert asked.claimed and asked.run.job_id is not None
         run_id, job_id = asked.run.id, asked.run.job_id
-        runtime = Runtime(
-            engine, settings, Router(settings), EventWriter(engine), WorkerLease(engine)
-        )
-        executed: list[Run] = []
-
-        async def execute(
-            _runtime: Runtime,
-            run: Run,
-            _reason: Callable[[], str | None],
-            _job: int,
-            *,
-            unsteered: bool = False,
-            start: RunStart | None = None,
-        ) -> bool:
-            executed.append(run)
-            return False
+        runtime = runtime_of(engine, settings)
+        execute = Executed()
+        executed = execute.runs
 
         handoff = Handoff(runtime, [worker_id], 1, start_locked, execute)
         async with engine.connect() as canceller:
@@ -500,27 +502,12 @@ async def test_a_claimed_runs_first_step_projects_from_the_thread_its_ask_read(
         thread = [journal_db.journal_entry(r) for r in stored]
         assert asked.newest.reaches_start and asked.newest.entries == thread[:302]
 
-        runtime = Runtime(
-            engine, settings, Router(settings), EventWriter(engine), WorkerLease(engine)
-        )
-        starts: list[RunStart | None] = []
-
-        async def execute(
-            _runtime: Runtime,
-            run: Run,
-            _reason: Callable[[], str | None],
-            _job: int,
-            *,
-            unsteered: bool = False,
-            start: RunStart | None = None,
-        ) -> bool:
-            starts.append(start)
-            return False
-
+        execute = Executed()
+        runtime = runtime_of(engine, settings)
         handoff = Handoff(runtime, [worker_id], 1, start_locked, execute, start_first)
         handoff.offer(asked.run.id, asked.run.job_id, claimed=True, newest=asked.newest)
         await handoff.close(grace_seconds=60)
-        (start,) = starts
+        (start,) = execute.starts
         assert start is not None and start.newest is not None
         if appended_meanwhile:
             assert start.newest is not asked.newest
