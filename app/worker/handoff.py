@@ -199,7 +199,7 @@ class Handoff:
         finished = False  # the job, with the run's end
         try:
             if started is not None:  # else: over already, or cancelled before it started
-                finished = await self._execute(
+                running = self._execute(
                     self._runtime,
                     started,
                     lambda: self._reason(job_id),
@@ -207,6 +207,10 @@ class Handoff:
                     unsteered=unsteered,
                     start=read,
                 )
+                # What its start read (and the thread its ask read) is the run's first step's
+                # to let go of, not held here for the run's life.
+                read = newest = first = None
+                finished = await running
             status = "succeeded"
         except asyncio.CancelledError:
             # Shutting down: the job ends failed, so another worker resumes the run

@@ -162,7 +162,9 @@ async def execute_started(
     pending (start_first), so its first model turn need not look again; `start`: what its
     start read of its session (start_first), so that its first step reads it not again."""
     with carried.run_scope(run):
-        return await _execute(runtime, run, abort_reason, job_id, unsteered, start)
+        running = _execute(runtime, run, abort_reason, job_id, unsteered, start)
+        del start  # the run's first step lets go of it (it may hold a long thread): so do we
+        return await running
 
 
 async def _execute(
@@ -179,6 +181,7 @@ async def _execute(
     progress = _Progress(
         model=run.model, first_output=run.attempts > 1, unsteered=unsteered, start=start
     )
+    del start  # held by `progress` until the first step takes it, not for the run's life
     try:
         policy = RunPolicy.model_validate(run.params.run_policy or {})
         outcome: Outcome | Pause | AwaitApproval
@@ -411,6 +414,7 @@ async def _converse(
     if session is not None and start.version is not None:
         progress.session_as_read = (start.version, session.rev)
     written: list[JournalEntry] | None = start.written
+    del start  # its newest entries (a whole thread, handed by the ask) are the first step's
     config = session.config if session is not None else SessionConfig()
     servers: dict[str, McpServer] = {}
     if run.kind is RunKind.ASK and run.params.mcp_server_names(config.mcp_servers):

@@ -6,7 +6,10 @@ run started, leaves its run to the durable job: another worker finishes it."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import threading
 import uuid
+import weakref
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -35,12 +38,12 @@ from app.services.quotas import Limits
 from app.services.sessions import create_session
 from app.worker.handoff import Handoff
 from app.worker.lease import WorkerLease
-from app.worker.run import start_first, start_locked
+from app.worker.run import execute_started, start_first, start_locked
 from app.worker.runtime import Runtime
 from testkit.api import history, new_session
 from testkit.server import free_port, serve_in_thread, stop_thread_server
 from testkit.sse_client import collect
-from testkit.upstream import FakeUpstream, Text, Usage
+from testkit.upstream import FakeUpstream, Hold, Text, Usage
 from tests.conftest import issue_key
 from tests.e2e import Process, create_database, e2e_env, process_env
 from tests.worker.conftest import Workers
@@ -515,4 +518,53 @@ async def test_a_claimed_runs_first_step_projects_from_the_thread_its_ask_read(
         else:
             assert start.newest is asked.newest
     finally:
+        await engine.dispose()
+
+
+async def test_the_thread_an_ask_hands_its_run_is_let_go_once_its_first_step_projected_it(
+    handoff_settings: tuple[Settings, str], upstream: FakeUpstream
+) -> None:
+    """A long conversation's thread, handed by the ask to its run, is held until the run's
+    first step projected it, not for the run's life (runs at once times whole threads)."""
+    settings, key = handoff_settings
+    engine = create_engine(settings)
+    release = threading.Event()
+    try:
+        tenant = await tenant_for_key(engine, key)
+        assert tenant is not None
+        session = await create_session(engine, tenant, title=None, metadata={}, config={})
+        earlier = [
+            NewEntry(EntryKind.MESSAGE, {"role": role, "content": f"{role} {i}"}, {})
+            for i in range(150)
+            for role in ("user", "assistant")
+        ]
+        async with engine.begin() as conn:
+            await append_in(conn, tenant, session.id, earlier)
+        worker_id = await register_worker(engine)
+        params = asks.AskParams("and now?")
+        reserved = Reserved(worker_id)
+        asked = await asks.ask(
+            engine, settings, tenant, session.id, params, Limits(), handoff=reserved
+        )
+        assert asked.newest is not None and asked.run.job_id is not None
+        thread = weakref.ref(asked.newest)
+        run_id, job_id, newest = asked.run.id, asked.run.job_id, asked.newest
+        del asked
+        upstream.script(Text("Hel"), Hold(release), Text("lo"))
+        runtime = runtime_of(engine, settings)
+        handoff = Handoff(runtime, [worker_id], 1, start_locked, execute_started, start_first)
+        handoff.offer(run_id, job_id, claimed=True, newest=newest)
+        del newest
+        await upstream.requests_arrived(1)  # the first step projected, and called the model
+        sent = upstream.requests[-1].body["messages"]
+        assert len(sent) == 301  # the whole thread, and the question
+        gc.collect()
+        assert thread() is None  # while the run still streams
+        release.set()
+        await handoff.close(grace_seconds=60)
+        async with engine.connect() as conn:
+            ended = await runs_db.get_run(conn, run_id)
+        assert ended is not None and ended.status is RunStatus.COMPLETED
+    finally:
+        release.set()
         await engine.dispose()
