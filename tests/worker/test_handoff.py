@@ -463,6 +463,33 @@ async def wait_for_lock_wait(engine: AsyncEngine, query_part: str) -> None:
     raise AssertionError(f"no query with {query_part!r} ever waited for a lock")
 
 
+async def long_conversation(engine: AsyncEngine, key: str) -> tuple[str, str, int]:
+    """A session of 300 messages (more than a run's start reads of a thread), its tenant's and
+    a registered worker's ids: (tenant, session, worker)."""
+    tenant = await tenant_for_key(engine, key)
+    assert tenant is not None
+    session = await create_session(engine, tenant, title=None, metadata={}, config={})
+    earlier = [
+        NewEntry(EntryKind.MESSAGE, {"role": role, "content": f"{role} {i}"}, {})
+        for i in range(150)
+        for role in ("user", "assistant")
+    ]
+    async with engine.begin() as conn:
+        await append_in(conn, tenant, session.id, earlier)
+    return tenant, session.id, await register_worker(engine)
+
+
+async def asked_claimed(
+    engine: AsyncEngine, settings: Settings, tenant: str, session_id: str, worker_id: int
+) -> asks.AskResult:
+    """An ask of the session, its job committed taken by `worker_id` (nothing starts it)."""
+    params = asks.AskParams("and now?")
+    reserved = Reserved(worker_id)
+    asked = await asks.ask(engine, settings, tenant, session_id, params, Limits(), handoff=reserved)
+    assert asked.claimed and asked.run.job_id is not None
+    return asked
+
+
 @pytest.mark.parametrize("appended_meanwhile", [False, True])
 async def test_a_claimed_runs_first_step_projects_from_the_thread_its_ask_read(
     handoff_settings: tuple[Settings, str], appended_meanwhile: bool
@@ -475,33 +502,15 @@ async def test_a_claimed_runs_first_step_projects_from_the_thread_its_ask_read(
     settings, key = handoff_settings
     engine = create_engine(settings)
     try:
-        tenant = await tenant_for_key(engine, key)
-        assert tenant is not None
-        session = await create_session(engine, tenant, title=None, metadata={}, config={})
-        earlier = [
-            NewEntry(EntryKind.MESSAGE, {"role": role, "content": f"{role} {i}"}, {})
-            for i in range(150)
-            for role in ("user", "assistant")
-        ]
-        async with engine.begin() as conn:
-            await append_in(conn, tenant, session.id, earlier)
-        worker_id = await register_worker(engine)
-        asked = await asks.ask(
-            engine,
-            settings,
-            tenant,
-            session.id,
-            asks.AskParams("and now?"),
-            Limits(),
-            handoff=Reserved(worker_id),
-        )
-        assert asked.claimed and asked.run.job_id is not None and asked.newest is not None
+        tenant, session_id, worker_id = await long_conversation(engine, key)
+        asked = await asked_claimed(engine, settings, tenant, session_id, worker_id)
+        assert asked.newest is not None
         if appended_meanwhile:
             note = NewEntry(EntryKind.MESSAGE, {"role": "user", "content": "meanwhile"}, {})
             async with engine.begin() as conn:
-                await append_in(conn, tenant, session.id, [note])
+                await append_in(conn, tenant, session_id, [note])
         async with engine.connect() as conn:
-            stored = await journal_db.read_entries(conn, [Segment(session.id, 0, None)], limit=1000)
+            stored = await journal_db.read_entries(conn, [Segment(session_id, 0, None)], limit=1000)
         thread = [journal_db.journal_entry(r) for r in stored]
         assert asked.newest.reaches_start and asked.newest.entries == thread[:302]
 
@@ -530,22 +539,8 @@ async def test_the_thread_an_ask_hands_its_run_is_let_go_once_its_first_step_pro
     engine = create_engine(settings)
     release = threading.Event()
     try:
-        tenant = await tenant_for_key(engine, key)
-        assert tenant is not None
-        session = await create_session(engine, tenant, title=None, metadata={}, config={})
-        earlier = [
-            NewEntry(EntryKind.MESSAGE, {"role": role, "content": f"{role} {i}"}, {})
-            for i in range(150)
-            for role in ("user", "assistant")
-        ]
-        async with engine.begin() as conn:
-            await append_in(conn, tenant, session.id, earlier)
-        worker_id = await register_worker(engine)
-        params = asks.AskParams("and now?")
-        reserved = Reserved(worker_id)
-        asked = await asks.ask(
-            engine, settings, tenant, session.id, params, Limits(), handoff=reserved
-        )
+        tenant, session_id, worker_id = await long_conversation(engine, key)
+        asked = await asked_claimed(engine, settings, tenant, session_id, worker_id)
         assert asked.newest is not None and asked.run.job_id is not None
         thread = weakref.ref(asked.newest)
         run_id, job_id, newest = asked.run.id, asked.run.job_id, asked.newest
