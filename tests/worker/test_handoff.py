@@ -43,7 +43,15 @@ from app.worker.runtime import Runtime
 from testkit.api import history, new_session
 from testkit.server import free_port, serve_in_thread, stop_thread_server
 from testkit.sse_client import collect
-from testkit.upstream import FakeUpstream, Hold, Text, Usage
+from testkit.upstream import (
+    DEFAULT_SCRIPT,
+    FakeUpstream,
+    Hold,
+    ReceivedRequest,
+    Script,
+    Text,
+    Usage,
+)
 from tests.conftest import issue_key
 from tests.e2e import Process, create_database, e2e_env, process_env
 from tests.worker.conftest import Workers
@@ -545,13 +553,28 @@ async def test_the_thread_an_ask_hands_its_run_is_let_go_once_its_first_step_pro
         thread = weakref.ref(asked.newest)
         run_id, job_id, newest = asked.run.id, asked.run.job_id, asked.newest
         del asked
-        upstream.script(Text("Hel"), Hold(release), Text("lo"))
+        arrived = asyncio.Event()
+        loop = asyncio.get_running_loop()
+
+        def respond(request: ReceivedRequest) -> Script:
+            # (picked by its question: another test's run may still call the shared fake)
+            if request.body["messages"][-1]["content"] != "and now?":
+                return DEFAULT_SCRIPT
+            loop.call_soon_threadsafe(arrived.set)
+            return Script((Text("Hel"), Hold(release), Text("lo")))
+
+        upstream.clear()
+        upstream.respond_with(respond)
         runtime = runtime_of(engine, settings)
         handoff = Handoff(runtime, [worker_id], 1, start_locked, execute_started, start_first)
         handoff.offer(run_id, job_id, claimed=True, newest=newest)
         del newest
-        await upstream.requests_arrived(1)  # the first step projected, and called the model
-        sent = upstream.requests[-1].body["messages"]
+        await asyncio.wait_for(arrived.wait(), 60)  # the first step projected, called the model
+        (sent,) = [
+            r.body["messages"]
+            for r in upstream.requests
+            if r.body["messages"][-1]["content"] == "and now?"
+        ]
         assert len(sent) == 301  # the whole thread, and the question
         gc.collect()
         assert thread() is None  # while the run still streams
@@ -562,4 +585,5 @@ async def test_the_thread_an_ask_hands_its_run_is_let_go_once_its_first_step_pro
         assert ended is not None and ended.status is RunStatus.COMPLETED
     finally:
         release.set()
+        upstream.respond_with(None)
         await engine.dispose()
