@@ -279,8 +279,9 @@ async def _commit_unlocked(
         await conn.commit()  # behind a transaction pooler, autocommit is not set
     if queued is None:
         return None
+    assert not isinstance(queued, Steered)  # an idle session has no run to steer
     result = _result(queued, context, session)
-    if params.before or isinstance(queued, Steered):
+    if params.before:
         return result  # (its entries are then more than its run's)
     # Nothing was appended between its read and its commit (the row was as read): its own
     # entries follow the tail it read.
