@@ -5,11 +5,14 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     Boolean,
+    DateTime,
     Insert,
     Integer,
     Select,
@@ -27,6 +30,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.engine import RowMapping
 from sqlalchemy.exc import DBAPIError, IntegrityError, NoResultFound
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -62,6 +66,21 @@ class QueuedRun:
     # An ask's run: the entries it wrote (its user entry, run_start) as committed; set by
     # app/services/run_transitions.create_asked.
     entries: tuple[JournalEntry, ...] = ()
+    # An ask's run started by the ask's own statement (insert_asked_run's `start_under`).
+    started: AskedStart | None = None
+
+
+@dataclass(frozen=True)
+class AskedStart:
+    """What the statement of an ask that started its run wrote besides: the run's start event
+    (its seq), and the session's row as the statement left it."""
+
+    event_seq: int
+    rev: int
+    version: int  # the row's xmin (as app/db/sessions.get_session_as_read reads it)
+    title: str | None
+    updated_at: datetime
+    compacting: bool  # a compaction run of the session was under way (read_for_run's)
 
 
 async def insert_queued_run(
@@ -87,9 +106,9 @@ async def insert_queued_run(
     query = _insert_queued_run(created[0])
     values: dict[str, Any] = {"user_entry_seq": user_entry_seq}
     values |= _run_values(id, tenant_id, session_id, kind, model, params, idempotency_key)
-    queued = await _inserting_run(conn, query, created, values, claim_for)
-    assert queued is not None  # written on no condition
-    return queued
+    row = await _inserted_run(conn, query, created, values, claim_for)
+    assert row is not None  # written on no condition
+    return QueuedRun(Run.from_row(row), bool(row["claimed"]))
 
 
 def _run_values(
@@ -114,28 +133,34 @@ def _run_values(
     }
 
 
-async def _inserting_run(
+async def _inserted_run(
     conn: AsyncConnection,
     query: TextualSelect,
     created: tuple[str, Mapping[str, Any]],
     values: dict[str, Any],
     claim_for: int | None,
-) -> QueuedRun | None:
+) -> RowMapping | None:
+    """The row a statement inserting a run answers; None: it wrote nothing (only a statement
+    written on a condition, insert_asked_run's, does not)."""
     values = values | {"worker_id": claim_for} | dict(created[1])
-    row = (await conn.execute(query, values)).mappings().one_or_none()
-    if row is None:  # only a statement written on a condition (insert_asked_run's) writes none
-        return None
-    return QueuedRun(Run.from_row(row), bool(row["claimed"]))
+    return (await conn.execute(query, values)).mappings().one_or_none()
 
 
 # A run inserted with its job (the CTE `job`: jobs_db.CLAIMED_OR_DEFERRED), as the CTE `run`;
-# its user entry's seq is the SQL its statement gives ({user_entry_seq}), from {source}.
+# its user entry's seq is the SQL its statement gives ({user_entry_seq}), from {source};
+# {started}: when that SQL condition holds, it is inserted started (its first attempt, under
+# the lease {lease}), else queued.
 _RUN_INSERT = (
     "run AS (INSERT INTO runs (id, tenant_id, session_id, kind, model, params,"
-    "  idempotency_key, user_entry_seq, job_id)"
+    "  idempotency_key, user_entry_seq, job_id, status, lease, attempts, started_at)"
     "  SELECT CAST(:id AS uuid), CAST(:tenant_id AS uuid), CAST(:session_id AS uuid),"
     "  :kind, :model, CAST(:params AS jsonb), :idempotency_key,"
-    "  {user_entry_seq}, job.id FROM {source} RETURNING *)"
+    "  {user_entry_seq}, job.id,"
+    "  CASE WHEN {started} THEN 'running' ELSE 'queued' END,"
+    "  CASE WHEN {started} THEN {lease} END,"
+    "  CASE WHEN {started} THEN 1 ELSE 0 END,"
+    "  CASE WHEN {started} THEN now() END"
+    "  FROM {source} RETURNING *)"
 )
 # What a statement inserting a run (and its first event: `created`'s CTEs) answers with.
 _RUN_INSERTED = (
@@ -146,7 +171,9 @@ _RUN_INSERTED = (
 
 @functools.cache  # built once per event part: text() parses its SQL on every construction
 def _insert_queued_run(created: str) -> TextualSelect:
-    run = _RUN_INSERT.format(user_entry_seq="CAST(:user_entry_seq AS bigint)", source="job")
+    run = _RUN_INSERT.format(
+        user_entry_seq="CAST(:user_entry_seq AS bigint)", source="job", started="false", lease="0"
+    )
     return text(f"WITH {jobs_db.CLAIMED_OR_DEFERRED}, {run}, {created} {_RUN_INSERTED}").columns(
         *runs.c, column("told", Integer), column("claimed", Boolean)
     )  # typed by position
@@ -155,6 +182,7 @@ def _insert_queued_run(created: str) -> TextualSelect:
 async def insert_asked_run(
     conn: AsyncConnection,
     created: tuple[str, Mapping[str, Any]],
+    started: tuple[str, Mapping[str, Any]],
     entries: Sequence[Mapping[str, Any]],
     input_at: int,
     title: str | None,
@@ -167,6 +195,7 @@ async def insert_asked_run(
     idempotency_key: str | None,
     claim_for: int | None = None,
     unchanged: int | None = None,
+    start_under: int | None = None,
 ) -> QueuedRun | None:
     """An ask's commit in one statement (one round trip): `entries` (rows as the entries table
     takes them: id, kind, payload, refs, token_count) appended to the session, which is active
@@ -176,31 +205,62 @@ async def insert_asked_run(
     `from_run`). The caller holds the session's row locked; or, with `unchanged` (a version of
     the session's row: app/db/sessions.get_session_as_read), nothing is written unless the row
     is still that version when the statement takes its lock (a write that waited for it
-    compares the row as committed), and None answers when it was not."""
-    query = _insert_asked_run(created[0])
+    compares the row as committed), and None answers when it was not.
+
+    `start_under`: the lease of the worker `claim_for` names: when the job is taken, the run
+    is inserted started too, its first attempt under that lease, with its start event
+    (`started`: the statement's part that appends it after `created`'s, with its parameters:
+    app.eventlog.store.run_started), as app/db/runs.start_first would start it; what that
+    wrote is QueuedRun.started. The caller then executes the run (or ends its job failed, and
+    the run recovery queues it again)."""
+    query = _insert_asked_run(created[0], started[0])
     values: dict[str, Any] = {
+        **started[1],
         "advance_title": title,
         "entry_count": len(entries),
         "input_ord": input_at + 1,
         "unchanged": unchanged,
+        "start_under": start_under,
     }
     values |= journal_db.entry_arrays(entries)
     values |= _run_values(id, tenant_id, session_id, "ask", model, params, idempotency_key)
-    return await _inserting_run(conn, query, created, values, claim_for)
+    row = await _inserted_run(conn, query, created, values, claim_for)
+    if row is None:
+        return None
+    queued = QueuedRun(Run.from_row(row), bool(row["claimed"]))
+    if row["started_seq"] is None:
+        return queued
+    asked_start = AskedStart(
+        int(row["started_seq"]),
+        int(row["s_rev"]),
+        int(row["s_version"]),
+        row["s_title"],
+        row["s_updated_at"],
+        bool(row["s_compacting"]),
+    )
+    return replace(queued, started=asked_start)
 
 
 @functools.cache  # built once per event part: text() parses its SQL on every construction
-def _insert_asked_run(created: str) -> TextualSelect:
+def _insert_asked_run(created: str, started_event: str) -> TextualSelect:
     # What app/db/sessions.advancing and app/db/journal.insert_advancing write for an append
     # that sets the session's status (include_expired: the caller checked the session).
     seq = "advanced.rev - :entry_count + :input_ord"
-    run = _RUN_INSERT.format(user_entry_seq=seq, source="job, advanced")
+    lease = "CAST(:start_under AS bigint)"
+    started = f"(job.claimed AND {lease} IS NOT NULL)"
+    run = _RUN_INSERT.format(
+        user_entry_seq=seq, source="job, advanced", started=started, lease=lease
+    )
+    compacting = (
+        "EXISTS (SELECT 1 FROM runs c WHERE c.session_id = run.session_id"
+        f"  AND c.kind = 'compaction' AND c.status IN ({', '.join(repr(s) for s in _ACTIVE)}))"
+    )
     return text(
         "WITH advanced AS (UPDATE sessions SET rev = rev + :entry_count, updated_at = now(),"
         "  status = 'active', title = coalesce(title, CAST(:advance_title AS text))"
         "  WHERE id = CAST(:session_id AS uuid) AND tenant_id = CAST(:tenant_id AS uuid)"
         "  AND (CAST(:unchanged AS xid) IS NULL OR xmin = CAST(:unchanged AS xid))"
-        "  RETURNING rev),"
+        "  RETURNING rev, xmin AS version, title, updated_at),"
         " appended AS (INSERT INTO entries (session_id, seq, id, kind, payload, refs,"
         "  token_count)"
         "  SELECT CAST(:session_id AS uuid), advanced.rev - :entry_count + e.ord, e.id, e.kind,"
@@ -210,9 +270,27 @@ def _insert_asked_run(created: str) -> TextualSelect:
         "   CAST(:entry_tokens AS int[]))"
         "   WITH ORDINALITY AS e(id, kind, payload, refs, token_count, ord)"
         "  RETURNING seq),"
-        f" {jobs_db.claimed_or_deferred('EXISTS (SELECT 1 FROM advanced)')}, {run}, {created}"
-        f" {_RUN_INSERTED}"
-    ).columns(*runs.c, column("told", Integer), column("claimed", Boolean))  # typed by position
+        f" {jobs_db.claimed_or_deferred('EXISTS (SELECT 1 FROM advanced)')}, {run}, {created},"
+        f" {started_event}"
+        f" SELECT {_RUN_COLUMNS}, (SELECT count(*) FROM told_event) AS told,"
+        "  (SELECT claimed FROM job) AS claimed,"
+        "  (SELECT seq FROM started_event) AS started_seq,"
+        "  (SELECT count(*) FROM started_told) AS started_told,"
+        "  advanced.rev AS s_rev, advanced.version AS s_version, advanced.title AS s_title,"
+        f"  advanced.updated_at AS s_updated_at, {compacting} AS s_compacting"
+        "  FROM run, advanced"
+    ).columns(  # typed by position
+        *runs.c,
+        column("told", Integer),
+        column("claimed", Boolean),
+        column("started_seq", Integer),
+        column("started_told", Integer),
+        column("s_rev", BigInteger),
+        column("s_version", BigInteger),
+        column("s_title", Text),
+        column("s_updated_at", DateTime(timezone=True)),
+        column("s_compacting", Boolean),
+    )
 
 
 async def get_run(

@@ -136,6 +136,27 @@ def run_event(
     return _run_event(from_run), params
 
 
+# The start event of a run inserted started by the statement that wrote its `run_event` (the
+# CTE `run`'s status is then 'running'): appended after it and announced, by the CTEs
+# `started_event` (its seq; none for a run inserted queued) and `started_told`, which must be
+# read.
+_RUN_STARTED = (
+    "started_event AS (INSERT INTO run_events (run_id, seq, type, data)"
+    "  SELECT run.id, run_event.seq + 1, :started_type, CAST(:started_data AS jsonb)"
+    "  FROM run, run_event WHERE run.status = 'running' RETURNING run_id, seq),"
+    " started_told AS (SELECT pg_notify(:channel, json_build_object('runs',"
+    "  json_build_object(run_id, seq))::text) AS told FROM started_event)"
+)
+
+
+def run_started(kind: str, data: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The start event of a run its statement may insert started (app/db/runs.insert_asked_run),
+    after its run_event's: the CTEs (_RUN_STARTED) and their parameters (the channel's is
+    run_event's)."""
+    params = {"started_type": kind, "started_data": json.dumps(data, separators=(",", ":"))}
+    return _RUN_STARTED, params
+
+
 # A run's last events, appended after its last one (as append_events allocates seqs) and
 # announced, by the statement that ends the run (app/db/runs.end_run, whose `:end_run` names the
 # run), unless steers are pending for it: the CTEs `end_events` (the seqs written) and

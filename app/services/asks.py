@@ -102,6 +102,9 @@ class AskResult:
     # The thread's newest entries as the ask read them, its own appended (up to the rev it
     # left the session at), when it read them unlocked: what its run's first step projects.
     newest: sessions_db.Newest | None = None
+    # Its run, started by the ask's commit (its job taken by the handoff's worker), and what
+    # its start would have read of the session: the handoff executes it as it is.
+    started: runs_db.FirstStart | None = None
 
 
 # What a surface writes with its ask, in the ask's transaction and before the ask's own rows:
@@ -177,11 +180,12 @@ async def ask_uncounted(
         )
         await _stop_active_runs(engine, tenant_id, session_id, "rollback")
     claim_for = handoff.reserve() if handoff is not None else None
+    lease = handoff.lease if handoff is not None and claim_for is not None else None
 
     async def commit(claim: int | None) -> AskResult:
         if prepare is None and model is None:  # a rollback projected (and stopped) already
             unlocked = await _commit_unlocked(
-                engine, settings, tenant_id, session_id, params, own_limits, claim
+                engine, settings, tenant_id, session_id, params, own_limits, claim, lease
             )
             if unlocked is not None:
                 return unlocked
@@ -214,6 +218,7 @@ async def ask_uncounted(
                 claimed=result.claimed,
                 followed=first,
                 newest=result.newest,
+                started=result.started,
             )
         return result
 
@@ -251,6 +256,7 @@ async def _commit_unlocked(
     params: AskParams,
     own_limits: quotas.Limits | None,
     claim_for: int | None,
+    start_under: int | None,
 ) -> AskResult | None:
     """The ask of an idle session committed without locking its row first: read, then one
     statement that writes only if the row is still the one read (two round trips rather than
@@ -258,7 +264,9 @@ async def _commit_unlocked(
     append, a run's creation or end, a change of its config), so an unchanged row means
     nothing the ask read has changed. None: the ask needs the row locked (a run under way,
     limits that count, entries that need the append's checks), or the row changed meanwhile;
-    nothing is written then, and the caller commits the ask under the row's lock."""
+    nothing is written then, and the caller commits the ask under the row's lock.
+    `start_under`: the lease of the worker `claim_for` names: a run whose job that statement
+    takes is started by it too (AskResult.started)."""
     async with autocommit(engine) as conn:
         found = await sessions_db.get_session_as_read(conn, tenant_id, session_id)
         if found is None:
@@ -274,19 +282,49 @@ async def _commit_unlocked(
         checked, tail = await _checked_in(conn, settings, session, params, found.newest)
         resolved, context = _served(checked, params), checked.projection.meta
         queued = await _commit(
-            conn, settings, session, params, resolved, own_limits, claim_for, unchanged=version
+            conn,
+            settings,
+            session,
+            params,
+            resolved,
+            own_limits,
+            claim_for,
+            unchanged=version,
+            start_under=start_under,
         )
         await conn.commit()  # behind a transaction pooler, autocommit is not set
     if queued is None:
         return None
     assert not isinstance(queued, Steered)  # an idle session has no run to steer
     result = _result(queued, context, session)
-    if params.before:
-        return result  # (its entries are then more than its run's)
-    # Nothing was appended between its read and its commit (the row was as read): its own
-    # entries follow the tail it read.
-    newest = sessions_db.Newest.of([*tail.entries, *queued.entries], tail.reaches_start)
-    return replace(result, newest=newest)
+    newest = None
+    if not params.before:  # (else its entries are more than its run's)
+        # Nothing was appended between its read and its commit (the row was as read): its own
+        # entries follow the tail it read.
+        newest = sessions_db.Newest.of([*tail.entries, *queued.entries], tail.reaches_start)
+    return replace(result, newest=newest, started=_started(queued, session, newest))
+
+
+def _started(
+    queued: runs_db.QueuedRun, session: Session, newest: sessions_db.Newest | None
+) -> runs_db.FirstStart | None:
+    """The start of its run an ask's statement wrote (runs_db.insert_asked_run), with what the
+    run's own start would have read of its session (runs_db.start_first): `session` as the ask
+    read it, as that statement left its row; `newest`, the thread's newest entries then."""
+    started = queued.started
+    if started is None:
+        return None
+    after = replace(
+        session,
+        rev=started.rev,
+        status=SessionStatus.ACTIVE,
+        title=started.title,
+        updated_at=started.updated_at,
+    )
+    written = list(queued.entries)  # what the run has written: its ask's entries, as committed
+    start = sessions_db.RunStart(after, started.compacting, written, newest, started.version)
+    # No steer can be pending for a run that statement made.
+    return runs_db.FirstStart(queued.run, started.event_seq, False, start)
 
 
 async def _committing(
@@ -407,11 +445,13 @@ async def _commit(
     own_limits: quotas.Limits | None,
     claim_for: int | None,
     unchanged: int | None = None,
+    start_under: int | None = None,
 ) -> runs_db.QueuedRun | Steered | None:
     """The user entry, run_start, the run, run.created and the job, in the transaction that
     locked `session`; or, for a steer of a running run, the steer. `unchanged`: `session` is
     not locked but was read at this version of its row (_commit_unlocked): the commit is one
-    statement, written only if the row is still that version; None if it was not."""
+    statement, written only if the row is still that version; None if it was not.
+    `start_under`: run_transitions.create_asked's."""
     tenant_id, session_id = session.tenant_id, session.id
     policy = run_policies.merged(session.config.run_policy, params.run_policy)
     # Counting the session's turns is a query: only made when a turn limit is set.
@@ -510,6 +550,7 @@ async def _commit(
         idempotency_key=params.idempotency_key,
         claim_for=claim_for,
         unchanged=unchanged,
+        start_under=start_under,
     )
 
 

@@ -9,10 +9,18 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from app.db.runs import FirstStart
 from app.db.sessions import Newest
 
 
 class RunHandoff(Protocol):
+    @property
+    def lease(self) -> int | None:
+        """The lease of the reserved worker's attempts: an ask's run whose job is committed
+        taken by that worker is committed started under it too (AskResult.started); None:
+        such a run is committed queued, and the handoff starts it."""
+        ...
+
     def reserve(self) -> int | None:
         """Room for one more run, held until `offer` or `release`: the worker id the ask's job
         may be committed taken by; None: no room (the job is queued as usual)."""
@@ -29,11 +37,13 @@ class RunHandoff(Protocol):
         claimed: bool = False,
         followed: dict[str, Any] | None = None,
         newest: Newest | None = None,
+        started: FirstStart | None = None,
     ) -> None:
         """Start the run now if there is room; never waits, never fails the ask. `claimed`: its
         job was committed taken by the reserved worker: the run must be started (or its job
         ended). `followed`: its first event, when a stream of this process is about to follow
         it from there (what the workers publish before it subscribes is kept for it).
         `newest`: the thread's newest entries as the ask read them, its own appended: the
-        run's first step projects from them if the session is still at their last seq."""
+        run's first step projects from them if the session is still at their last seq.
+        `started`: the run, started by the ask's commit (claimed): it is executed as it is."""
         ...

@@ -109,13 +109,16 @@ async def create_asked(
     idempotency_key: str | None,
     claim_for: int | None = None,
     unchanged: int | None = None,
+    start_under: int | None = None,
 ) -> runs_db.QueuedRun | None:
     """An ask's entries (its user entry at `input_at`; fresh ids, derived from the run's id)
     and its run (as `create`), in the transaction that locked its session: in one statement
     (runs_db.insert_asked_run); entries that need append_in's checks are appended first.
     `unchanged`: the session is not locked, but was read at this version of its row: one
     statement written only if the row is still that version, or nothing (None answers: the
-    caller locks the row and asks again)."""
+    caller locks the row and asks again). `start_under`: the lease of the worker `claim_for`
+    names, which the run is then started under if its job is taken (QueuedRun.started): the
+    caller must execute it (runs_db.insert_asked_run)."""
     rows = fresh_rows(entries)
     if rows is None and unchanged is not None:
         return None
@@ -144,9 +147,11 @@ async def create_asked(
         return replace(made, entries=_asked_entries(appended.entries[input_at:]))
     params = carried.into(params, run_id=id, tenant_id=tenant_id, session_id=session_id)
     created = machine.created_event(id, session_id, RunKind.ASK, None, model)
+    ((started_kind, started_data),) = machine.first_start().events
     queued = await _insert_asked_run(
         conn,
         event_store.run_event(*created, from_run=("user_entry_seq",)),
+        event_store.run_started(started_kind, started_data),
         rows,
         input_at,
         untitled_title(rows),
@@ -158,6 +163,7 @@ async def create_asked(
         idempotency_key=idempotency_key,
         claim_for=claim_for,
         unchanged=unchanged,
+        start_under=start_under,
     )
     if queued is None:
         return None

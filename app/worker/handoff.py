@@ -38,6 +38,8 @@ from app.db import runs as runs_db
 from app.db.outage import retrying
 from app.db.runs import FirstStart
 from app.db.sessions import Newest, RunStart
+from app.eventlog.store import numbered
+from app.runs import machine
 from app.worker.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -112,6 +114,11 @@ class Handoff:
         self._closed = False
         self.claimed = 0  # runs this handoff executed (for tests)
 
+    @property
+    def lease(self) -> int | None:
+        """The lease the runs it executes are started under (its runtime's)."""
+        return self._runtime.lease.key
+
     def reserve(self) -> int | None:
         """Room for one more run, held until `offer` or `release`: the worker id the ask's job
         may be committed taken by; None: no room (the ask's job is deferred as usual)."""
@@ -133,17 +140,24 @@ class Handoff:
         claimed: bool = False,
         followed: dict[str, Any] | None = None,
         newest: Newest | None = None,
+        started: FirstStart | None = None,
     ) -> None:
         """Start the run now if this process has room; never waits, never fails the ask.
         `claimed`: its job was committed taken by this handoff's worker (`reserve`): the run
         is started, or its job ended. `followed`: its first event, for a stream of this
         process about to follow it: told to this process's followers before the run starts,
         when it runs here (claimed). `newest`: the thread's newest entries as the ask read
-        them (RunStart.with_newest), for the start of a run that runs here (claimed)."""
+        them (RunStart.with_newest), for the start of a run that runs here (claimed).
+        `started`: the run, started by the ask's commit (claimed): executed as it is, its
+        start event told to this process's followers at once."""
         if claimed and job_id is not None:
             if followed is not None:
                 self._runtime.writer.expect(followed)
-            self._start_task(run_id, job_id, claimed=True, newest=newest)
+            if started is not None:
+                ((kind, data),) = machine.first_start().events
+                rows = [(run_id, kind, data)]
+                self._runtime.writer.publish(numbered(rows, {run_id: started.event_seq}))
+            self._start_task(run_id, job_id, claimed=True, newest=newest, started=started)
             return
         if self._closed or job_id is None or not self._worker_ids:
             return
@@ -152,30 +166,40 @@ class Handoff:
         self._start_task(run_id, job_id, claimed=False)
 
     def _start_task(
-        self, run_id: str, job_id: int, claimed: bool, newest: Newest | None = None
+        self,
+        run_id: str,
+        job_id: int,
+        claimed: bool,
+        newest: Newest | None = None,
+        started: FirstStart | None = None,
     ) -> None:
         # Shutting down (a claimed job): it ends failed, and the run recovery queues the run.
         run = (
             self._finish(job_id, "failed")
             if self._closed
-            else self._run(run_id, job_id, claimed, newest)
+            else self._run(run_id, job_id, claimed, newest, started)
         )
         task = asyncio.create_task(run, name=f"handoff {run_id}")
         self._running[job_id] = task
         task.add_done_callback(lambda _t: self._running.pop(job_id, None))
 
     async def _run(
-        self, run_id: str, job_id: int, claimed: bool, newest: Newest | None = None
+        self,
+        run_id: str,
+        job_id: int,
+        claimed: bool,
+        newest: Newest | None = None,
+        asked: FirstStart | None = None,
     ) -> None:
         unsteered = False  # its start found no steer pending
         read: RunStart | None = None  # what its start read of its session
         try:
-            # A claimed job's run, never started: one statement starts it (the common case).
-            first = (
-                await self._start_first(self._runtime, run_id)
-                if claimed and self._start_first is not None
-                else None
-            )
+            # A claimed job's run, never started: one statement starts it (the common case),
+            # unless the ask's commit did.
+            first = asked
+            del asked  # `first` is let go of below, with what it holds
+            if first is None and claimed and self._start_first is not None:
+                first = await self._start_first(self._runtime, run_id)
             if first is not None:
                 started: Run | None = first.run
                 unsteered, read = not first.steered, first.start.with_newest(newest)

@@ -4,15 +4,23 @@ written only if the row is still the one read), and under the lock when it is no
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
+from dataclasses import replace
 
+import asyncpg
 import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import Settings
 from app.core.entries import EntryKind, NewEntry, PendingEntry
+from app.core.runs import RunStatus
+from app.db import jobs as jobs_db
+from app.db import runs as runs_db
 from app.db import sessions as sessions_db
+from app.db.engine import libpq_url
+from app.eventlog import store as event_store
 from app.services import asks, quotas
 from app.services.errors import Conflict
 from app.services.journal import append_in
@@ -21,6 +29,7 @@ from testkit.locks import holding_session, waiting_for_a_lock
 from testkit.statements import own_engine, watching
 from tests.db.test_runs import new_session, what_is_stored
 from tests.services.test_run_transitions import ask_entries, asked_in
+from tests.worker.test_handoff import Reserved
 
 NO_LIMITS = quotas.Limits()  # the request's key read them: none set
 
@@ -179,3 +188,100 @@ async def test_an_idle_sessions_ask_projects_from_the_newest_entries_read_with_i
         assert (len(seen.statements) > 2) == reads_further  # (the thread's pages, then)
         assert asked.context == dry.projection.meta
         assert dry.projection.meta.entries_included == history
+
+
+async def new_worker(engine: AsyncEngine) -> int:
+    """A procrastinate worker registration, as this process's handoff has."""
+    async with engine.begin() as conn:
+        worker = text("INSERT INTO procrastinate_workers DEFAULT VALUES RETURNING id")
+        return int((await conn.execute(worker)).scalar_one())
+
+
+async def test_an_asks_run_whose_job_its_handoff_takes_is_committed_started_as_its_start_reads(
+    settings: Settings, database_url: str
+) -> None:
+    """The ask's statement takes the job for this process's worker and starts the run under
+    that worker's lease: status, attempt, lease and start event as the run's own start would
+    write them, announced with the commit; and what it hands the run (AskResult.started) is
+    what that start would read of the session (read_for_run), the statement's row version
+    included."""
+    async with own_engine(settings) as engine:
+        tenant, session_id = await new_session(engine)
+        handoff = Reserved(await new_worker(engine), lease=2**40 + 7)
+        heard: asyncio.Queue[str] = asyncio.Queue()
+        listener = await asyncpg.connect(libpq_url(database_url))
+        await listener.add_listener(event_store.CHANNEL, lambda *a: heard.put_nowait(a[-1]))
+        try:
+            with watching(engine) as seen:
+                asked = await asks.ask(
+                    engine,
+                    settings,
+                    tenant,
+                    session_id,
+                    asks.AskParams("hi"),
+                    own_limits=NO_LIMITS,
+                    handoff=handoff,
+                )
+            told = [json.loads(await asyncio.wait_for(heard.get(), 30)) for _ in range(2)]
+        finally:
+            await listener.close()
+        assert seen.in_transaction == [False, False]  # still a read and one statement
+        run_id = asked.run.id
+        assert told == [{"runs": {run_id: 1}}, {"runs": {run_id: 2}}]
+        started = asked.started
+        assert asked.claimed and started is not None and handoff.started == [started]
+        async with engine.connect() as conn:
+            stored = await runs_db.get_run(conn, run_id)
+            events = await event_store.read_events(conn, run_id, 0, tenant_id=tenant)
+            assert stored is not None
+            read = await sessions_db.read_for_run(
+                conn, tenant, session_id, run_id, stored.input_seq
+            )
+        assert stored == started.run == asked.run
+        assert (stored.status, stored.attempts, stored.lease) == (RunStatus.RUNNING, 1, 2**40 + 7)
+        assert stored.started_at is not None
+        assert [(e["seq"], e["type"], e["data"]) for e in events][1:] == [
+            (2, "run.started", {"attempt": 1})
+        ]
+        assert (started.event_seq, started.steered) == (2, False)
+        # The session, its row's version, what the run wrote (its ask's entries), the thread's
+        # newest entries (read back to its start, as a Newest read to it).
+        given, newest = replace(started.start, newest=None), started.start.newest
+        assert given == replace(read, newest=None) and newest is not None
+        assert read.newest is not None and newest.entries == read.newest.entries
+        assert newest.reaches_start and read.newest.reaches_start
+
+
+async def test_an_asks_run_whose_job_its_sessions_queue_holds_back_is_committed_queued(
+    settings: Settings,
+) -> None:
+    """Another job of the session's lock is running: the ask's job is deferred, so its run is
+    committed queued, with no start event, for the worker that takes the job to start."""
+    async with own_engine(settings) as engine:
+        tenant, session_id = await new_session(engine)
+        async with engine.begin() as conn:
+            await conn.execute(
+                text(
+                    "INSERT INTO procrastinate_jobs (queue_name, task_name, lock, args, status)"
+                    " VALUES ('runs', 'other', :lock, '{}', 'doing')"
+                ),
+                {"lock": jobs_db.session_lock(session_id)},
+            )
+        handoff = Reserved(await new_worker(engine), lease=2**40 + 8)
+        asked = await asks.ask(
+            engine,
+            settings,
+            tenant,
+            session_id,
+            asks.AskParams("hi"),
+            own_limits=NO_LIMITS,
+            handoff=handoff,
+        )
+        assert not asked.claimed and asked.started is None and handoff.started == [None]
+        async with engine.connect() as conn:
+            stored = await runs_db.get_run(conn, asked.run.id)
+            events = await event_store.read_events(conn, asked.run.id, 0, tenant_id=tenant)
+        assert stored is not None
+        assert (stored.status, stored.attempts, stored.lease) == (RunStatus.QUEUED, 0, None)
+        assert stored.started_at is None
+        assert [e["type"] for e in events] == ["run.created"]

@@ -6,12 +6,15 @@ run started, leaves its run to the durable job: another worker finishes it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
+import secrets
 import threading
 import uuid
 import weakref
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+from contextlib import AbstractContextManager
 from typing import Any
 
 import httpx
@@ -27,6 +30,7 @@ from app.core.runs import Run, RunStatus
 from app.db import journal as journal_db
 from app.db import runs as runs_db
 from app.db.engine import create_engine
+from app.db.runs import FirstStart
 from app.db.sessions import NEWEST_ENTRIES, Newest, RunStart
 from app.eventlog.writer import EventWriter
 from app.llm.router import Router
@@ -43,6 +47,7 @@ from app.worker.runtime import Runtime
 from testkit.api import history, new_session
 from testkit.server import free_port, serve_in_thread, stop_thread_server
 from testkit.sse_client import collect
+from testkit.statements import watching
 from testkit.upstream import (
     DEFAULT_SCRIPT,
     FakeUpstream,
@@ -209,6 +214,23 @@ async def test_a_run_held_by_a_cancel_is_left_to_the_queue_with_its_claim_undone
         await engine.dispose()
 
 
+class Told:
+    """This process's followers, as the event writer tells them (LocalFollowers)."""
+
+    def __init__(self) -> None:
+        self.expected: list[dict[str, Any]] = []
+        self.published: list[dict[str, Any]] = []
+
+    def expect(self, first: dict[str, Any]) -> None:
+        self.expected.append(first)
+
+    def publish(self, rows: list[dict[str, Any]]) -> None:
+        self.published += rows
+
+    def committing(self, run_ids: Collection[str]) -> AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+
 def runtime_of(engine: AsyncEngine, settings: Settings) -> Runtime:
     return Runtime(engine, settings, Router(settings), EventWriter(engine), WorkerLease(engine))
 
@@ -241,9 +263,11 @@ class Reserved:
     """This process's handoff as an ask sees it, with room under `worker_id`; it starts
     nothing (the test does, or no one: a process that died)."""
 
-    def __init__(self, worker_id: int) -> None:
+    def __init__(self, worker_id: int, lease: int | None = None) -> None:
         self.worker_id = worker_id
+        self.lease = lease  # None: the ask commits its run queued
         self.offered: list[tuple[str, int | None, bool]] = []
+        self.started: list[FirstStart | None] = []
 
     def reserve(self) -> int | None:
         return self.worker_id
@@ -258,8 +282,10 @@ class Reserved:
         claimed: bool = False,
         followed: dict[str, Any] | None = None,
         newest: Newest | None = None,
+        started: FirstStart | None = None,
     ) -> None:
         self.offered.append((run_id, job_id, claimed))
+        self.started.append(started)
 
 
 async def register_worker(engine: AsyncEngine, heartbeat_age_seconds: float = 0) -> int:
@@ -301,14 +327,19 @@ async def test_serve_commits_each_ask_with_its_job_taken_by_its_handoff(
             for _ in range(asks_made):
                 sid = (await new_session(api))["id"]
                 events = await collect(api, "POST", f"/v1/sessions/{sid}/ask", json={"input": "q"})
-                assert [e.type for e in events][-1] == "run.completed"
+                types = [e.type for e in events]
+                # started by the ask's commit: once, as its first attempt
+                assert types[:3] == ["run.created", "run.started", "message.delta"], types
+                assert types[-1] == "run.completed" and "message.reset" not in types
+                assert [e.id for e in events] == list(range(1, len(events) + 1))
+                assert events[1].data == {"attempt": 1}
                 runs.append(events[0].data["run_id"])
         handoff = app.state.handoff
         assert isinstance(handoff, Handoff) and handoff.claimed == asks_made
         async with engine.connect() as conn:
             stored = [await runs_db.get_run(conn, run_id) for run_id in runs]
         for run in stored:
-            assert run is not None and run.status is RunStatus.COMPLETED
+            assert run is not None and (run.status, run.attempts) == (RunStatus.COMPLETED, 1)
             job = await job_row(engine, run.job_id)
             # status events only: procrastinate writes one when its worker defers or takes
             # a job ('deferred', 'started'); the handoff's finish writes the end's
@@ -366,12 +397,16 @@ async def test_a_cancel_holding_a_claimed_runs_row_ends_it_before_it_starts(
         await engine.dispose()
 
 
+@pytest.mark.parametrize("started", [False, True])
 async def test_a_claimed_job_whose_process_died_before_its_run_started_goes_back_to_the_queue(
-    handoff_settings: tuple[Settings, str], upstream: FakeUpstream
+    handoff_settings: tuple[Settings, str], upstream: FakeUpstream, started: bool
 ) -> None:
     """The ask committed its job taken by a process that died (kill -9) before its handoff
-    started the run: the job is 'doing' under a worker that never beats again. Another
-    process's stalled-job check gives it back to the queue, and its worker runs it."""
+    executed the run: the job is 'doing' under a worker that never beats again. Another
+    process's stalled-job check gives it back to the queue, and its worker runs it. `started`:
+    the ask's commit started the run too, under the dead process's lease (held by no one):
+    that attempt counts as the dead worker's, and the run is taken over (recovered) as any
+    run whose worker died."""
     settings, key = handoff_settings
     upstream.clear()
     upstream.script(Text("the answer"), Usage(3, 2))
@@ -383,15 +418,17 @@ async def test_a_claimed_job_whose_process_died_before_its_run_started_goes_back
         session = await create_session(engine, tenant, title=None, metadata={}, config={})
         # The dead process's registration: its last heartbeat long past the stall threshold.
         dead = await register_worker(engine, settings.stalled_after_seconds * 100)
+        dead_lease = 2**40 + secrets.randbelow(2**40) if started else None
         asked = await asks.ask(
             engine,
             settings,
             tenant,
             session.id,
             asks.AskParams("q"),
-            handoff=Reserved(dead),
+            Limits(),  # none: its commit is one statement (app/services/asks._commit_unlocked)
+            handoff=Reserved(dead, lease=dead_lease),
         )
-        assert asked.claimed
+        assert asked.claimed and (asked.started is not None) == started
         assert (await job_row(engine, asked.run.job_id)).status == "doing"
         app: FastAPI = create_app(settings, workers=2)
         server, thread, url = serve_in_thread(app)
@@ -401,6 +438,10 @@ async def test_a_claimed_job_whose_process_died_before_its_run_started_goes_back
                 await api.get(f"/v1/runs/{asked.run.id}", params={"wait": "true", "timeout": 60})
             ).json()
         assert done["status"] == "completed" and done["result"] == "the answer", done
+        assert len(upstream.requests) == 1
+        if started:  # the dead worker's attempt, then the one that ran it
+            assert done["attempts"] == 2
+            return
         assert done["attempts"] == 1  # never started before: no worker was lost
         # A job the worker fetched is finished by procrastinate after the task returns: just
         # after the run's end commits, not with it.
@@ -586,4 +627,59 @@ async def test_the_thread_an_ask_hands_its_run_is_let_go_once_its_first_step_pro
     finally:
         release.set()
         upstream.respond_with(None)
+        await engine.dispose()
+
+
+async def test_a_run_its_ask_committed_started_is_executed_as_it_is(
+    handoff_settings: tuple[Settings, str],
+) -> None:
+    """The ask's commit started the run under the handoff's lease: the handoff executes it with
+    what the ask handed it (the started run, its start's read, no steer pending), writing
+    nothing to start it (the job's end is its only statement here); its start event is told
+    to this process's followers with the ask's first event."""
+    settings, key = handoff_settings
+    engine = create_engine(settings)
+    try:
+        tenant = await tenant_for_key(engine, key)
+        assert tenant is not None
+        session = await create_session(engine, tenant, title=None, metadata={}, config={})
+        worker_id = await register_worker(engine)
+        told = Told()
+        writer = EventWriter(engine, followers=told)
+        runtime = Runtime(engine, settings, Router(settings), writer, WorkerLease(engine))
+        params = asks.AskParams("q")
+        reserved = Reserved(worker_id, lease=runtime.lease.key)
+        asked = await asks.ask(
+            engine, settings, tenant, session.id, params, Limits(), handoff=reserved
+        )
+        started = asked.started
+        assert asked.claimed and started is not None and asked.first_event is not None
+
+        execute = Executed()
+        starts: list[str] = []
+
+        async def start_first_counted(runtime: Runtime, run_id: str) -> FirstStart | None:
+            starts.append(run_id)
+            return await start_first(runtime, run_id)
+
+        handoff = Handoff(runtime, [worker_id], 1, start_locked, execute, start_first_counted)
+        with watching(engine) as seen:
+            handoff.offer(
+                asked.run.id,
+                asked.run.job_id,
+                claimed=True,
+                followed=asked.first_event,
+                newest=asked.newest,
+                started=started,
+            )
+            await handoff.close(grace_seconds=60)
+        assert starts == [] and execute.runs == [started.run]
+        assert execute.starts == [started.start]
+        assert started.run.status is RunStatus.RUNNING and started.run.attempts == 1
+        assert len(seen.statements) == 1 and "procrastinate_finish_job" in seen.statements[0]
+        assert told.expected == [asked.first_event]
+        assert [(r["seq"], r["type"], r["data"]) for r in told.published] == [
+            (2, "run.started", {"attempt": 1})
+        ]
+    finally:
         await engine.dispose()
