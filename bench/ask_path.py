@@ -1,7 +1,9 @@
 """Ask path benchmark: the SQL statements and the server CPU one ask costs.
 
 Prints figures only. Run with `python -m bench.ask_path` (`make bench`); BENCH_QUICK=1 (or
-`--quick`) runs fewer asks. Figures that load on a shared machine barely changes: statements
+`--quick`) runs fewer asks; BENCH_PROFILE=<dir> has py-spy sample the server through each
+measured phase into <dir>/ask_path-<phase>.txt (BENCH_PROFILE_RATE samples a second).
+Figures that load on a shared machine barely changes: statements
 counted by Postgres (pg_stat_statements, top-level statements: each is one round trip, BEGIN
 and COMMIT included), and the CPU time (user + system) of the `threadline serve` process.
 
@@ -36,6 +38,7 @@ from bench.streams import (
     cpu_seconds,
     create_sessions,
     print_header,
+    profiling,
     run_loop,
     served,
     tenant_key,
@@ -143,7 +146,7 @@ async def run(database_url: str, upstream: TimedUpstream) -> None:
     await stats.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
     key = await tenant_key(database_url)
     try:
-        with served(database_url, upstream) as server:
+        with served(database_url, upstream, profiled=False) as server:
             pids = Pids(server.name, server.pid, postmaster)
             async with client_for(server, key, 8) as client:
                 sessions = await create_sessions(client, WARMUP + ASKS + 1)
@@ -156,12 +159,16 @@ async def run(database_url: str, upstream: TimedUpstream) -> None:
                 idle_after = await snapshot(stats, pids)
                 idle = idle_after.calls - idle_before.calls
                 idle_seconds = idle_after.wall - idle_before.wall
-                fresh = await measured(
-                    client, upstream, stats, pids, sessions[WARMUP : WARMUP + ASKS]
-                )
+                with profiling(server.pid, "ask_path-fresh"):
+                    fresh = await measured(
+                        client, upstream, stats, pids, sessions[WARMUP : WARMUP + ASKS]
+                    )
                 # The same number of asks, one after another in one session: a conversation
                 # whose history grows (its tail read with its session).
-                conversation = await measured(client, upstream, stats, pids, [sessions[-1]] * ASKS)
+                with profiling(server.pid, "ask_path-conversation"):
+                    conversation = await measured(
+                        client, upstream, stats, pids, [sessions[-1]] * ASKS
+                    )
     finally:
         await stats.close()
     report_asks("ask path", fresh, idle, idle_seconds, shown=True)

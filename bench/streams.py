@@ -89,6 +89,7 @@ TAG = re.compile(r"bench-[0-9a-f]{12}")
 THREADLINE = os.path.join(os.path.dirname(sys.executable), "threadline")
 # BENCH_PROFILE=<dir>: py-spy samples each server while it is measured, into <dir>/<name>.txt.
 PROFILE_DIR = os.environ.get("BENCH_PROFILE", "")
+PROFILE_RATE = os.environ.get("BENCH_PROFILE_RATE", "100")  # samples per second
 # Only what the benchmark must configure: everything else is `threadline serve`'s default.
 SERVER_ENV: dict[str, object] = {
     "openai_api_key": "sk-bench",
@@ -200,10 +201,16 @@ def stop(process: subprocess.Popen[bytes]) -> None:
 
 @contextmanager
 def launched(
-    name: str, command: list[str], env: dict[str, str], port: int, *, pinned: bool = True
+    name: str,
+    command: list[str],
+    env: dict[str, str],
+    port: int,
+    *,
+    pinned: bool = True,
+    profiled: bool = True,
 ) -> Iterator[Server]:
     """A server (`command`) in an OS process of its own (on SERVER_CORE when `pinned`), until
-    the block exits."""
+    the block exits; sampled by py-spy throughout when BENCH_PROFILE is set and `profiled`."""
     url = f"http://127.0.0.1:{port}"
     logs = Path(tempfile.mkdtemp(prefix=f"threadline-bench-{name}-"))
     log = logs / f"{name}.log"
@@ -217,7 +224,7 @@ def launched(
     profiler: subprocess.Popen[bytes] | None = None
     try:
         wait_ready(url, process, log)
-        if PROFILE_DIR:
+        if PROFILE_DIR and profiled:
             profiler = profile(process.pid, Path(PROFILE_DIR) / f"{name}.txt")
         yield Server(name, url, process.pid)
     finally:
@@ -232,12 +239,26 @@ def launched(
         shutil.rmtree(logs, ignore_errors=True)
 
 
+@contextmanager
+def profiling(pid: int, name: str) -> Iterator[None]:
+    """py-spy sampling `pid` through the block into BENCH_PROFILE/<name>.txt, if that is set."""
+    if not PROFILE_DIR:
+        yield
+        return
+    profiler = profile(pid, Path(PROFILE_DIR) / f"{name}.txt")
+    try:
+        yield
+    finally:
+        profiler.send_signal(signal.SIGINT)  # py-spy writes its samples, then exits
+        profiler.wait(timeout=60)
+
+
 def profile(pid: int, output: Path) -> subprocess.Popen[bytes]:
     """py-spy sampling `pid` until interrupted, into `output` (collapsed stacks: one line per
     stack, with its sample count; flamegraph.pl or speedscope read it)."""
     output.parent.mkdir(parents=True, exist_ok=True)
     py_spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
-    command = [py_spy, "record", "--pid", str(pid), "--format", "raw", "--rate", "100"]
+    command = [py_spy, "record", "--pid", str(pid), "--format", "raw", "--rate", PROFILE_RATE]
     return subprocess.Popen(
         [*command, "--output", str(output)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
@@ -245,27 +266,37 @@ def profile(pid: int, output: Path) -> subprocess.Popen[bytes]:
 
 @contextmanager
 def served(
-    database_url: str, upstream: TimedUpstream, processes: int | None = None
+    database_url: str,
+    upstream: TimedUpstream,
+    processes: int | None = None,
+    *,
+    profiled: bool = True,
 ) -> Iterator[Server]:
     """`threadline serve` (API and workers) in an OS process of its own, pinned; with
-    `processes`, that many of them, unpinned (each may use any core)."""
+    `processes`, that many of them, unpinned (each may use any core). `profiled`: as
+    `launched`."""
     port = free_port()
     command = [THREADLINE, "serve", "--port", str(port)]
     env = server_env(database_url, upstream)
     if processes is not None:
         env["THREADLINE_PROCESSES"] = str(processes)
     pinned = processes is None
-    with launched("threadline", command, env, port, pinned=pinned) as server:
+    with launched("threadline", command, env, port, pinned=pinned, profiled=profiled) as server:
         yield server
 
 
 @contextmanager
-def relayed(upstream: TimedUpstream) -> Iterator[Server]:
-    """The bare relay (bench/relay.py) in an OS process of its own."""
+def relayed(upstream: TimedUpstream, journal_url: str | None = None) -> Iterator[Server]:
+    """The bare relay (bench/relay.py) in an OS process of its own; with `journal_url`, making
+    the two durable commits an ask must make before its first token ("relay+commits")."""
     port = free_port()
     command = [sys.executable, "-m", "bench.relay", "--port", str(port)]
     command += ["--upstream", upstream.openai_base_url]
-    with launched("relay", command, dict(os.environ), port) as server:
+    name = "relay"
+    if journal_url is not None:
+        command += ["--journal", libpq_url(journal_url)]
+        name = "relay+commits"
+    with launched(name, command, dict(os.environ), port) as server:
         yield server
 
 
@@ -674,9 +705,14 @@ class Figures:
 
 
 async def bench_overhead(
-    client: httpx.AsyncClient, upstream: TimedUpstream, pids: Pids, floor: float | None
+    client: httpx.AsyncClient,
+    upstream: TimedUpstream,
+    pids: Pids,
+    floor: float | None,
+    at_once: bool = True,
 ) -> Figures:
-    area = f"{pids.name[:6]} ask"
+    """Ask overhead one at a time and (with `at_once`) 200 at once."""
+    area = f"{pids.name[:6]} ask" if "+" not in pids.name else f"{pids.name} ask"
     figures = Figures()
     sessions = await create_sessions(client, WARMUP_ASKS + SEQUENTIAL_ASKS)
     for session in sessions[:WARMUP_ASKS]:
@@ -693,7 +729,7 @@ async def bench_overhead(
     samples = [o for st, tr in sequential if (o := overhead_ms(st, tr)) is not None]
     figures.overhead_p50, figures.overhead_p99 = percentile(samples, 50), percentile(samples, 99)
 
-    for round_ in ("warm-up", "measured"):
+    for round_ in ("warm-up", "measured") if at_once else ():
         sessions = await create_sessions(client, BURST)
         before = server_cpu(pids)
         burst = await asyncio.gather(*(timed_ask(client, upstream, s) for s in sessions))
@@ -939,6 +975,13 @@ async def run(database_url: str, upstream: TimedUpstream) -> None:
         async with client_for(relay, "relay", max(BURST, *STEPS)) as client:
             figures[relay.name] = await bench_overhead(client, upstream, pids, None)
             figures[relay.name].streams = await bench_streams(client, upstream, pids)
+    # The floor of the invariants: the relay with the commits an ask must make (one at a time).
+    with relayed(upstream, database_url) as floor_relay:
+        pids = Pids(floor_relay.name, floor_relay.pid, postmaster)
+        async with client_for(floor_relay, "relay", 8) as client:
+            figures[floor_relay.name] = await bench_overhead(
+                client, upstream, pids, floor_p50, at_once=False
+            )
     key = await tenant_key(database_url)
     with served(database_url, upstream) as server:
         pids = Pids(server.name, server.pid, postmaster)
@@ -946,7 +989,7 @@ async def run(database_url: str, upstream: TimedUpstream) -> None:
             figures[server.name] = await bench_overhead(client, upstream, pids, floor_p50)
             figures[server.name].streams = await bench_streams(client, upstream, pids)
             await bench_slow_readers(client, upstream, pids)
-    print_comparison(figures["threadline"], figures["relay"])
+    print_comparison(figures["threadline"], figures["relay"], figures["relay+commits"])
 
 
 @dataclass(frozen=True)
@@ -988,7 +1031,7 @@ def print_table(title: str, rows: Sequence[Row], names: tuple[str, str]) -> None
         )
 
 
-def print_comparison(threadline: Figures, relay: Figures) -> None:
+def print_comparison(threadline: Figures, relay: Figures, floor: Figures) -> None:
     rows = [
         Row("1. ask overhead p50, one at a time", threadline.overhead_p50, relay.overhead_p50, 2),
         Row("1. ask overhead p99, one at a time", threadline.overhead_p99, relay.overhead_p99, 3),
@@ -1015,6 +1058,16 @@ def print_comparison(threadline: Figures, relay: Figures) -> None:
         ),
     ]
     print_table("Threadline beside the relay, same run", rows, ("threadline", "relay"))
+    # What target 1 leaves for everything but the invariants' commits.
+    floors = [
+        Row("ask overhead p50, one at a time", floor.overhead_p50, relay.overhead_p50, 2),
+        Row("ask overhead p99, one at a time", floor.overhead_p99, relay.overhead_p99, 3),
+    ]
+    print_table(
+        "The relay making an ask's two durable commits (the invariants' floor) beside the relay",
+        floors,
+        ("+commits", "relay"),
+    )
     print(f"(steps {', '.join(map(str, STEPS))}; statements per ask: bench.ask_path)")
 
 
