@@ -53,6 +53,7 @@ STATS_SETTINGS = {
     "shared_preload_libraries": "pg_stat_statements",
     "pg_stat_statements.track": "top",  # a statement run inside a function is not a round trip
     "pg_stat_statements.max": "5000",
+    "pg_stat_statements.track_planning": "on",
 }
 # Where a statement comes from, by what it touches (first match wins).
 ORIGINS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
@@ -81,6 +82,7 @@ def origin(query: str) -> str:
 @dataclass(frozen=True)
 class Snapshot:
     calls: Counter[str]  # per normalised statement text
+    exec_ms: Counter[str]  # the time Postgres spent planning and executing them
     server_cpu: float
     postgres_cpu: float
     wall: float
@@ -88,15 +90,18 @@ class Snapshot:
 
 async def snapshot(conn: asyncpg.Connection, pids: Pids) -> Snapshot:
     rows = await conn.fetch(
-        "SELECT query, calls FROM pg_stat_statements"
+        "SELECT query, calls, total_exec_time, total_plan_time FROM pg_stat_statements"
         " WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
         " AND query NOT LIKE '%pg_stat_statements%'"
     )
     calls: Counter[str] = Counter()
+    exec_ms: Counter[str] = Counter()
     for row in rows:
         calls[" ".join(row["query"].split())] += row["calls"]
+        exec_ms[" ".join(row["query"].split())] += row["total_exec_time"] + row["total_plan_time"]
     return Snapshot(
         calls,
+        exec_ms,
         cpu_seconds(pids.server),
         tree_cpu(pids.postmaster),
         time.perf_counter(),
@@ -195,10 +200,13 @@ def report_asks(
     report(area, "postgres CPU per ask", f"{postgres_ms:.1f} ms")
     if not shown:
         return
-    print(f"\nstatements per ask, most frequent first (top {SHOWN_STATEMENTS}):")
+    print(f"\nstatements per ask, most frequent first (top {SHOWN_STATEMENTS}), with the mean")
+    print("time Postgres spent planning and executing each (its commit's flush not included):")
     ranked = sorted(statements.items(), key=lambda item: -item[1])
     for query, calls in ranked[:SHOWN_STATEMENTS]:
-        print(f"  {calls:5.2f}  {origin(query)[:12]:<12}  {query[:150]}")
+        ran = after.calls[query] - before.calls.get(query, 0)
+        mean = (after.exec_ms[query] - before.exec_ms.get(query, 0.0)) / ran if ran else 0.0
+        print(f"  {calls:5.2f}  {mean:6.3f} ms  {origin(query)[:12]:<12}  {query[:130]}")
     print()
 
 
