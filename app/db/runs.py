@@ -30,12 +30,12 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects.postgresql import JSONB
-from sqlalchemy.engine import RowMapping
 from sqlalchemy.exc import DBAPIError, IntegrityError, NoResultFound
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.entries import JournalEntry
 from app.core.runs import ACTIVE, Run, RunStatus
+from app.db import hot
 from app.db import jobs as jobs_db
 from app.db import journal as journal_db
 from app.db.sessions import (
@@ -139,11 +139,11 @@ async def _inserted_run(
     created: tuple[str, Mapping[str, Any]],
     values: dict[str, Any],
     claim_for: int | None,
-) -> RowMapping | None:
+) -> Mapping[str, Any] | None:
     """The row a statement inserting a run answers; None: it wrote nothing (only a statement
     written on a condition, insert_asked_run's, does not)."""
     values = values | {"worker_id": claim_for} | dict(created[1])
-    return (await conn.execute(query, values)).mappings().one_or_none()
+    return await hot.fetch_one_or_none(conn, query, values)
 
 
 # A run inserted with its job (the CTE `job`: jobs_db.CLAIMED_OR_DEFERRED), as the CTE `run`;
@@ -450,7 +450,7 @@ async def end_run(
         if part is not None:
             params |= part[1]
     try:
-        row = (await conn.execute(query, params | (usage or {}))).mappings().one_or_none()
+        row = await hot.fetch_one_or_none(conn, query, params | (usage or {}))
     except DBAPIError as exc:
         # (an IntegrityError: the run was deleted; a deadlock: rows locked meanwhile)
         changed = getattr(exc.orig, "sqlstate", None) in (CHANGED_SQLSTATE, DEADLOCK_SQLSTATE)

@@ -35,6 +35,7 @@ from app.core.entries import JournalEntry
 from app.core.lineage import Lineage, Segment, lineage_from_json, lineage_to_json
 from app.core.runs import ACTIVE
 from app.core.sessions import Session, SessionConfig, SessionStatus
+from app.db import hot
 from app.db.tables import entries, runs, sessions, tenants
 
 # A session past its expiry is gone for its tenant at once, before the retention job purges it.
@@ -121,7 +122,7 @@ async def get_session_as_read(
     entries, in one statement. A statement that writes only if the row is still the one read
     compares the version (app/db/runs.insert_asked_run's `unchanged`)."""
     params = {"session_id": session_id, "tenant_id": tenant_id, "newest_limit": NEWEST_ENTRIES}
-    row = (await conn.execute(_get_session_as_read(), params)).mappings().one_or_none()
+    row = await hot.fetch_one_or_none(conn, _get_session_as_read(), params)
     if row is None:
         return None
     session = _session(row)

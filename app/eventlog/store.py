@@ -22,6 +22,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.db import hot
 from app.db.tables import run_events, runs
 
 CHANNEL = "threadline_run_events"
@@ -94,8 +95,8 @@ async def append_events(
         "channel": CHANNEL,
         "max_payload": _MAX_PAYLOAD,
     }
-    rows = (await conn.execute(query, params)).all()
-    return {str(run_id): int(seq) for run_id, seq, _ in rows}
+    rows = await hot.fetch(conn, query, params)
+    return {str(row["run_id"]): int(row["seq"]) for row in rows}
 
 
 # One event of the run a statement writes (its CTE `run`: inserted, or updated), appended after
