@@ -13,9 +13,9 @@ from app.api.deps import (
     Engine,
     Hub,
     IdempotencyKey,
-    LocalWorkers,
     OwnLimits,
     Reader,
+    Serving,
     Tenant,
 )
 from app.api.errors import error_responses
@@ -50,15 +50,13 @@ router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["runs"], route_clas
 async def ask(
     session_id: UUID,
     body: AskRequest,
-    engine: Engine,
+    served: Serving,
     tenant: Tenant,
     limits: OwnLimits,
-    settings: Config,
-    hub: Hub,
-    local_workers: LocalWorkers,
     idempotency_key: IdempotencyKey = None,
 ) -> Response:
     """Commit the user's entry and start a run; stream its events, or answer 202 with it."""
+    engine, settings, hub = served.engine, served.settings, served.hub
     content = (
         body.input
         if isinstance(body.input, str)
@@ -93,7 +91,7 @@ async def ask(
         str(session_id),
         params,
         limits,
-        handoff=local_workers,
+        handoff=served.handoff,
         followed=body.stream,
     )
     run_id = result.run.id

@@ -66,6 +66,23 @@ async def get_settings(request: Request) -> Settings:
     return settings
 
 
+@dataclass(frozen=True)
+class Served:
+    """What this process serves an ask with, as one dependency (each one a route resolves
+    costs it, and an ask is the hot route): the engine, the settings, the event hub and this
+    process's workers (get_handoff)."""
+
+    engine: AsyncEngine
+    settings: Settings
+    hub: EventHub
+    handoff: RunHandoff | None
+
+
+async def get_served(request: Request) -> Served:
+    state = request.app.state
+    return Served(state.engine, state.settings, state.hub, state.handoff)
+
+
 async def get_key_cache(request: Request) -> KeyCache | None:
     return getattr(request.app.state, "key_cache", None)
 
@@ -212,6 +229,7 @@ OwnLimits = Annotated[Limits, Depends(get_own_limits)]
 Hub = Annotated[EventHub, Depends(get_hub)]
 Reader = Annotated[StreamReader, Depends(get_stream_reader)]
 LocalWorkers = Annotated[RunHandoff | None, Depends(get_handoff)]
+Serving = Annotated[Served, Depends(get_served)]
 IdempotencyKey = Annotated[
     str | None,
     Header(

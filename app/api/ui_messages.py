@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from sse_starlette import EventSourceResponse
 
 from app.api.bodies import JSONRoute
-from app.api.deps import Config, Engine, Hub, LocalWorkers, OwnLimits, Tenant
+from app.api.deps import Config, Engine, Hub, LocalWorkers, OwnLimits, Serving, Tenant
 from app.api.errors import error_responses
 from app.api.ui_stream import (
     CURRENT_MAJOR,
@@ -140,16 +140,19 @@ class UiChatRequest(BaseModel):
 )
 async def ui_chat(
     body: UiChatRequest,
-    engine: Engine,
+    served: Serving,
     tenant: Tenant,
-    settings: Config,
-    hub: Hub,
-    local_workers: LocalWorkers,
     limits: OwnLimits,
     ai_sdk: AiSdkMajor = "",
 ) -> Response:
     """Journal the chat's new user message (or regenerate the last answer) and stream the run
     in the AI SDK's UI message stream protocol."""
+    engine, settings, hub, local_workers = (
+        served.engine,
+        served.settings,
+        served.hub,
+        served.handoff,
+    )
     if body.messages and body.messages[-1].get("role") == "assistant":
         # useChat sends the answer back with the outputs of its client-side tools.
         found = await ui_chats.find_session(engine, tenant, body.id)

@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
-from app.api.deps import Config, Engine, Hub, LocalWorkers, OwnLimits, Tenant, get_tenant
+from app.api.deps import Config, Engine, Hub, OwnLimits, Serving, Tenant, get_tenant
 from app.eventlog.hub import EventHub
 from app.eventlog.stream import Row, Wire, run_stream, sse_frame
 from app.openai_api import service
@@ -111,16 +111,19 @@ async def _replayed(events: list[Json]) -> AsyncIterator[ServerSentEvent]:
 )
 async def create_response(
     body: ResponseCreate,
-    engine: Engine,
+    served: Serving,
     tenant: Tenant,
-    settings: Config,
-    hub: Hub,
-    local_workers: LocalWorkers,
     limits: OwnLimits,
 ) -> Response:
     """Answer the input in a conversation: a new one, the one of `previous_response_id` (or
     a fork of it at that response), or `conversation`. Streams with `stream: true`; answers
     at once, queued, with `background: true`; else once the response has ended."""
+    engine, settings, hub, local_workers = (
+        served.engine,
+        served.settings,
+        served.hub,
+        served.handoff,
+    )
     created = await service.create_response(engine, settings, tenant, body, local_workers, limits)
     loaded, base = created.loaded, created.base
     if body.stream:
