@@ -197,6 +197,16 @@ async def new_worker(engine: AsyncEngine) -> int:
         return int((await conn.execute(worker)).scalar_one())
 
 
+async def asked_through(
+    engine: AsyncEngine, settings: Settings, tenant: str, session_id: str, handoff: Reserved
+) -> asks.AskResult:
+    """An ask of the session (no limits), with this process's handoff as `handoff`."""
+    params = asks.AskParams("hi")
+    return await asks.ask(
+        engine, settings, tenant, session_id, params, own_limits=NO_LIMITS, handoff=handoff
+    )
+
+
 async def test_an_asks_run_whose_job_its_handoff_takes_is_committed_started_as_its_start_reads(
     settings: Settings, database_url: str
 ) -> None:
@@ -213,15 +223,7 @@ async def test_an_asks_run_whose_job_its_handoff_takes_is_committed_started_as_i
         await listener.add_listener(event_store.CHANNEL, lambda *a: heard.put_nowait(a[-1]))
         try:
             with watching(engine) as seen:
-                asked = await asks.ask(
-                    engine,
-                    settings,
-                    tenant,
-                    session_id,
-                    asks.AskParams("hi"),
-                    own_limits=NO_LIMITS,
-                    handoff=handoff,
-                )
+                asked = await asked_through(engine, settings, tenant, session_id, handoff)
             told = [json.loads(await asyncio.wait_for(heard.get(), 30)) for _ in range(2)]
         finally:
             await listener.close()
@@ -268,15 +270,7 @@ async def test_an_asks_run_whose_job_its_sessions_queue_holds_back_is_committed_
                 {"lock": jobs_db.session_lock(session_id)},
             )
         handoff = Reserved(await new_worker(engine), lease=2**40 + 8)
-        asked = await asks.ask(
-            engine,
-            settings,
-            tenant,
-            session_id,
-            asks.AskParams("hi"),
-            own_limits=NO_LIMITS,
-            handoff=handoff,
-        )
+        asked = await asked_through(engine, settings, tenant, session_id, handoff)
         assert not asked.claimed and asked.started is None and handoff.started == [None]
         async with engine.connect() as conn:
             stored = await runs_db.get_run(conn, asked.run.id)

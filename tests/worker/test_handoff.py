@@ -27,6 +27,7 @@ from app.config import Settings
 from app.core.entries import EntryKind, NewEntry
 from app.core.lineage import Segment
 from app.core.runs import Run, RunStatus
+from app.core.sessions import Session
 from app.db import journal as journal_db
 from app.db import runs as runs_db
 from app.db.engine import create_engine
@@ -163,9 +164,7 @@ async def test_a_run_held_by_a_cancel_is_left_to_the_queue_with_its_claim_undone
     settings, key = handoff_settings
     engine = create_engine(settings)
     try:
-        tenant = await tenant_for_key(engine, key)
-        assert tenant is not None
-        session = await create_session(engine, tenant, title=None, metadata={}, config={})
+        tenant, session = await tenant_session(engine, key)
         asked = await asks.ask(engine, settings, tenant, session.id, asks.AskParams("q"))
         run_id, job_id = asked.run.id, asked.run.job_id
         assert job_id is not None
@@ -229,6 +228,13 @@ class Told:
 
     def committing(self, run_ids: Collection[str]) -> AbstractContextManager[None]:
         return contextlib.nullcontext()
+
+
+async def tenant_session(engine: AsyncEngine, key: str) -> tuple[str, Session]:
+    """The key's tenant, and a new session of it."""
+    tenant = await tenant_for_key(engine, key)
+    assert tenant is not None
+    return tenant, await create_session(engine, tenant, title=None, metadata={}, config={})
 
 
 def runtime_of(engine: AsyncEngine, settings: Settings) -> Runtime:
@@ -359,9 +365,7 @@ async def test_a_cancel_holding_a_claimed_runs_row_ends_it_before_it_starts(
     settings, key = handoff_settings
     engine = create_engine(settings)
     try:
-        tenant = await tenant_for_key(engine, key)
-        assert tenant is not None
-        session = await create_session(engine, tenant, title=None, metadata={}, config={})
+        tenant, session = await tenant_session(engine, key)
         worker_id = await register_worker(engine)
         asked = await asks.ask(
             engine,
@@ -413,9 +417,7 @@ async def test_a_claimed_job_whose_process_died_before_its_run_started_goes_back
     engine = create_engine(settings)
     server = thread = None
     try:
-        tenant = await tenant_for_key(engine, key)
-        assert tenant is not None
-        session = await create_session(engine, tenant, title=None, metadata={}, config={})
+        tenant, session = await tenant_session(engine, key)
         # The dead process's registration: its last heartbeat long past the stall threshold.
         dead = await register_worker(engine, settings.stalled_after_seconds * 100)
         dead_lease = 2**40 + secrets.randbelow(2**40) if started else None
@@ -467,9 +469,7 @@ async def test_an_ask_whose_worker_registration_was_pruned_is_queued_not_refused
     settings, key = handoff_settings
     engine = create_engine(settings)
     try:
-        tenant = await tenant_for_key(engine, key)
-        assert tenant is not None
-        session = await create_session(engine, tenant, title=None, metadata={}, config={})
+        tenant, session = await tenant_session(engine, key)
         pruned = await register_worker(engine)
         async with engine.begin() as conn:
             await conn.execute(
@@ -515,9 +515,7 @@ async def wait_for_lock_wait(engine: AsyncEngine, query_part: str) -> None:
 async def long_conversation(engine: AsyncEngine, key: str) -> tuple[str, str, int]:
     """A session of 300 messages (more than a run's start reads of a thread), its tenant's and
     a registered worker's ids: (tenant, session, worker)."""
-    tenant = await tenant_for_key(engine, key)
-    assert tenant is not None
-    session = await create_session(engine, tenant, title=None, metadata={}, config={})
+    tenant, session = await tenant_session(engine, key)
     earlier = [
         NewEntry(EntryKind.MESSAGE, {"role": role, "content": f"{role} {i}"}, {})
         for i in range(150)
@@ -640,9 +638,7 @@ async def test_a_run_its_ask_committed_started_is_executed_as_it_is(
     settings, key = handoff_settings
     engine = create_engine(settings)
     try:
-        tenant = await tenant_for_key(engine, key)
-        assert tenant is not None
-        session = await create_session(engine, tenant, title=None, metadata={}, config={})
+        tenant, session = await tenant_session(engine, key)
         worker_id = await register_worker(engine)
         told = Told()
         writer = EventWriter(engine, followers=told)
