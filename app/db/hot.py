@@ -41,8 +41,11 @@ class _Compiled:
     binds: tuple[Processor, ...]
     keys: tuple[str, ...]  # the columns' names, in position
     types: tuple[Any, ...]  # the columns' SQLAlchemy types
-    # It has parameters rendered into its SQL on each execution (an IN list: "expanding").
+    # It has parameters rendered into its SQL on each execution (an IN list: "expanding"),
+    # some given by the caller; one whose IN lists are all constants (written in the
+    # statement) is rendered at its first execution only, and `constants` is their values.
     expanding: bool
+    constants: dict[str, Any] | None = None
     # The columns' result processors, made once the driver has said what it returns.
     results: tuple[Processor, ...] | None = None
 
@@ -67,6 +70,10 @@ def _compile(statement: Executable, dialect: Dialect) -> _Compiled:
         tuple(c.keyname for c in columns),
         tuple(c.type for c in columns),
         bool(compiled.post_compile_params or compiled.literal_execute_params),
+        None
+        if compiled.literal_execute_params
+        or not all(p.unique and p.callable is None for p in compiled.post_compile_params)
+        else {},
     )
     _compiled[(id(statement), id(dialect))] = made
     return made
@@ -133,6 +140,14 @@ def _arguments(compiled: _Compiled, params: Mapping[str, Any]) -> tuple[str, lis
         values, names = state.parameters, state.positiontup or ()
         binds = [cast(Processor, processors.get(name)) for name in names]
         sql = state.statement
+        if compiled.constants is not None:  # rendered the same every time: from now on, so
+            expanded = {n for ns in state.parameter_expansion.values() for n in ns}
+            compiled.constants = {name: values[name] for name in expanded}
+            compiled.sql, compiled.names, compiled.binds = sql, tuple(names), tuple(binds)
+            compiled.expanding = False
+    elif compiled.constants:
+        values = {**compiled.compiled.construct_params(params), **compiled.constants}
+        names, binds, sql = compiled.names, list(compiled.binds), compiled.sql
     else:
         values, names = compiled.compiled.construct_params(params), compiled.names
         binds, sql = list(compiled.binds), compiled.sql

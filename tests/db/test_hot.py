@@ -131,3 +131,20 @@ async def test_a_lost_connection_is_invalidated_and_counts_as_an_outage(
             assert conn.invalidated
         async with autocommit(engine) as conn:  # the pool gives a live one
             assert await hot.fetch(conn, text("SELECT 1 AS one"), {}) == [{"one": 1}]
+
+
+async def test_an_in_list_the_caller_gives_is_rendered_for_each_call(engine: AsyncEngine) -> None:
+    """A constant IN list is rendered once; one the caller gives may change length each call."""
+    _, session_id, values = await a_run(engine)
+    given = select(runs.c.id).where(
+        runs.c.session_id == bindparam("session_id"),
+        runs.c.status.in_(bindparam("statuses", expanding=True)),
+    )
+    for statuses, found in ((["queued"], 1), (["running", "failed", "queued"], 1), (["x"], 0)):
+        params = {"session_id": session_id, "statuses": statuses}
+        fast, slow = await both(engine, given, params)
+        assert fast == slow and len(fast) == found
+    params = {"session_id": session_id, "has": {"metadata": {"k": "v"}}}
+    for _ in range(2):  # the constant list's second call runs its SQL as rendered at the first
+        fast, slow = await both(engine, _RUNS_OF_SESSION, params)
+        assert fast == slow and [r["id"] for r in fast] == [values["id"]]
