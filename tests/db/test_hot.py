@@ -144,7 +144,7 @@ async def test_an_in_list_the_caller_gives_is_rendered_for_each_call(engine: Asy
         params = {"session_id": session_id, "statuses": statuses}
         fast, slow = await both(engine, given, params)
         assert fast == slow and len(fast) == found
-    params = {"session_id": session_id, "has": {"metadata": {"k": "v"}}}
+    having = {"session_id": session_id, "has": {"metadata": {"k": "v"}}}
     for _ in range(2):  # the constant list's second call runs its SQL as rendered at the first
-        fast, slow = await both(engine, _RUNS_OF_SESSION, params)
+        fast, slow = await both(engine, _RUNS_OF_SESSION, having)
         assert fast == slow and [r["id"] for r in fast] == [values["id"]]
